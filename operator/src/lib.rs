@@ -1,0 +1,1 @@
+//! tfjob-operator: the TFJob API, its planning code and its controller.
