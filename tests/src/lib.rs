@@ -1,1 +1,6 @@
 //! Helpers shared by the end-to-end tests: locating built binaries, free ports, processes.
+//!
+//! - [`controlplane`]: a real etcd + kube-apiserver + kube-controller-manager (plus kubectl and
+//!   helm) built from pinned Go modules, for tests against a real Kubernetes API.
+
+pub mod controlplane;

@@ -1,0 +1,91 @@
+//! Starts the test control plane (etcd, kube-apiserver, kube-controller-manager) for a person to
+//! use, prints how to reach it, and stops it on Ctrl-C / SIGTERM / SIGHUP.
+//!
+//! Usage: controlplane [--dir DIR]
+//!   --dir DIR   run in DIR (created, must be empty, kept afterwards); default: a temporary
+//!               directory removed on exit.
+//!
+//! Normally started through tests/controlplane/up.sh.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tfjob_tests::controlplane::{ControlPlane, Options};
+
+fn usage() -> &'static str {
+    "usage: controlplane [--dir DIR]\n\
+     Starts etcd, kube-apiserver and kube-controller-manager on loopback ports, prints\n\
+     `export KUBECONFIG=...`, and stops everything on Ctrl-C."
+}
+
+fn main() -> ExitCode {
+    let mut options = Options::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--dir" => match args.next() {
+                Some(d) => options.dir = Some(PathBuf::from(d)),
+                None => {
+                    eprintln!("--dir needs a value\n{}", usage());
+                    return ExitCode::from(2);
+                }
+            },
+            a if a.starts_with("--dir=") => options.dir = Some(PathBuf::from(&a["--dir=".len()..])),
+            "-h" | "--help" => {
+                println!("{}", usage());
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("unknown argument `{other}`\n{}", usage());
+                return ExitCode::from(2);
+            }
+        }
+    }
+
+    // Block the stop signals in every thread (threads inherit the mask; children get a clean mask
+    // from the harness) and wait for them synchronously below.
+    // SAFETY: plain libc signal-mask calls before any other thread exists.
+    let signals = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+
+    eprintln!("starting the control plane ...");
+    let cp = match ControlPlane::start_with(options) {
+        Ok(cp) => cp,
+        Err(e) => {
+            eprintln!("{e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let v = cp.versions();
+    eprintln!(
+        "control plane ready: Kubernetes {} (etcd {}, helm {}) at {}\n\
+         directory: {} (component logs in {}/logs)",
+        v.kubernetes,
+        v.etcd,
+        v.helm,
+        cp.server_url(),
+        cp.dir().display(),
+        cp.dir().display()
+    );
+    eprintln!("use it from another shell with:");
+    println!("export KUBECONFIG={}", cp.kubeconfig_path().display());
+    println!("export PATH={}:\"$PATH\"", cp.bin_dir().display());
+    eprintln!("press Ctrl-C to stop it");
+
+    let mut sig: libc::c_int = 0;
+    // SAFETY: waits for one of the blocked signals.
+    unsafe {
+        libc::sigwait(&signals, &mut sig);
+    }
+    eprintln!("\nsignal {sig}: stopping the control plane ...");
+    cp.stop();
+    eprintln!("stopped");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,1030 @@
+//! A real Kubernetes control plane for tests, in the spirit of controller-runtime's envtest.
+//!
+//! [`ControlPlane::start`] builds (once per machine, see `tests/controlplane/build.sh`) and starts
+//! etcd, kube-apiserver (RBAC, service accounts, generated certificates) and
+//! kube-controller-manager (garbage collector, namespace, service-account and workload
+//! controllers) on free loopback ports, writes an admin kubeconfig and waits until the API server
+//! reports `/readyz` ok and the controller manager `/healthz` ok.
+//!
+//! Everything runs in a temporary directory that also holds each component's log
+//! (`<dir>/logs/<component>.log`). The processes are killed when the [`ControlPlane`] is dropped
+//! or [`ControlPlane::stop`]ped, and — through `PR_SET_PDEATHSIG` — also when the test process
+//! dies without running destructors (panic=abort, SIGKILL, a timeout in CI).
+//!
+//! Most tests should share one instance per test binary and isolate themselves by namespace:
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use tfjob_tests::controlplane::ControlPlane;
+//! let cp = ControlPlane::shared()?;           // started on first use, stopped at exit
+//! let ns = cp.create_namespace("my-test")?;   // unique name, default ServiceAccount ready
+//! cp.kubectl_ok(["create", "configmap", "x", "-n", &ns, "--from-literal=a=b"])?;
+//! # Ok(()) }
+//! ```
+//!
+//! If the control plane cannot be built or started, these functions return an error that says so
+//! loudly; tests must propagate it and fail, never skip.
+
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+/// Directory of the Go module that pins and builds the control plane binaries.
+pub fn controlplane_module_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane")
+}
+
+/// Environment variable naming a directory that already holds the five binaries
+/// (`etcd`, `kube-apiserver`, `kube-controller-manager`, `kubectl`, `helm`); skips the build.
+pub const BIN_DIR_ENV: &str = "TFJOB_CONTROLPLANE_BIN_DIR";
+
+const BINARIES: [&str; 5] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm"];
+const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
+const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Versions pinned in `tests/controlplane/go.mod`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versions {
+    /// e.g. `v1.37.1`
+    pub kubernetes: String,
+    /// e.g. `v4.3.1`
+    pub helm: String,
+    /// e.g. `v3.7.3`
+    pub etcd: String,
+}
+
+impl Versions {
+    /// Reads the pinned versions from the control plane's `go.mod`.
+    pub fn pinned() -> Result<Versions> {
+        let path = controlplane_module_dir().join("go.mod");
+        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let find = |module: &str| -> Result<String> {
+            text.lines()
+                .map(|l| l.trim().trim_start_matches("require").trim())
+                .filter_map(|l| {
+                    let mut words = l.split_whitespace();
+                    (words.next() == Some(module)).then(|| words.next()).flatten()
+                })
+                .find(|v| v.starts_with('v'))
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("{} does not require {module}", path.display()))
+        };
+        Ok(Versions {
+            kubernetes: find("k8s.io/kubernetes")?,
+            helm: find("helm.sh/helm/v4")?,
+            etcd: find("go.etcd.io/etcd/server/v3")?,
+        })
+    }
+}
+
+fn loud(what: &str, err: impl std::fmt::Display) -> anyhow::Error {
+    let bar = "=".repeat(78);
+    anyhow!(
+        "\n{bar}\nTEST CONTROL PLANE UNAVAILABLE: {what}\n{bar}\n{err}\n{bar}\n\
+         These tests need a real kube-apiserver, etcd and kube-controller-manager built from\n\
+         tests/controlplane (Go >= 1.26 and the Go module proxy are needed for the first build).\n\
+         They FAIL instead of being skipped. Set {BIN_DIR_ENV} to a directory holding\n\
+         {} to use binaries built elsewhere.\n{bar}",
+        BINARIES.join(", ")
+    )
+}
+
+/// Builds the binaries if they are not cached yet (this can take many minutes the first time on a
+/// machine; progress goes to stderr) and returns the directory that holds them.
+pub fn ensure_binaries() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        for b in BINARIES {
+            if !dir.join(b).is_file() {
+                return Err(loud(
+                    "missing binary",
+                    format!("{BIN_DIR_ENV}={} has no `{b}`", dir.display()),
+                ));
+            }
+        }
+        return Ok(dir);
+    }
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| run_build_script().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| loud("the build failed", e))
+}
+
+fn run_build_script() -> Result<PathBuf> {
+    let script = controlplane_module_dir().join("build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} exited with {} (its output is above)", script.display(), out.status);
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| PathBuf::from(l.trim()))
+        .ok_or_else(|| anyhow!("{} printed no bin directory", script.display()))?;
+    for b in BINARIES {
+        if !dir.join(b).is_file() {
+            bail!("{} reported {} but it has no `{b}`", script.display(), dir.display());
+        }
+    }
+    Ok(dir)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Supervised processes.
+//
+// Every component is started with PR_SET_PDEATHSIG=SIGKILL so that the kernel kills it when its
+// parent goes away, even if no destructor runs. The signal fires when the *thread* that forked
+// the child exits, not the process, so all children are forked by one spawner thread that lives
+// as long as the process (test threads come and go).
+
+struct SpawnRequest {
+    command: Command,
+    reply: mpsc::Sender<io::Result<Child>>,
+}
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        thread::Builder::new()
+            .name("controlplane-spawner".into())
+            .spawn(move || {
+                for mut req in rx {
+                    let _ = req.reply.send(req.command.spawn());
+                }
+            })
+            .expect("spawning the control plane spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+/// Spawns `command` in its own process group, to be killed with SIGKILL when this process dies.
+pub fn spawn_supervised(mut command: Command) -> io::Result<Child> {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                return Err(io::Error::other("parent exited during spawn"));
+            }
+            // Do not pass on a signal mask (the `controlplane` binary blocks SIGINT/SIGTERM).
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let (reply, rx) = mpsc::channel();
+    lock(spawner())
+        .send(SpawnRequest { command, reply })
+        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    rx.recv().map_err(|_| io::Error::other("the spawner thread is gone"))?
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Component {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+fn kill_group(child: &mut Child) {
+    let pid = child.id() as libc::pid_t;
+    if let Ok(None) = child.try_wait() {
+        // SAFETY: plain syscall; the child leads its own process group (setpgid in pre_exec).
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// The last `lines` lines of a log file (for error messages).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Certificates and kubeconfigs.
+
+struct Pki {
+    ca_cert: String,
+    ca_key: rcgen::KeyPair,
+    ca_params: rcgen::CertificateParams,
+}
+
+impl Pki {
+    fn new() -> Result<Pki> {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = dn("tfjob-test-ca", None);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params);
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.self_signed(&key)?;
+        Ok(Pki { ca_cert: cert.pem(), ca_key: key, ca_params: params })
+    }
+
+    /// A leaf certificate signed by the CA; returns (cert PEM, key PEM).
+    fn issue(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+        sans: &[&str],
+        usage: rcgen::ExtendedKeyUsagePurpose,
+    ) -> Result<(String, String)> {
+        let mut params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        params.distinguished_name = dn(common_name, organization);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::DigitalSignature,
+            rcgen::KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![usage];
+        params.use_authority_key_identifier_extension = true;
+        validity(&mut params);
+        let key = rcgen::KeyPair::generate()?;
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+fn dn(common_name: &str, organization: Option<&str>) -> rcgen::DistinguishedName {
+    let mut dn = rcgen::DistinguishedName::new();
+    if let Some(o) = organization {
+        dn.push(rcgen::DnType::OrganizationName, o);
+    }
+    dn.push(rcgen::DnType::CommonName, common_name);
+    dn
+}
+
+fn validity(params: &mut rcgen::CertificateParams) {
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2200, 1, 1);
+}
+
+/// Standard base64 (RFC 4648, with padding), as kubeconfig `*-data` fields need.
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// How a kubeconfig user authenticates.
+enum Credentials<'a> {
+    ClientCert { cert: &'a str, key: &'a str },
+    Token(&'a str),
+    Anonymous,
+}
+
+fn kubeconfig_yaml(server: &str, ca_pem: Option<&str>, user: &str, creds: Credentials<'_>) -> String {
+    let mut y = String::new();
+    let _ = writeln!(y, "apiVersion: v1\nkind: Config\nclusters:\n- name: tfjob-test\n  cluster:");
+    let _ = writeln!(y, "    server: {server}");
+    match ca_pem {
+        Some(ca) => {
+            let _ = writeln!(y, "    certificate-authority-data: {}", base64(ca.as_bytes()));
+        }
+        None => {
+            let _ = writeln!(y, "    insecure-skip-tls-verify: true");
+        }
+    }
+    let _ = writeln!(y, "users:\n- name: {user}\n  user:");
+    match creds {
+        Credentials::ClientCert { cert, key } => {
+            let _ = writeln!(y, "    client-certificate-data: {}", base64(cert.as_bytes()));
+            let _ = writeln!(y, "    client-key-data: {}", base64(key.as_bytes()));
+        }
+        Credentials::Token(token) => {
+            let _ = writeln!(y, "    token: {token}");
+        }
+        Credentials::Anonymous => {
+            let _ = writeln!(y, "    {{}}");
+        }
+    }
+    let _ = writeln!(
+        y,
+        "contexts:\n- name: {user}@tfjob-test\n  context:\n    cluster: tfjob-test\n    user: {user}\n\
+         current-context: {user}@tfjob-test"
+    );
+    y
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns; the OS may hand it out again later).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    // Hold all listeners at once so the ports differ.
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (p, l) in ports.iter_mut().zip(&listeners) {
+        *p = l.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Where and how to start a control plane.
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    /// Run in this directory (created if missing; must be empty) and keep it afterwards.
+    /// Default: a fresh temporary directory, removed on stop.
+    pub dir: Option<PathBuf>,
+}
+
+/// A running etcd + kube-apiserver + kube-controller-manager.
+pub struct ControlPlane {
+    dir: PathBuf,
+    temp: Mutex<Option<tempfile::TempDir>>,
+    bin_dir: PathBuf,
+    server_url: String,
+    kubeconfig: PathBuf,
+    ca_pem: String,
+    etcd_url: String,
+    versions: Versions,
+    components: Mutex<Vec<Component>>,
+    pids: Vec<u32>,
+    counter: AtomicU32,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("dir", &self.dir)
+            .field("server_url", &self.server_url)
+            .field("kubeconfig", &self.kubeconfig)
+            .field("pids", &self.pids)
+            .finish()
+    }
+}
+
+static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+extern "C" fn stop_shared_at_exit() {
+    if let Some(Ok(cp)) = SHARED.get() {
+        cp.stop();
+    }
+}
+
+impl ControlPlane {
+    /// Builds the binaries if needed and starts a control plane in a temporary directory.
+    pub fn start() -> Result<ControlPlane> {
+        Self::start_with(Options::default())
+    }
+
+    /// One control plane per test process, started on first use, stopped when the process exits
+    /// (and killed by the kernel if it dies). Tests isolate themselves with
+    /// [`create_namespace`](Self::create_namespace). If starting failed, every caller gets the
+    /// same error.
+    pub fn shared() -> Result<&'static ControlPlane> {
+        SHARED
+            .get_or_init(|| {
+                let cp = Self::start().map_err(|e| format!("{e:#}"))?;
+                // SAFETY: registers a plain extern "C" function.
+                unsafe {
+                    libc::atexit(stop_shared_at_exit);
+                }
+                Ok(cp)
+            })
+            .as_ref()
+            .map_err(|e| anyhow!("{e}"))
+    }
+
+    /// Starts a control plane as described by `options`.
+    pub fn start_with(options: Options) -> Result<ControlPlane> {
+        let bin_dir = ensure_binaries()?;
+        let versions = Versions::pinned()?;
+        let (temp, dir) = match options.dir {
+            Some(dir) => {
+                fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                if fs::read_dir(&dir)?.next().is_some() {
+                    bail!("{} is not empty; the control plane needs a fresh directory", dir.display());
+                }
+                (None, fs::canonicalize(&dir)?)
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("tfjob-controlplane-").tempdir()?;
+                let d = t.path().to_path_buf();
+                (Some(t), d)
+            }
+        };
+        let mut cp = ControlPlane {
+            kubeconfig: dir.join("kubeconfig"),
+            dir,
+            temp: Mutex::new(temp),
+            bin_dir,
+            server_url: String::new(),
+            ca_pem: String::new(),
+            etcd_url: String::new(),
+            versions,
+            components: Mutex::new(Vec::new()),
+            pids: Vec::new(),
+            counter: AtomicU32::new(0),
+        };
+        // On error `cp` is dropped, which kills whatever was started.
+        cp.boot().map_err(|e| loud("startup failed", format!("{e:#}")))?;
+        Ok(cp)
+    }
+
+    fn boot(&mut self) -> Result<()> {
+        let dir = self.dir.clone();
+        for sub in ["pki", "logs", "etcd", "home", "kcm"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        let pki_dir = dir.join("pki");
+        let pki = Pki::new()?;
+        let [etcd_client, etcd_peer, apiserver_port, kcm_port] = free_ports::<4>()?;
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        self.server_url = server.clone();
+        self.ca_pem = pki.ca_cert.clone();
+        self.etcd_url = format!("http://127.0.0.1:{etcd_client}");
+
+        let ca_file = pki_dir.join("ca.crt");
+        fs::write(&ca_file, &pki.ca_cert)?;
+        write_private(&pki_dir.join("ca.key"), &pki.ca_key.serialize_pem())?;
+        let (serving_cert, serving_key) = pki.issue(
+            "kube-apiserver",
+            None,
+            &[
+                "127.0.0.1",
+                "localhost",
+                "10.0.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        fs::write(pki_dir.join("apiserver.crt"), &serving_cert)?;
+        write_private(&pki_dir.join("apiserver.key"), &serving_key)?;
+        let (admin_cert, admin_key) = pki.issue(
+            "tfjob-test-admin",
+            Some("system:masters"),
+            &[],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let (kcm_cert, kcm_key) = pki.issue(
+            "system:kube-controller-manager",
+            None,
+            &[],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let sa_key = pki_dir.join("sa.key");
+        write_private(&sa_key, &rcgen::KeyPair::generate()?.serialize_pem())?;
+
+        let ca_pem = Some(pki.ca_cert.as_str());
+        fs::write(
+            &self.kubeconfig,
+            kubeconfig_yaml(
+                &server,
+                ca_pem,
+                "admin",
+                Credentials::ClientCert { cert: &admin_cert, key: &admin_key },
+            ),
+        )?;
+        let kcm_kubeconfig = dir.join("kcm").join("kubeconfig");
+        write_private(
+            &kcm_kubeconfig,
+            &kubeconfig_yaml(
+                &server,
+                ca_pem,
+                "kube-controller-manager",
+                Credentials::ClientCert { cert: &kcm_cert, key: &kcm_key },
+            ),
+        )?;
+        let kcm_health_kubeconfig = dir.join("kcm").join("health.kubeconfig");
+        fs::write(
+            &kcm_health_kubeconfig,
+            kubeconfig_yaml(&format!("https://127.0.0.1:{kcm_port}"), None, "anonymous", Credentials::Anonymous),
+        )?;
+
+        // etcd
+        let peer = format!("http://127.0.0.1:{etcd_peer}");
+        self.spawn(
+            "etcd",
+            [
+                "--name=tfjob-test".to_string(),
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={}", self.etcd_url),
+                format!("--advertise-client-urls={}", self.etcd_url),
+                format!("--listen-peer-urls={peer}"),
+                format!("--initial-advertise-peer-urls={peer}"),
+                format!("--initial-cluster=tfjob-test={peer}"),
+                "--initial-cluster-state=new".into(),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        self.wait_until("etcd /health", deadline, |_| {
+            Ok(http_get_plain(etcd_client, "/health")?.contains("\"health\":\"true\""))
+        })?;
+
+        // kube-apiserver
+        let pki_path = |f: &str| pki_dir.join(f).display().to_string();
+        self.spawn(
+            "kube-apiserver",
+            [
+                "--bind-address=127.0.0.1".to_string(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={apiserver_port}"),
+                format!("--cert-dir={}", dir.join("pki").display()),
+                format!("--tls-cert-file={}", pki_path("apiserver.crt")),
+                format!("--tls-private-key-file={}", pki_path("apiserver.key")),
+                format!("--client-ca-file={}", pki_path("ca.crt")),
+                format!("--etcd-servers={}", self.etcd_url),
+                format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+                format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
+                format!("--service-account-key-file={}", sa_key.display()),
+                format!("--service-account-signing-key-file={}", sa_key.display()),
+                "--authorization-mode=RBAC".into(),
+                "--allow-privileged=true".into(),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        let kubeconfig = self.kubeconfig.clone();
+        self.wait_until("kube-apiserver /readyz", deadline, |cp| {
+            let out = cp
+                .command("kubectl")
+                .args(["get", "--raw=/readyz", "--request-timeout=5s", "--kubeconfig"])
+                .arg(&kubeconfig)
+                .output()?;
+            Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+        })?;
+
+        // kube-controller-manager
+        let kcm_kc = kcm_kubeconfig.display().to_string();
+        self.spawn(
+            "kube-controller-manager",
+            [
+                format!("--kubeconfig={kcm_kc}"),
+                format!("--authentication-kubeconfig={kcm_kc}"),
+                format!("--authorization-kubeconfig={kcm_kc}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={kcm_port}"),
+                format!("--cert-dir={}", dir.join("kcm").display()),
+                "--leader-elect=false".into(),
+                format!("--controllers={}", KCM_CONTROLLERS.join(",")),
+                format!("--service-account-private-key-file={}", sa_key.display()),
+                format!("--root-ca-file={}", ca_file.display()),
+                format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
+                "--use-service-account-credentials=false".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        self.wait_until("kube-controller-manager /healthz", deadline, |cp| {
+            let out = cp
+                .command("kubectl")
+                .args(["get", "--raw=/healthz", "--request-timeout=5s", "--kubeconfig"])
+                .arg(&kcm_health_kubeconfig)
+                .output()?;
+            Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+        })?;
+        // The controllers are running once the service account controller has done its work.
+        self.wait_until("ServiceAccount default/default (service account controller)", deadline, |cp| {
+            Ok(cp.kubectl(["get", "serviceaccount", "default", "-n", "default"])?.status.success())
+        })?;
+        Ok(())
+    }
+
+    fn spawn<I, S>(&mut self, name: &'static str, args: I) -> Result<()>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new(self.bin_dir.join(name));
+        cmd.args(args)
+            .current_dir(&self.dir)
+            .env("HOME", self.dir.join("home"))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = spawn_supervised(cmd)
+            .with_context(|| format!("starting {}", self.bin_dir.join(name).display()))?;
+        self.pids.push(child.id());
+        lock(&self.components).push(Component { name, child, log });
+        Ok(())
+    }
+
+    /// Polls `ready` until it returns true; fails early (with the logs) if a component exits.
+    fn wait_until(
+        &self,
+        what: &str,
+        deadline: Instant,
+        mut ready: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<()> {
+        let mut last_err = None;
+        loop {
+            if let Some((name, status)) = self.exited_component() {
+                bail!("{name} exited ({status}) while waiting for {what}\n{}", self.logs_tail(60));
+            }
+            match ready(self) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last_err = Some(e),
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out after {:?} waiting for {what}{}\n{}",
+                    STARTUP_TIMEOUT,
+                    last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default(),
+                    self.logs_tail(60)
+                );
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn exited_component(&self) -> Option<(&'static str, ExitStatus)> {
+        lock(&self.components)
+            .iter_mut()
+            .find_map(|c| match c.child.try_wait() {
+                Ok(Some(status)) => Some((c.name, status)),
+                _ => None,
+            })
+    }
+
+    /// The last `lines` lines of every component's log, for error messages.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let mut s = String::new();
+        for c in lock(&self.components).iter() {
+            let _ = writeln!(s, "----- last {lines} lines of {} -----", c.log.display());
+            let _ = writeln!(s, "{}", tail(&c.log, lines));
+        }
+        s
+    }
+
+    /// Kills every component and waits for it; removes the temporary directory (unless it was
+    /// given in [`Options::dir`]). Idempotent. Also called on drop.
+    pub fn stop(&self) {
+        let mut components = lock(&self.components);
+        // Controller manager first, etcd last.
+        while let Some(mut c) = components.pop() {
+            kill_group(&mut c.child);
+        }
+        drop(components);
+        if let Some(t) = lock(&self.temp).take() {
+            let _ = t.close();
+        }
+    }
+
+    /// Admin kubeconfig (client certificate in group `system:masters`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>` of the API server.
+    pub fn server_url(&self) -> &str {
+        &self.server_url
+    }
+
+    /// PEM of the CA that signed the API server's serving certificate and the client certificates.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// `http://127.0.0.1:<port>` of etcd.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// The directory holding pki/, logs/, etcd/ and the kubeconfigs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory holding etcd, kube-apiserver, kube-controller-manager, kubectl and helm.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// The log file of a component (`etcd`, `kube-apiserver`, `kube-controller-manager`).
+    pub fn log_path(&self, component: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{component}.log"))
+    }
+
+    /// Versions pinned in go.mod (what the binaries report).
+    pub fn versions(&self) -> &Versions {
+        &self.versions
+    }
+
+    /// Process ids of the components (etcd, kube-apiserver, kube-controller-manager).
+    pub fn pids(&self) -> &[u32] {
+        &self.pids
+    }
+
+    /// A command for one of the binaries (`kubectl`, `helm`, ...) with `KUBECONFIG` set to the
+    /// admin kubeconfig and `HOME` (so kubectl's and helm's caches) inside the control plane dir.
+    pub fn command(&self, binary: &str) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join(binary));
+        let home = self.dir.join("home");
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", &home)
+            .env("KUBECACHEDIR", home.join(".kube").join("cache"))
+            .env("HELM_CACHE_HOME", home.join("helm").join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("helm").join("config"))
+            .env("HELM_DATA_HOME", home.join("helm").join("data"))
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs kubectl as admin and returns its output, whatever the exit status.
+    pub fn kubectl<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.command("kubectl").args(args).output().context("running kubectl")
+    }
+
+    /// Runs kubectl as admin; returns stdout, or an error with stderr if it failed.
+    pub fn kubectl_ok<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command("kubectl");
+        cmd.args(args);
+        run_ok(cmd, None)
+    }
+
+    /// Runs kubectl as admin with `stdin` as its standard input (e.g. `apply -f -`).
+    pub fn kubectl_stdin<I, S>(&self, args: I, stdin: &str) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command("kubectl");
+        cmd.args(args);
+        run_ok(cmd, Some(stdin))
+    }
+
+    /// `kubectl apply --server-side -f -` of a YAML/JSON document (stream).
+    pub fn apply(&self, manifest: &str) -> Result<String> {
+        self.kubectl_stdin(["apply", "--server-side", "--field-manager=tfjob-tests", "-f", "-"], manifest)
+    }
+
+    /// Runs helm (KUBECONFIG = admin) and returns its output, whatever the exit status.
+    pub fn helm<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.command("helm").args(args).output().context("running helm")
+    }
+
+    /// Runs helm; returns stdout, or an error with stderr if it failed.
+    pub fn helm_ok<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command("helm");
+        cmd.args(args);
+        run_ok(cmd, None)
+    }
+
+    /// Creates a namespace with a unique name starting with `prefix` and waits until its
+    /// `default` ServiceAccount exists (so pods can be created in it right away).
+    pub fn create_namespace(&self, prefix: &str) -> Result<String> {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let mut prefix: String = prefix
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        prefix.truncate(40);
+        let name = format!("{}-{}-{n}", prefix.trim_matches('-'), std::process::id());
+        self.kubectl_ok(["create", "namespace", &name])?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.kubectl(["get", "serviceaccount", "default", "-n", &name])?.status.success() {
+            if Instant::now() > deadline {
+                bail!("ServiceAccount {name}/default did not appear within 60s");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Ok(name)
+    }
+
+    /// Creates (if missing) ServiceAccount `namespace/name`, requests a token for it through the
+    /// TokenRequest API (`kubectl create token`, valid 24h) and writes a kubeconfig that uses that
+    /// bearer token. The account has no permissions until RBAC grants some.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
+        let sa = format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {name}\n  namespace: {namespace}\n"
+        );
+        self.apply(&sa)?;
+        let token = self.kubectl_ok(["create", "token", name, "-n", namespace, "--duration=24h"])?;
+        let token = token.trim();
+        if token.is_empty() {
+            bail!("kubectl create token {namespace}/{name} returned no token");
+        }
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let dir = self.dir.join("serviceaccounts");
+        fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{namespace}.{name}.kubeconfig"));
+        write_private(
+            &path,
+            &kubeconfig_yaml(&self.server_url, Some(&self.ca_pem), &user, Credentials::Token(token)),
+        )?;
+        Ok(path)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Controllers run by kube-controller-manager. No kubelet or scheduler runs, so pods stay Pending;
+/// the workload controllers still create their pods, and the garbage collector deletes dependents
+/// whose owners are gone.
+pub const KCM_CONTROLLERS: &[&str] = &[
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "ttl-after-finished-controller",
+    "endpointslice-controller",
+    "resourcequota-controller",
+];
+
+fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let describe = format!(
+        "{} {}",
+        Path::new(&program).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(program),
+        args.join(" ")
+    );
+    let out = match stdin {
+        None => cmd.output(),
+        Some(input) => {
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut child = cmd.spawn().with_context(|| format!("running {describe}"))?;
+            let mut pipe = child.stdin.take().expect("stdin is piped");
+            let input = input.to_string();
+            let writer = thread::spawn(move || pipe.write_all(input.as_bytes()));
+            let out = child.wait_with_output();
+            let _ = writer.join();
+            out
+        }
+    }
+    .with_context(|| format!("running {describe}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{describe}` failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// HTTP/1.0 GET on 127.0.0.1:port (plain HTTP, for etcd's /health).
+fn http_get_plain(port: u16, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// Process ids (other than ours) whose command line mentions `needle`, from /proc.
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            // Zombies have an empty cmdline; they are gone for our purposes once reaped, and a
+            // zombie holds no ports or files.
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (input, want) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), want);
+        }
+    }
+
+    #[test]
+    fn pinned_versions_are_read_from_go_mod() {
+        let v = Versions::pinned().unwrap();
+        assert!(v.kubernetes.starts_with("v1."), "{v:?}");
+        assert!(v.helm.starts_with("v4."), "{v:?}");
+        assert!(v.etcd.starts_with("v3."), "{v:?}");
+    }
+
+    #[test]
+    fn certificates_are_generated() {
+        let pki = Pki::new().unwrap();
+        let (cert, key) = pki
+            .issue("x", Some("system:masters"), &["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ClientAuth)
+            .unwrap();
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(key.contains("PRIVATE KEY"));
+    }
+}
