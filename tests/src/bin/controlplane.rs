@@ -7,6 +7,7 @@
 //!
 //! Normally started through tests/controlplane/up.sh.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -75,8 +76,13 @@ fn main() -> ExitCode {
         cp.dir().display()
     );
     eprintln!("use it from another shell with:");
-    println!("export KUBECONFIG={}", cp.kubeconfig_path().display());
-    println!("export PATH={}:\"$PATH\"", cp.bin_dir().display());
+    // Not println!: a closed stdout must not stop the control plane.
+    let _ = writeln!(
+        std::io::stdout(),
+        "export KUBECONFIG={}\nexport PATH={}:\"$PATH\"",
+        cp.kubeconfig_path().display(),
+        cp.bin_dir().display()
+    );
     eprintln!("press Ctrl-C to stop it");
 
     let mut sig: libc::c_int = 0;
