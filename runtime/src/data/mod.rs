@@ -1,7 +1,24 @@
 //! Datasets: the synthetic line of the classic example, MNIST IDX files,
 //! and a synthetic learnable classification set. Nothing is downloaded.
+//!
+//! A [`Dataset`] holds inputs and targets; [`Dataset::shard`] gives each
+//! worker its own disjoint part and a [`Sampler`] turns a dataset into an
+//! endless stream of shuffled [`Batch`]es.
 
-use ndarray::Array2;
+use std::path::PathBuf;
+
+use ndarray::{Array2, Axis};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+mod idx;
+mod synthetic;
+
+pub use idx::{load_mnist, read_idx_images, read_idx_labels, read_mnist_pair, Mnist, MNIST_CLASSES, MNIST_FILES};
+pub use synthetic::{
+    synthetic_classification, synthetic_line, LINE_INTERCEPT, LINE_NOISE_STDDEV, LINE_POINTS, LINE_SLOPE,
+};
 
 /// What a batch is trained against.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,3 +44,228 @@ impl Batch {
         self.x.nrows() == 0
     }
 }
+
+impl Targets {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        match self {
+            Targets::Values(v) => v.nrows(),
+            Targets::Labels(l) => l.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The targets of the examples at `indices`, in that order.
+    ///
+    /// # Panics
+    /// If an index is out of range.
+    pub fn select(&self, indices: &[usize]) -> Targets {
+        match self {
+            Targets::Values(v) => Targets::Values(v.select(Axis(0), indices)),
+            Targets::Labels(l) => Targets::Labels(indices.iter().map(|&i| l[i]).collect()),
+        }
+    }
+}
+
+/// What can be wrong with data: a file (named, with what is wrong in it)
+/// or inputs and targets that do not fit together.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: corrupt gzip data: {source}", path.display())]
+    Gzip {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not an IDX {expected_kind} file: magic number {found:#010x}, expected {expected:#010x}", path.display())]
+    BadMagic { path: PathBuf, expected_kind: &'static str, found: u32, expected: u32 },
+    #[error("{}: truncated {part}: expected {expected} bytes, found {found}", path.display())]
+    Truncated { path: PathBuf, part: &'static str, expected: u64, found: u64 },
+    #[error("{}: {extra} bytes after the data the header announces", path.display())]
+    TrailingBytes { path: PathBuf, extra: u64 },
+    #[error("{}: bad header: {reason}", path.display())]
+    BadHeader { path: PathBuf, reason: String },
+    #[error("{}: label {label} of example {index} is out of range 0..{num_classes}", path.display())]
+    LabelOutOfRange { path: PathBuf, index: usize, label: u32, num_classes: u32 },
+    #[error("{} has {images} images but {} has {labels} labels", images_path.display(), labels_path.display())]
+    CountMismatch { images_path: PathBuf, labels_path: PathBuf, images: usize, labels: usize },
+    #[error("{}: images have {found} pixels, but {} has {expected}", path.display(), other.display())]
+    ImageSizeMismatch { path: PathBuf, other: PathBuf, found: usize, expected: usize },
+    #[error("{}: no {name} (nor {name}.gz) in this directory", dir.display())]
+    Missing { dir: PathBuf, name: &'static str },
+    #[error("dataset: {inputs} input rows but {targets} targets")]
+    LengthMismatch { inputs: usize, targets: usize },
+}
+
+/// Inputs (one row per example) with their targets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    x: Array2<f32>,
+    targets: Targets,
+}
+
+impl Dataset {
+    /// Fails if `x` and `targets` hold different numbers of examples.
+    pub fn new(x: Array2<f32>, targets: Targets) -> Result<Self, DataError> {
+        if x.nrows() != targets.len() {
+            return Err(DataError::LengthMismatch { inputs: x.nrows(), targets: targets.len() });
+        }
+        Ok(Dataset { x, targets })
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.x.nrows()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Features per example.
+    pub fn input_dim(&self) -> usize {
+        self.x.ncols()
+    }
+
+    pub fn x(&self) -> &Array2<f32> {
+        &self.x
+    }
+
+    pub fn targets(&self) -> &Targets {
+        &self.targets
+    }
+
+    /// For labelled data, the largest label plus one (`None` for
+    /// regression data or an empty set).
+    pub fn num_classes(&self) -> Option<usize> {
+        match &self.targets {
+            Targets::Labels(l) => l.iter().max().map(|&m| m as usize + 1),
+            Targets::Values(_) => None,
+        }
+    }
+
+    pub fn into_parts(self) -> (Array2<f32>, Targets) {
+        (self.x, self.targets)
+    }
+
+    /// Shard `index` of `count`: the examples whose position `i` has
+    /// `i % count == index` (like `tf.data.Dataset.shard`). The shards of
+    /// `0..count` are disjoint and together hold every example exactly once;
+    /// their sizes differ by at most one.
+    ///
+    /// # Panics
+    /// If `count` is 0 or `index >= count`.
+    pub fn shard(&self, index: usize, count: usize) -> Dataset {
+        assert!(count > 0, "shard: count must be at least 1");
+        assert!(index < count, "shard: index {index} out of range 0..{count}");
+        let indices: Vec<usize> = (index..self.len()).step_by(count).collect();
+        let b = self.select(&indices);
+        Dataset { x: b.x, targets: b.targets }
+    }
+
+    /// The examples at `indices`, in that order, as a batch.
+    ///
+    /// # Panics
+    /// If an index is out of range.
+    pub fn select(&self, indices: &[usize]) -> Batch {
+        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices) }
+    }
+
+    /// The first `n` examples (all of them if there are fewer), e.g. for
+    /// evaluation on held-out data.
+    pub fn head(&self, n: usize) -> Batch {
+        let n = n.min(self.len());
+        let targets = match &self.targets {
+            Targets::Values(v) => Targets::Values(v.slice(ndarray::s![..n, ..]).to_owned()),
+            Targets::Labels(l) => Targets::Labels(l[..n].to_vec()),
+        };
+        Batch { x: self.x.slice(ndarray::s![..n, ..]).to_owned(), targets }
+    }
+
+    /// The whole set as one batch.
+    pub fn to_batch(&self) -> Batch {
+        Batch { x: self.x.clone(), targets: self.targets.clone() }
+    }
+}
+
+/// An endless stream of batches of one size from a dataset: each epoch
+/// visits every example once in an order shuffled from the seed; a batch
+/// that reaches the end of an epoch continues in the next one (like
+/// `shuffle().repeat().batch()`), so every batch is full.
+///
+/// An empty dataset yields empty batches.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    data: Dataset,
+    batch_size: usize,
+    rng: StdRng,
+    order: Vec<usize>,
+    pos: usize,
+    epochs: u64,
+    indices: Vec<usize>,
+}
+
+impl Sampler {
+    /// # Panics
+    /// If `batch_size` is 0.
+    pub fn new(data: Dataset, batch_size: usize, seed: u64) -> Self {
+        assert!(batch_size > 0, "sampler: batch_size must be at least 1");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        order.shuffle(&mut rng);
+        Sampler { data, batch_size, rng, order, pos: 0, epochs: 0, indices: Vec::with_capacity(batch_size) }
+    }
+
+    /// The next batch of `batch_size` examples.
+    pub fn next_batch(&mut self) -> Batch {
+        self.indices.clear();
+        if !self.order.is_empty() {
+            while self.indices.len() < self.batch_size {
+                if self.pos == self.order.len() {
+                    self.order.shuffle(&mut self.rng);
+                    self.pos = 0;
+                    self.epochs += 1;
+                }
+                let take = (self.batch_size - self.indices.len()).min(self.order.len() - self.pos);
+                self.indices.extend_from_slice(&self.order[self.pos..self.pos + take]);
+                self.pos += take;
+            }
+        }
+        self.data.select(&self.indices)
+    }
+
+    /// Epochs completed so far (an epoch completes when a batch needs an
+    /// example beyond its end).
+    pub fn epochs(&self) -> u64 {
+        self.epochs
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.data
+    }
+}
+
+impl Iterator for Sampler {
+    type Item = Batch;
+
+    /// Never `None`.
+    fn next(&mut self) -> Option<Batch> {
+        Some(self.next_batch())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -4,10 +4,34 @@
 //! functions from parameter values and a batch to loss, gradients and
 //! metrics. Parameters and gradients are passed in the order of
 //! [`Model::variables`].
+//!
+//! Three models, built from a [`ModelConfig`] by [`build_model`]:
+//!
+//! | name      | type                  | variables (in order)                              |
+//! |-----------|-----------------------|---------------------------------------------------|
+//! | `linear`  | [`LinearRegression`]  | `W` [n_features, 1], `b` [1]                      |
+//! | `softmax` | [`SoftmaxRegression`] | `weights` [n_in, n_classes], `biases` [n_classes] |
+//! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `hid_w`, `hid_b`, `sm_w`, `sm_b` for one hidden layer |
+//!
+//! The arithmetic is written once, generically over the float type (see
+//! [`Real`]), so the tests can run the very same code in `f64` for finite
+//! difference gradient checks; the models run it in `f32`.
 
-use ndarray::ArrayD;
+use std::fmt;
+use std::str::FromStr;
 
-use crate::data::Batch;
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, Ix2, NdFloat};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+use crate::data::{Batch, Targets};
+
+mod dense;
+mod linear;
+
+pub use dense::{Mlp, SoftmaxRegression};
+pub use linear::LinearRegression;
 
 /// How a variable's initial value is drawn.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,3 +92,330 @@ pub trait Model: Send + Sync {
         Vec::new()
     }
 }
+
+/// Activation of the hidden layers of an [`Mlp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `1 / (1 + e^-z)`, as in the classic MNIST tutorials.
+    Sigmoid,
+    /// `max(0, z)`, as in `mnist_replica.py`.
+    Relu,
+    Tanh,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 3] = [Activation::Sigmoid, Activation::Relu, Activation::Tanh];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Sigmoid => "sigmoid",
+            Activation::Relu => "relu",
+            Activation::Tanh => "tanh",
+        }
+    }
+}
+
+impl fmt::Display for Activation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Activation {
+    type Err = ModelError;
+    /// Case-insensitive `sigmoid`, `relu` or `tanh`.
+    fn from_str(s: &str) -> Result<Self, ModelError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sigmoid" => Ok(Activation::Sigmoid),
+            "relu" => Ok(Activation::Relu),
+            "tanh" => Ok(Activation::Tanh),
+            _ => Err(ModelError::Invalid {
+                field: "activation",
+                reason: format!("unknown activation {s:?} (expected sigmoid, relu or tanh)"),
+            }),
+        }
+    }
+}
+
+/// How the weight matrices of an [`Mlp`] are initialised (biases always
+/// start at zero). The linear and softmax models keep their classic
+/// initialisers whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WeightInit {
+    /// `truncated_normal(stddev = 1/sqrt(fan_in))`, as the classic
+    /// distributed MNIST example (`mnist_replica.py`) did.
+    #[default]
+    TruncatedNormal,
+    /// Normal(0, 1): the initialisation of the reference figure in
+    /// `shared/data/synthetic-mnist/README.md` (sigmoid, lr 0.5, batch 100).
+    Normal,
+}
+
+impl WeightInit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightInit::TruncatedNormal => "truncated_normal",
+            WeightInit::Normal => "normal",
+        }
+    }
+}
+
+impl fmt::Display for WeightInit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WeightInit {
+    type Err = ModelError;
+    /// Case-insensitive `truncated_normal` (or `truncated-normal`) or `normal`.
+    fn from_str(s: &str) -> Result<Self, ModelError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "truncated_normal" | "truncated-normal" => Ok(WeightInit::TruncatedNormal),
+            "normal" => Ok(WeightInit::Normal),
+            _ => Err(ModelError::Invalid {
+                field: "weight_init",
+                reason: format!("unknown initialisation {s:?} (expected truncated_normal or normal)"),
+            }),
+        }
+    }
+}
+
+/// What [`build_model`] builds.
+///
+/// - `linear`: uses `input_dim` (the number of features, 1 for the classic
+///   example); `num_classes`, `hidden_units`, `activation` and
+///   `weight_init` are ignored.
+/// - `softmax`: uses `input_dim` and `num_classes` (at least 2);
+///   `hidden_units`, `activation` and `weight_init` are ignored.
+/// - `mlp`: uses everything; `hidden_units` must list at least one width,
+///   each at least 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// `linear`, `softmax` or `mlp` (case-insensitive).
+    pub name: String,
+    pub input_dim: usize,
+    pub num_classes: usize,
+    pub hidden_units: Vec<usize>,
+    pub activation: Activation,
+    pub weight_init: WeightInit,
+}
+
+impl ModelConfig {
+    /// The classic `y = W·x + b` example has `n_features = 1`.
+    pub fn linear(n_features: usize) -> Self {
+        ModelConfig {
+            name: "linear".into(),
+            input_dim: n_features,
+            num_classes: 1,
+            hidden_units: Vec::new(),
+            activation: Activation::Sigmoid,
+            weight_init: WeightInit::default(),
+        }
+    }
+
+    pub fn softmax(input_dim: usize, num_classes: usize) -> Self {
+        ModelConfig { name: "softmax".into(), num_classes, ..Self::linear(input_dim) }
+    }
+
+    /// E.g. `ModelConfig::mlp(784, &[100], 10, Activation::Sigmoid)` for
+    /// the classic 784-100-10 network.
+    pub fn mlp(input_dim: usize, hidden_units: &[usize], num_classes: usize, activation: Activation) -> Self {
+        ModelConfig {
+            name: "mlp".into(),
+            input_dim,
+            num_classes,
+            hidden_units: hidden_units.to_vec(),
+            activation,
+            weight_init: WeightInit::default(),
+        }
+    }
+
+    pub fn with_weight_init(mut self, weight_init: WeightInit) -> Self {
+        self.weight_init = weight_init;
+        self
+    }
+}
+
+/// A [`ModelConfig`] that cannot be built. [`ModelError::field`] names the
+/// offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error("model: unknown model {name:?} (expected linear, softmax or mlp)")]
+    UnknownModel { name: String },
+    #[error("model {model}: {field}: {reason}")]
+    BadSize { model: &'static str, field: &'static str, reason: String },
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+impl ModelError {
+    /// The name of the [`ModelConfig`] field (or flag) that is wrong.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ModelError::UnknownModel { .. } => "name",
+            ModelError::BadSize { field, .. } | ModelError::Invalid { field, .. } => field,
+        }
+    }
+}
+
+/// Builds the model a [`ModelConfig`] describes.
+pub fn build_model(cfg: &ModelConfig) -> Result<Box<dyn Model>, ModelError> {
+    let name = cfg.name.trim().to_ascii_lowercase();
+    let bad = |model: &'static str, field: &'static str, reason: String| ModelError::BadSize { model, field, reason };
+    match name.as_str() {
+        "linear" => {
+            if cfg.input_dim == 0 {
+                return Err(bad("linear", "input_dim", "must be at least 1".into()));
+            }
+            Ok(Box::new(LinearRegression::new(cfg.input_dim)))
+        }
+        "softmax" | "mlp" => {
+            let model: &'static str = if name == "mlp" { "mlp" } else { "softmax" };
+            if cfg.input_dim == 0 {
+                return Err(bad(model, "input_dim", "must be at least 1".into()));
+            }
+            if cfg.num_classes < 2 {
+                return Err(bad(model, "num_classes", format!("must be at least 2, got {}", cfg.num_classes)));
+            }
+            if model == "softmax" {
+                return Ok(Box::new(SoftmaxRegression::new(cfg.input_dim, cfg.num_classes)));
+            }
+            if cfg.hidden_units.is_empty() {
+                return Err(bad("mlp", "hidden_units", "needs at least one hidden layer (use the softmax model for none)".into()));
+            }
+            if let Some(i) = cfg.hidden_units.iter().position(|&w| w == 0) {
+                return Err(bad("mlp", "hidden_units", format!("hidden layer {i} has 0 units; every layer needs at least 1")));
+            }
+            Ok(Box::new(Mlp::new(cfg.input_dim, &cfg.hidden_units, cfg.num_classes, cfg.activation, cfg.weight_init)))
+        }
+        _ => Err(ModelError::UnknownModel { name: cfg.name.clone() }),
+    }
+}
+
+/// Initial values of `specs`, in order. Deterministic given `seed`: the
+/// values are drawn one variable after another from one generator seeded
+/// with `seed`. `TruncatedNormal` resamples draws beyond two standard
+/// deviations, like TensorFlow's `truncated_normal`.
+pub fn init_values(specs: &[VariableSpec], seed: u64) -> Vec<ArrayD<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    specs
+        .iter()
+        .map(|spec| {
+            let n = spec.num_elements();
+            let values: Vec<f32> = match spec.init {
+                Init::Zeros => vec![0.0; n],
+                Init::Constant(c) => vec![c; n],
+                Init::Normal { stddev } => {
+                    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal) * stddev).collect()
+                }
+                Init::TruncatedNormal { stddev } => (0..n)
+                    .map(|_| loop {
+                        let v: f32 = rng.sample(StandardNormal);
+                        if v.abs() <= 2.0 {
+                            break v * stddev;
+                        }
+                    })
+                    .collect(),
+                Init::Uniform { limit } => {
+                    let limit = limit.abs();
+                    (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * limit).collect()
+                }
+            };
+            ArrayD::from_shape_vec(spec.shape.clone(), values).expect("shape matches the element count")
+        })
+        .collect()
+}
+
+/// The float types the model arithmetic is written for (`f32` for
+/// training, `f64` for the finite-difference checks in tests).
+pub trait Real: NdFloat {
+    /// The value of an `f64` constant in this type.
+    fn cst(v: f64) -> Self;
+    /// Widens to `f64`.
+    fn widen(self) -> f64;
+}
+
+impl Real for f32 {
+    #[inline]
+    fn cst(v: f64) -> Self {
+        v as f32
+    }
+    #[inline]
+    fn widen(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Real for f64 {
+    #[inline]
+    fn cst(v: f64) -> Self {
+        v
+    }
+    #[inline]
+    fn widen(self) -> f64 {
+        self
+    }
+}
+
+/// Targets as the generic arithmetic sees them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TargetsView<'a, F> {
+    Values(ArrayView2<'a, F>),
+    Labels(&'a [u32]),
+}
+
+/// What one pass over a batch produces.
+#[derive(Debug, Clone)]
+pub(crate) struct Pass<F> {
+    /// Mean loss over the batch, accumulated in f64.
+    pub loss: f64,
+    /// Correct predictions, for classifiers.
+    pub correct: Option<usize>,
+    /// Gradients (when asked for), in variable order.
+    pub gradients: Vec<ArrayD<F>>,
+}
+
+/// Checks `params` against `specs` (count and shapes), naming the variable
+/// that is wrong. Parameters with a wrong shape are a bug of the caller.
+pub(crate) fn check_params<F>(model: &str, specs: &[VariableSpec], params: &[ArrayD<F>]) {
+    assert_eq!(params.len(), specs.len(), "{model}: expected {} parameter tensors, got {}", specs.len(), params.len());
+    for (spec, p) in specs.iter().zip(params) {
+        assert_eq!(p.shape(), spec.shape.as_slice(), "{model}: variable {} has shape {:?}, expected {:?}", spec.name, p.shape(), spec.shape);
+    }
+}
+
+/// A parameter viewed as a matrix (a 1-d bias becomes a single row).
+pub(crate) fn as_matrix<'a, F>(p: &'a ArrayD<F>) -> ArrayView2<'a, F> {
+    let v: ArrayViewD<'a, F> = p.view();
+    if v.ndim() == 1 {
+        let n = v.len();
+        v.into_shape_with_order((1, n)).expect("1-d to row")
+    } else {
+        v.into_dimensionality::<Ix2>().expect("2-d parameter")
+    }
+}
+
+/// Metrics of a pass over `batch`.
+pub(crate) fn metrics(pass_loss: f64, correct: Option<usize>, batch: &Batch) -> Metrics {
+    let n = batch.len();
+    Metrics {
+        loss: pass_loss as f32,
+        accuracy: match correct {
+            Some(c) if n > 0 => Some(c as f32 / n as f32),
+            _ => None,
+        },
+        examples: n,
+    }
+}
+
+/// The batch's targets as the generic arithmetic sees them.
+pub(crate) fn targets_view(t: &Targets) -> TargetsView<'_, f32> {
+    match t {
+        Targets::Values(v) => TargetsView::Values(v.view()),
+        Targets::Labels(l) => TargetsView::Labels(l),
+    }
+}
+
+#[cfg(test)]
+mod tests;

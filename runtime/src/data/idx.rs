@@ -1,0 +1,162 @@
+//! MNIST in the IDX format: files given by path, plain or gzipped (told
+//! apart by their first bytes, not their names).
+//!
+//! An IDX file is a big-endian header — two zero bytes, a type byte
+//! (`0x08` = unsigned byte), the number of dimensions — then one `u32` per
+//! dimension, then the data. Images are idx3 (`[n, rows, cols]`), labels
+//! idx1 (`[n]`).
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use flate2::read::MultiGzDecoder;
+use ndarray::Array2;
+
+use super::{DataError, Dataset, Targets};
+
+/// Classes of MNIST labels.
+pub const MNIST_CLASSES: u32 = 10;
+
+/// The four files of the MNIST distribution (each may also end in `.gz`):
+/// train images, train labels, test images, test labels.
+pub const MNIST_FILES: [&str; 4] =
+    ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const IDX_UBYTE: u8 = 0x08;
+
+/// The train and test sets of MNIST.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mnist {
+    pub train: Dataset,
+    pub test: Dataset,
+}
+
+/// The contents of `path`, gunzipped when it starts with the gzip magic.
+fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+    let raw = fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
+    if !raw.starts_with(&GZIP_MAGIC) {
+        return Ok(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len() * 4);
+    MultiGzDecoder::new(raw.as_slice())
+        .read_to_end(&mut out)
+        .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
+    Ok(out)
+}
+
+/// Checks the header of an unsigned-byte IDX file of `ndim` dimensions and
+/// that the data has exactly the announced size; returns the dimensions and
+/// the data.
+fn parse_idx<'a>(path: &Path, bytes: &'a [u8], ndim: u8, kind: &'static str) -> Result<(Vec<usize>, &'a [u8]), DataError> {
+    let truncated = |part, expected: usize, found: usize| DataError::Truncated {
+        path: path.to_path_buf(),
+        part,
+        expected: expected as u64,
+        found: found as u64,
+    };
+    if bytes.len() < 4 {
+        return Err(truncated("header", 4, bytes.len()));
+    }
+    let expected = u32::from_be_bytes([0, 0, IDX_UBYTE, ndim]);
+    let found = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    if found != expected {
+        return Err(DataError::BadMagic { path: path.to_path_buf(), expected_kind: kind, found, expected });
+    }
+    let header_len = 4 + 4 * ndim as usize;
+    if bytes.len() < header_len {
+        return Err(truncated("header", header_len, bytes.len()));
+    }
+    let dims: Vec<usize> = bytes[4..header_len]
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .collect();
+    let total = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| DataError::BadHeader {
+        path: path.to_path_buf(),
+        reason: format!("dimensions {dims:?} are too large"),
+    })?;
+    let data = &bytes[header_len..];
+    if data.len() < total {
+        return Err(truncated("data", total, data.len()));
+    }
+    if data.len() > total {
+        return Err(DataError::TrailingBytes { path: path.to_path_buf(), extra: (data.len() - total) as u64 });
+    }
+    Ok((dims, data))
+}
+
+/// Reads an idx3 unsigned-byte image file: one row per image, pixels
+/// scaled from 0..=255 to [0, 1] and flattened row by row (784 per row for
+/// MNIST's 28x28).
+pub fn read_idx_images(path: impl AsRef<Path>) -> Result<Array2<f32>, DataError> {
+    let path = path.as_ref();
+    let bytes = read_bytes(path)?;
+    let (dims, data) = parse_idx(path, &bytes, 3, "images (idx3, unsigned byte)")?;
+    let (n, rows, cols) = (dims[0], dims[1], dims[2]);
+    if rows == 0 || cols == 0 {
+        return Err(DataError::BadHeader { path: path.to_path_buf(), reason: format!("images of {rows}x{cols} pixels") });
+    }
+    let pixels: Vec<f32> = data.iter().map(|&b| b as f32 * (1.0 / 255.0)).collect();
+    Ok(Array2::from_shape_vec((n, rows * cols), pixels).expect("size checked against the header"))
+}
+
+/// Reads an idx1 unsigned-byte label file; every label must be below
+/// `num_classes`.
+pub fn read_idx_labels(path: impl AsRef<Path>, num_classes: u32) -> Result<Vec<u32>, DataError> {
+    let path = path.as_ref();
+    let bytes = read_bytes(path)?;
+    let (_, data) = parse_idx(path, &bytes, 1, "labels (idx1, unsigned byte)")?;
+    if let Some(index) = data.iter().position(|&l| l as u32 >= num_classes) {
+        return Err(DataError::LabelOutOfRange { path: path.to_path_buf(), index, label: data[index] as u32, num_classes });
+    }
+    Ok(data.iter().map(|&l| l as u32).collect())
+}
+
+/// Reads a pair of image and label files (labels in `0..10`) into a dataset.
+pub fn read_mnist_pair(images: impl AsRef<Path>, labels: impl AsRef<Path>) -> Result<Dataset, DataError> {
+    let (images, labels) = (images.as_ref(), labels.as_ref());
+    let x = read_idx_images(images)?;
+    let y = read_idx_labels(labels, MNIST_CLASSES)?;
+    if x.nrows() != y.len() {
+        return Err(DataError::CountMismatch {
+            images_path: images.to_path_buf(),
+            labels_path: labels.to_path_buf(),
+            images: x.nrows(),
+            labels: y.len(),
+        });
+    }
+    Dataset::new(x, Targets::Labels(y))
+}
+
+/// `dir/name` if it exists, else `dir/name.gz`.
+fn find(dir: &Path, name: &'static str) -> Result<PathBuf, DataError> {
+    let plain = dir.join(name);
+    if plain.is_file() {
+        return Ok(plain);
+    }
+    let gz = dir.join(format!("{name}.gz"));
+    if gz.is_file() {
+        return Ok(gz);
+    }
+    Err(DataError::Missing { dir: dir.to_path_buf(), name })
+}
+
+/// Reads the four MNIST files ([`MNIST_FILES`], each plain or `.gz`) from
+/// `dir`.
+pub fn load_mnist(dir: impl AsRef<Path>) -> Result<Mnist, DataError> {
+    let dir = dir.as_ref();
+    let [train_images, train_labels, test_images, test_labels] = MNIST_FILES;
+    let paths = [find(dir, train_images)?, find(dir, train_labels)?, find(dir, test_images)?, find(dir, test_labels)?];
+    let train = read_mnist_pair(&paths[0], &paths[1])?;
+    let test = read_mnist_pair(&paths[2], &paths[3])?;
+    if train.input_dim() != test.input_dim() {
+        return Err(DataError::ImageSizeMismatch {
+            path: paths[2].clone(),
+            other: paths[0].clone(),
+            found: test.input_dim(),
+            expected: train.input_dim(),
+        });
+    }
+    Ok(Mnist { train, test })
+}
