@@ -241,7 +241,7 @@ impl ModelConfig {
 /// offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
-    #[error("model: unknown model {name:?} (expected linear, softmax or mlp)")]
+    #[error("model name: unknown model {name:?} (expected linear, softmax or mlp)")]
     UnknownModel { name: String },
     #[error("model {model}: {field}: {reason}")]
     BadSize { model: &'static str, field: &'static str, reason: String },
