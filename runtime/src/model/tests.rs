@@ -89,7 +89,7 @@ fn worst_ratio<A: Copy + Into<f64>>(got: &[ArrayD<A>], want: &[ArrayD<f64>], ato
         for (i, (&g, &w)) in g.iter().zip(w.iter()).enumerate() {
             let g: f64 = g.into();
             let r = (g - w).abs() / (atol + rtol * g.abs().max(w.abs()));
-            if !(r <= worst.0) {
+            if r.is_nan() || r > worst.0 {
                 worst = (r, format!("variable {v} element {i}: got {g:e}, want {w:e}"));
             }
         }
@@ -314,7 +314,8 @@ fn ns(list: &[(&str, &[usize])]) -> Vec<(String, Vec<usize>)> {
 #[test]
 fn build_model_variables() {
     use Activation::*;
-    let cases: Vec<(ModelConfig, &str, Vec<(String, Vec<usize>)>)> = vec![
+    type Variables = Vec<(String, Vec<usize>)>;
+    let cases: Vec<(ModelConfig, &str, Variables)> = vec![
         (ModelConfig::linear(1), "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
         (ModelConfig::linear(3), "linear", ns(&[("W", &[3, 1]), ("b", &[1])])),
         (ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) }, "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
