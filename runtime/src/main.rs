@@ -1,1 +1,557 @@
-fn main() {}
+//! `tfjob-runtime`: runs the task given by `TF_CONFIG` or the classic
+//! distributed-TensorFlow flags (ps, worker, chief or evaluator), or trains
+//! in a single process when there is no cluster.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+use tfjob_runtime::auth::TOKEN_ENV;
+use tfjob_runtime::client::channel;
+use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, Role};
+use tfjob_runtime::optimizer::Optimizer;
+use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
+use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
+use tfjob_runtime::status::TaskStatus;
+use tfjob_runtime::tensor;
+use tfjob_runtime::train::{self, TrainSettings};
+use tfjob_runtime::workload::{self, WorkloadSpec};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tfjob-runtime",
+    version,
+    about = "Parameter-server training over gRPC: the program inside every replica of a TFJob",
+    long_about = "Runs the task named by TF_CONFIG (or --ps_hosts/--worker_hosts/--job_name/--task_index): \
+a ps serves variables, workers train between-graph (async, or sync with --sync_replicas), the chief \
+(or worker 0) initialises the variables and ends training after --train_steps global steps, an evaluator \
+evaluates on held-out data. Without a cluster it trains in this process alone.",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    task: TaskArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// A standalone server for sessions (TensorFlow's `create_local_server`).
+    Server {
+        #[arg(long, default_value_t = 2222)]
+        port: u16,
+        #[arg(long, default_value = "0.0.0.0")]
+        bind: IpAddr,
+    },
+    /// Submits work to a task, like `tf.Session("grpc://host:port")`.
+    Client(ClientArgs),
+}
+
+#[derive(Args, Debug)]
+struct ClientArgs {
+    /// The task to talk to: grpc://host:port.
+    #[arg(long)]
+    target: String,
+    /// Print the task's status instead of running anything.
+    #[arg(long)]
+    status: bool,
+    /// Submit a training run (model flags below) and stream its progress.
+    #[arg(long)]
+    train: bool,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A constant to evaluate remotely: the task sends it back.
+    message: Option<String>,
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("expected true or false, got {s:?}")),
+    }
+}
+
+/// Model, data and optimizer flags, named as in TensorFlow's distributed examples.
+#[derive(Args, Debug, Clone)]
+struct ModelArgs {
+    /// linear (y = 2x + 10, the classic example), softmax, or mlp.
+    #[arg(long, default_value = "linear")]
+    model: String,
+    /// Hidden layer widths of the mlp, comma separated (784-100-10: --hidden_units=100).
+    #[arg(long = "hidden_units", visible_alias = "hidden-units", default_value = "100")]
+    hidden_units: String,
+    /// Activation of the mlp's hidden layers: sigmoid, relu or tanh.
+    #[arg(long, default_value = "sigmoid")]
+    activation: String,
+    /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example) or normal (N(0,1)).
+    #[arg(long = "weight_init", visible_alias = "weight-init", default_value = "truncated_normal")]
+    weight_init: String,
+    /// sgd, momentum, nesterov, adagrad or adam.
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
+    #[arg(long = "learning_rate", visible_alias = "learning-rate", default_value_t = 0.01)]
+    learning_rate: f32,
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f32,
+    /// Examples per step (default: 1 for linear, as in the classic example; 100 otherwise).
+    #[arg(long = "batch_size", visible_alias = "batch-size")]
+    batch_size: Option<usize>,
+    /// Global steps to train.
+    #[arg(long = "train_steps", visible_alias = "train-steps", default_value_t = 1000)]
+    train_steps: u64,
+    /// Directory with MNIST IDX files (plain or gzipped); without it, softmax and mlp use a synthetic set.
+    #[arg(long = "data_dir", visible_alias = "data-dir")]
+    data_dir: Option<PathBuf>,
+    /// Log every N local steps (0: never).
+    #[arg(long = "log_every_steps", visible_aliases = ["log-every-steps", "log_interval", "log-interval"], default_value_t = 100)]
+    log_every_steps: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Held-out examples used by the evaluator and for the final figures.
+    #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 10_000)]
+    eval_examples: usize,
+}
+
+#[derive(Args, Debug)]
+struct TaskArgs {
+    /// Comma-separated host:port of the ps tasks.
+    #[arg(long = "ps_hosts", visible_alias = "ps-hosts")]
+    ps_hosts: Option<String>,
+    /// Comma-separated host:port of the worker tasks.
+    #[arg(long = "worker_hosts", visible_alias = "worker-hosts")]
+    worker_hosts: Option<String>,
+    #[arg(long = "chief_hosts", visible_alias = "chief-hosts")]
+    chief_hosts: Option<String>,
+    #[arg(long = "evaluator_hosts", visible_alias = "evaluator-hosts")]
+    evaluator_hosts: Option<String>,
+    /// ps, worker, chief or evaluator.
+    #[arg(long = "job_name", visible_alias = "job-name")]
+    job_name: Option<String>,
+    #[arg(long = "task_index", visible_alias = "task-index")]
+    task_index: Option<u32>,
+    /// Address to listen on (the port comes from this task's host:port).
+    #[arg(long, default_value = "0.0.0.0")]
+    bind: IpAddr,
+    /// Synchronous training with SyncReplicasOptimizer semantics.
+    #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    sync_replicas: bool,
+    /// Sync: gradients averaged per step (default: every training task; fewer makes backup workers).
+    #[arg(long = "replicas_to_aggregate", visible_alias = "replicas-to-aggregate")]
+    replicas_to_aggregate: Option<u32>,
+    #[arg(long = "init_timeout_secs", visible_alias = "init-timeout-secs", default_value_t = 300)]
+    init_timeout_secs: u64,
+    #[arg(long = "connect_timeout_secs", visible_alias = "connect-timeout-secs", default_value_t = 120)]
+    connect_timeout_secs: u64,
+    #[arg(long = "step_timeout_secs", visible_alias = "step-timeout-secs", default_value_t = 300)]
+    step_timeout_secs: u64,
+    /// Seconds between two evaluations of the evaluator.
+    #[arg(long = "eval_interval_secs", visible_alias = "eval-interval-secs", default_value_t = 5.0)]
+    eval_interval_secs: f64,
+    /// After the chief ends training, how long a ps waits for the other tasks to notice.
+    #[arg(long = "shutdown_grace_secs", visible_alias = "shutdown-grace-secs", default_value_t = 30)]
+    shutdown_grace_secs: u64,
+    /// Variables larger than this are partitioned over several ps tasks.
+    #[arg(long = "partition_threshold_bytes", visible_alias = "partition-threshold-bytes",
+          default_value_t = tfjob_runtime::placement::DEFAULT_PARTITION_THRESHOLD_BYTES)]
+    partition_threshold_bytes: usize,
+    /// text or json.
+    #[arg(long = "log_format", visible_alias = "log-format", default_value = "text")]
+    log_format: String,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,h2=warn,tower=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
+    let hidden_units = m
+        .hidden_units
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(WorkloadSpec {
+        model: m.model.clone(),
+        hidden_units,
+        activation: m.activation.clone(),
+        weight_init: m.weight_init.clone(),
+        batch_size: m.batch_size,
+        data_dir: m.data_dir.clone(),
+        seed: m.seed,
+        eval_examples: m.eval_examples,
+    })
+}
+
+fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
+    let m = &a.model;
+    let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum).map_err(|e| format!("--{e}"))?;
+    if !(a.eval_interval_secs.is_finite() && a.eval_interval_secs >= 0.0) {
+        return Err("--eval_interval_secs: must be a non-negative number".into());
+    }
+    Ok(TrainSettings {
+        train_steps: m.train_steps,
+        optimizer,
+        sync_replicas: a.sync_replicas,
+        replicas_to_aggregate: a.replicas_to_aggregate,
+        log_every_steps: m.log_every_steps,
+        init_timeout: Duration::from_secs(a.init_timeout_secs),
+        connect_timeout: Duration::from_secs(a.connect_timeout_secs),
+        step_timeout: Duration::from_secs(a.step_timeout_secs),
+        eval_interval: Duration::from_secs_f64(a.eval_interval_secs),
+        partition_threshold_bytes: a.partition_threshold_bytes,
+        seed: m.seed,
+    })
+}
+
+fn session_factory() -> WorkloadFactory {
+    Arc::new(|run: &proto::TrainRun| {
+        let spec = WorkloadSpec {
+            model: if run.model.is_empty() { "linear".into() } else { run.model.clone() },
+            hidden_units: if run.hidden_units == 0 { vec![100] } else { vec![run.hidden_units as usize] },
+            activation: "sigmoid".into(),
+            weight_init: "truncated_normal".into(),
+            batch_size: (run.batch_size > 0).then_some(run.batch_size as usize),
+            data_dir: (!run.data_dir.is_empty()).then(|| PathBuf::from(&run.data_dir)),
+            seed: run.seed.max(1),
+            eval_examples: 10_000,
+        };
+        let optimizer = Optimizer::from_name(
+            if run.optimizer.is_empty() { "sgd" } else { &run.optimizer },
+            if run.learning_rate > 0.0 { run.learning_rate } else { 0.01 },
+            0.9,
+        )
+        .map_err(|e| e.to_string())?;
+        let workload = workload::build(&spec, 0, 1).map_err(|e| e.to_string())?;
+        let settings = TrainSettings {
+            train_steps: if run.train_steps == 0 { 1000 } else { run.train_steps },
+            optimizer,
+            log_every_steps: if run.log_every_steps == 0 { 100 } else { run.log_every_steps as u64 },
+            seed: spec.seed,
+            ..Default::default()
+        };
+        Ok((workload, settings))
+    })
+}
+
+/// Resolves with the exit code a signal asks for: 130 for Ctrl-C, 143 for
+/// SIGTERM (transient: >= 128 under the ExitCode restart policy).
+async fn termination() -> u8 {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => 130,
+            _ = term.recv() => 143,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        130
+    }
+}
+
+fn print_report(report: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string(report).expect("report serialises"));
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let format = cli.task.log_format.clone();
+    init_logging(&format);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Some(Command::Server { port, bind }) => run_server(SocketAddr::new(bind, port)).await,
+            Some(Command::Client(args)) => run_client(args).await,
+            None => run_task(cli.task).await,
+        }
+    });
+    // Do not wait for lingering connections of peers.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    ExitCode::from(code)
+}
+
+fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
+    tracing::error!("{message}");
+    eprintln!("tfjob-runtime: {message}");
+    code
+}
+
+async fn run_task(args: TaskArgs) -> u8 {
+    let flags = ClusterFlags {
+        ps_hosts: args.ps_hosts.clone(),
+        worker_hosts: args.worker_hosts.clone(),
+        chief_hosts: args.chief_hosts.clone(),
+        evaluator_hosts: args.evaluator_hosts.clone(),
+        job_name: args.job_name.clone(),
+        task_index: args.task_index,
+    };
+    let tf_config = std::env::var("TF_CONFIG").ok();
+    let cluster = match cluster::resolve(&flags, tf_config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return fail(2, format_args!("{}{e}", if tf_config.is_some() && !flags_given(&flags) { "TF_CONFIG: " } else { "" })),
+    };
+    let settings = match settings(&args) {
+        Ok(s) => s,
+        Err(e) => return fail(2, e),
+    };
+    let spec = match workload_spec(&args.model) {
+        Ok(s) => s,
+        Err(e) => return fail(2, e),
+    };
+    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let Some(cluster) = cluster else {
+        return run_single_process(&spec, &settings).await;
+    };
+    let status = Arc::new(TaskStatus::new(cluster.task.clone()));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ps = (cluster.role() == Role::Ps).then(|| {
+        let store = Arc::new(ParameterStore::new(PsConfig {
+            ps_index: cluster.task.index as usize,
+            num_ps: cluster.cluster.num_tasks("ps"),
+            chief: cluster.cluster.chief(),
+        }));
+        (store.clone(), PsService::new(store))
+    });
+    let server = match cluster.own_address().and_then(cluster::port_of) {
+        Some(port) => {
+            let worker = WorkerService::new(status.clone(), None);
+            let addr = SocketAddr::new(args.bind, port);
+            match server::serve(addr, ps.as_ref().map(|(_, s)| s.clone()), worker, token.as_deref(), async {
+                let _ = stop_rx.await;
+            })
+            .await
+            {
+                Ok(handle) => {
+                    tracing::info!("{}: serving on {addr}", cluster.task);
+                    Some(handle)
+                }
+                Err(e) => return fail(3, e),
+            }
+        }
+        None => None,
+    };
+    let code = tokio::select! {
+        code = run_role(&cluster, &spec, &settings, token.as_deref(), status, ps.map(|(s, _)| s), args.shutdown_grace_secs) => code,
+        code = termination() => {
+            tracing::warn!("{}: stopping on signal", cluster.task);
+            code
+        }
+    };
+    let _ = stop_tx.send(());
+    if let Some(handle) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
+    }
+    code
+}
+
+fn flags_given(f: &ClusterFlags) -> bool {
+    f.ps_hosts.is_some() || f.worker_hosts.is_some() || f.chief_hosts.is_some() || f.evaluator_hosts.is_some() || f.job_name.is_some()
+}
+
+async fn run_role(
+    cluster: &ClusterConfig,
+    spec: &WorkloadSpec,
+    settings: &TrainSettings,
+    token: Option<&str>,
+    status: Arc<TaskStatus>,
+    store: Option<Arc<ParameterStore>>,
+    grace_secs: u64,
+) -> u8 {
+    match cluster.role() {
+        Role::Ps => run_ps(cluster, store.expect("ps store"), status, Duration::from_secs(grace_secs)).await,
+        Role::Worker | Role::Evaluator => {
+            let training = cluster.cluster.training_tasks();
+            let (shard, shards) = match training.iter().position(|t| *t == cluster.task) {
+                Some(i) => (i, training.len()),
+                None => (0, 1),
+            };
+            let mut workload = match workload::build(spec, shard, shards) {
+                Ok(w) => w,
+                Err(e) => return fail(2, e),
+            };
+            let result = if cluster.role() == Role::Evaluator {
+                train::run_evaluator(cluster, &mut workload, settings, token, status).await
+            } else {
+                train::run_worker(cluster, &mut workload, settings, token, status).await
+            };
+            match result {
+                Ok(report) => {
+                    print_report(&report);
+                    0
+                }
+                Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
+            }
+        }
+    }
+}
+
+/// A ps serves until the chief ends training, then waits (up to the grace
+/// period) for the other tasks to notice, and exits 0.
+async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: Arc<TaskStatus>, grace: Duration) -> u8 {
+    let task = &cluster.task;
+    status.set(proto::TaskState::Serving, 0, 0, "serving variables");
+    let started = Instant::now();
+    let mut progress = store.subscribe();
+    if progress.wait_for(|p| p.done).await.is_err() {
+        return fail(1, "the parameter store closed unexpectedly");
+    }
+    let step = store.progress().step;
+    status.set(proto::TaskState::Done, 0, step, "training is over");
+    let deadline = Instant::now() + grace;
+    while !store.pending().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pending = store.pending();
+    if !pending.is_empty() {
+        tracing::warn!("{task}: exiting after {grace:?} without word from {}", pending.join(", "));
+    }
+    let stats = store.stats();
+    tracing::info!("{task}: training over at step {}; exiting", stats.step);
+    print_report(&serde_json::json!({
+        "task": task.to_string(),
+        "role": "ps",
+        "global_step": stats.step,
+        "pushes_applied": stats.pushes_applied,
+        "stale_gradients_dropped": stats.stale_gradients_dropped,
+        "duplicate_gradients_dropped": stats.duplicate_gradients_dropped,
+        "bytes_received": stats.bytes_received,
+        "bytes_sent": stats.bytes_sent,
+        "variables": stats.variables.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+        "elapsed_secs": started.elapsed().as_secs_f64(),
+    }));
+    0
+}
+
+async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8 {
+    let mut workload = match workload::build(spec, 0, 1) {
+        Ok(w) => w,
+        Err(e) => return fail(2, e),
+    };
+    tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts): training {} in this process", workload.model.name());
+    let settings = settings.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
+            let summary: String = model.summary(params).iter().map(|(k, v)| format!(" {k}={v:.4}")).collect();
+            tracing::info!("local: step={step} loss={loss:.4}{summary}");
+        })
+    })
+    .await
+    .expect("training thread");
+    print_report(&report);
+    0
+}
+
+async fn run_server(addr: SocketAddr) -> u8 {
+    let status = Arc::new(TaskStatus::new(cluster::TaskId::new("localhost", 0)));
+    status.set(proto::TaskState::Serving, 0, 0, "serving sessions");
+    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = match server::serve(addr, None, WorkerService::new(status, Some(session_factory())), token.as_deref(), async {
+        let _ = stop_rx.await;
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => return fail(3, e),
+    };
+    tracing::info!("serving sessions on grpc://{addr}");
+    let code = termination().await;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
+    code
+}
+
+async fn run_client(args: ClientArgs) -> u8 {
+    let address = args.target.strip_prefix("grpc://").unwrap_or(&args.target).to_string();
+    if let Err(e) = cluster::check_address("--target", &address) {
+        return fail(2, e);
+    }
+    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let attach = match tfjob_runtime::auth::TokenAttach::new(token.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return fail(2, e.message()),
+    };
+    let channel = match channel(&address, Duration::from_secs(5)) {
+        Ok(c) => c,
+        Err(e) => return fail(2, e),
+    };
+    let mut client = WorkerClient::with_interceptor(channel, attach)
+        .max_decoding_message_size(tensor::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(tensor::MAX_MESSAGE_BYTES);
+    if args.status {
+        return match client.get_status(proto::GetStatusRequest {}).await {
+            Ok(s) => {
+                let s = s.into_inner();
+                let task = s.task.map(|t| format!("{}:{}", t.job, t.index)).unwrap_or_default();
+                println!(
+                    "{task} {:?} local_step={} global_step={} {}",
+                    proto::TaskState::try_from(s.state).unwrap_or(proto::TaskState::Unspecified),
+                    s.local_step,
+                    s.global_step,
+                    s.message
+                );
+                0
+            }
+            Err(e) => fail(1, format_args!("{}: {}", args.target, e.message())),
+        };
+    }
+    let fetch = if args.train {
+        let m = &args.model;
+        Fetch::Train(proto::TrainRun {
+            model: m.model.clone(),
+            hidden_units: m.hidden_units.split(',').next().and_then(|s| s.trim().parse().ok()).unwrap_or(100),
+            train_steps: m.train_steps,
+            batch_size: m.batch_size.unwrap_or(0) as u32,
+            learning_rate: m.learning_rate,
+            optimizer: m.optimizer.clone(),
+            log_every_steps: m.log_every_steps as u32,
+            data_dir: m.data_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            seed: m.seed,
+        })
+    } else {
+        let text = args.message.clone().unwrap_or_else(|| "Hello, distributed TensorFlow!".into());
+        Fetch::Constant(tensor::tensor_from_str(&text))
+    };
+    let mut stream = match client.run_session(proto::RunSessionRequest { fetch: Some(fetch) }).await {
+        Ok(s) => s.into_inner(),
+        Err(e) => return fail(1, format_args!("{}: {}", args.target, e.message())),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(ev)) => match ev.event {
+                Some(Event::Value(t)) => println!("{}", String::from_utf8_lossy(&t.content)),
+                Some(Event::Progress(p)) => println!("step={} loss={:.4}{}", p.step, p.loss, metrics_line(&p.metrics)),
+                Some(Event::Finished(p)) => println!("finished: steps={} loss={:.4}{}", p.step, p.loss, metrics_line(&p.metrics)),
+                Some(Event::Log(l)) => eprintln!("{l}"),
+                None => {}
+            },
+            Ok(None) => return 0,
+            Err(e) => return fail(1, format_args!("{}: {}", args.target, e.message())),
+        }
+    }
+}
+
+fn metrics_line(m: &std::collections::HashMap<String, f64>) -> String {
+    let mut keys: Vec<_> = m.keys().collect();
+    keys.sort();
+    keys.into_iter().map(|k| format!(" {k}={:.4}", m[k])).collect()
+}

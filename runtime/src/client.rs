@@ -1,0 +1,383 @@
+//! The worker's view of the parameter servers: one gRPC client per ps task,
+//! and calls that fan out to all of them concurrently (handshake, init,
+//! pull, push, shutdown), splitting and joining variables by the placement.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::try_join_all;
+use ndarray::ArrayD;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::auth::TokenAttach;
+use crate::cluster::TaskId;
+use crate::placement::{Placement, Shard};
+use crate::proto::{self, parameter_server_client::ParameterServerClient, TensorPart};
+use crate::tensor::{self, f32_to_bytes, MAX_MESSAGE_BYTES};
+
+pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{what} ps:{ps} ({address}): {status}")]
+    Rpc { what: &'static str, ps: usize, address: String, status: Status },
+    #[error("ps:{ps} ({address}) unreachable for {waited:?}: {status}")]
+    Unreachable { ps: usize, address: String, waited: Duration, status: Status },
+    #[error("{0}")]
+    Protocol(String),
+    #[error("invalid ps address {address:?}: {reason}")]
+    Address { address: String, reason: String },
+}
+
+impl ClientError {
+    /// The status code behind the error, if it came from a call.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+/// Opens a lazily connecting channel to `host:port` with explicit message
+/// limits and TCP_NODELAY.
+pub fn channel(address: &str, connect_timeout: Duration) -> Result<Channel, ClientError> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| ClientError::Address { address: address.into(), reason: e.to_string() })?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true)
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20));
+    Ok(endpoint.connect_lazy())
+}
+
+pub fn ps_client(address: &str, token: Option<&str>, connect_timeout: Duration) -> Result<PsGrpc, ClientError> {
+    let attach = TokenAttach::new(token).map_err(|s| ClientError::Protocol(s.message().to_string()))?;
+    Ok(ParameterServerClient::with_interceptor(channel(address, connect_timeout)?, attach)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Retries while a peer is unreachable (not started yet, restarting), with
+/// exponential backoff, up to `patience`; logs while it waits.
+pub async fn with_retry<T, F, Fut>(
+    ps: usize,
+    address: &str,
+    what: &'static str,
+    patience: Duration,
+    mut call: F,
+) -> Result<T, ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(20);
+    let mut last_log = Instant::now();
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(status) if status.code() == Code::Unavailable => {
+                let waited = start.elapsed();
+                if waited >= patience {
+                    return Err(ClientError::Unreachable { ps, address: address.into(), waited, status });
+                }
+                if last_log.elapsed() >= Duration::from_secs(5) {
+                    tracing::info!("waiting for ps:{ps} at {address} ({:.0}s so far)", waited.as_secs_f64());
+                    last_log = Instant::now();
+                }
+                tokio::time::sleep(delay.min(patience.saturating_sub(waited))).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            Err(status) => return Err(ClientError::Rpc { what, ps, address: address.into(), status }),
+        }
+    }
+}
+
+/// A variable of the model as the client knows it.
+#[derive(Debug, Clone)]
+pub struct ModelVariable {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// Values pulled from every ps.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// Step of each ps's values.
+    pub steps: Vec<i64>,
+    pub done: bool,
+}
+
+/// The parameter servers of a job, seen from one task.
+pub struct PsSet {
+    pub task: TaskId,
+    addresses: Vec<String>,
+    clients: Vec<PsGrpc>,
+    placement: Placement,
+    variables: Vec<ModelVariable>,
+    /// For each ps, its shards as (variable index, shard).
+    shards: Vec<Vec<(usize, Shard)>>,
+    pub config: proto::TrainingConfig,
+    pub patience: Duration,
+    pub part_bytes: usize,
+}
+
+impl PsSet {
+    pub fn new(
+        task: TaskId,
+        addresses: &[String],
+        token: Option<&str>,
+        variables: Vec<ModelVariable>,
+        placement: Placement,
+        config: proto::TrainingConfig,
+        patience: Duration,
+    ) -> Result<Self, ClientError> {
+        let clients = addresses
+            .iter()
+            .map(|a| ps_client(a, token, Duration::from_secs(5)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut shards = vec![Vec::new(); addresses.len()];
+        for (vi, v) in variables.iter().enumerate() {
+            for s in &placement.variables[&v.name] {
+                shards[s.ps].push((vi, s.clone()));
+            }
+        }
+        for list in &mut shards {
+            list.sort_by(|a, b| a.1.stored_name.cmp(&b.1.stored_name));
+        }
+        Ok(PsSet {
+            task,
+            addresses: addresses.to_vec(),
+            clients,
+            placement,
+            variables,
+            shards,
+            config,
+            patience,
+            part_bytes: tensor::DEFAULT_PART_BYTES,
+        })
+    }
+
+    pub fn num_ps(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn task_proto(&self) -> Option<proto::TaskId> {
+        Some(proto::TaskId { job: self.task.job.clone(), index: self.task.index })
+    }
+
+    /// Elements of variable `vi` covered by a shard (rows are contiguous in
+    /// row-major order).
+    fn element_range(&self, vi: usize, shard: &Shard) -> std::ops::Range<usize> {
+        let row: usize = self.variables[vi].shape.iter().skip(1).product();
+        shard.rows.start * row..shard.rows.end * row
+    }
+
+    /// Presents this task's view to every ps. `observer` for evaluators.
+    pub async fn handshake(&self, observer: bool) -> Result<Vec<proto::HandshakeReply>, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let variables = self.shards[ps]
+                .iter()
+                .map(|(_, s)| proto::VariableSpec {
+                    name: s.stored_name.clone(),
+                    dtype: proto::DataType::DtFloat as i32,
+                    shape: tensor::wire_shape(&s.shape),
+                })
+                .collect();
+            let req = proto::HandshakeRequest {
+                task: self.task_proto(),
+                config: (!observer).then(|| self.config.clone()),
+                variables,
+                placement_fingerprint: self.placement.fingerprint(),
+                num_ps: self.num_ps() as u32,
+                observer,
+            };
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "handshake with", self.patience, move || {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.handshake(req).await.map(|r| r.into_inner()) }
+            })
+        });
+        try_join_all(calls).await
+    }
+
+    /// Sends the initial values of every variable to its ps (chief only).
+    /// Returns true when some ps was already initialised (a restarted chief).
+    pub async fn init(&self, values: &[ArrayD<f32>], step: i64) -> Result<bool, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let mut messages = vec![proto::InitVariablesRequest {
+                task: self.task_proto(),
+                config: Some(self.config.clone()),
+                placement_fingerprint: self.placement.fingerprint(),
+                part: None,
+                step,
+            }];
+            for (vi, s) in &self.shards[ps] {
+                let all = values[*vi].as_slice().expect("standard layout");
+                let bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
+                let parts = tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes);
+                messages.extend(parts.map(|p| proto::InitVariablesRequest { part: Some(p), ..Default::default() }));
+            }
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "initialise", self.patience, move || {
+                let mut c = client.clone();
+                let stream = tokio_stream::iter(messages.clone());
+                async move { c.init_variables(stream).await.map(|r| r.into_inner()) }
+            })
+        });
+        let replies = try_join_all(calls).await?;
+        Ok(replies.iter().any(|r| r.already_initialized))
+    }
+
+    /// Pulls every variable from every ps into `params` (which must have the
+    /// variables' shapes), waiting until each ps reaches `min_step` (0: no
+    /// wait). `wait` bounds how long one server-side wait lasts.
+    pub async fn pull(
+        &self,
+        params: &mut [ArrayD<f32>],
+        min_step: i64,
+        wait_initialized: bool,
+        wait: Duration,
+    ) -> Result<Pulled, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let req = proto::PullVariablesRequest {
+                task: self.task_proto(),
+                names: vec![],
+                min_step,
+                wait_initialized,
+                wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
+            };
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "pull from", self.patience, move || {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move {
+                    let mut stream = c.pull_variables(req).await?.into_inner();
+                    let mut replies = Vec::new();
+                    while let Some(r) = stream.message().await? {
+                        replies.push(r);
+                    }
+                    Ok(replies)
+                }
+            })
+        });
+        let per_ps = try_join_all(calls).await?;
+        let mut steps = Vec::with_capacity(per_ps.len());
+        let mut done = false;
+        for (ps, replies) in per_ps.into_iter().enumerate() {
+            let step = replies.first().map(|r| r.step).unwrap_or_default();
+            steps.push(step);
+            done |= replies.iter().any(|r| r.done);
+            let parts: Vec<TensorPart> = replies.into_iter().filter_map(|r| r.part).collect();
+            if parts.is_empty() && done {
+                continue;
+            }
+            self.scatter(ps, params, &parts)?;
+        }
+        Ok(Pulled { steps, done })
+    }
+
+    /// Writes the parts received from one ps into the full variables: the
+    /// one copy of the received bytes.
+    fn scatter(&self, ps: usize, params: &mut [ArrayD<f32>], parts: &[TensorPart]) -> Result<(), ClientError> {
+        let mut covered = vec![0usize; self.shards[ps].len()];
+        for part in parts {
+            let k = self.shards[ps]
+                .binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&part.name))
+                .map_err(|_| ClientError::Protocol(format!("ps:{ps} sent unknown variable {:?}", part.name)))?;
+            let (vi, shard) = &self.shards[ps][k];
+            let range = tensor::check_part(part, &shard.shape).map_err(|e| ClientError::Protocol(format!("ps:{ps}: {e}")))?;
+            let base = self.element_range(*vi, shard).start;
+            let dst = params[*vi].as_slice_mut().expect("standard layout");
+            tensor::copy_f32_from_le(&mut dst[base + range.start..base + range.end], &part.content);
+            covered[k] += range.len();
+        }
+        for (k, (_, s)) in self.shards[ps].iter().enumerate() {
+            if covered[k] != s.num_elements() {
+                return Err(ClientError::Protocol(format!(
+                    "ps:{ps} sent {} of the {} elements of {:?}",
+                    covered[k],
+                    s.num_elements(),
+                    s.stored_name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes gradients to every ps concurrently, each tagged with the step
+    /// of the values pulled from that ps.
+    pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let step = steps[ps];
+            let mut messages = Vec::new();
+            for (vi, s) in &self.shards[ps] {
+                let all = gradients[*vi].as_slice().expect("standard layout");
+                let bytes: Bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
+                for p in tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes) {
+                    messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, part: Some(p) });
+                }
+            }
+            if messages.is_empty() {
+                // A ps without variables still counts the push (its step
+                // advances with the others').
+                messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, part: None });
+            }
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "push to", self.patience, move || {
+                let mut c = client.clone();
+                let stream = tokio_stream::iter(messages.clone());
+                async move { c.push_gradients(stream).await.map(|r| r.into_inner()) }
+            })
+        });
+        try_join_all(calls).await
+    }
+
+    /// Tells every ps that training is over (chief only).
+    pub async fn shutdown(&self, reason: &str, final_step: i64) -> Result<(), ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let req = proto::ShutdownRequest { task: self.task_proto(), reason: reason.into(), final_step };
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "shut down", self.patience, move || {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.shutdown(req).await.map(|r| r.into_inner()) }
+            })
+        });
+        try_join_all(calls).await.map(|_| ())
+    }
+
+    /// Tells every ps this task is leaving; errors are ignored (a ps that is
+    /// already gone does not need to know).
+    pub async fn leave(&self, reason: &str) {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let mut c = self.clients[ps].clone();
+            let req = proto::LeaveRequest { task: self.task_proto(), reason: reason.into() };
+            async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), c.leave(req)).await;
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    pub async fn stats(&self) -> Result<Vec<proto::StatsReply>, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "stats of", self.patience, move || {
+                let mut c = client.clone();
+                async move { c.stats(proto::StatsRequest {}).await.map(|r| r.into_inner()) }
+            })
+        });
+        try_join_all(calls).await
+    }
+}

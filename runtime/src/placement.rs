@@ -1,0 +1,329 @@
+//! Placement of variables on ps tasks (TensorFlow's `replica_device_setter`,
+//! with a byte-balancing strategy and a partitioner for large variables).
+//!
+//! Pure and deterministic: the answer depends only on the set of variables
+//! (sorted by size and name), never on the order they were created in, so
+//! every task computes the same placement.
+
+use std::collections::BTreeMap;
+
+/// A variable to place: name and shape (f32 elements).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementInput {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// One stored piece of a variable: the rows `rows` (along the first axis) of
+/// variable `variable`, stored on ps task `ps` under the name `stored_name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub variable: String,
+    pub stored_name: String,
+    pub ps: usize,
+    pub rows: std::ops::Range<usize>,
+    /// Shape of the stored piece.
+    pub shape: Vec<usize>,
+}
+
+impl Shard {
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn bytes(&self) -> usize {
+        self.num_elements() * 4
+    }
+}
+
+/// Where every variable lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub num_ps: usize,
+    /// Per variable (by name), its shards in row order.
+    pub variables: BTreeMap<String, Vec<Shard>>,
+}
+
+/// Default size above which a variable is partitioned over several ps
+/// tasks: 16 MiB.
+pub const DEFAULT_PARTITION_THRESHOLD_BYTES: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlacementError {
+    #[error("placement needs at least one ps task")]
+    NoPs,
+    #[error("variable {0:?} is declared twice")]
+    DuplicateVariable(String),
+    #[error("variable name {0:?} is reserved for partitions (names ending in /part_N)")]
+    ReservedName(String),
+}
+
+/// Places variables over `num_ps` tasks. A variable larger than
+/// `partition_threshold_bytes` (and with at least two rows) is cut along its
+/// first axis into `min(num_ps, ceil(bytes / threshold), rows)` parts of
+/// nearly equal rows, stored as `<name>/part_<k>` on distinct ps tasks. Then
+/// every piece, largest first (ties by name), goes to the ps holding the
+/// fewest bytes so far (ties: lowest index).
+pub fn place(
+    inputs: &[PlacementInput],
+    num_ps: usize,
+    partition_threshold_bytes: usize,
+) -> Result<Placement, PlacementError> {
+    if num_ps == 0 {
+        return Err(PlacementError::NoPs);
+    }
+    let mut sorted: Vec<&PlacementInput> = inputs.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    for w in sorted.windows(2) {
+        if w[0].name == w[1].name {
+            return Err(PlacementError::DuplicateVariable(w[0].name.clone()));
+        }
+    }
+    if let Some(v) = sorted.iter().find(|v| is_partition_name(&v.name)) {
+        return Err(PlacementError::ReservedName(v.name.clone()));
+    }
+
+    // Cut into pieces (ps not chosen yet).
+    let mut pieces: Vec<Shard> = Vec::new();
+    for v in &sorted {
+        let elements: usize = v.shape.iter().product();
+        let bytes = elements * 4;
+        let rows = v.shape.first().copied().unwrap_or(1);
+        let threshold = partition_threshold_bytes.max(1);
+        let parts = if num_ps > 1 && bytes > threshold && v.shape.len() >= 1 && rows >= 2 {
+            bytes.div_ceil(threshold).min(num_ps).min(rows)
+        } else {
+            1
+        };
+        if parts == 1 {
+            pieces.push(Shard {
+                variable: v.name.clone(),
+                stored_name: v.name.clone(),
+                ps: 0,
+                rows: 0..rows,
+                shape: v.shape.clone(),
+            });
+            continue;
+        }
+        let (base, extra) = (rows / parts, rows % parts);
+        let mut start = 0;
+        for k in 0..parts {
+            let n = base + usize::from(k < extra);
+            let mut shape = v.shape.clone();
+            shape[0] = n;
+            pieces.push(Shard {
+                variable: v.name.clone(),
+                stored_name: format!("{}/part_{k}", v.name),
+                ps: 0,
+                rows: start..start + n,
+                shape,
+            });
+            start += n;
+        }
+    }
+
+    // Largest first, then by stored name: independent of input order.
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_by(|&a, &b| pieces[b].bytes().cmp(&pieces[a].bytes()).then_with(|| pieces[a].stored_name.cmp(&pieces[b].stored_name)));
+    let mut load = vec![0usize; num_ps];
+    let mut used_by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for i in order {
+        let taken = used_by.entry(pieces[i].variable.clone()).or_default();
+        let ps = (0..num_ps)
+            .filter(|p| !taken.contains(p))
+            .min_by_key(|&p| (load[p], p))
+            .expect("a variable has at most num_ps parts");
+        taken.push(ps);
+        load[ps] += pieces[i].bytes();
+        pieces[i].ps = ps;
+    }
+
+    let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
+    for p in pieces {
+        variables.entry(p.variable.clone()).or_default().push(p);
+    }
+    Ok(Placement { num_ps, variables })
+}
+
+fn is_partition_name(name: &str) -> bool {
+    name.rsplit_once("/part_").is_some_and(|(_, k)| !k.is_empty() && k.chars().all(|c| c.is_ascii_digit()))
+}
+
+impl Placement {
+    /// The shards stored on one ps, ordered by stored name.
+    pub fn shards_on(&self, ps: usize) -> Vec<&Shard> {
+        let mut v: Vec<&Shard> = self.variables.values().flatten().filter(|s| s.ps == ps).collect();
+        v.sort_by(|a, b| a.stored_name.cmp(&b.stored_name));
+        v
+    }
+    /// Bytes stored on each ps.
+    pub fn bytes_per_ps(&self) -> Vec<usize> {
+        let mut load = vec![0; self.num_ps];
+        for s in self.variables.values().flatten() {
+            load[s.ps] += s.bytes();
+        }
+        load
+    }
+    /// A stable 64-bit fingerprint (FNV-1a) of the whole placement: two
+    /// tasks with different views of the variables get different values.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv1a::default();
+        h.write(&(self.num_ps as u64).to_le_bytes());
+        for shards in self.variables.values() {
+            for s in shards {
+                h.write(s.stored_name.as_bytes());
+                h.write(&[0]);
+                h.write(&(s.ps as u64).to_le_bytes());
+                for d in &s.shape {
+                    h.write(&(*d as u64).to_le_bytes());
+                }
+                h.write(&[0xff]);
+            }
+        }
+        h.0
+    }
+}
+
+/// FNV-1a, 64-bit: small, stable across builds and platforms.
+pub struct Fnv1a(pub u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    pub fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn var(name: &str, shape: &[usize]) -> PlacementInput {
+        PlacementInput { name: name.into(), shape: shape.to_vec() }
+    }
+
+    fn mlp() -> Vec<PlacementInput> {
+        vec![var("hid_w", &[784, 100]), var("hid_b", &[100]), var("sm_w", &[100, 10]), var("sm_b", &[10])]
+    }
+
+    /// Every element of every variable is stored exactly once.
+    fn assert_covers(p: &Placement, inputs: &[PlacementInput]) {
+        assert_eq!(p.variables.len(), inputs.len());
+        for v in inputs {
+            let shards = &p.variables[&v.name];
+            let rows = v.shape.first().copied().unwrap_or(1);
+            let mut next = 0;
+            for s in shards {
+                assert_eq!(s.rows.start, next, "{}: rows are contiguous", v.name);
+                assert_eq!(s.shape[1..], v.shape.get(1..).unwrap_or(&[])[..]);
+                next = s.rows.end;
+                assert!(s.ps < p.num_ps);
+            }
+            assert_eq!(next, rows, "{}: all rows placed", v.name);
+            let total: usize = shards.iter().map(Shard::num_elements).sum();
+            assert_eq!(total, v.shape.iter().product::<usize>());
+        }
+    }
+
+    #[test]
+    fn independent_of_creation_order() {
+        let a = mlp();
+        let mut b = mlp();
+        b.reverse();
+        b.swap(0, 2);
+        for num_ps in 1..5 {
+            let pa = place(&a, num_ps, 64 << 10).unwrap();
+            let pb = place(&b, num_ps, 64 << 10).unwrap();
+            assert_eq!(pa, pb);
+            assert_eq!(pa.fingerprint(), pb.fingerprint());
+            assert_covers(&pa, &a);
+        }
+    }
+
+    #[test]
+    fn mlp_spreads_over_two_ps() {
+        let p = place(&mlp(), 2, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
+        assert_eq!(p.variables["hid_w"][0].ps, 0);
+        for v in ["hid_b", "sm_w", "sm_b"] {
+            assert_eq!(p.variables[v][0].ps, 1, "{v}");
+        }
+        assert!(!p.shards_on(0).is_empty() && !p.shards_on(1).is_empty());
+    }
+
+    #[test]
+    fn balances_bytes() {
+        // 40 variables of varied sizes over 4 ps: greedy largest-first keeps
+        // the heaviest ps within one largest variable of the lightest.
+        let inputs: Vec<_> = (0..40).map(|i| var(&format!("v{i:02}"), &[1 + (i * 37) % 101, 8])).collect();
+        let p = place(&inputs, 4, usize::MAX).unwrap();
+        let load = p.bytes_per_ps();
+        let largest = inputs.iter().map(|v| v.shape.iter().product::<usize>() * 4).max().unwrap();
+        assert!(load.iter().max().unwrap() - load.iter().min().unwrap() <= largest, "{load:?}");
+        assert_covers(&p, &inputs);
+    }
+
+    #[test]
+    fn partitions_large_variables_along_first_axis() {
+        let cases = [
+            // (rows, cols, num_ps, threshold, expected parts)
+            (1000, 250, 4, 250_000, 4), // 1 MB / 250 kB = 4 parts
+            (1000, 250, 4, 400_000, 3), // ceil(1e6/4e5) = 3
+            (1000, 250, 2, 100_000, 2), // capped by num_ps
+            (3, 100_000, 8, 1000, 3),   // capped by rows
+            (1000, 250, 1, 1, 1),       // one ps: never partitioned
+            (1, 1_000_000, 4, 1000, 1), // one row: cannot be cut
+            (10, 10, 4, 1 << 20, 1),    // under the threshold
+        ];
+        for (rows, cols, num_ps, threshold, parts) in cases {
+            let inputs = vec![var("emb", &[rows, cols]), var("b", &[cols])];
+            let p = place(&inputs, num_ps, threshold).unwrap();
+            let shards = &p.variables["emb"];
+            assert_eq!(shards.len(), parts, "{rows}x{cols} over {num_ps} ps, threshold {threshold}");
+            let mut ps: Vec<_> = shards.iter().map(|s| s.ps).collect();
+            ps.sort();
+            ps.dedup();
+            assert_eq!(ps.len(), parts, "parts of one variable go to distinct ps");
+            if parts > 1 {
+                assert_eq!(shards[0].stored_name, "emb/part_0");
+                let sizes: Vec<_> = shards.iter().map(|s| s.rows.len()).collect();
+                assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
+            }
+            assert_covers(&p, &inputs);
+        }
+    }
+
+    #[test]
+    fn fingerprint_sees_differences() {
+        let base = place(&mlp(), 2, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap().fingerprint();
+        let mut other = mlp();
+        other[3].shape = vec![11];
+        assert_ne!(base, place(&other, 2, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap().fingerprint());
+        assert_ne!(base, place(&mlp(), 3, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn bad_inputs() {
+        assert_eq!(place(&mlp(), 0, 1), Err(PlacementError::NoPs));
+        let dup = vec![var("a", &[1]), var("a", &[2])];
+        assert_eq!(place(&dup, 1, 1), Err(PlacementError::DuplicateVariable("a".into())));
+        let reserved = vec![var("a/part_0", &[1])];
+        assert!(matches!(place(&reserved, 1, 1), Err(PlacementError::ReservedName(_))));
+    }
+
+    #[test]
+    fn ten_thousand_variables() {
+        let inputs: Vec<_> = (0..10_000).map(|i| var(&format!("layer{i}/w"), &[1 + i % 97, 16])).collect();
+        let p = place(&inputs, 7, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
+        assert_covers(&p, &inputs);
+        let load = p.bytes_per_ps();
+        let (max, min) = (*load.iter().max().unwrap() as f64, *load.iter().min().unwrap() as f64);
+        assert!(max / min < 1.01, "{load:?}");
+    }
+}

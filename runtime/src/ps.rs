@@ -1,0 +1,903 @@
+//! The parameter server: a variable store with optimizers applied in place,
+//! the sync accumulator, and the gRPC service around them.
+//!
+//! [`ParameterStore`] is synchronous and does all the checking; the gRPC
+//! service only collects streams, waits on the sync barrier and maps errors
+//! to status codes. Nothing received from the network can panic the store
+//! or change a variable unless the whole request is valid.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::cluster::TaskId;
+use crate::optimizer::{Optimizer, Slots};
+use crate::proto::{self, parameter_server_server::ParameterServer, TensorPart, UpdateMode};
+use crate::sync::{StepCheck, SyncAccumulator};
+use crate::tensor::{self, f32_to_bytes, PartAssembler};
+
+/// Why the store refused a request; each maps to one gRPC status code.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+}
+
+impl From<StoreError> for Status {
+    fn from(e: StoreError) -> Status {
+        match e {
+            StoreError::InvalidArgument(m) => Status::invalid_argument(m),
+            StoreError::NotFound(m) => Status::not_found(m),
+            StoreError::FailedPrecondition(m) => Status::failed_precondition(m),
+            StoreError::PermissionDenied(m) => Status::permission_denied(m),
+        }
+    }
+}
+
+impl From<tensor::TensorError> for StoreError {
+    fn from(e: tensor::TensorError) -> Self {
+        StoreError::InvalidArgument(e.to_string())
+    }
+}
+
+/// What a ps knows about its cluster.
+#[derive(Debug, Clone)]
+pub struct PsConfig {
+    pub ps_index: usize,
+    pub num_ps: usize,
+    /// The only task allowed to initialise variables and shut the ps down.
+    /// `None` lets any task do it (a ps started without a cluster, in tests).
+    pub chief: Option<TaskId>,
+}
+
+/// Step, initialisation and end of training, published to waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    pub step: i64,
+    pub initialized: bool,
+    pub done: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub pushes_applied: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+}
+
+#[derive(Debug)]
+struct StoredVar {
+    name: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+    slots: Slots,
+    /// Encoded values of the current step, shared by every pull until the
+    /// next update (all workers of a sync step pull the same bytes).
+    encoded: Option<Bytes>,
+}
+
+/// The view that workers and the chief must agree on.
+#[derive(Debug, Clone, PartialEq)]
+struct Agreement {
+    fingerprint: u64,
+    variables: Vec<proto::VariableSpec>,
+    config: Option<proto::TrainingConfig>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    agreement: Option<Agreement>,
+    optimizer: Option<Optimizer>,
+    mode: Option<UpdateMode>,
+    vars: Vec<StoredVar>,
+    by_name: BTreeMap<String, usize>,
+    accumulator: Option<SyncAccumulator>,
+    progress: Progress,
+    counters: Counters,
+    /// Tasks that joined and have not yet seen the end of training.
+    pending: BTreeSet<String>,
+    scratch: Vec<f32>,
+}
+
+pub struct ParameterStore {
+    config: PsConfig,
+    state: Mutex<State>,
+    progress: watch::Sender<Progress>,
+}
+
+fn task_of(t: &Option<proto::TaskId>, field: &str) -> Result<TaskId, StoreError> {
+    let t = t.as_ref().ok_or_else(|| StoreError::InvalidArgument(format!("{field}: missing")))?;
+    if t.job.is_empty() {
+        return Err(StoreError::InvalidArgument(format!("{field}.job: empty")));
+    }
+    Ok(TaskId { job: t.job.clone(), index: t.index })
+}
+
+/// Checks a training configuration on its own.
+pub fn check_training_config(c: &proto::TrainingConfig) -> Result<(UpdateMode, Optimizer), StoreError> {
+    let mode = match UpdateMode::try_from(c.mode) {
+        Ok(m @ (UpdateMode::Async | UpdateMode::Sync)) => m,
+        _ => return Err(StoreError::InvalidArgument(format!("config.mode: unknown update mode {}", c.mode))),
+    };
+    let opt = c.optimizer.as_ref().ok_or_else(|| StoreError::InvalidArgument("config.optimizer: missing".into()))?;
+    let optimizer = Optimizer::from_proto(opt).map_err(|e| StoreError::InvalidArgument(format!("config.{e}")))?;
+    if mode == UpdateMode::Sync {
+        if c.replicas_to_aggregate == 0 {
+            return Err(StoreError::InvalidArgument("config.replicas_to_aggregate: must be at least 1".into()));
+        }
+        if c.total_num_replicas > 0 && c.replicas_to_aggregate > c.total_num_replicas {
+            return Err(StoreError::InvalidArgument(format!(
+                "config.replicas_to_aggregate: {} exceeds total_num_replicas {}: the step could never complete",
+                c.replicas_to_aggregate, c.total_num_replicas
+            )));
+        }
+    }
+    Ok((mode, optimizer))
+}
+
+fn shape_usize(name: &str, shape: &[i64]) -> Result<Vec<usize>, StoreError> {
+    tensor::num_elements(name, shape)?;
+    Ok(shape.iter().map(|&d| d as usize).collect())
+}
+
+/// Explains the first difference between two views of the variables.
+fn describe_difference(ours: &[proto::VariableSpec], theirs: &[proto::VariableSpec]) -> String {
+    let a: BTreeMap<&str, &proto::VariableSpec> = ours.iter().map(|v| (v.name.as_str(), v)).collect();
+    let b: BTreeMap<&str, &proto::VariableSpec> = theirs.iter().map(|v| (v.name.as_str(), v)).collect();
+    for (name, v) in &b {
+        match a.get(name) {
+            None => return format!("variable {name:?} is not placed on this ps"),
+            Some(o) if o.shape != v.shape || o.dtype != v.dtype => {
+                return format!("variable {name:?}: this ps holds shape {:?}, the caller expects {:?}", o.shape, v.shape);
+            }
+            _ => {}
+        }
+    }
+    if let Some(name) = a.keys().find(|n| !b.contains_key(*n)) {
+        return format!("variable {name:?} of this ps is missing from the caller's placement");
+    }
+    "the placement fingerprints differ (ps tasks disagree on where variables live)".into()
+}
+
+impl ParameterStore {
+    pub fn new(config: PsConfig) -> Self {
+        let (progress, _) = watch::channel(Progress::default());
+        ParameterStore { config, state: Mutex::new(State::default()), progress }
+    }
+
+    pub fn config(&self) -> &PsConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied update
+        // visible (updates are applied after every check), so poisoning is
+        // recovered from rather than propagated.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.lock().progress
+    }
+
+    /// Called with the state locked, so waiters see steps in order.
+    fn publish(&self, p: Progress) {
+        self.progress.send_if_modified(|cur| {
+            let changed = *cur != p;
+            *cur = p;
+            changed
+        });
+    }
+
+    fn check_chief(&self, task: &TaskId, what: &str) -> Result<(), StoreError> {
+        match &self.config.chief {
+            Some(chief) if chief != task => {
+                Err(StoreError::PermissionDenied(format!("only the chief ({chief}) may {what}; {task} asked")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Compares a caller's view with the agreed one, or makes it the agreed
+    /// one when it is the first.
+    fn agree(state: &mut State, theirs: Agreement, observer: bool) -> Result<(), StoreError> {
+        match &mut state.agreement {
+            None => {
+                state.agreement = Some(theirs);
+                Ok(())
+            }
+            Some(ours) => {
+                if ours.fingerprint != theirs.fingerprint || ours.variables != theirs.variables {
+                    return Err(StoreError::FailedPrecondition(format!(
+                        "placement mismatch: {}",
+                        describe_difference(&ours.variables, &theirs.variables)
+                    )));
+                }
+                match (&ours.config, &theirs.config) {
+                    (_, _) if observer => Ok(()),
+                    (None, Some(c)) => {
+                        ours.config = Some(c.clone());
+                        Ok(())
+                    }
+                    (Some(a), Some(b)) if a != b => Err(StoreError::FailedPrecondition(format!(
+                        "training configuration mismatch: this ps trains with {a:?}, the caller with {b:?}"
+                    ))),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    pub fn handshake(&self, req: &proto::HandshakeRequest) -> Result<proto::HandshakeReply, StoreError> {
+        let task = task_of(&req.task, "task")?;
+        if req.num_ps as usize != self.config.num_ps {
+            return Err(StoreError::FailedPrecondition(format!(
+                "num_ps: the caller sees {} ps task(s), this ps is one of {}",
+                req.num_ps, self.config.num_ps
+            )));
+        }
+        let config = if req.observer {
+            None
+        } else {
+            let c = req.config.clone().ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
+            check_training_config(&c)?;
+            Some(c)
+        };
+        for v in &req.variables {
+            if v.dtype != proto::DataType::DtFloat as i32 {
+                return Err(StoreError::InvalidArgument(format!("variables.{}: only DT_FLOAT variables are supported", v.name)));
+            }
+            shape_usize(&v.name, &v.shape)?;
+        }
+        let mut variables = req.variables.clone();
+        variables.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut state = self.lock();
+        Self::agree(&mut state, Agreement { fingerprint: req.placement_fingerprint, variables, config }, req.observer)?;
+        if Some(&task) != self.config.chief.as_ref() && !state.progress.done {
+            state.pending.insert(task.to_string());
+        }
+        let p = state.progress;
+        Ok(proto::HandshakeReply { ps_index: self.config.ps_index as u32, initialized: p.initialized, step: p.step, done: p.done })
+    }
+
+    /// Initialises the variables from the chief's parts. The first
+    /// initialisation wins; later ones change nothing.
+    pub fn init(&self, messages: &[proto::InitVariablesRequest]) -> Result<proto::InitVariablesReply, StoreError> {
+        let first = messages.first().ok_or_else(|| StoreError::InvalidArgument("empty InitVariables stream".into()))?;
+        let task = task_of(&first.task, "task")?;
+        self.check_chief(&task, "initialise variables")?;
+        let config = first.config.clone().ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
+        let (mode, optimizer) = check_training_config(&config)?;
+        if first.step < 0 {
+            return Err(StoreError::InvalidArgument(format!("step: {} is negative", first.step)));
+        }
+        {
+            let state = self.lock();
+            if state.progress.initialized {
+                return Ok(proto::InitVariablesReply { already_initialized: true, step: state.progress.step });
+            }
+        }
+        // Assemble every variable before touching the state.
+        let mut assemblers: BTreeMap<String, PartAssembler> = BTreeMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            let Some(part) = &m.part else { continue };
+            if part.name.is_empty() {
+                return Err(StoreError::InvalidArgument(format!("message {i}: part.name is empty")));
+            }
+            let asm = match assemblers.get_mut(&part.name) {
+                Some(a) => a,
+                None => assemblers.entry(part.name.clone()).or_insert(PartAssembler::from_part(part)?),
+            };
+            asm.add(part)?;
+        }
+        let mut vars = Vec::new();
+        for (name, asm) in assemblers {
+            let (shape, values) = asm.finish()?;
+            vars.push(StoredVar { slots: optimizer.new_slots(values.len()), name, shape, values, encoded: None });
+        }
+        let specs: Vec<proto::VariableSpec> = vars
+            .iter()
+            .map(|v| proto::VariableSpec { name: v.name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&v.shape) })
+            .collect();
+
+        let mut state = self.lock();
+        if state.progress.initialized {
+            return Ok(proto::InitVariablesReply { already_initialized: true, step: state.progress.step });
+        }
+        Self::agree(&mut state, Agreement { fingerprint: first.placement_fingerprint, variables: specs, config: Some(config.clone()) }, false)?;
+        let sizes: Vec<usize> = vars.iter().map(|v| v.values.len()).collect();
+        state.by_name = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
+        state.vars = vars;
+        state.accumulator = (mode == UpdateMode::Sync)
+            .then(|| SyncAccumulator::new(&sizes, config.replicas_to_aggregate as usize, first.step));
+        state.optimizer = Some(optimizer);
+        state.mode = Some(mode);
+        state.progress.initialized = true;
+        state.progress.step = first.step;
+        let p = state.progress;
+        self.publish(p);
+        drop(state);
+        Ok(proto::InitVariablesReply { already_initialized: false, step: p.step })
+    }
+
+    /// Encoded values of the named variables (all when `names` is empty), and
+    /// the step they belong to. The bytes are shared, not copied, between
+    /// pulls of the same step.
+    pub fn snapshot(&self, names: &[String]) -> Result<(Progress, Vec<(String, Vec<i64>, Bytes)>), StoreError> {
+        let mut state = self.lock();
+        if !state.progress.initialized {
+            return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
+        }
+        let indices: Vec<usize> = if names.is_empty() {
+            (0..state.vars.len()).collect()
+        } else {
+            names
+                .iter()
+                .map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps"))))
+                .collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::with_capacity(indices.len());
+        let mut sent = 0u64;
+        for i in indices {
+            let v = &mut state.vars[i];
+            let bytes = v.encoded.get_or_insert_with(|| f32_to_bytes(&v.values)).clone();
+            sent += bytes.len() as u64;
+            out.push((v.name.clone(), tensor::wire_shape(&v.shape), bytes));
+        }
+        state.counters.bytes_sent += sent;
+        Ok((state.progress, out))
+    }
+
+    /// Checks every part of a push against the stored variables and groups
+    /// them by variable, requiring each variable to be covered exactly once.
+    fn group_parts<'a>(state: &State, parts: &'a [TensorPart]) -> Result<Vec<(usize, Vec<(Range<usize>, &'a [u8])>)>, StoreError> {
+        let mut groups: BTreeMap<usize, Vec<(Range<usize>, &'a [u8])>> = BTreeMap::new();
+        for p in parts {
+            let &i = state
+                .by_name
+                .get(&p.name)
+                .ok_or_else(|| StoreError::NotFound(format!("variable {:?} is not on this ps", p.name)))?;
+            let range = tensor::check_part(p, &state.vars[i].shape)?;
+            groups.entry(i).or_default().push((range, &p.content[..]));
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        for (i, mut g) in groups {
+            g.sort_by_key(|(r, _)| r.start);
+            let mut next = 0;
+            for (r, _) in &g {
+                if r.start != next {
+                    break;
+                }
+                next = r.end;
+            }
+            let total = state.vars[i].values.len();
+            if next != total || g.iter().map(|(r, _)| r.len()).sum::<usize>() != total {
+                return Err(StoreError::InvalidArgument(format!(
+                    "variable {:?}: the gradient's parts do not cover its {total} elements exactly once",
+                    state.vars[i].name
+                )));
+            }
+            out.push((i, g));
+        }
+        Ok(out)
+    }
+
+    /// Applies (async) or accumulates (sync) one push, all or nothing.
+    pub fn push(&self, task: &TaskId, step: i64, parts: &[TensorPart]) -> Result<proto::PushGradientsReply, StoreError> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.progress.done {
+            return Ok(proto::PushGradientsReply { accepted: false, stale: false, step: state.progress.step, done: true });
+        }
+        if !state.progress.initialized {
+            return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
+        }
+        if step < 0 {
+            return Err(StoreError::InvalidArgument(format!("step: {step} is negative")));
+        }
+        if step > state.progress.step {
+            return Err(StoreError::FailedPrecondition(format!(
+                "step {step} is from the future: this ps is at step {}",
+                state.progress.step
+            )));
+        }
+        let groups = Self::group_parts(state, parts)?;
+        state.counters.bytes_received += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
+        let optimizer = state.optimizer.expect("initialised");
+        let worker = task.to_string();
+        let mut reply = proto::PushGradientsReply { accepted: true, ..Default::default() };
+        match &mut state.accumulator {
+            None => {
+                for (i, group) in groups {
+                    let v = &mut state.vars[i];
+                    v.slots.updates += 1;
+                    let t = v.slots.updates;
+                    for (range, bytes) in group {
+                        let scratch = &mut state.scratch;
+                        scratch.resize(range.len(), 0.0);
+                        tensor::copy_f32_from_le(scratch, bytes);
+                        optimizer.apply(&mut v.values, &mut v.slots, range, scratch, t);
+                    }
+                    v.encoded = None;
+                }
+                state.progress.step += 1;
+                state.counters.pushes_applied += 1;
+            }
+            Some(acc) => match acc.check_step(step) {
+                StepCheck::Stale => {
+                    acc.record_stale();
+                    reply.accepted = false;
+                    reply.stale = true;
+                }
+                StepCheck::Future => {
+                    return Err(StoreError::FailedPrecondition(format!("step {step} is from the future")));
+                }
+                StepCheck::Current => {
+                    let mut counted = false;
+                    for (i, group) in &groups {
+                        counted |= acc.add(*i, &worker, group);
+                    }
+                    reply.accepted = counted || groups.is_empty();
+                    acc.mark_pushed(&worker);
+                    if acc.ready() {
+                        let vars = &mut state.vars;
+                        acc.finish_step(|i, avg| {
+                            let v = &mut vars[i];
+                            optimizer.apply_all(&mut v.values, &mut v.slots, avg);
+                            v.encoded = None;
+                        });
+                        state.progress.step = acc.step();
+                        state.counters.pushes_applied += 1;
+                    }
+                }
+            },
+        }
+        reply.step = state.progress.step;
+        let p = state.progress;
+        self.publish(p);
+        drop(guard);
+        Ok(reply)
+    }
+
+    pub fn shutdown(&self, req: &proto::ShutdownRequest) -> Result<proto::ShutdownReply, StoreError> {
+        let task = task_of(&req.task, "task")?;
+        self.check_chief(&task, "end training")?;
+        let mut state = self.lock();
+        state.progress.done = true;
+        let p = state.progress;
+        self.publish(p);
+        drop(state);
+        tracing::info!(by = %task, reason = %req.reason, step = p.step, "training is over");
+        Ok(proto::ShutdownReply { step: p.step })
+    }
+
+    /// A task left, or was told training is over: the ps no longer waits for it.
+    pub fn release(&self, task: &TaskId) {
+        self.lock().pending.remove(&task.to_string());
+    }
+
+    /// Tasks the ps still waits for before exiting after training ended.
+    pub fn pending(&self) -> Vec<String> {
+        self.lock().pending.iter().cloned().collect()
+    }
+
+    pub fn stats(&self) -> proto::StatsReply {
+        let state = self.lock();
+        let (stale, dup) = state.accumulator.as_ref().map_or((0, 0), |a| (a.stale_dropped, a.duplicates_dropped));
+        proto::StatsReply {
+            ps_index: self.config.ps_index as u32,
+            initialized: state.progress.initialized,
+            done: state.progress.done,
+            step: state.progress.step,
+            pushes_applied: state.counters.pushes_applied,
+            stale_gradients_dropped: stale,
+            duplicate_gradients_dropped: dup,
+            bytes_received: state.counters.bytes_received,
+            bytes_sent: state.counters.bytes_sent,
+            variables: state
+                .vars
+                .iter()
+                .map(|v| proto::VariableStats { name: v.name.clone(), shape: tensor::wire_shape(&v.shape), bytes: v.values.len() as u64 * 4 })
+                .collect(),
+            config: state.agreement.as_ref().and_then(|a| a.config.clone()),
+        }
+    }
+
+    /// Values of a variable, for tests and checkpoints.
+    pub fn values(&self, name: &str) -> Option<Vec<f32>> {
+        let state = self.lock();
+        state.by_name.get(name).map(|&i| state.vars[i].values.clone())
+    }
+
+    /// Most bytes a push may carry: every variable of this ps once, plus
+    /// room for message overhead.
+    pub fn max_push_bytes(&self) -> usize {
+        let state = self.lock();
+        state.vars.iter().map(|v| v.values.len() * 4).sum::<usize>() + (1 << 20)
+    }
+}
+
+/// The gRPC service over a [`ParameterStore`].
+#[derive(Clone)]
+pub struct PsService {
+    store: Arc<ParameterStore>,
+    /// How long a pull waits for its step when the caller gives no limit.
+    pub default_wait: Duration,
+    pub part_bytes: usize,
+}
+
+impl PsService {
+    pub fn new(store: Arc<ParameterStore>) -> Self {
+        PsService { store, default_wait: Duration::from_secs(30), part_bytes: tensor::DEFAULT_PART_BYTES }
+    }
+
+    /// Waits until `ready(progress)` or training is over, up to `limit`.
+    async fn wait_for(&self, limit: Duration, ready: impl Fn(&Progress) -> bool) -> Result<Progress, Status> {
+        let mut rx = self.store.subscribe();
+        let waited = tokio::time::timeout(limit, rx.wait_for(|p| p.done || ready(p))).await;
+        match waited {
+            Ok(Ok(p)) => Ok(*p),
+            Ok(Err(_)) => Err(Status::unavailable("the parameter server is stopping")),
+            Err(_) => {
+                let p = self.store.progress();
+                Err(Status::deadline_exceeded(format!(
+                    "waited {:.1}s: this ps is at step {} (initialised: {})",
+                    limit.as_secs_f64(),
+                    p.step,
+                    p.initialized
+                )))
+            }
+        }
+    }
+}
+
+type PullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PullVariablesReply, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ParameterServer for PsService {
+    async fn handshake(&self, request: Request<proto::HandshakeRequest>) -> Result<Response<proto::HandshakeReply>, Status> {
+        Ok(Response::new(self.store.handshake(request.get_ref())?))
+    }
+
+    async fn init_variables(
+        &self,
+        request: Request<Streaming<proto::InitVariablesRequest>>,
+    ) -> Result<Response<proto::InitVariablesReply>, Status> {
+        let mut stream = request.into_inner();
+        let mut messages = Vec::new();
+        let mut bytes = 0usize;
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            bytes += m.part.as_ref().map_or(0, |p| p.content.len());
+            if bytes > tensor::MAX_ASSEMBLED_ELEMENTS * 4 {
+                return Err(Status::invalid_argument("InitVariables: more bytes than any variable set can hold"));
+            }
+            messages.push(m);
+        }
+        Ok(Response::new(self.store.init(&messages)?))
+    }
+
+    type PullVariablesStream = PullStream;
+
+    async fn pull_variables(&self, request: Request<proto::PullVariablesRequest>) -> Result<Response<PullStream>, Status> {
+        let req = request.into_inner();
+        let limit = match req.wait_timeout_ms {
+            0 => self.default_wait,
+            ms => Duration::from_millis(ms as u64),
+        };
+        let task = req.task.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index });
+        if req.wait_initialized || req.min_step > 0 {
+            self.wait_for(limit, |p| p.initialized && p.step >= req.min_step).await?;
+        }
+        let progress = self.store.progress();
+        if progress.done && !progress.initialized {
+            if let Some(t) = &task {
+                self.store.release(t);
+            }
+            let done = proto::PullVariablesReply { step: progress.step, done: true, part: None };
+            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(done)]))));
+        }
+        let (progress, tensors) = self.store.snapshot(&req.names)?;
+        if progress.done {
+            if let Some(t) = &task {
+                self.store.release(t);
+            }
+        }
+        let part_bytes = self.part_bytes;
+        let mut replies: Vec<Result<proto::PullVariablesReply, Status>> = tensors
+            .into_iter()
+            .flat_map(|(name, shape, bytes)| tensor::split_into_parts(&name, &shape, bytes, part_bytes))
+            .map(|part| Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part) }))
+            .collect();
+        if replies.is_empty() {
+            replies.push(Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None }));
+        }
+        Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
+    }
+
+    async fn push_gradients(
+        &self,
+        request: Request<Streaming<proto::PushGradientsRequest>>,
+    ) -> Result<Response<proto::PushGradientsReply>, Status> {
+        let mut stream = request.into_inner();
+        let limit = self.store.max_push_bytes();
+        let mut parts = Vec::new();
+        let mut header: Option<(Option<proto::TaskId>, i64)> = None;
+        let mut bytes = 0usize;
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            match &header {
+                None => header = Some((m.task.clone(), m.step)),
+                Some((_, step)) if *step != m.step => {
+                    return Err(Status::invalid_argument(format!(
+                        "step: one push carries two steps ({step} and {})",
+                        m.step
+                    )));
+                }
+                _ => {}
+            }
+            if let Some(p) = m.part {
+                bytes += p.content.len();
+                if bytes > limit {
+                    return Err(Status::invalid_argument(format!("push carries more than {limit} bytes: more than this ps holds")));
+                }
+                parts.push(p);
+            }
+        }
+        let (task, step) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
+        let task = task_of(&task, "task")?;
+        let reply = self.store.push(&task, step, &parts)?;
+        if reply.done {
+            self.store.release(&task);
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn stats(&self, _request: Request<proto::StatsRequest>) -> Result<Response<proto::StatsReply>, Status> {
+        Ok(Response::new(self.store.stats()))
+    }
+
+    async fn shutdown(&self, request: Request<proto::ShutdownRequest>) -> Result<Response<proto::ShutdownReply>, Status> {
+        Ok(Response::new(self.store.shutdown(request.get_ref())?))
+    }
+
+    async fn leave(&self, request: Request<proto::LeaveRequest>) -> Result<Response<proto::LeaveReply>, Status> {
+        let req = request.into_inner();
+        let task = task_of(&req.task, "task")?;
+        tracing::debug!(task = %task, reason = %req.reason, "task left");
+        self.store.release(&task);
+        Ok(Response::new(proto::LeaveReply {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::DataType;
+
+    fn tid(job: &str, i: u32) -> Option<proto::TaskId> {
+        Some(proto::TaskId { job: job.into(), index: i })
+    }
+
+    fn config(mode: UpdateMode, required: u32) -> proto::TrainingConfig {
+        proto::TrainingConfig {
+            mode: mode as i32,
+            optimizer: Some(Optimizer::sgd(0.5).to_proto()),
+            replicas_to_aggregate: required,
+            total_num_replicas: 3,
+        }
+    }
+
+    fn part(name: &str, shape: &[i64], offset: u64, values: &[f32]) -> TensorPart {
+        TensorPart {
+            name: name.into(),
+            dtype: DataType::DtFloat as i32,
+            shape: shape.to_vec(),
+            offset,
+            content: f32_to_bytes(values),
+        }
+    }
+
+    /// A store holding `w` = [1, 2, 3] (shape [3]) and `b` = [0] (shape [1]).
+    fn store(mode: UpdateMode, required: u32) -> ParameterStore {
+        let s = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: Some(TaskId::new("worker", 0)) });
+        let msgs = vec![
+            proto::InitVariablesRequest {
+                task: tid("worker", 0),
+                config: Some(config(mode, required)),
+                placement_fingerprint: 7,
+                part: Some(part("w", &[3], 0, &[1.0, 2.0])),
+                step: 0,
+            },
+            proto::InitVariablesRequest { part: Some(part("w", &[3], 2, &[3.0])), ..Default::default() },
+            proto::InitVariablesRequest { part: Some(part("b", &[1], 0, &[0.0])), ..Default::default() },
+        ];
+        assert!(!s.init(&msgs).unwrap().already_initialized);
+        s
+    }
+
+    #[test]
+    fn first_initialisation_wins() {
+        let s = store(UpdateMode::Async, 1);
+        let again = vec![proto::InitVariablesRequest {
+            task: tid("worker", 0),
+            config: Some(config(UpdateMode::Async, 1)),
+            placement_fingerprint: 7,
+            part: Some(part("w", &[3], 0, &[9.0, 9.0, 9.0])),
+            step: 0,
+        }];
+        assert!(s.init(&again).unwrap().already_initialized);
+        assert_eq!(s.values("w").unwrap(), vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn only_the_chief_initialises() {
+        let s = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: Some(TaskId::new("chief", 0)) });
+        let msgs = vec![proto::InitVariablesRequest {
+            task: tid("worker", 1),
+            config: Some(config(UpdateMode::Async, 1)),
+            part: Some(part("w", &[1], 0, &[1.0])),
+            ..Default::default()
+        }];
+        assert!(matches!(s.init(&msgs), Err(StoreError::PermissionDenied(_))));
+        assert!(!s.progress().initialized);
+    }
+
+    #[test]
+    fn async_push_applies_at_once() {
+        let s = store(UpdateMode::Async, 1);
+        let r = s.push(&TaskId::new("worker", 1), 0, &[part("w", &[3], 0, &[2.0, 2.0, 2.0]), part("b", &[1], 0, &[-2.0])]).unwrap();
+        assert!(r.accepted);
+        assert_eq!(r.step, 1);
+        assert_eq!(s.values("w").unwrap(), vec![0.0, 1.0, 2.0]);
+        assert_eq!(s.values("b").unwrap(), vec![1.0]);
+        // Stale gradients are applied in async training (as in TensorFlow).
+        let r = s.push(&TaskId::new("worker", 0), 0, &[part("b", &[1], 0, &[2.0])]).unwrap();
+        assert!(r.accepted && !r.stale);
+        assert_eq!(s.values("b").unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn sync_push_waits_for_enough_replicas() {
+        let s = store(UpdateMode::Sync, 2);
+        let w = |g: f32| vec![part("w", &[3], 0, &[g, g, g]), part("b", &[1], 0, &[g])];
+        let r = s.push(&TaskId::new("worker", 0), 0, &w(1.0)).unwrap();
+        assert!(r.accepted && r.step == 0);
+        assert_eq!(s.values("b").unwrap(), vec![0.0], "nothing applied with one of two");
+        // A retry from the same worker does not count.
+        s.push(&TaskId::new("worker", 0), 0, &w(100.0)).unwrap();
+        assert_eq!(s.progress().step, 0);
+        let r = s.push(&TaskId::new("worker", 1), 0, &w(3.0)).unwrap();
+        assert_eq!(r.step, 1);
+        // average 2, lr 0.5 → -1
+        assert_eq!(s.values("b").unwrap(), vec![-1.0]);
+        // The backup worker's gradient for step 0 is stale now.
+        let r = s.push(&TaskId::new("worker", 2), 0, &w(5.0)).unwrap();
+        assert!(r.stale && !r.accepted);
+        let st = s.stats();
+        assert_eq!((st.stale_gradients_dropped, st.duplicate_gradients_dropped), (1, 2));
+        assert_eq!(s.values("b").unwrap(), vec![-1.0]);
+    }
+
+    /// Every bad push is refused with the right code and changes nothing.
+    #[test]
+    fn bad_pushes_change_nothing() {
+        for mode in [UpdateMode::Async, UpdateMode::Sync] {
+            let s = store(mode, 1);
+            let good_b = part("b", &[1], 0, &[1.0]);
+            let cases: Vec<(&str, i64, Vec<TensorPart>, fn(&StoreError) -> bool)> = vec![
+                ("unknown variable", 0, vec![part("nope", &[1], 0, &[1.0])], |e| matches!(e, StoreError::NotFound(_))),
+                ("wrong shape", 0, vec![part("w", &[1, 3], 0, &[1.0, 1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
+                (
+                    "wrong dtype",
+                    0,
+                    vec![TensorPart { dtype: DataType::DtDouble as i32, ..part("b", &[1], 0, &[1.0]) }],
+                    |e| matches!(e, StoreError::InvalidArgument(_)),
+                ),
+                (
+                    "wrong byte length",
+                    0,
+                    vec![TensorPart { content: Bytes::from_static(&[1, 2, 3, 4, 5]), ..part("b", &[1], 0, &[1.0]) }],
+                    |e| matches!(e, StoreError::InvalidArgument(_)),
+                ),
+                ("part past the end", 0, vec![part("w", &[3], 2, &[1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
+                ("variable not fully covered", 0, vec![part("w", &[3], 0, &[1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
+                (
+                    "overlapping parts",
+                    0,
+                    vec![part("w", &[3], 0, &[1.0, 1.0]), part("w", &[3], 1, &[1.0, 1.0])],
+                    |e| matches!(e, StoreError::InvalidArgument(_)),
+                ),
+                ("step from the future", 5, vec![good_b.clone()], |e| matches!(e, StoreError::FailedPrecondition(_))),
+                ("negative step", -1, vec![good_b.clone()], |e| matches!(e, StoreError::InvalidArgument(_))),
+                ("a bad part poisons the whole push", 0, vec![good_b.clone(), part("nope", &[1], 0, &[1.0])], |e| {
+                    matches!(e, StoreError::NotFound(_))
+                }),
+            ];
+            for (name, step, parts, code) in cases {
+                let err = s.push(&TaskId::new("worker", 1), step, &parts).expect_err(name);
+                assert!(code(&err), "{mode:?} {name}: {err:?}");
+                assert_eq!(s.values("w").unwrap(), vec![1.0, 2.0, 3.0], "{mode:?} {name}");
+                assert_eq!(s.values("b").unwrap(), vec![0.0], "{mode:?} {name}");
+                assert_eq!(s.progress().step, 0, "{mode:?} {name}");
+            }
+        }
+    }
+
+    #[test]
+    fn pulls() {
+        let s = store(UpdateMode::Async, 1);
+        let (p, t) = s.snapshot(&[]).unwrap();
+        assert_eq!(p.step, 0);
+        assert_eq!(t.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>(), vec!["b", "w"]);
+        // Same step: the same bytes are shared, not re-encoded.
+        let (_, t2) = s.snapshot(&["w".into()]).unwrap();
+        assert_eq!(t[1].2.as_ptr(), t2[0].2.as_ptr());
+        assert!(matches!(s.snapshot(&["nope".into()]), Err(StoreError::NotFound(_))));
+        let fresh = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: None });
+        assert!(matches!(fresh.snapshot(&[]), Err(StoreError::FailedPrecondition(_))));
+        assert!(matches!(fresh.push(&TaskId::new("worker", 0), 0, &[]), Err(StoreError::FailedPrecondition(_))));
+    }
+
+    #[test]
+    fn handshake_checks_the_view() {
+        let s = store(UpdateMode::Sync, 2);
+        let spec = |name: &str, shape: &[i64]| proto::VariableSpec { name: name.into(), dtype: DataType::DtFloat as i32, shape: shape.to_vec() };
+        let good = proto::HandshakeRequest {
+            task: tid("worker", 1),
+            config: Some(config(UpdateMode::Sync, 2)),
+            variables: vec![spec("w", &[3]), spec("b", &[1])],
+            placement_fingerprint: 7,
+            num_ps: 1,
+            observer: false,
+        };
+        let r = s.handshake(&good).unwrap();
+        assert!(r.initialized);
+        let cases: Vec<(&str, proto::HandshakeRequest, &str)> = vec![
+            ("shape", proto::HandshakeRequest { variables: vec![spec("w", &[4]), spec("b", &[1])], ..good.clone() }, "variable \"w\": this ps holds shape [3]"),
+            ("missing", proto::HandshakeRequest { variables: vec![spec("w", &[3])], ..good.clone() }, "variable \"b\" of this ps is missing"),
+            ("extra", proto::HandshakeRequest { variables: vec![spec("w", &[3]), spec("b", &[1]), spec("c", &[1])], ..good.clone() }, "\"c\" is not placed on this ps"),
+            ("fingerprint", proto::HandshakeRequest { placement_fingerprint: 8, ..good.clone() }, "fingerprints differ"),
+            ("config", proto::HandshakeRequest { config: Some(config(UpdateMode::Async, 2)), ..good.clone() }, "training configuration mismatch"),
+            ("num_ps", proto::HandshakeRequest { num_ps: 2, ..good.clone() }, "num_ps"),
+            ("too many to aggregate", proto::HandshakeRequest { config: Some(config(UpdateMode::Sync, 4)), ..good.clone() }, "exceeds total_num_replicas"),
+            ("no task", proto::HandshakeRequest { task: None, ..good.clone() }, "task: missing"),
+        ];
+        for (name, req, want) in cases {
+            let err = s.handshake(&req).expect_err(name).to_string();
+            assert!(err.contains(want), "{name}: {err}");
+        }
+        // An evaluator's configuration is not compared.
+        let obs = proto::HandshakeRequest { observer: true, config: None, task: tid("evaluator", 0), ..good };
+        assert!(s.handshake(&obs).is_ok());
+    }
+
+    #[test]
+    fn shutdown_is_for_the_chief() {
+        let s = store(UpdateMode::Async, 1);
+        let req = |t| proto::ShutdownRequest { task: t, reason: "done".into(), final_step: 0 };
+        assert!(matches!(s.shutdown(&req(tid("worker", 1))), Err(StoreError::PermissionDenied(_))));
+        assert!(!s.progress().done);
+        s.shutdown(&req(tid("worker", 0))).unwrap();
+        assert!(s.progress().done);
+        let r = s.push(&TaskId::new("worker", 1), 0, &[part("b", &[1], 0, &[1.0])]).unwrap();
+        assert!(r.done && !r.accepted);
+        assert_eq!(s.values("b").unwrap(), vec![0.0]);
+    }
+}

@@ -1,0 +1,119 @@
+//! Serving: every task binds its own port and serves the Worker service
+//! (status and sessions); ps tasks also serve the ParameterServer service.
+//! Both are behind the job-token check and have explicit message limits.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::codegen::InterceptedService;
+use tonic::{Request, Response, Status};
+
+use crate::auth::TokenCheck;
+use crate::proto::{
+    self, parameter_server_server::ParameterServerServer, run_session_request::Fetch, session_event::Event,
+    worker_server::{Worker, WorkerServer},
+};
+use crate::ps::PsService;
+use crate::status::TaskStatus;
+use crate::tensor::MAX_MESSAGE_BYTES;
+use crate::train::{self, TrainSettings, Workload};
+
+/// Builds a model and its data for a training run submitted to a task.
+pub type WorkloadFactory = Arc<dyn Fn(&proto::TrainRun) -> Result<(Workload, TrainSettings), String> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct WorkerService {
+    status: Arc<TaskStatus>,
+    factory: Option<WorkloadFactory>,
+}
+
+impl WorkerService {
+    pub fn new(status: Arc<TaskStatus>, factory: Option<WorkloadFactory>) -> Self {
+        WorkerService { status, factory }
+    }
+}
+
+type SessionStream = ReceiverStream<Result<proto::SessionEvent, Status>>;
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    async fn get_status(&self, _: Request<proto::GetStatusRequest>) -> Result<Response<proto::WorkerStatus>, Status> {
+        Ok(Response::new(self.status.get()))
+    }
+
+    type RunSessionStream = SessionStream;
+
+    async fn run_session(&self, request: Request<proto::RunSessionRequest>) -> Result<Response<SessionStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        match request.into_inner().fetch {
+            None => return Err(Status::invalid_argument("fetch: nothing to run")),
+            Some(Fetch::Constant(t)) => {
+                // Evaluating a constant gives the constant back.
+                let _ = tx.send(Ok(proto::SessionEvent { event: Some(Event::Value(t)) })).await;
+            }
+            Some(Fetch::Train(run)) => {
+                let factory = self.factory.clone().ok_or_else(|| Status::unimplemented("this task does not accept training runs"))?;
+                let (mut workload, settings) = factory(&run).map_err(Status::invalid_argument)?;
+                tokio::task::spawn_blocking(move || {
+                    let progress_tx = tx.clone();
+                    let report = train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
+                        let metrics = model.summary(params).into_iter().collect();
+                        let _ = progress_tx.blocking_send(Ok(proto::SessionEvent {
+                            event: Some(Event::Progress(proto::TrainProgress { step, loss, metrics })),
+                        }));
+                    });
+                    let mut metrics: std::collections::HashMap<String, f64> = report.summary.clone().into_iter().collect();
+                    if let Some(a) = report.accuracy {
+                        metrics.insert("accuracy".into(), a as f64);
+                    }
+                    metrics.insert("steps_per_sec".into(), report.steps_per_sec);
+                    let _ = tx.blocking_send(Ok(proto::SessionEvent {
+                        event: Some(Event::Finished(proto::TrainProgress {
+                            step: report.local_steps,
+                            loss: report.loss.unwrap_or(f32::NAN),
+                            metrics,
+                        })),
+                    }));
+                });
+            }
+        }
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Binds `addr` (failing clearly when the port is taken) and serves the
+/// given services until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    ps: Option<PsService>,
+    worker: WorkerService,
+    token: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, std::io::Error> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    let check = TokenCheck::new(token);
+    let worker = InterceptedService::new(
+        WorkerServer::new(worker).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
+        check.clone(),
+    );
+    let ps = ps.map(|svc| {
+        InterceptedService::new(
+            ParameterServerServer::new(svc)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            check.clone(),
+        )
+    });
+    let mut builder = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20));
+    let router = builder.add_service(worker).add_optional_service(ps);
+    let incoming = TcpListenerStream::new(listener);
+    Ok(tokio::spawn(async move { router.serve_with_incoming_shutdown(incoming, shutdown).await }))
+}

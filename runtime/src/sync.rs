@@ -1,0 +1,296 @@
+//! The sync accumulator: SyncReplicasOptimizer's aggregation rules as plain
+//! data, one per ps task.
+//!
+//! - Gradients are tagged with the step they were computed at. Gradients
+//!   older than the current step are dropped and counted (not an error);
+//!   gradients from a future step are refused.
+//! - A worker counts at most once per variable per step, so a retried push
+//!   never counts twice.
+//! - The step is ready once every variable has gradients from at least
+//!   `replicas_to_aggregate` workers (and that many workers pushed at all,
+//!   which matters for a ps that holds no variable). With more workers than
+//!   that, the extra ones are backup workers: whatever they send after the
+//!   step advanced is stale.
+//! - When ready, the average of the gradients received for each variable is
+//!   applied (by the caller) and the step advances.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use crate::tensor::add_f32_from_le;
+
+/// Where a push's step stands relative to the accumulator's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepCheck {
+    Current,
+    /// Older than the current step: drop and count.
+    Stale,
+    /// Newer than the current step: refuse.
+    Future,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncAccumulator {
+    step: i64,
+    required: usize,
+    sums: Vec<Vec<f32>>,
+    contributors: Vec<BTreeSet<String>>,
+    round: BTreeSet<String>,
+    pub stale_dropped: u64,
+    pub duplicates_dropped: u64,
+}
+
+impl SyncAccumulator {
+    /// An accumulator for variables of the given sizes (in elements),
+    /// starting at `step`, averaging `required` gradients per step.
+    pub fn new(sizes: &[usize], required: usize, step: i64) -> Self {
+        SyncAccumulator {
+            step,
+            required: required.max(1),
+            sums: sizes.iter().map(|&n| vec![0.0; n]).collect(),
+            contributors: vec![BTreeSet::new(); sizes.len()],
+            round: BTreeSet::new(),
+            stale_dropped: 0,
+            duplicates_dropped: 0,
+        }
+    }
+
+    pub fn step(&self) -> i64 {
+        self.step
+    }
+    pub fn required(&self) -> usize {
+        self.required
+    }
+    /// Changes how many gradients a step needs (elastic training); takes
+    /// effect for the step being accumulated.
+    pub fn set_required(&mut self, required: usize) {
+        self.required = required.max(1);
+    }
+
+    pub fn check_step(&self, step: i64) -> StepCheck {
+        match step.cmp(&self.step) {
+            std::cmp::Ordering::Less => StepCheck::Stale,
+            std::cmp::Ordering::Equal => StepCheck::Current,
+            std::cmp::Ordering::Greater => StepCheck::Future,
+        }
+    }
+
+    /// Counts a dropped stale push.
+    pub fn record_stale(&mut self) {
+        self.stale_dropped += 1;
+    }
+
+    /// Adds one worker's gradient for variable `var`, given as parts (element
+    /// range, little-endian f32 bytes) that together cover the variable.
+    /// Returns false, changing nothing but the duplicate counter, when this
+    /// worker already counted for this variable at this step.
+    pub fn add(&mut self, var: usize, worker: &str, parts: &[(Range<usize>, &[u8])]) -> bool {
+        if self.contributors[var].contains(worker) {
+            self.duplicates_dropped += 1;
+            return false;
+        }
+        for (range, bytes) in parts {
+            add_f32_from_le(&mut self.sums[var][range.clone()], bytes);
+        }
+        self.contributors[var].insert(worker.to_string());
+        true
+    }
+
+    /// Records that `worker` pushed (anything) at the current step.
+    pub fn mark_pushed(&mut self, worker: &str) {
+        self.round.insert(worker.to_string());
+    }
+
+    /// Workers counted so far for variable `var` at the current step.
+    pub fn count(&self, var: usize) -> usize {
+        self.contributors[var].len()
+    }
+
+    pub fn ready(&self) -> bool {
+        self.round.len() >= self.required && self.contributors.iter().all(|c| c.len() >= self.required)
+    }
+
+    /// Turns every sum into the average of the gradients received, hands
+    /// each to `apply(var, average)`, then clears everything and advances
+    /// the step. Call only when [`ready`](Self::ready).
+    pub fn finish_step(&mut self, mut apply: impl FnMut(usize, &[f32])) {
+        for (var, (sum, who)) in self.sums.iter_mut().zip(&mut self.contributors).enumerate() {
+            let n = who.len().max(1) as f32;
+            let scale = 1.0 / n;
+            for x in sum.iter_mut() {
+                *x *= scale;
+            }
+            apply(var, sum);
+            sum.fill(0.0);
+            who.clear();
+        }
+        self.round.clear();
+        self.step += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    enum Op {
+        /// (worker, step, gradient of var 0, gradient of var 1)
+        Push(&'static str, i64, [f32; 2], [f32; 1]),
+    }
+
+    struct Case {
+        name: &'static str,
+        required: usize,
+        ops: Vec<Op>,
+        /// Averages applied, per finished step: (var0, var1).
+        applied: Vec<([f32; 2], [f32; 1])>,
+        step: i64,
+        stale: u64,
+        duplicates: u64,
+        future_refused: usize,
+    }
+
+    /// Drives the accumulator as the ps does: check the step, add each
+    /// variable, mark the push, finish when ready.
+    fn run(case: &Case) {
+        let mut acc = SyncAccumulator::new(&[2, 1], case.required, 0);
+        let mut applied = Vec::new();
+        let mut future = 0;
+        for Op::Push(worker, step, g0, g1) in &case.ops {
+            match acc.check_step(*step) {
+                StepCheck::Stale => {
+                    acc.record_stale();
+                    continue;
+                }
+                StepCheck::Future => {
+                    future += 1;
+                    continue;
+                }
+                StepCheck::Current => {}
+            }
+            let (b0, b1) = (le(g0), le(g1));
+            acc.add(0, worker, &[(0..1, &b0[0..4]), (1..2, &b0[4..8])]);
+            acc.add(1, worker, &[(0..1, &b1[..])]);
+            acc.mark_pushed(worker);
+            if acc.ready() {
+                let mut got = ([0.0; 2], [0.0; 1]);
+                acc.finish_step(|v, avg| if v == 0 { got.0.copy_from_slice(avg) } else { got.1.copy_from_slice(avg) });
+                applied.push(got);
+            }
+        }
+        assert_eq!(applied, case.applied, "{}: applied", case.name);
+        assert_eq!(acc.step(), case.step, "{}: step", case.name);
+        assert_eq!(acc.stale_dropped, case.stale, "{}: stale", case.name);
+        assert_eq!(acc.duplicates_dropped, case.duplicates, "{}: duplicates", case.name);
+        assert_eq!(future, case.future_refused, "{}: future", case.name);
+    }
+
+    #[test]
+    fn aggregation_rules() {
+        use Op::Push;
+        let cases = vec![
+            Case {
+                name: "two workers, averaged",
+                required: 2,
+                ops: vec![Push("w0", 0, [1.0, 2.0], [4.0]), Push("w1", 0, [3.0, 6.0], [0.0])],
+                applied: vec![([2.0, 4.0], [2.0])],
+                step: 1,
+                stale: 0,
+                duplicates: 0,
+                future_refused: 0,
+            },
+            Case {
+                name: "not ready with one of two",
+                required: 2,
+                ops: vec![Push("w0", 0, [1.0, 2.0], [4.0])],
+                applied: vec![],
+                step: 0,
+                stale: 0,
+                duplicates: 0,
+                future_refused: 0,
+            },
+            Case {
+                name: "a retried push never counts twice",
+                required: 2,
+                ops: vec![
+                    Push("w0", 0, [1.0, 1.0], [1.0]),
+                    Push("w0", 0, [9.0, 9.0], [9.0]),
+                    Push("w1", 0, [3.0, 3.0], [3.0]),
+                ],
+                applied: vec![([2.0, 2.0], [2.0])],
+                step: 1,
+                stale: 0,
+                duplicates: 2,
+                future_refused: 0,
+            },
+            Case {
+                name: "backup worker: third push of the step is stale",
+                required: 2,
+                ops: vec![
+                    Push("w0", 0, [1.0, 1.0], [1.0]),
+                    Push("w2", 0, [3.0, 3.0], [3.0]),
+                    Push("w1", 0, [100.0, 100.0], [100.0]),
+                    Push("w1", 1, [2.0, 2.0], [2.0]),
+                    Push("w0", 1, [4.0, 4.0], [4.0]),
+                ],
+                applied: vec![([2.0, 2.0], [2.0]), ([3.0, 3.0], [3.0])],
+                step: 2,
+                stale: 1,
+                duplicates: 0,
+                future_refused: 0,
+            },
+            Case {
+                name: "gradients from the future are refused",
+                required: 1,
+                ops: vec![Push("w0", 3, [1.0, 1.0], [1.0]), Push("w0", 0, [1.0, 1.0], [1.0])],
+                applied: vec![([1.0, 1.0], [1.0])],
+                step: 1,
+                stale: 0,
+                duplicates: 0,
+                future_refused: 1,
+            },
+            Case {
+                name: "one replica to aggregate: every push is a step",
+                required: 1,
+                ops: vec![Push("w0", 0, [1.0, 1.0], [1.0]), Push("w1", 0, [5.0, 5.0], [5.0]), Push("w1", 1, [2.0, 2.0], [2.0])],
+                applied: vec![([1.0, 1.0], [1.0]), ([2.0, 2.0], [2.0])],
+                step: 2,
+                stale: 1,
+                duplicates: 0,
+                future_refused: 0,
+            },
+        ];
+        for case in &cases {
+            run(case);
+        }
+    }
+
+    #[test]
+    fn ps_without_variables_counts_pushes() {
+        let mut acc = SyncAccumulator::new(&[], 2, 5);
+        acc.mark_pushed("w0");
+        assert!(!acc.ready());
+        acc.mark_pushed("w0");
+        assert!(!acc.ready());
+        acc.mark_pushed("w1");
+        assert!(acc.ready());
+        acc.finish_step(|_, _| unreachable!());
+        assert_eq!(acc.step(), 6);
+    }
+
+    #[test]
+    fn unaligned_bytes_accumulate() {
+        let mut acc = SyncAccumulator::new(&[3], 1, 0);
+        let mut buf = vec![0u8; 13];
+        buf[1..13].copy_from_slice(&le(&[1.0, 2.0, 3.0]));
+        assert!(acc.add(0, "w", &[(0..3, &buf[1..13])]));
+        let mut got = vec![];
+        acc.mark_pushed("w");
+        acc.finish_step(|_, avg| got = avg.to_vec());
+        assert_eq!(got, vec![1.0, 2.0, 3.0]);
+    }
+}

@@ -1,0 +1,283 @@
+//! Integration tests that start separate `tfjob-runtime` processes on
+//! 127.0.0.1, as a user of distributed TensorFlow would start them by hand.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tfjob-runtime");
+
+fn free_ports(n: usize) -> Vec<u16> {
+    // Hold every listener until all ports are chosen so none repeats.
+    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    listeners.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+fn hosts(ports: &[u16]) -> String {
+    ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+}
+
+/// Processes of one job; every one is killed when the job is dropped.
+struct Job {
+    procs: Vec<(String, Child)>,
+}
+
+struct Finished {
+    name: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    /// The final JSON line the task printed.
+    fn report(&self) -> Value {
+        let line = self.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
+            panic!("{}: no JSON report; stdout:\n{}\nstderr:\n{}", self.name, self.stdout, self.stderr)
+        });
+        serde_json::from_str(line).unwrap()
+    }
+}
+
+impl Job {
+    fn new() -> Self {
+        Job { procs: Vec::new() }
+    }
+
+    fn spawn(&mut self, name: &str, args: &[String], env: &[(&str, String)]) {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).env_remove("TF_CONFIG").env_remove("TFJOB_TOKEN");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
+        self.procs.push((name.to_string(), child));
+    }
+
+    /// Waits for every process to exit, up to `limit`; kills them all and
+    /// fails the test on timeout.
+    fn wait_all(mut self, limit: Duration) -> Vec<Finished> {
+        let deadline = Instant::now() + limit;
+        let mut out = Vec::new();
+        let procs = std::mem::take(&mut self.procs);
+        let mut pending: Vec<(String, Child)> = procs;
+        let mut done: Vec<(String, Child, Option<i32>)> = Vec::new();
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for (name, mut child) in pending {
+                match child.try_wait().unwrap() {
+                    Some(status) => done.push((name, child, status.code())),
+                    None => still.push((name, child)),
+                }
+            }
+            pending = still;
+            if Instant::now() > deadline {
+                let names: Vec<_> = pending.iter().map(|(n, _)| n.clone()).collect();
+                for (_, c) in &mut pending {
+                    let _ = c.kill();
+                }
+                let mut logs = String::new();
+                for (name, mut c) in pending.into_iter().map(|(n, c)| (n, c)) {
+                    let _ = c.wait();
+                    let mut e = String::new();
+                    c.stderr.take().unwrap().read_to_string(&mut e).ok();
+                    logs += &format!("--- {name} ---\n{}\n", tail(&e, 3000));
+                }
+                panic!("timeout after {limit:?}: still running {names:?}\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for (name, mut child, code) in done {
+            let (mut stdout, mut stderr) = (String::new(), String::new());
+            child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+            child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+            out.push(Finished { name, code, stdout, stderr });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let start = (start..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
+    &s[start..]
+}
+
+fn assert_all_ok(results: &[Finished]) {
+    for r in results {
+        assert_eq!(r.code, Some(0), "{} exited with {:?}\nstderr:\n{}", r.name, r.code, tail(&r.stderr, 4000));
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// 1 ps + 2 workers on the classic linear regression, with the classic flags.
+fn linear(sync: bool) {
+    let ports = free_ports(3);
+    let (ps_hosts, worker_hosts) = (hosts(&ports[..1]), hosts(&ports[1..]));
+    let mut job = Job::new();
+    let common = |job: &str, i: u32| {
+        let mut a = vec![
+            format!("--ps_hosts={ps_hosts}"),
+            format!("--worker_hosts={worker_hosts}"),
+            format!("--job_name={job}"),
+            format!("--task_index={i}"),
+            "--bind=127.0.0.1".into(),
+            "--model=linear".into(),
+            "--learning_rate=0.01".into(),
+            "--train_steps=4000".into(),
+            "--log_every_steps=1000".into(),
+        ];
+        if sync {
+            a.push("--sync_replicas".into());
+        }
+        a
+    };
+    job.spawn("ps0", &common("ps", 0), &[]);
+    job.spawn("worker0", &common("worker", 0), &[]);
+    job.spawn("worker1", &common("worker", 1), &[]);
+    let results = job.wait_all(Duration::from_secs(120));
+    assert_all_ok(&results);
+    for r in results.iter().filter(|r| r.name.starts_with("worker")) {
+        let rep = r.report();
+        let (w, b) = (rep["W"].as_f64().unwrap(), rep["b"].as_f64().unwrap());
+        assert!((w - 2.0).abs() < 0.1, "{}: W = {w}", r.name);
+        assert!((b - 10.0).abs() < 0.1, "{}: b = {b}", r.name);
+        assert!(rep["global_step"].as_i64().unwrap() >= 4000, "{}: {rep}", r.name);
+    }
+    let ps = results.iter().find(|r| r.name == "ps0").unwrap().report();
+    assert!(ps["global_step"].as_i64().unwrap() >= 4000, "{ps}");
+}
+
+#[test]
+fn linear_async_one_ps_two_workers() {
+    linear(false);
+}
+
+#[test]
+fn linear_sync_one_ps_two_workers() {
+    linear(true);
+}
+
+/// The MLP over 2 ps and 3 workers, sync with one backup worker (aggregate
+/// 2 of 3), configured through TF_CONFIG as the operator does.
+#[test]
+fn mlp_sync_with_backup_worker_over_two_ps() {
+    let ports = free_ports(5);
+    let addr = |p: u16| format!("127.0.0.1:{p}");
+    let cluster = serde_json::json!({
+        "ps": [addr(ports[0]), addr(ports[1])],
+        "worker": [addr(ports[2]), addr(ports[3]), addr(ports[4])],
+    });
+    let args = strings(&[
+        "--bind=127.0.0.1",
+        "--model=mlp",
+        "--hidden_units=32",
+        "--learning_rate=0.5",
+        "--batch_size=50",
+        "--train_steps=300",
+        "--sync_replicas=true",
+        "--replicas_to_aggregate=2",
+        "--eval_examples=1000",
+        "--log_every_steps=100",
+    ]);
+    let mut job = Job::new();
+    for (name, task_type, index) in [("ps0", "ps", 0), ("ps1", "ps", 1), ("worker0", "worker", 0), ("worker1", "worker", 1), ("worker2", "worker", 2)] {
+        let tf_config = serde_json::json!({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"});
+        job.spawn(name, &args, &[("TF_CONFIG", tf_config.to_string())]);
+    }
+    let results = job.wait_all(Duration::from_secs(180));
+    assert_all_ok(&results);
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap().report();
+    let accuracy = chief["accuracy"].as_f64().unwrap();
+    // 10 classes: chance is about 0.1-0.15 on the synthetic set.
+    assert!(accuracy > 0.5, "held-out accuracy {accuracy}: {chief}");
+    assert_eq!(chief["global_step"].as_i64().unwrap(), 300);
+    // Variables really spread over both ps tasks.
+    let mut all = Vec::new();
+    for ps in ["ps0", "ps1"] {
+        let rep = results.iter().find(|r| r.name == ps).unwrap().report();
+        let vars: Vec<String> = rep["variables"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+        assert!(!vars.is_empty(), "{ps} holds no variable: {rep}");
+        assert!(rep["pushes_applied"].as_u64().unwrap() >= 300, "{rep}");
+        all.extend(vars);
+    }
+    all.sort();
+    assert_eq!(all, vec!["hid_b", "hid_w", "sm_b", "sm_w"]);
+    // With 3 workers and 2 to aggregate, some pushes were from backup workers.
+    let stale: u64 = results
+        .iter()
+        .filter(|r| r.name.starts_with("ps"))
+        .map(|r| r.report()["stale_gradients_dropped"].as_u64().unwrap())
+        .sum();
+    assert!(stale > 0, "a backup worker's late gradients are dropped as stale");
+}
+
+/// The local-server demo: a session evaluates a constant on a remote task.
+#[test]
+fn client_hello() {
+    let port = free_ports(1)[0];
+    let mut job = Job::new();
+    job.spawn("server", &strings(&["server", &format!("--port={port}"), "--bind=127.0.0.1"]), &[]);
+    let target = format!("grpc://localhost:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new(BIN).args(["client", "--target", &target, "hello"]).output().unwrap();
+        if out.status.success() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "client never reached the server: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A training run submitted to the task streams progress and a result.
+    let out = Command::new(BIN)
+        .args(["client", "--target", &target, "--train", "--model=linear", "--train_steps=2000", "--log_every_steps=500"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("step=")).count(), 4, "{stdout}");
+    assert!(stdout.lines().last().unwrap().starts_with("finished: steps=2000"), "{stdout}");
+}
+
+/// Wrong input exits non-zero with a message naming the field.
+#[test]
+fn bad_cluster_input_names_the_field() {
+    let cases: Vec<(Vec<String>, Option<&str>, &str)> = vec![
+        (strings(&["--ps_hosts=a:1", "--worker_hosts=b:1", "--job_name=worker", "--task_index=3"]), None, "--task_index"),
+        (strings(&["--ps_hosts=a:1", "--worker_hosts=b", "--job_name=ps"]), None, "--worker_hosts[0]: malformed address"),
+        (strings(&["--ps_hosts=a:1", "--worker_hosts=a:1", "--job_name=ps"]), None, "already used by --ps_hosts[0]"),
+        (strings(&["--ps_hosts=a:1", "--worker_hosts=b:1", "--job_name=boss"]), None, "unknown job \"boss\""),
+        (vec![], Some("{not json"), "TF_CONFIG"),
+        (vec![], Some(r#"{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":1}}"#), "task.index"),
+        (strings(&["--model=resnet"]), None, "model"),
+        (strings(&["--optimizer=rmsprop"]), None, "optimizer"),
+    ];
+    for (args, tf_config, want) in cases {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).env_remove("TF_CONFIG");
+        if let Some(c) = tf_config {
+            cmd.env("TF_CONFIG", c);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?} {tf_config:?}: {stderr}");
+    }
+}
