@@ -1,1 +1,15 @@
 //! tfjob-operator: the TFJob API, its planning code and its controller.
+//!
+//! - [`api`]: the `TFJob` custom resource (`kubeflow.org/v1`), defaulting and validation.
+//! - [`plan`]: pure planning: the replicas, pods, Service, Secret and `TF_CONFIG` of a job
+//!   (entry point for every backend: [`plan::plan_replicas`]).
+//! - [`status`]: pure state machine: observed replicas in, new status and actions out
+//!   (entry point: [`status::reconcile_status`]).
+//! - [`kube`]: the Kubernetes controller that executes plans and status actions.
+//! - [`cli`]: the `tfjob` command.
+
+pub mod api;
+pub mod cli;
+pub mod kube;
+pub mod plan;
+pub mod status;

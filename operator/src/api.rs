@@ -1,0 +1,1042 @@
+//! The `TFJob` API (`kubeflow.org/v1`): types, defaulting, normalisation of replica-type
+//! spellings and validation.
+//!
+//! The types follow Kubeflow's training-operator v1 TFJob field by field, so a Kubeflow manifest
+//! deserialises unchanged. Defaults the API server can persist are written into the CRD schema
+//! (`replicas: 1`, `restartPolicy: Never`, `cleanPodPolicy: Running`, ...); the rest (the
+//! `tfjob-port` on the `tensorflow` container) is applied in memory by [`apply_defaults`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{ContainerPort, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of the TFJob resource.
+pub const GROUP: &str = "kubeflow.org";
+/// API version of the TFJob resource.
+pub const VERSION: &str = "v1";
+/// Kind of the TFJob resource.
+pub const KIND: &str = "TFJob";
+/// Name of the container that runs TensorFlow; it gets `TF_CONFIG` and the default port.
+pub const DEFAULT_CONTAINER_NAME: &str = "tensorflow";
+/// Name of the container port that TensorFlow listens on.
+pub const DEFAULT_PORT_NAME: &str = "tfjob-port";
+/// Default value of the `tfjob-port` port.
+pub const DEFAULT_PORT: i32 = 2222;
+/// `managedBy` value of this controller (the same value as Kubeflow's training-operator).
+pub const MANAGED_BY_THIS: &str = "kubeflow.org/training-operator";
+/// `managedBy` value of Kueue's MultiKueue; jobs carrying it are left alone.
+pub const MANAGED_BY_MULTIKUEUE: &str = "kueue.x-k8s.io/multikueue";
+
+/// The specification of a TFJob.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "kubeflow.org",
+    version = "v1",
+    kind = "TFJob",
+    plural = "tfjobs",
+    singular = "tfjob",
+    namespaced,
+    status = "TFJobStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "TFJob represents a distributed TensorFlow training job (Kubeflow-compatible).",
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        description = "The latest condition of the job",
+        json_path = ".status.conditions[-1:].type"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        description = "Number of Worker replicas",
+        json_path = ".spec.tfReplicaSpecs.Worker.replicas"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TFJobSpec {
+    /// Policies that apply to the whole job (cleanup, TTL, deadline, backoff, scheduling, ...).
+    #[serde(default)]
+    pub run_policy: RunPolicy,
+
+    /// When the job counts as succeeded: `""` (default: the chief, else worker 0) or
+    /// `AllWorkers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_policy: Option<SuccessPolicy>,
+
+    /// The replica sets of the job, keyed by replica type (`PS`, `Worker`, `Chief`, `Master`,
+    /// `Evaluator`; other spellings are normalised).
+    #[serde(default)]
+    pub tf_replica_specs: BTreeMap<String, ReplicaSpec>,
+
+    /// Give every worker a sparse cluster (itself and all ps) so workers can come and go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_dynamic_worker: Option<bool>,
+}
+
+/// When a job without chief counts as succeeded.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SuccessPolicy {
+    /// Worker 0 (or the chief/master) decides.
+    #[default]
+    #[serde(rename = "")]
+    Default,
+    /// Every worker must succeed.
+    AllWorkers,
+}
+
+/// One replica set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSpec {
+    /// Number of replicas (default 1).
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0))]
+    pub replicas: i32,
+    /// The pod template of every replica of this type.
+    #[serde(default)]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub template: PodTemplateSpec,
+    /// What happens when a replica exits (default `Never`).
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A pod template (core/v1 PodTemplateSpec).",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Restart policy of a replica set.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RestartPolicy {
+    /// Restart the container in place whatever its exit code.
+    Always,
+    /// Restart the container in place when it fails.
+    OnFailure,
+    /// Never restart; a failed replica fails the job.
+    #[default]
+    Never,
+    /// Recreate the pod when the `tensorflow` container exits with a retryable code (>= 128);
+    /// fail the job on 1-127.
+    ExitCode,
+}
+
+impl RestartPolicy {
+    /// The pod-level restart policy this maps to (`ExitCode` becomes `Never`: the controller
+    /// restarts).
+    pub fn pod_restart_policy(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "Always",
+            RestartPolicy::OnFailure => "OnFailure",
+            RestartPolicy::Never | RestartPolicy::ExitCode => "Never",
+        }
+    }
+}
+
+/// What to do with pods once the job has finished.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CleanPodPolicy {
+    /// Delete every pod.
+    All,
+    /// Delete the pods that are still running (the default here; see README).
+    #[default]
+    Running,
+    /// Keep every pod.
+    None,
+}
+
+/// Policies for the whole job.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.managedBy) == has(oldSelf.managedBy) && (!has(self.managedBy) || self.managedBy == oldSelf.managedBy)",
+    "message": "spec.runPolicy.managedBy is immutable"
+}]))]
+pub struct RunPolicy {
+    /// Which pods to delete when the job finishes (default `Running`).
+    #[serde(default)]
+    pub clean_pod_policy: CleanPodPolicy,
+    /// Delete the job this many seconds after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// Fail the job when it has been active for this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub active_deadline_seconds: Option<i64>,
+    /// Number of restarts before the job is failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub backoff_limit: Option<i32>,
+    /// Gang-scheduling settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_policy: Option<SchedulingPolicy>,
+    /// Suspend the job: delete its pods and keep it until resumed.
+    #[serde(default)]
+    pub suspend: bool,
+    /// The controller that manages this job (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "managed_by_schema")]
+    pub managed_by: Option<String>,
+}
+
+fn managed_by_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "description": "The controller that manages this job (immutable).",
+        "enum": [MANAGED_BY_THIS, MANAGED_BY_MULTIKUEUE]
+    })
+}
+
+fn resource_list_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "Minimum resources of the gang (resource name to quantity).",
+        "additionalProperties": {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": true
+        }
+    })
+}
+
+/// Gang-scheduling settings (PodGroup).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingPolicy {
+    /// Minimum number of pods scheduled together (default: all replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<i32>,
+    /// Scheduler queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Minimum resources of the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_list_schema")]
+    pub min_resources: Option<BTreeMap<String, Quantity>>,
+    /// Priority class of the PodGroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    /// Scheduling timeout of the gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_timeout_seconds: Option<i32>,
+}
+
+/// Observed state of a TFJob.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TFJobStatus {
+    /// Conditions, in the order they first appeared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<JobCondition>,
+    /// Per replica type counts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replica_statuses: BTreeMap<String, ReplicaStatus>,
+    /// When the job was first (or, after a resume, again) started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Last time the controller reconciled the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_reconcile_time: Option<Time>,
+}
+
+/// Counts of one replica type.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// Running pods.
+    #[serde(default)]
+    pub active: i32,
+    /// Succeeded pods.
+    #[serde(default)]
+    pub succeeded: i32,
+    /// Failed pods.
+    #[serde(default)]
+    pub failed: i32,
+    /// Label selector of the pods of this type, as a string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Pods of this type that the controller deleted and recreated after a retryable failure
+    /// (counts towards `backoffLimit` together with in-place container restarts). Not in
+    /// Kubeflow's status; omitted while zero.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recreated: i32,
+}
+
+fn is_zero(v: &i32) -> bool {
+    *v == 0
+}
+
+/// A job condition, as Kubeflow writes it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCondition {
+    /// `Created`, `Running`, `Restarting`, `Succeeded`, `Suspended` or `Failed`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// CamelCase reason, e.g. `TFJobRunning`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Last time the condition was updated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_update_time: Option<Time>,
+    /// Last time the condition changed status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// The replica types of a TFJob, in TF_CONFIG order of importance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReplicaType {
+    /// The chief: coordinates training, checkpoints.
+    Chief,
+    /// Kubeflow's older name for the chief.
+    Master,
+    /// A parameter server.
+    PS,
+    /// A worker.
+    Worker,
+    /// An evaluator (not part of the training cluster).
+    Evaluator,
+}
+
+impl ReplicaType {
+    /// All replica types.
+    pub const ALL: [ReplicaType; 5] = [
+        ReplicaType::Chief,
+        ReplicaType::Master,
+        ReplicaType::PS,
+        ReplicaType::Worker,
+        ReplicaType::Evaluator,
+    ];
+
+    /// The canonical spelling used as key in `tfReplicaSpecs`, e.g. `PS`, `Worker`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaType::Chief => "Chief",
+            ReplicaType::Master => "Master",
+            ReplicaType::PS => "PS",
+            ReplicaType::Worker => "Worker",
+            ReplicaType::Evaluator => "Evaluator",
+        }
+    }
+
+    /// Lower-case spelling used in pod names, labels and TF_CONFIG, e.g. `ps`, `worker`.
+    pub fn lower(self) -> &'static str {
+        match self {
+            ReplicaType::Chief => "chief",
+            ReplicaType::Master => "master",
+            ReplicaType::PS => "ps",
+            ReplicaType::Worker => "worker",
+            ReplicaType::Evaluator => "evaluator",
+        }
+    }
+
+    /// Parses any spelling (case-insensitive) of a replica type.
+    pub fn parse(s: &str) -> Option<ReplicaType> {
+        ReplicaType::ALL
+            .into_iter()
+            .find(|t| t.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// Chief or Master.
+    pub fn is_chief(self) -> bool {
+        matches!(self, ReplicaType::Chief | ReplicaType::Master)
+    }
+}
+
+impl fmt::Display for ReplicaType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One validation problem, naming the field it is about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// Path of the field, e.g. `spec.tfReplicaSpecs.Worker.template.spec.containers`.
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A list of validation problems (never empty when returned as an error).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", join_errors(.0))]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+fn join_errors(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Errors of loading a manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// The text is not YAML/JSON.
+    #[error("not valid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// The document is not a TFJob.
+    #[error("document {index}: expected apiVersion kubeflow.org/v1 and kind TFJob, found {found}")]
+    NotATFJob {
+        /// Position of the document in the file (0-based).
+        index: usize,
+        /// What was found instead.
+        found: String,
+    },
+    /// The document is a TFJob with problems.
+    #[error("TFJob {name}: {errors}")]
+    Invalid {
+        /// Name of the job (or `<unnamed>`).
+        name: String,
+        /// Every problem found.
+        errors: ValidationErrors,
+    },
+}
+
+/// Maximum length of a DNS label.
+const DNS_LABEL_MAX: usize = 63;
+
+/// Checks a DNS-1035 label: lower-case alphanumerics and `-`, starts with a letter, ends with an
+/// alphanumeric, at most 63 characters.
+pub fn is_dns1035_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= DNS_LABEL_MAX
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+/// Checks a DNS-1123 label (like DNS-1035, but may start with a digit).
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= DNS_LABEL_MAX
+        && b[0] != b'-'
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-'
+}
+
+/// The replica sets of a spec, keyed by normalised type. Unknown keys are skipped (validation
+/// reports them); when two spellings map to the same type, the canonical one wins.
+pub fn replica_specs(spec: &TFJobSpec) -> BTreeMap<ReplicaType, &ReplicaSpec> {
+    let mut out = BTreeMap::new();
+    for (key, rs) in &spec.tf_replica_specs {
+        if let Some(t) = ReplicaType::parse(key) {
+            if key == t.as_str() || !out.contains_key(&t) {
+                out.insert(t, rs);
+            }
+        }
+    }
+    out
+}
+
+/// Applies the in-memory defaults of Kubeflow's defaulter: replica-type keys normalised to
+/// their canonical spelling, and the `tfjob-port` port (2222) added to the `tensorflow`
+/// container when it has none. Schema defaults (`replicas`, `restartPolicy`, `cleanPodPolicy`)
+/// are already filled in by deserialisation.
+pub fn apply_defaults(spec: &mut TFJobSpec) {
+    let old = std::mem::take(&mut spec.tf_replica_specs);
+    let mut normalised: BTreeMap<String, ReplicaSpec> = BTreeMap::new();
+    for (key, rs) in old {
+        let new_key = match ReplicaType::parse(&key) {
+            Some(t) => t.as_str().to_string(),
+            None => key.clone(),
+        };
+        // The canonical spelling wins over another spelling of the same type.
+        if normalised.contains_key(&new_key) && key != new_key {
+            continue;
+        }
+        normalised.insert(new_key, rs);
+    }
+    spec.tf_replica_specs = normalised;
+    for rs in spec.tf_replica_specs.values_mut() {
+        if let Some(pod) = rs.template.spec.as_mut() {
+            for c in pod
+                .containers
+                .iter_mut()
+                .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
+            {
+                let ports = c.ports.get_or_insert_with(Vec::new);
+                if !ports
+                    .iter()
+                    .any(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME))
+                {
+                    ports.push(ContainerPort {
+                        name: Some(DEFAULT_PORT_NAME.to_string()),
+                        container_port: DEFAULT_PORT,
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Length of the longest name or hostname generated for a job with this name and spec (pods
+/// `<job>-<type>-<index>`; the Service and Secret are shorter or equal).
+pub fn longest_generated_name(job_name: &str, spec: &TFJobSpec) -> usize {
+    let mut longest = secret_name(job_name).len();
+    for (t, rs) in replica_specs(spec) {
+        let last = (rs.replicas.max(1) - 1).to_string();
+        longest = longest.max(job_name.len() + 1 + t.lower().len() + 1 + last.len());
+    }
+    longest
+}
+
+/// Name of the per-job Secret holding `TFJOB_TOKEN`.
+pub fn secret_name(job_name: &str) -> String {
+    format!("{job_name}-token")
+}
+
+/// Validates a TFJob (name and spec) and returns every problem found, each naming its field.
+/// An empty vector means the job is valid.
+pub fn validate(job: &TFJob) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let name = job.metadata.name.as_deref().unwrap_or("");
+    if name.is_empty() {
+        errs.push(FieldError::new("metadata.name", "is required"));
+    } else if !is_dns1035_label(name) {
+        errs.push(FieldError::new(
+            "metadata.name",
+            format!(
+                "{name:?} is not a valid DNS-1035 label: it must consist of lower case \
+                 alphanumeric characters or '-', start with a letter, end with an alphanumeric \
+                 character and be at most 63 characters"
+            ),
+        ));
+    } else {
+        let longest = longest_generated_name(name, &job.spec);
+        if longest > DNS_LABEL_MAX {
+            errs.push(FieldError::new(
+                "metadata.name",
+                format!(
+                    "{name:?} is too long: the generated pod names and hostnames would be up to \
+                     {longest} characters, the limit is {DNS_LABEL_MAX}; shorten the name by at \
+                     least {} characters",
+                    longest - DNS_LABEL_MAX
+                ),
+            ));
+        }
+    }
+    if let Some(ns) = job.metadata.namespace.as_deref() {
+        if !is_dns1123_label(ns) {
+            errs.push(FieldError::new(
+                "metadata.namespace",
+                format!("{ns:?} is not a valid DNS-1123 label"),
+            ));
+        }
+    }
+    errs.extend(validate_spec(&job.spec));
+    errs
+}
+
+/// Validates a spec alone (field paths start with `spec.`).
+pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let base = "spec.tfReplicaSpecs";
+    if spec.tf_replica_specs.is_empty() {
+        errs.push(FieldError::new(
+            base,
+            "must contain at least one replica type (Chief, Master, PS, Worker, Evaluator)",
+        ));
+    }
+    let mut seen: BTreeMap<ReplicaType, &str> = BTreeMap::new();
+    for (key, rs) in &spec.tf_replica_specs {
+        let path = format!("{base}.{key}");
+        match ReplicaType::parse(key) {
+            None => errs.push(FieldError::new(
+                &path,
+                format!(
+                    "unknown replica type {key:?}; expected one of PS, Worker, Chief, Master, \
+                     Evaluator"
+                ),
+            )),
+            Some(t) => {
+                if let Some(other) = seen.insert(t, key) {
+                    errs.push(FieldError::new(
+                        &path,
+                        format!("duplicate replica type: {key:?} and {other:?} both mean {t}"),
+                    ));
+                }
+            }
+        }
+        validate_replica(&path, rs, &mut errs);
+    }
+    let has = |t: ReplicaType| seen.contains_key(&t);
+    if has(ReplicaType::Chief) && has(ReplicaType::Master) {
+        errs.push(FieldError::new(
+            base,
+            "at most one of Chief and Master may be set",
+        ));
+    }
+    let chiefs: Vec<_> = seen
+        .iter()
+        .filter(|(t, _)| t.is_chief())
+        .map(|(_, k)| *k)
+        .collect();
+    for key in chiefs {
+        let rs = &spec.tf_replica_specs[key];
+        if rs.replicas > 1 {
+            errs.push(FieldError::new(
+                format!("{base}.{key}.replicas"),
+                format!("must be 0 or 1 for {key}, got {}", rs.replicas),
+            ));
+        }
+    }
+    if !spec.tf_replica_specs.is_empty()
+        && !(has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker))
+    {
+        errs.push(FieldError::new(
+            base,
+            "must contain a Chief, a Master or a Worker replica type",
+        ));
+    }
+    let rp = &spec.run_policy;
+    let rpath = "spec.runPolicy";
+    if let Some(v) = rp.ttl_seconds_after_finished {
+        if v < 0 {
+            errs.push(FieldError::new(
+                format!("{rpath}.ttlSecondsAfterFinished"),
+                format!("must be >= 0, got {v}"),
+            ));
+        }
+    }
+    if let Some(v) = rp.active_deadline_seconds {
+        if v < 0 {
+            errs.push(FieldError::new(
+                format!("{rpath}.activeDeadlineSeconds"),
+                format!("must be >= 0, got {v}"),
+            ));
+        }
+    }
+    if let Some(v) = rp.backoff_limit {
+        if v < 0 {
+            errs.push(FieldError::new(
+                format!("{rpath}.backoffLimit"),
+                format!("must be >= 0, got {v}"),
+            ));
+        }
+    }
+    if let Some(sp) = &rp.scheduling_policy {
+        if let Some(v) = sp.min_available {
+            if v < 0 {
+                errs.push(FieldError::new(
+                    format!("{rpath}.schedulingPolicy.minAvailable"),
+                    format!("must be >= 0, got {v}"),
+                ));
+            }
+        }
+        if let Some(v) = sp.schedule_timeout_seconds {
+            if v < 0 {
+                errs.push(FieldError::new(
+                    format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"),
+                    format!("must be >= 0, got {v}"),
+                ));
+            }
+        }
+    }
+    if let Some(m) = &rp.managed_by {
+        if m != MANAGED_BY_THIS && m != MANAGED_BY_MULTIKUEUE {
+            errs.push(FieldError::new(
+                format!("{rpath}.managedBy"),
+                format!(
+                    "unsupported value {m:?}; supported values: {MANAGED_BY_THIS:?}, \
+                     {MANAGED_BY_MULTIKUEUE:?}"
+                ),
+            ));
+        }
+    }
+    errs
+}
+
+fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
+    if rs.replicas < 0 {
+        errs.push(FieldError::new(
+            format!("{path}.replicas"),
+            format!("must be >= 0, got {}", rs.replicas),
+        ));
+    }
+    let cpath = format!("{path}.template.spec.containers");
+    let containers = rs
+        .template
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or(&[]);
+    if containers.is_empty() {
+        errs.push(FieldError::new(&cpath, "must contain at least one container"));
+        return;
+    }
+    for (i, c) in containers.iter().enumerate() {
+        if c.image.as_deref().unwrap_or("").trim().is_empty() {
+            errs.push(FieldError::new(
+                format!("{cpath}[{i}].image"),
+                format!("must not be empty (container {:?})", c.name),
+            ));
+        }
+        if c.name.is_empty() {
+            errs.push(FieldError::new(format!("{cpath}[{i}].name"), "is required"));
+        }
+    }
+    if !containers.iter().any(|c| c.name == DEFAULT_CONTAINER_NAME) {
+        errs.push(FieldError::new(
+            &cpath,
+            format!("must contain a container named {DEFAULT_CONTAINER_NAME:?}"),
+        ));
+    }
+}
+
+/// Validates an update: the new object must be valid and `spec.runPolicy.managedBy` must not
+/// change.
+pub fn validate_update(old: &TFJob, new: &TFJob) -> Vec<FieldError> {
+    let mut errs = validate(new);
+    if old.spec.run_policy.managed_by != new.spec.run_policy.managed_by {
+        errs.push(FieldError::new(
+            "spec.runPolicy.managedBy",
+            "is immutable",
+        ));
+    }
+    errs
+}
+
+/// Enum-valued fields checked on the raw document, so that one bad value does not hide the
+/// other problems: (path relative to the spec, allowed values).
+fn check_raw_enums(spec: &serde_json::Value, errs: &mut Vec<FieldError>) -> serde_json::Value {
+    use serde_json::Value;
+    let mut cleaned = spec.clone();
+    let mut check = |v: Option<&Value>, path: &str, allowed: &[&str]| -> bool {
+        match v {
+            None | Some(Value::Null) => true,
+            Some(Value::String(s)) if allowed.contains(&s.as_str()) => true,
+            Some(other) => {
+                errs.push(FieldError::new(
+                    path,
+                    format!(
+                        "unsupported value {other}; supported values: {}",
+                        allowed
+                            .iter()
+                            .map(|a| format!("{a:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+                false
+            }
+        }
+    };
+    if !check(
+        spec.get("successPolicy"),
+        "spec.successPolicy",
+        &["", "AllWorkers"],
+    ) {
+        cleaned.as_object_mut().map(|o| o.remove("successPolicy"));
+    }
+    if let Some(rp) = spec.get("runPolicy") {
+        if !check(
+            rp.get("cleanPodPolicy"),
+            "spec.runPolicy.cleanPodPolicy",
+            &["All", "Running", "None"],
+        ) {
+            cleaned["runPolicy"]
+                .as_object_mut()
+                .map(|o| o.remove("cleanPodPolicy"));
+        }
+    }
+    if let Some(Value::Object(specs)) = spec.get("tfReplicaSpecs") {
+        for (key, rs) in specs {
+            if !check(
+                rs.get("restartPolicy"),
+                &format!("spec.tfReplicaSpecs.{key}.restartPolicy"),
+                &["Always", "OnFailure", "Never", "ExitCode"],
+            ) {
+                cleaned["tfReplicaSpecs"][key]
+                    .as_object_mut()
+                    .map(|o| o.remove("restartPolicy"));
+            }
+        }
+    }
+    cleaned
+}
+
+/// Parses one document (already known to be a TFJob) and validates it, reporting every problem
+/// at once. On success returns the job with defaults applied.
+pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErrors> {
+    let mut errs = Vec::new();
+    let mut doc = doc;
+    if let Some(spec) = doc.get("spec") {
+        let cleaned = check_raw_enums(spec, &mut errs);
+        doc["spec"] = cleaned;
+    } else {
+        errs.push(FieldError::new("spec", "is required"));
+    }
+    match serde_json::from_value::<TFJob>(doc) {
+        Ok(mut job) => {
+            errs.extend(validate(&job));
+            if errs.is_empty() {
+                apply_defaults(&mut job.spec);
+                Ok(job)
+            } else {
+                Err(ValidationErrors(errs))
+            }
+        }
+        Err(e) => {
+            errs.push(FieldError::new("spec", format!("cannot be decoded: {e}")));
+            Err(ValidationErrors(errs))
+        }
+    }
+}
+
+/// Outcome of loading one document of a manifest.
+pub type LoadedJob = Result<TFJob, ManifestError>;
+
+/// Splits a (possibly multi-document) YAML manifest and parses + validates every TFJob in it.
+/// Documents that are not TFJobs are reported as errors; empty documents are skipped.
+pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
+    let mut out = Vec::new();
+    for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_yaml::Value::deserialize(de)?;
+        if value.is_null() {
+            continue;
+        }
+        let json: serde_json::Value = serde_json::to_value(&value)
+            .map_err(|e| <serde_yaml::Error as serde::de::Error>::custom(e.to_string()))?;
+        let api_version = json.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+        let kind = json.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+        if api_version != "kubeflow.org/v1" || kind != KIND {
+            out.push(Err(ManifestError::NotATFJob {
+                index,
+                found: format!("apiVersion {api_version:?}, kind {kind:?}"),
+            }));
+            continue;
+        }
+        let name = json
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("<unnamed>")
+            .to_string();
+        out.push(parse_and_validate(json).map_err(|errors| ManifestError::Invalid { name, errors }));
+    }
+    Ok(out)
+}
+
+impl TFJob {
+    /// The job's name (empty when unset).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+
+    /// Whether the job is managed by another controller (e.g. MultiKueue) and must be skipped.
+    pub fn managed_elsewhere(&self) -> bool {
+        matches!(self.spec.run_policy.managed_by.as_deref(), Some(m) if m != MANAGED_BY_THIS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    fn job(yaml: &str) -> serde_json::Value {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    const VALID: &str = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: mnist, namespace: default}
+spec:
+  tfReplicaSpecs:
+    ps:
+      template:
+        spec:
+          containers: [{name: tensorflow, image: "tfjob-runtime:latest"}]
+    WORKER:
+      replicas: 2
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers: [{name: tensorflow, image: "tfjob-runtime:latest"}]
+"#;
+
+    #[test]
+    fn defaults_and_normalisation() {
+        let j = parse_and_validate(job(VALID)).unwrap();
+        let keys: Vec<_> = j.spec.tf_replica_specs.keys().cloned().collect();
+        assert_eq!(keys, vec!["PS".to_string(), "Worker".to_string()]);
+        let ps = &j.spec.tf_replica_specs["PS"];
+        assert_eq!(ps.replicas, 1);
+        assert_eq!(ps.restart_policy, RestartPolicy::Never);
+        let w = &j.spec.tf_replica_specs["Worker"];
+        assert_eq!(w.replicas, 2);
+        assert_eq!(w.restart_policy, RestartPolicy::OnFailure);
+        assert_eq!(j.spec.run_policy.clean_pod_policy, CleanPodPolicy::Running);
+        let ports = ps.template.spec.as_ref().unwrap().containers[0]
+            .ports
+            .clone()
+            .unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].name.as_deref(), Some("tfjob-port"));
+        assert_eq!(ports[0].container_port, 2222);
+    }
+
+    #[test]
+    fn reports_every_problem_with_field_paths() {
+        let bad = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: Bad_Name}
+spec:
+  successPolicy: Sometimes
+  runPolicy: {cleanPodPolicy: Some, backoffLimit: -1, managedBy: me}
+  tfReplicaSpecs:
+    Chief: {replicas: 1, template: {spec: {containers: [{name: tensorflow, image: x}]}}}
+    Master: {replicas: 1, template: {spec: {containers: [{name: tensorflow, image: x}]}}}
+    Worker:
+      replicas: -1
+      restartPolicy: Sometimes
+      template: {spec: {containers: [{name: main, image: ""}]}}
+    Driver: {template: {spec: {containers: [{name: tensorflow, image: x}]}}}
+    PS: {}
+"#;
+        let errs = parse_and_validate(job(bad)).unwrap_err().0;
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        for expected in [
+            "metadata.name",
+            "spec.successPolicy",
+            "spec.runPolicy.cleanPodPolicy",
+            "spec.runPolicy.backoffLimit",
+            "spec.runPolicy.managedBy",
+            "spec.tfReplicaSpecs",
+            "spec.tfReplicaSpecs.Worker.replicas",
+            "spec.tfReplicaSpecs.Worker.restartPolicy",
+            "spec.tfReplicaSpecs.Worker.template.spec.containers[0].image",
+            "spec.tfReplicaSpecs.Worker.template.spec.containers",
+            "spec.tfReplicaSpecs.Driver",
+            "spec.tfReplicaSpecs.PS.template.spec.containers",
+        ] {
+            assert!(fields.contains(&expected), "missing {expected} in {errs:#?}");
+        }
+        assert!(errs.iter().any(|e| e.message.contains("at most one of Chief and Master")));
+    }
+
+    #[test]
+    fn needs_chief_or_worker() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: onlyps}
+spec:
+  tfReplicaSpecs:
+    PS: {template: {spec: {containers: [{name: tensorflow, image: x}]}}}
+"#;
+        let errs = parse_and_validate(job(y)).unwrap_err().0;
+        assert_eq!(
+            errs,
+            vec![FieldError::new(
+                "spec.tfReplicaSpecs",
+                "must contain a Chief, a Master or a Worker replica type"
+            )]
+        );
+    }
+
+    #[test]
+    fn name_length_accounts_for_generated_names() {
+        // 63 - len("-worker-") - len("9") = 54 characters is the longest name for 10 workers.
+        let ok = "a".repeat(54);
+        let too_long = "a".repeat(55);
+        for (name, valid) in [(ok, true), (too_long, false)] {
+            let y = format!(
+                "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: {name}}}\nspec:\n  tfReplicaSpecs:\n    Worker: {{replicas: 10, template: {{spec: {{containers: [{{name: tensorflow, image: x}}]}}}}}}\n"
+            );
+            let r = parse_and_validate(job(&y));
+            assert_eq!(r.is_ok(), valid, "{name}: {r:?}");
+            if let Err(e) = r {
+                assert_eq!(e.0[0].field, "metadata.name");
+                assert!(e.0[0].message.contains("64 characters"), "{}", e.0[0].message);
+            }
+        }
+    }
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns1035_label("mnist-1"));
+        assert!(!is_dns1035_label("1mnist"));
+        assert!(!is_dns1035_label("mnist-"));
+        assert!(!is_dns1035_label("MNIST"));
+        assert!(!is_dns1035_label(""));
+        assert!(is_dns1123_label("1abc"));
+    }
+
+    #[test]
+    fn managed_by_is_immutable() {
+        let a = parse_and_validate(job(VALID)).unwrap();
+        let mut b = a.clone();
+        b.spec.run_policy.managed_by = Some(MANAGED_BY_MULTIKUEUE.into());
+        assert!(validate_update(&a, &b)
+            .iter()
+            .any(|e| e.field == "spec.runPolicy.managedBy" && e.message == "is immutable"));
+        assert!(validate_update(&a, &a).is_empty());
+        assert!(b.managed_elsewhere());
+        assert!(!a.managed_elsewhere());
+    }
+
+    #[test]
+    fn crd_schema_has_defaults_and_preserves_template() {
+        let crd = serde_json::to_value(TFJob::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let rs = &spec["properties"]["tfReplicaSpecs"]["additionalProperties"];
+        assert_eq!(rs["properties"]["replicas"]["default"], 1);
+        assert_eq!(rs["properties"]["restartPolicy"]["default"], "Never");
+        assert_eq!(
+            rs["properties"]["template"]["x-kubernetes-preserve-unknown-fields"],
+            true
+        );
+        let rp = &spec["properties"]["runPolicy"];
+        assert_eq!(rp["properties"]["cleanPodPolicy"]["default"], "Running");
+        assert_eq!(crd["spec"]["names"]["plural"], "tfjobs");
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+    }
+}

@@ -1,0 +1,739 @@
+//! Pure planning: which replicas a TFJob has, their `TF_CONFIG`, and the Kubernetes objects
+//! (pods, one headless Service, a token Secret, an optional PodGroup) that run them.
+//!
+//! Nothing here does I/O. The two layers are:
+//! - [`plan_replicas`]: backend-neutral; every replica with its `tensorflow` container's
+//!   command, args, env and `TF_CONFIG`, with addresses from a caller-supplied [`AddressBook`].
+//!   The local backend uses `127.0.0.1:<port>`; the cluster uses [`ClusterDns`].
+//! - [`desired_objects`]: the Kubernetes objects the controller applies for a job.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{
+    EnvVar, EnvVarSource, Pod, PodSpec, SecretKeySelector, Secret, Service, ServicePort,
+    ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::ByteString;
+use serde_json::{json, Value};
+
+use crate::api::{
+    self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType,
+    RestartPolicy, TFJob, TFJobSpec,
+};
+
+/// Label: name of the operator that created the object.
+pub const LABEL_OPERATOR_NAME: &str = "training.kubeflow.org/operator-name";
+/// Label: name of the job.
+pub const LABEL_JOB_NAME: &str = "training.kubeflow.org/job-name";
+/// Label: lower-case replica type.
+pub const LABEL_REPLICA_TYPE: &str = "training.kubeflow.org/replica-type";
+/// Label: replica index.
+pub const LABEL_REPLICA_INDEX: &str = "training.kubeflow.org/replica-index";
+/// Label: `master` on the chief (or worker 0 when there is no chief).
+pub const LABEL_JOB_ROLE: &str = "training.kubeflow.org/job-role";
+/// Value of [`LABEL_OPERATOR_NAME`] (same as Kubeflow's).
+pub const OPERATOR_NAME: &str = "tfjob-controller";
+/// Environment variable holding the cluster spec.
+pub const ENV_TF_CONFIG: &str = "TF_CONFIG";
+/// Environment variable holding the job token.
+pub const ENV_TOKEN: &str = "TFJOB_TOKEN";
+/// Key of the token in the job's Secret.
+pub const SECRET_TOKEN_KEY: &str = "token";
+
+/// Resolves the `host:port` address of a replica. The cluster uses [`ClusterDns`]; the local
+/// backend maps each replica to `127.0.0.1:<free port>`.
+pub trait AddressBook {
+    /// Address (`host:port`) of replica `index` of type `rtype`; `port` is the replica type's
+    /// `tfjob-port` from the manifest.
+    fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String;
+}
+
+impl<F: Fn(ReplicaType, i32, i32) -> String> AddressBook for F {
+    fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
+        self(rtype, index, port)
+    }
+}
+
+/// Cluster addresses: `<job>-<type>-<index>.<job>.<namespace>.svc[.<domain>]:<port>`.
+#[derive(Clone, Debug)]
+pub struct ClusterDns {
+    /// Job name.
+    pub job: String,
+    /// Namespace of the job.
+    pub namespace: String,
+    /// Optional cluster domain appended after `svc` (e.g. `cluster.local`).
+    pub cluster_domain: Option<String>,
+}
+
+impl AddressBook for ClusterDns {
+    fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
+        let host = pod_name(&self.job, rtype, index);
+        match self.cluster_domain.as_deref().filter(|d| !d.is_empty()) {
+            Some(d) => format!("{host}.{}.{}.svc.{d}:{port}", self.job, self.namespace),
+            None => format!("{host}.{}.{}.svc:{port}", self.job, self.namespace),
+        }
+    }
+}
+
+/// Name of the pod of a replica: `<job>-<type>-<index>`.
+pub fn pod_name(job: &str, rtype: ReplicaType, index: i32) -> String {
+    format!("{job}-{}-{index}", rtype.lower())
+}
+
+/// One replica of a job, independent of where it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedReplica {
+    /// Replica type.
+    pub replica_type: ReplicaType,
+    /// Index within the type.
+    pub index: i32,
+    /// Pod (or process) name `<job>-<type>-<index>`.
+    pub pod_name: String,
+    /// Restart policy of the replica set.
+    pub restart_policy: RestartPolicy,
+    /// The `tfjob-port` of this replica type.
+    pub port: i32,
+    /// Address of this replica as given by the address book.
+    pub address: String,
+    /// `command` of the `tensorflow` container.
+    pub command: Vec<String>,
+    /// `args` of the `tensorflow` container.
+    pub args: Vec<String>,
+    /// Literal environment of the `tensorflow` container, followed by `TF_CONFIG` when set.
+    pub env: Vec<(String, String)>,
+    /// The `TF_CONFIG` JSON of this replica (`None` for a one-replica job).
+    pub tf_config: Option<String>,
+    /// Whether this replica carries `job-role: master`.
+    pub is_master_role: bool,
+}
+
+/// The `tfjob-port` of a replica set (port named `tfjob-port` on the `tensorflow` container,
+/// default 2222).
+pub fn replica_port(rs: &ReplicaSpec) -> i32 {
+    rs.template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == DEFAULT_CONTAINER_NAME))
+        .and_then(|c| c.ports.as_ref())
+        .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME)))
+        .map(|p| p.container_port)
+        .unwrap_or(DEFAULT_PORT)
+}
+
+/// Whether the job has more than one replica in total (Kubeflow's `isDistributed`): only then
+/// does it get `TF_CONFIG`.
+pub fn is_distributed(spec: &TFJobSpec) -> bool {
+    api::replica_specs(spec)
+        .values()
+        .map(|rs| rs.replicas.max(0) as i64)
+        .sum::<i64>()
+        != 1
+}
+
+/// Whether replica (`rtype`, `index`) carries `job-role: master`: the chief/master, or worker 0
+/// when there is no chief/master.
+pub fn is_master_role(spec: &TFJobSpec, rtype: ReplicaType, index: i32) -> bool {
+    let specs = api::replica_specs(spec);
+    if specs.keys().any(|t| t.is_chief()) {
+        rtype.is_chief()
+    } else {
+        rtype == ReplicaType::Worker && index == 0
+    }
+}
+
+/// Builds the `TF_CONFIG` of one replica: compact JSON with sorted keys,
+/// `{"cluster":{...},"environment":"cloud","task":{"index":N,"type":"..."}}`.
+///
+/// Every replica type with at least one replica appears in `cluster` (evaluator included). With
+/// `enableDynamicWorker` the cluster is sparse: a worker sees all ps and itself
+/// (`"worker":{"<index>":"<address>"}`), a ps sees itself; the chief, master and evaluator
+/// (unlike Kubeflow, issue 1763) see the full cluster so that they stay usable.
+pub fn tf_config(
+    spec: &TFJobSpec,
+    rtype: ReplicaType,
+    index: i32,
+    addresses: &dyn AddressBook,
+) -> String {
+    let specs = api::replica_specs(spec);
+    let mut full: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    for (t, rs) in &specs {
+        if rs.replicas <= 0 {
+            continue;
+        }
+        let port = replica_port(rs);
+        full.insert(
+            t.lower(),
+            (0..rs.replicas)
+                .map(|i| addresses.address(*t, i, port))
+                .collect(),
+        );
+    }
+    let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
+    let cluster: Value = if dynamic && matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
+        let own_port = specs.get(&rtype).map(|rs| replica_port(rs)).unwrap_or(DEFAULT_PORT);
+        let mut own = serde_json::Map::new();
+        own.insert(index.to_string(), json!(addresses.address(rtype, index, own_port)));
+        let mut m = serde_json::Map::new();
+        if rtype == ReplicaType::Worker {
+            if let Some(ps) = full.get("ps") {
+                m.insert("ps".into(), json!(ps));
+            }
+        }
+        m.insert(rtype.lower().into(), Value::Object(own));
+        Value::Object(m)
+    } else {
+        json!(full)
+    };
+    let cfg = json!({
+        "cluster": cluster,
+        "task": {"type": rtype.lower(), "index": index},
+        "environment": "cloud",
+    });
+    // serde_json's Map is a BTreeMap (no preserve_order feature): keys come out sorted.
+    serde_json::to_string(&cfg).unwrap_or_default()
+}
+
+/// Lists every replica of a job with what a backend needs to run it: its name, the `tensorflow`
+/// container's command/args/literal env, and its `TF_CONFIG` built from `addresses`.
+///
+/// This is the backend-neutral entry point: the Kubernetes controller, `tfjob render` and the
+/// local process backend all start from it. Replicas come in type order (Chief, Master, PS,
+/// Worker, Evaluator), then by index. Unknown replica types are skipped (validation rejects
+/// them). `TFJOB_TOKEN` is not included: each backend passes the token its own way.
+pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBook) -> Vec<PlannedReplica> {
+    let distributed = is_distributed(spec);
+    let mut out = Vec::new();
+    for (rtype, rs) in api::replica_specs(spec) {
+        let port = replica_port(rs);
+        let container = rs
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == DEFAULT_CONTAINER_NAME));
+        for index in 0..rs.replicas.max(0) {
+            let tf_config = distributed.then(|| tf_config(spec, rtype, index, addresses));
+            let mut env: Vec<(String, String)> = container
+                .and_then(|c| c.env.as_ref())
+                .map(|env| {
+                    env.iter()
+                        .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
+                        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(cfg) = &tf_config {
+                env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
+            }
+            out.push(PlannedReplica {
+                replica_type: rtype,
+                index,
+                pod_name: pod_name(job_name, rtype, index),
+                restart_policy: rs.restart_policy,
+                port,
+                address: addresses.address(rtype, index, port),
+                command: container.and_then(|c| c.command.clone()).unwrap_or_default(),
+                args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
+                env,
+                tf_config,
+                is_master_role: is_master_role(spec, rtype, index),
+            });
+        }
+    }
+    out
+}
+
+/// Gang scheduling through a PodGroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GangScheduler {
+    /// Volcano (`scheduling.volcano.sh/v1beta1` PodGroup, scheduler `volcano`).
+    Volcano,
+    /// scheduler-plugins coscheduling (`scheduling.x-k8s.io/v1alpha1` PodGroup) with the given
+    /// scheduler name.
+    SchedulerPlugins(String),
+}
+
+impl GangScheduler {
+    /// Parses an operator setting: `volcano`, or the name of a scheduler-plugins scheduler.
+    pub fn from_setting(s: &str) -> Option<GangScheduler> {
+        match s.trim() {
+            "" | "none" => None,
+            "volcano" => Some(GangScheduler::Volcano),
+            other => Some(GangScheduler::SchedulerPlugins(other.to_string())),
+        }
+    }
+
+    /// Scheduler name set on the pods.
+    pub fn scheduler_name(&self) -> &str {
+        match self {
+            GangScheduler::Volcano => "volcano",
+            GangScheduler::SchedulerPlugins(name) => name,
+        }
+    }
+}
+
+/// Settings of the planner that come from the operator rather than the manifest.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// Cluster domain appended to replica addresses (e.g. `cluster.local`).
+    pub cluster_domain: Option<String>,
+    /// Gang scheduler, if any.
+    pub gang_scheduler: Option<GangScheduler>,
+}
+
+/// Everything the controller applies for a job.
+#[derive(Clone, Debug)]
+pub struct DesiredObjects {
+    /// The token Secret (created once; the token never changes afterwards).
+    pub secret: Secret,
+    /// The headless Service.
+    pub service: Service,
+    /// One pod per replica, in [`plan_replicas`] order.
+    pub pods: Vec<Pod>,
+    /// The PodGroup when gang scheduling is configured.
+    pub pod_group: Option<Value>,
+}
+
+/// Owner reference pointing at the job (controller, blocks owner deletion).
+pub fn owner_reference(job: &TFJob) -> OwnerReference {
+    OwnerReference {
+        api_version: format!("{}/{}", api::GROUP, api::VERSION),
+        kind: api::KIND.to_string(),
+        name: job.name().to_string(),
+        uid: job.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Labels common to every object of a job.
+pub fn job_labels(job_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_OPERATOR_NAME.to_string(), OPERATOR_NAME.to_string()),
+        (LABEL_JOB_NAME.to_string(), job_name.to_string()),
+    ])
+}
+
+/// Label selector (as a string) of the pods of one replica type.
+pub fn replica_selector(job_name: &str, rtype: ReplicaType) -> String {
+    format!(
+        "{LABEL_JOB_NAME}={job_name},{LABEL_OPERATOR_NAME}={OPERATOR_NAME},{LABEL_REPLICA_TYPE}={}",
+        rtype.lower()
+    )
+}
+
+fn meta(job: &TFJob, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: job.metadata.namespace.clone(),
+        labels: Some(labels),
+        owner_references: Some(vec![owner_reference(job)]),
+        ..Default::default()
+    }
+}
+
+fn namespace(job: &TFJob) -> String {
+    job.metadata.namespace.clone().unwrap_or_else(|| "default".to_string())
+}
+
+/// The token Secret of a job (`<job>-token`, key `token`).
+pub fn build_secret(job: &TFJob, token: &str) -> Secret {
+    Secret {
+        metadata: meta(job, api::secret_name(job.name()), job_labels(job.name())),
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            SECRET_TOKEN_KEY.to_string(),
+            ByteString(token.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// The headless Service `<job>` that gives every replica its DNS name.
+pub fn build_service(job: &TFJob) -> Service {
+    let ports: BTreeSet<i32> = api::replica_specs(&job.spec)
+        .values()
+        .map(|rs| replica_port(rs))
+        .collect();
+    let ports = ports
+        .into_iter()
+        .enumerate()
+        .map(|(i, port)| ServicePort {
+            name: Some(if i == 0 {
+                DEFAULT_PORT_NAME.to_string()
+            } else {
+                format!("{DEFAULT_PORT_NAME}-{port}")
+            }),
+            port,
+            target_port: None,
+            ..Default::default()
+        })
+        .collect();
+    Service {
+        metadata: meta(job, job.name().to_string(), job_labels(job.name())),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(job_labels(job.name())),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod of one planned replica.
+pub fn build_pod(job: &TFJob, replica: &PlannedReplica, opts: &PlanOptions) -> Pod {
+    let rs = api::replica_specs(&job.spec)
+        .get(&replica.replica_type)
+        .map(|rs| (*rs).clone())
+        .unwrap_or_default();
+    let template = rs.template;
+    let mut labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    labels.extend(job_labels(job.name()));
+    labels.insert(LABEL_REPLICA_TYPE.into(), replica.replica_type.lower().into());
+    labels.insert(LABEL_REPLICA_INDEX.into(), replica.index.to_string());
+    if replica.is_master_role {
+        labels.insert(LABEL_JOB_ROLE.into(), "master".into());
+    }
+    let mut metadata = meta(job, replica.pod_name.clone(), labels);
+    metadata.annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone());
+    let mut spec: PodSpec = template.spec.unwrap_or_default();
+    spec.hostname = Some(replica.pod_name.clone());
+    spec.subdomain = Some(job.name().to_string());
+    spec.restart_policy = Some(replica.restart_policy.pod_restart_policy().to_string());
+    if let Some(gang) = &opts.gang_scheduler {
+        spec.scheduler_name = Some(gang.scheduler_name().to_string());
+        match gang {
+            GangScheduler::Volcano => {
+                metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert("scheduling.k8s.io/group-name".into(), job.name().to_string());
+            }
+            GangScheduler::SchedulerPlugins(_) => {
+                metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert("scheduling.x-k8s.io/pod-group".into(), job.name().to_string());
+            }
+        }
+    }
+    for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != ENV_TF_CONFIG && e.name != ENV_TOKEN);
+        if let Some(cfg) = &replica.tf_config {
+            env.push(EnvVar {
+                name: ENV_TF_CONFIG.into(),
+                value: Some(cfg.clone()),
+                value_from: None,
+            });
+        }
+        env.push(EnvVar {
+            name: ENV_TOKEN.into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: api::secret_name(job.name()),
+                    key: SECRET_TOKEN_KEY.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+        });
+    }
+    Pod {
+        metadata,
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// Total number of replicas of a job.
+pub fn total_replicas(spec: &TFJobSpec) -> i32 {
+    api::replica_specs(spec).values().map(|rs| rs.replicas.max(0)).sum()
+}
+
+/// The PodGroup of a job for the configured gang scheduler.
+pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
+    let sp = job.spec.run_policy.scheduling_policy.clone().unwrap_or_default();
+    let min_member = sp.min_available.unwrap_or_else(|| total_replicas(&job.spec));
+    let owner = serde_json::to_value(owner_reference(job)).unwrap_or(Value::Null);
+    let mut spec = serde_json::Map::new();
+    spec.insert("minMember".into(), json!(min_member));
+    if let Some(r) = &sp.min_resources {
+        spec.insert("minResources".into(), json!(r));
+    }
+    let api_version = match gang {
+        GangScheduler::Volcano => {
+            if let Some(q) = &sp.queue {
+                spec.insert("queue".into(), json!(q));
+            }
+            if let Some(p) = &sp.priority_class {
+                spec.insert("priorityClassName".into(), json!(p));
+            }
+            "scheduling.volcano.sh/v1beta1"
+        }
+        GangScheduler::SchedulerPlugins(_) => {
+            if let Some(t) = sp.schedule_timeout_seconds {
+                spec.insert("scheduleTimeoutSeconds".into(), json!(t));
+            }
+            "scheduling.x-k8s.io/v1alpha1"
+        }
+    };
+    json!({
+        "apiVersion": api_version,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": job.name(),
+            "namespace": namespace(job),
+            "labels": job_labels(job.name()),
+            "ownerReferences": [owner],
+        },
+        "spec": Value::Object(spec),
+    })
+}
+
+/// All objects the controller applies for a (defaulted, valid) job: Secret, headless Service,
+/// one pod per replica and, with a gang scheduler, a PodGroup.
+pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredObjects {
+    let dns = ClusterDns {
+        job: job.name().to_string(),
+        namespace: namespace(job),
+        cluster_domain: opts.cluster_domain.clone(),
+    };
+    let pods = plan_replicas(job.name(), &job.spec, &dns)
+        .iter()
+        .map(|r| build_pod(job, r, opts))
+        .collect();
+    DesiredObjects {
+        secret: build_secret(job, token),
+        service: build_service(job),
+        pods,
+        pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
+    }
+}
+
+/// Generates a random job token (64 hex characters).
+pub fn random_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::parse_and_validate;
+
+    fn job(yaml: &str) -> TFJob {
+        parse_and_validate(serde_yaml::from_str(yaml).unwrap()).unwrap()
+    }
+
+    fn mnist(extra_spec: &str, types: &[(&str, i32)]) -> TFJob {
+        let mut y = String::from(
+            "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: mnist, namespace: default, uid: u-1}\nspec:\n",
+        );
+        y.push_str(extra_spec);
+        y.push_str("  tfReplicaSpecs:\n");
+        for (t, n) in types {
+            y.push_str(&format!(
+                "    {t}:\n      replicas: {n}\n      template:\n        spec:\n          containers: [{{name: tensorflow, image: \"tfjob-runtime:latest\", command: [tfjob-runtime], args: [\"--model=linear\"]}}]\n"
+            ));
+        }
+        job(&y)
+    }
+
+    fn cfg_of(j: &TFJob, name: &str) -> Option<String> {
+        let dns = ClusterDns { job: "mnist".into(), namespace: "default".into(), cluster_domain: None };
+        plan_replicas(j.name(), &j.spec, &dns)
+            .into_iter()
+            .find(|r| r.pod_name == name)
+            .unwrap()
+            .tf_config
+    }
+
+    #[test]
+    fn tf_config_table() {
+        let ps_workers = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let with_chief = mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 1)]);
+        let dynamic = mnist("  enableDynamicWorker: true\n", &[("Chief", 1), ("PS", 2), ("Worker", 2)]);
+        let single = mnist("", &[("Worker", 1)]);
+        let cases: Vec<(&TFJob, &str, Option<&str>)> = vec![
+            (&ps_workers, "mnist-worker-1", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)),
+            (&ps_workers, "mnist-ps-0", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"ps"}}"#)),
+            (&with_chief, "mnist-evaluator-0", Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"evaluator":["mnist-evaluator-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"evaluator"}}"#)),
+            (&dynamic, "mnist-worker-1", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":{"1":"mnist-worker-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)),
+            (&dynamic, "mnist-ps-1", Some(r#"{"cluster":{"ps":{"1":"mnist-ps-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"ps"}}"#)),
+            (&dynamic, "mnist-chief-0", Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#)),
+            (&single, "mnist-worker-0", None),
+        ];
+        for (j, name, expected) in cases {
+            assert_eq!(cfg_of(j, name).as_deref(), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn cluster_domain_and_custom_port() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: dist, namespace: team-a}
+spec:
+  tfReplicaSpecs:
+    Worker:
+      replicas: 2
+      template:
+        spec:
+          containers:
+          - name: tensorflow
+            image: img
+            ports: [{name: tfjob-port, containerPort: 3333}]
+"#;
+        let j = job(y);
+        let dns = ClusterDns { job: "dist".into(), namespace: "team-a".into(), cluster_domain: Some("cluster.local".into()) };
+        let r = plan_replicas("dist", &j.spec, &dns);
+        assert_eq!(r[0].address, "dist-worker-0.dist.team-a.svc.cluster.local:3333");
+        assert_eq!(
+            r[0].tf_config.as_deref(),
+            Some(r#"{"cluster":{"worker":["dist-worker-0.dist.team-a.svc.cluster.local:3333","dist-worker-1.dist.team-a.svc.cluster.local:3333"]},"environment":"cloud","task":{"index":0,"type":"worker"}}"#)
+        );
+        let svc = build_service(&j);
+        let ports = svc.spec.unwrap().ports.unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].port, 3333);
+    }
+
+    #[test]
+    fn local_addresses_come_from_the_caller() {
+        let j = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let local = |t: ReplicaType, i: i32, _port: i32| {
+            let base = match t { ReplicaType::PS => 5000, _ => 6000 };
+            format!("127.0.0.1:{}", base + i)
+        };
+        let r = plan_replicas("mnist", &j.spec, &local);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].pod_name, "mnist-ps-0");
+        assert_eq!(r[0].command, vec!["tfjob-runtime".to_string()]);
+        assert_eq!(r[0].args, vec!["--model=linear".to_string()]);
+        assert_eq!(
+            r[2].tf_config.as_deref(),
+            Some(r#"{"cluster":{"ps":["127.0.0.1:5000"],"worker":["127.0.0.1:6000","127.0.0.1:6001"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)
+        );
+        assert_eq!(r[2].env.last().unwrap().0, "TF_CONFIG");
+        assert!(r[1].is_master_role && !r[2].is_master_role && !r[0].is_master_role);
+    }
+
+    #[test]
+    fn pod_spec() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: mnist, namespace: default, uid: u-1}
+spec:
+  tfReplicaSpecs:
+    Chief:
+      template:
+        metadata: {labels: {team: a}, annotations: {note: x}}
+        spec:
+          containers: [{name: tensorflow, image: img, env: [{name: A, value: b}, {name: TF_CONFIG, value: stale}]}]
+    Worker:
+      replicas: 1
+      restartPolicy: ExitCode
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img}, {name: sidecar, image: side}]
+"#;
+        let j = job(y);
+        let d = desired_objects(&j, "tok", &PlanOptions::default());
+        assert_eq!(d.pods.len(), 2);
+        let chief = &d.pods[0];
+        let m = &chief.metadata;
+        assert_eq!(m.name.as_deref(), Some("mnist-chief-0"));
+        let labels = m.labels.clone().unwrap();
+        let expected: BTreeMap<String, String> = [
+            ("team", "a"),
+            (LABEL_OPERATOR_NAME, OPERATOR_NAME),
+            (LABEL_JOB_NAME, "mnist"),
+            (LABEL_REPLICA_TYPE, "chief"),
+            (LABEL_REPLICA_INDEX, "0"),
+            (LABEL_JOB_ROLE, "master"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(labels, expected);
+        assert_eq!(m.annotations.clone().unwrap()["note"], "x");
+        let owner = &m.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller), ("TFJob", "mnist", "u-1", Some(true)));
+        let spec = chief.spec.as_ref().unwrap();
+        assert_eq!(spec.hostname.as_deref(), Some("mnist-chief-0"));
+        assert_eq!(spec.subdomain.as_deref(), Some("mnist"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let env = spec.containers[0].env.clone().unwrap();
+        let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, vec!["A", "TF_CONFIG", "TFJOB_TOKEN"]);
+        assert_eq!(env[1].value.as_deref(), Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#));
+        let sel = env[2].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((sel.name.as_str(), sel.key.as_str()), ("mnist-token", "token"));
+        let worker = &d.pods[1];
+        let wl = worker.metadata.labels.clone().unwrap();
+        assert!(!wl.contains_key(LABEL_JOB_ROLE));
+        let ws = worker.spec.as_ref().unwrap();
+        assert_eq!(ws.restart_policy.as_deref(), Some("Never"));
+        assert!(ws.containers[1].env.is_none(), "sidecar untouched");
+        assert_eq!(ws.containers[0].ports.as_ref().unwrap()[0].container_port, 2222);
+
+        let svc = &d.service;
+        assert_eq!(svc.metadata.name.as_deref(), Some("mnist"));
+        let ss = svc.spec.as_ref().unwrap();
+        assert_eq!(ss.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(ss.publish_not_ready_addresses, Some(true));
+        assert_eq!(ss.selector.clone().unwrap(), job_labels("mnist"));
+        assert_eq!(d.secret.metadata.name.as_deref(), Some("mnist-token"));
+        assert_eq!(d.secret.data.as_ref().unwrap()["token"].0, b"tok".to_vec());
+        assert!(d.pod_group.is_none());
+    }
+
+    #[test]
+    fn gang_scheduling() {
+        let j = mnist(
+            "  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n",
+            &[("PS", 2), ("Worker", 3)],
+        );
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) };
+        let d = desired_objects(&j, "t", &opts);
+        let pg = d.pod_group.unwrap();
+        assert_eq!(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
+        assert_eq!(pg["metadata"]["name"], "mnist");
+        assert_eq!(pg["spec"], json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"}));
+        let p = &d.pods[0];
+        assert_eq!(p.spec.as_ref().unwrap().scheduler_name.as_deref(), Some("volcano"));
+        assert_eq!(p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"], "mnist");
+
+        let j2 = mnist("  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n", &[("Worker", 3)]);
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler") };
+        let d = desired_objects(&j2, "t", &opts);
+        let pg = d.pod_group.unwrap();
+        assert_eq!(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+        assert_eq!(pg["spec"], json!({"minMember": 2, "scheduleTimeoutSeconds": 30}));
+        assert_eq!(d.pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"], "mnist");
+        assert_eq!(d.pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+    }
+
+    #[test]
+    fn scaling_changes_the_cluster_of_new_pods() {
+        let small = mnist("", &[("Worker", 2)]);
+        let big = mnist("", &[("Worker", 3)]);
+        assert_eq!(cfg_of(&small, "mnist-worker-0").unwrap().matches("mnist-worker-").count(), 2);
+        assert_eq!(cfg_of(&big, "mnist-worker-2").unwrap().matches("mnist-worker-").count(), 3);
+    }
+
+    #[test]
+    fn tokens_are_random() {
+        let a = random_token();
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, random_token());
+    }
+}
