@@ -237,7 +237,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
     if let Ok(mut f) = File::open(path) {
         let _ = f.read_to_string(&mut text);
     }
-    let all: Vec<&str> = text.lines().collect();
+    // kube-* components dump every flag at startup; that is noise in an error message.
+    let all: Vec<&str> = text.lines().filter(|l| !l.contains("] FLAG: --")).collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
@@ -327,7 +328,6 @@ pub fn base64(data: &[u8]) -> String {
 enum Credentials<'a> {
     ClientCert { cert: &'a str, key: &'a str },
     Token(&'a str),
-    Anonymous,
 }
 
 fn kubeconfig_yaml(server: &str, ca_pem: Option<&str>, user: &str, creds: Credentials<'_>) -> String {
@@ -350,9 +350,6 @@ fn kubeconfig_yaml(server: &str, ca_pem: Option<&str>, user: &str, creds: Creden
         }
         Credentials::Token(token) => {
             let _ = writeln!(y, "    token: {token}");
-        }
-        Credentials::Anonymous => {
-            let _ = writeln!(y, "    {{}}");
         }
     }
     let _ = writeln!(
@@ -499,7 +496,7 @@ impl ControlPlane {
 
     fn boot(&mut self) -> Result<()> {
         let dir = self.dir.clone();
-        for sub in ["pki", "logs", "etcd", "home", "kcm"] {
+        for sub in ["pki", "logs", "home", "kcm"] {
             fs::create_dir_all(dir.join(sub))?;
         }
         let pki_dir = dir.join("pki");
@@ -541,8 +538,13 @@ impl ControlPlane {
             &[],
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         )?;
+        // Service-account token signing key pair (ECDSA P-256): the API server signs with the
+        // private key and verifies with the public one.
         let sa_key = pki_dir.join("sa.key");
-        write_private(&sa_key, &rcgen::KeyPair::generate()?.serialize_pem())?;
+        let sa_pub = pki_dir.join("sa.pub");
+        let sa_pair = rcgen::KeyPair::generate()?;
+        write_private(&sa_key, &sa_pair.serialize_pem())?;
+        fs::write(&sa_pub, sa_pair.public_key_pem())?;
 
         let ca_pem = Some(pki.ca_cert.as_str());
         fs::write(
@@ -565,9 +567,17 @@ impl ControlPlane {
             ),
         )?;
         let kcm_health_kubeconfig = dir.join("kcm").join("health.kubeconfig");
-        fs::write(
+        write_private(
             &kcm_health_kubeconfig,
-            kubeconfig_yaml(&format!("https://127.0.0.1:{kcm_port}"), None, "anonymous", Credentials::Anonymous),
+            // The controller manager serves with a self-signed certificate; it authenticates
+            // the admin client certificate through the API server's client CA. (An empty user
+            // would make kubectl prompt for a password.)
+            &kubeconfig_yaml(
+                &format!("https://127.0.0.1:{kcm_port}"),
+                None,
+                "admin",
+                Credentials::ClientCert { cert: &admin_cert, key: &admin_key },
+            ),
         )?;
 
         // etcd
@@ -599,6 +609,9 @@ impl ControlPlane {
             [
                 "--bind-address=127.0.0.1".to_string(),
                 "--advertise-address=127.0.0.1".into(),
+                // The endpoint reconciler refuses a loopback advertise address; the `kubernetes`
+                // Service then has no endpoints, which nothing here needs.
+                "--endpoint-reconciler-type=none".into(),
                 format!("--secure-port={apiserver_port}"),
                 format!("--cert-dir={}", dir.join("pki").display()),
                 format!("--tls-cert-file={}", pki_path("apiserver.crt")),
@@ -607,7 +620,7 @@ impl ControlPlane {
                 format!("--etcd-servers={}", self.etcd_url),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
                 format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"),
-                format!("--service-account-key-file={}", sa_key.display()),
+                format!("--service-account-key-file={}", sa_pub.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
                 "--authorization-mode=RBAC".into(),
                 "--allow-privileged=true".into(),
@@ -641,7 +654,9 @@ impl ControlPlane {
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
-                "--use-service-account-credentials=false".into(),
+                // Each controller runs as its own ServiceAccount with the bootstrap RBAC roles (as kubeadm
+                // does), so RBAC here is what a real cluster enforces.
+                "--use-service-account-credentials=true".into(),
                 "--v=1".into(),
             ],
         )?;
@@ -929,6 +944,8 @@ pub const KCM_CONTROLLERS: &[&str] = &[
     "ttl-after-finished-controller",
     "endpointslice-controller",
     "resourcequota-controller",
+    "endpoints-controller",
+    "clusterrole-aggregation-controller",
 ];
 
 fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {

@@ -165,15 +165,18 @@ fn write_chart(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Lists leftover component processes of a control plane whose directory is `dir`.
+/// Lists running etcd / kube-apiserver / kube-controller-manager processes of the control plane
+/// whose directory is `dir`.
 fn leftovers(dir: &Path) -> Vec<(u32, String)> {
     processes_mentioning(&dir.display().to_string())
         .into_iter()
-        .map(|pid| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-                .unwrap_or_default();
-            (pid, cmd)
+        .filter_map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let argv0 = raw.split(|&b| b == 0).next().unwrap_or_default();
+            let name = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?.to_str()?.to_string();
+            ["etcd", "kube-apiserver", "kube-controller-manager"]
+                .contains(&name.as_str())
+                .then(|| (pid, String::from_utf8_lossy(&raw).replace('\0', " ")))
         })
         .collect()
 }
@@ -196,22 +199,35 @@ fn dropping_the_control_plane_leaves_no_process_behind() -> Result<()> {
     Ok(())
 }
 
+/// Kills (SIGKILL) and reaps a child when dropped, so that a failing assertion leaves no
+/// `controlplane` process (and, through it, no component) running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// If the process that started the control plane is killed outright (no destructor runs), the
 /// kernel kills the components (PR_SET_PDEATHSIG).
 #[test]
 fn killing_the_owning_process_kills_the_components() -> Result<()> {
     let dir = tempfile::Builder::new().prefix("tfjob-cp-kill-").tempdir()?;
     let cp_dir = dir.path().join("cp");
-    let mut owner = Command::new(env!("CARGO_BIN_EXE_controlplane"))
-        .arg("--dir")
-        .arg(&cp_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut owner = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_controlplane"))
+            .arg("--dir")
+            .arg(&cp_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
     // Keep reading stdout open for the whole test: closing it would break the binary's output.
-    let mut stdout = std::io::BufReader::new(owner.stdout.take().unwrap());
-    let stderr = owner.stderr.take().unwrap();
+    let mut stdout = std::io::BufReader::new(owner.0.stdout.take().unwrap());
+    let stderr = owner.0.stderr.take().unwrap();
     let err_thread = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = std::io::Read::read_to_string(&mut { stderr }, &mut s);
@@ -221,16 +237,15 @@ fn killing_the_owning_process_kills_the_components() -> Result<()> {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut line)?;
     if !line.starts_with("export KUBECONFIG=") {
-        let _ = owner.kill();
-        let _ = owner.wait();
+        let _ = owner.0.kill(); // so that its stderr ends
         bail!("controlplane did not start: {line}\n{}", err_thread.join().unwrap_or_default());
     }
     let cp_dir = std::fs::canonicalize(&cp_dir)?;
     let running = leftovers(&cp_dir);
     assert_eq!(running.len(), 3, "{running:?}");
 
-    owner.kill()?; // SIGKILL: no destructor, no signal handler
-    owner.wait()?;
+    owner.0.kill()?; // SIGKILL: no destructor, no signal handler
+    owner.0.wait()?;
     eventually("the components die with their owner", Duration::from_secs(20), || Ok(leftovers(&cp_dir).is_empty()))
         .with_context(|| format!("still running: {:?}", leftovers(&cp_dir)))?;
     Ok(())
@@ -241,18 +256,18 @@ fn killing_the_owning_process_kills_the_components() -> Result<()> {
 fn controlplane_binary_stops_on_sigint() -> Result<()> {
     let dir = tempfile::Builder::new().prefix("tfjob-cp-int-").tempdir()?;
     let cp_dir = dir.path().join("cp");
-    let mut owner = Command::new(env!("CARGO_BIN_EXE_controlplane"))
-        .arg(format!("--dir={}", cp_dir.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut stdout = std::io::BufReader::new(owner.stdout.take().unwrap());
+    let mut owner = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_controlplane"))
+            .arg(format!("--dir={}", cp_dir.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let mut stdout = std::io::BufReader::new(owner.0.stdout.take().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut line)?;
     if !line.starts_with("export KUBECONFIG=") {
-        let _ = owner.kill();
-        let _ = owner.wait();
         bail!("controlplane did not start: {line}");
     }
     let kubeconfig = line.trim().trim_start_matches("export KUBECONFIG=");
@@ -260,9 +275,9 @@ fn controlplane_binary_stops_on_sigint() -> Result<()> {
     let cp_dir = std::fs::canonicalize(&cp_dir)?;
     // SAFETY: sends SIGINT to our own child.
     unsafe {
-        libc::kill(owner.id() as libc::pid_t, libc::SIGINT);
+        libc::kill(owner.0.id() as libc::pid_t, libc::SIGINT);
     }
-    let status = owner.wait()?;
+    let status = owner.0.wait()?;
     assert!(status.success(), "controlplane exited with {status}");
     assert_eq!(leftovers(&cp_dir), vec![], "processes left after Ctrl-C");
     Ok(())

@@ -10,6 +10,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 
 use tfjob_tests::controlplane::{ControlPlane, Options};
 
@@ -43,8 +45,9 @@ fn main() -> ExitCode {
         }
     }
 
-    // Block the stop signals in every thread (threads inherit the mask; children get a clean mask
-    // from the harness) and wait for them synchronously below.
+    // Block the stop signals in every thread (threads inherit the mask; the harness gives the
+    // components a clean mask) and take them synchronously in one thread. During startup a signal
+    // exits at once: the kernel then kills the components (they run with PR_SET_PDEATHSIG).
     // SAFETY: plain libc signal-mask calls before any other thread exists.
     let signals = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -55,6 +58,22 @@ fn main() -> ExitCode {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
+    static READY: AtomicBool = AtomicBool::new(false);
+    let (stop_tx, stop_rx) = mpsc::channel::<libc::c_int>();
+    std::thread::spawn(move || {
+        loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: waits for one of the blocked signals.
+            if unsafe { libc::sigwait(&signals, &mut sig) } != 0 {
+                continue;
+            }
+            if !READY.load(Ordering::SeqCst) {
+                eprintln!("\nsignal {sig} during startup: exiting");
+                std::process::exit(130);
+            }
+            let _ = stop_tx.send(sig);
+        }
+    });
 
     eprintln!("starting the control plane ...");
     let cp = match ControlPlane::start_with(options) {
@@ -64,6 +83,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // From now on a signal stops the control plane cleanly (set before anything is printed, so
+    // that whoever reacts to the output cannot race it).
+    READY.store(true, Ordering::SeqCst);
     let v = cp.versions();
     eprintln!(
         "control plane ready: Kubernetes {} (etcd {}, helm {}) at {}\n\
@@ -85,11 +107,7 @@ fn main() -> ExitCode {
     );
     eprintln!("press Ctrl-C to stop it");
 
-    let mut sig: libc::c_int = 0;
-    // SAFETY: waits for one of the blocked signals.
-    unsafe {
-        libc::sigwait(&signals, &mut sig);
-    }
+    let sig = stop_rx.recv().unwrap_or(0);
     eprintln!("\nsignal {sig}: stopping the control plane ...");
     cp.stop();
     eprintln!("stopped");
