@@ -105,22 +105,22 @@ fn loud(what: &str, err: impl std::fmt::Display) -> anyhow::Error {
 /// machine; progress goes to stderr) and returns the directory that holds them.
 pub fn ensure_binaries() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
-        let dir = PathBuf::from(dir);
-        for b in BINARIES {
-            if !dir.join(b).is_file() {
-                return Err(loud(
-                    "missing binary",
-                    format!("{BIN_DIR_ENV}={} has no `{b}`", dir.display()),
-                ));
-            }
-        }
-        return Ok(dir);
+        return check_bin_dir(PathBuf::from(dir));
     }
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| run_build_script().map_err(|e| format!("{e:#}")))
         .clone()
         .map_err(|e| loud("the build failed", e))
+}
+
+fn check_bin_dir(dir: PathBuf) -> Result<PathBuf> {
+    for b in BINARIES {
+        if !dir.join(b).is_file() {
+            return Err(loud("missing binary", format!("{BIN_DIR_ENV}={} has no `{b}`", dir.display())));
+        }
+    }
+    Ok(dir)
 }
 
 fn run_build_script() -> Result<PathBuf> {
@@ -819,6 +819,14 @@ impl ControlPlane {
         cmd
     }
 
+    /// Like [`command`](Self::command) but with `KUBECONFIG` set to `kubeconfig` (e.g. one from
+    /// [`service_account_kubeconfig`](Self::service_account_kubeconfig)).
+    pub fn command_with_kubeconfig(&self, binary: &str, kubeconfig: &Path) -> Command {
+        let mut cmd = self.command(binary);
+        cmd.env("KUBECONFIG", kubeconfig);
+        cmd
+    }
+
     /// Runs kubectl as admin and returns its output, whatever the exit status.
     pub fn kubectl<I, S>(&self, args: I) -> Result<Output>
     where
@@ -1033,6 +1041,15 @@ mod tests {
         assert!(v.kubernetes.starts_with("v1."), "{v:?}");
         assert!(v.helm.starts_with("v4."), "{v:?}");
         assert!(v.etcd.starts_with("v3."), "{v:?}");
+    }
+
+    #[test]
+    fn a_bin_dir_without_the_binaries_is_a_loud_error() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = format!("{:#}", check_bin_dir(empty.path().to_path_buf()).unwrap_err());
+        assert!(err.contains("TEST CONTROL PLANE UNAVAILABLE"), "{err}");
+        assert!(err.contains("has no `etcd`"), "{err}");
+        assert!(err.contains("FAIL instead of being skipped"), "{err}");
     }
 
     #[test]

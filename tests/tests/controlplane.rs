@@ -94,11 +94,7 @@ fn service_account_is_forbidden_until_rbac_allows_it() -> Result<()> {
     let ns = cp.create_namespace("rbac")?;
     cp.kubectl_ok(["create", "configmap", "visible", "-n", &ns])?;
     let kubeconfig = cp.service_account_kubeconfig(&ns, "reader")?;
-    let as_reader = |args: &[&str]| {
-        let mut cmd = cp.command("kubectl");
-        cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
-        cmd.output()
-    };
+    let as_reader = |args: &[&str]| cp.command_with_kubeconfig("kubectl", &kubeconfig).args(args).output();
 
     let who = as_reader(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"])?;
     assert_eq!(String::from_utf8_lossy(&who.stdout), format!("system:serviceaccount:{ns}:reader"));
