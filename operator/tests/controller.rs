@@ -1,0 +1,352 @@
+//! The reconcile function against an in-memory fake API server: every test goes through the
+//! real kube client calls (list, get, create, server-side apply, status patch, delete, events).
+
+mod fake;
+
+use std::sync::Arc;
+
+use fake::FakeApi;
+use serde_json::{Value, json};
+use tfjob_operator::api::TFJob;
+use tfjob_operator::kube::{Context, reconcile};
+use tfjob_operator::plan::{GangScheduler, PlanOptions};
+
+const JOBS: &str = "/apis/kubeflow.org/v1/namespaces/ns/tfjobs";
+const PODS: &str = "/api/v1/namespaces/ns/pods";
+const SVCS: &str = "/api/v1/namespaces/ns/services";
+const SECRETS: &str = "/api/v1/namespaces/ns/secrets";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+fn job(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": spec,
+    })
+}
+
+fn replica(n: i32, policy: &str) -> Value {
+    json!({
+        "replicas": n,
+        "restartPolicy": policy,
+        "template": {"spec": {"containers": [{"name": "tensorflow", "image": "tfjob-runtime:latest", "command": ["tfjob-runtime"]}]}}
+    })
+}
+
+struct Harness {
+    api: FakeApi,
+    ctx: Arc<Context>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with_opts(PlanOptions::default())
+    }
+
+    fn with_opts(opts: PlanOptions) -> Self {
+        let api = FakeApi::default();
+        let ctx = Arc::new(Context::new(api.client(), opts));
+        Harness { api, ctx }
+    }
+
+    fn job(&self, name: &str) -> Option<TFJob> {
+        self.api
+            .get(&format!("{JOBS}/{name}"))
+            .map(|v| serde_json::from_value(v).unwrap())
+    }
+
+    async fn reconcile(&self, name: &str) -> kube::runtime::controller::Action {
+        let job = self.job(name).expect("job exists");
+        reconcile(Arc::new(job), self.ctx.clone()).await.expect("reconcile succeeds")
+    }
+
+    fn pods(&self) -> Vec<String> {
+        self.api.names(PODS)
+    }
+
+    fn set_pod(&self, name: &str, phase: &str, exit_code: Option<i32>, restarts: i32) {
+        self.api.update(&format!("{PODS}/{name}"), |p| {
+            let state = match exit_code {
+                Some(code) => json!({"terminated": {"exitCode": code}}),
+                None => json!({"running": {}}),
+            };
+            p["status"] = json!({
+                "phase": phase,
+                "containerStatuses": [{
+                    "name": "tensorflow", "image": "img", "imageID": "", "ready": phase == "Running",
+                    "restartCount": restarts, "state": state
+                }]
+            });
+        });
+    }
+
+    fn conditions(&self, name: &str) -> Vec<(String, String, String)> {
+        self.job(name)
+            .unwrap()
+            .status
+            .unwrap_or_default()
+            .conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone().unwrap_or_default()))
+            .collect()
+    }
+
+    fn event_reasons(&self) -> Vec<(String, String)> {
+        let st = self.api.state.lock().unwrap();
+        st.objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(EVENTS))
+            .map(|(_, e)| (e["type"].as_str().unwrap_or("").to_string(), e["reason"].as_str().unwrap_or("").to_string()))
+            .collect()
+    }
+}
+
+fn env_of(pod: &Value, name: &str) -> Option<String> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].as_str().map(str::to_string).unwrap_or_else(|| e["valueFrom"].to_string()))
+}
+
+fn c(t: &str, s: &str, r: &str) -> (String, String, String) {
+    (t.into(), s.into(), r.into())
+}
+
+#[tokio::test]
+async fn new_job_gets_its_objects_and_status() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("mnist", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
+    h.reconcile("mnist").await;
+
+    assert_eq!(h.pods(), vec!["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"]);
+    let w1 = h.api.get(&format!("{PODS}/mnist-worker-1")).unwrap();
+    assert_eq!(
+        env_of(&w1, "TF_CONFIG").as_deref(),
+        Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.ns.svc:2222"],"worker":["mnist-worker-0.mnist.ns.svc:2222","mnist-worker-1.mnist.ns.svc:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)
+    );
+    assert!(env_of(&w1, "TFJOB_TOKEN").unwrap().contains("mnist-token"));
+    let uid = h.job("mnist").unwrap().metadata.uid.unwrap();
+    assert_eq!(w1["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_eq!(w1["spec"]["subdomain"], "mnist");
+
+    let svc = h.api.get(&format!("{SVCS}/mnist")).unwrap();
+    assert_eq!(svc["spec"]["clusterIP"], "None");
+    assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+    let secret = h.api.get(&format!("{SECRETS}/mnist-token")).unwrap();
+    let token = secret["data"]["token"].clone();
+    assert!(token.as_str().unwrap().len() >= 64);
+
+    assert_eq!(h.conditions("mnist"), vec![c("Created", "True", "TFJobCreated")]);
+    let st = h.job("mnist").unwrap().status.unwrap();
+    assert!(st.start_time.is_some());
+    assert_eq!(st.replica_statuses["Worker"].active, 0);
+    assert_eq!(h.event_reasons(), vec![("Normal".into(), "TFJobCreated".into())]);
+
+    // A second pass changes nothing: same token, no pod writes, no status write.
+    h.api.take_log();
+    h.reconcile("mnist").await;
+    let log = h.api.take_log();
+    assert!(!log.iter().any(|l| l.starts_with("PATCH /api/v1/namespaces/ns/pods") || l.starts_with("DELETE")), "{log:#?}");
+    assert!(!log.iter().any(|l| l.ends_with("/status")), "{log:#?}");
+    assert_eq!(h.api.get(&format!("{SECRETS}/mnist-token")).unwrap()["data"]["token"], token);
+}
+
+#[tokio::test]
+async fn pod_phases_drive_the_status() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("mnist", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
+    h.reconcile("mnist").await;
+    for p in ["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"] {
+        h.set_pod(p, "Running", None, 0);
+    }
+    h.reconcile("mnist").await;
+    assert_eq!(h.conditions("mnist"), vec![c("Created", "True", "TFJobCreated"), c("Running", "True", "TFJobRunning")]);
+    let st = h.job("mnist").unwrap().status.unwrap();
+    assert_eq!((st.replica_statuses["Worker"].active, st.replica_statuses["PS"].active), (2, 1));
+
+    h.set_pod("mnist-worker-0", "Succeeded", Some(0), 0);
+    h.reconcile("mnist").await;
+    assert_eq!(
+        h.conditions("mnist"),
+        vec![c("Created", "True", "TFJobCreated"), c("Running", "False", "TFJobRunning"), c("Succeeded", "True", "TFJobSucceeded")]
+    );
+    assert!(h.job("mnist").unwrap().status.unwrap().completion_time.is_some());
+    // Default cleanPodPolicy Running: the ps and the running worker are gone, the finished pod stays.
+    assert_eq!(h.pods(), vec!["mnist-worker-0"]);
+    let reasons: Vec<_> = h.event_reasons().into_iter().map(|(_, r)| r).collect();
+    for r in ["TFJobCreated", "TFJobRunning", "TFJobSucceeded"] {
+        assert!(reasons.contains(&r.to_string()), "{reasons:?}");
+    }
+    // Terminal means terminal: a later failure report changes nothing.
+    h.api.put(PODS, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stray", "labels": {}}}));
+    h.reconcile("mnist").await;
+    assert!(h.conditions("mnist").iter().all(|(t, _, _)| t != "Failed"));
+}
+
+#[tokio::test]
+async fn failures_under_each_restart_policy() {
+    // (policy, exit code, expect job failed, expect pod recreated)
+    for (policy, code, fails, recreated) in [
+        ("Never", 1, true, false),
+        ("OnFailure", 1, false, true),
+        ("Always", 2, false, true),
+        ("ExitCode", 137, false, true),
+        ("ExitCode", 3, true, false),
+    ] {
+        let h = Harness::new();
+        h.api.put(JOBS, job("j", json!({"runPolicy": {"cleanPodPolicy": "All"}, "tfReplicaSpecs": {"Worker": replica(2, policy)}})));
+        h.reconcile("j").await;
+        h.set_pod("j-worker-0", "Running", None, 0);
+        h.set_pod("j-worker-1", "Failed", Some(code), 0);
+        h.reconcile("j").await;
+        let conds = h.conditions("j");
+        let last = conds.last().unwrap().clone();
+        if fails {
+            assert_eq!(last, c("Failed", "True", "TFJobFailed"), "{policy} {code}");
+            assert!(h.pods().is_empty(), "{policy}: cleanPodPolicy All deletes every pod");
+            assert!(h.event_reasons().contains(&("Warning".into(), "TFJobFailed".into())));
+        } else {
+            assert_eq!(last, c("Restarting", "True", "TFJobRestarting"), "{policy} {code}");
+            assert_eq!(h.pods(), vec!["j-worker-0"], "{policy}: failed pod deleted");
+        }
+        if recreated {
+            h.reconcile("j").await;
+            assert_eq!(h.pods(), vec!["j-worker-0", "j-worker-1"], "{policy}: pod recreated");
+            let st = h.job("j").unwrap().status.unwrap();
+            assert_eq!(st.replica_statuses["Worker"].recreated, 1);
+        }
+    }
+}
+
+#[tokio::test]
+async fn scaling_creates_and_deletes_replicas() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("s", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
+    h.reconcile("s").await;
+    h.api.update(&format!("{JOBS}/s"), |j| j["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = json!(3));
+    h.reconcile("s").await;
+    assert_eq!(h.pods(), vec!["s-worker-0", "s-worker-1", "s-worker-2"]);
+    let w2 = h.api.get(&format!("{PODS}/s-worker-2")).unwrap();
+    assert!(env_of(&w2, "TF_CONFIG").unwrap().contains("s-worker-2.s.ns.svc:2222"));
+    h.api.update(&format!("{JOBS}/s"), |j| j["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = json!(1));
+    h.reconcile("s").await;
+    assert_eq!(h.pods(), vec!["s-worker-0"]);
+}
+
+#[tokio::test]
+async fn invalid_job_fails_and_others_are_served() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("bad", json!({"tfReplicaSpecs": {"PS": replica(1, "Never")}})));
+    h.api.put(JOBS, job("good", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    h.reconcile("bad").await;
+    h.reconcile("good").await;
+    let bad = h.job("bad").unwrap().status.unwrap();
+    let last = bad.conditions.last().unwrap();
+    assert_eq!((last.type_.as_str(), last.reason.as_deref()), ("Failed", Some("TFJobFailedValidation")));
+    assert!(last.message.as_deref().unwrap().contains("spec.tfReplicaSpecs: must contain a Chief, a Master or a Worker"));
+    assert!(h.event_reasons().contains(&("Warning".into(), "TFJobFailedValidation".into())));
+    assert_eq!(h.pods(), vec!["good-worker-0"]);
+    assert!(h.api.get(&format!("{SVCS}/bad")).is_none());
+}
+
+#[tokio::test]
+async fn deleting_the_job_leaves_nothing_behind() {
+    let h = Harness::with_opts(PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) });
+    h.api.put(JOBS, job("d", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
+    h.reconcile("d").await;
+    assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_some());
+    let uid = h.job("d").unwrap().metadata.uid.unwrap();
+    // Everything the controller made is owned by the job, so the garbage collector removes it.
+    for key in h.api.all_keys() {
+        if key.starts_with(JOBS) || key.starts_with(EVENTS) {
+            continue;
+        }
+        let obj = h.api.get(&key).unwrap();
+        assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{key}");
+        assert_eq!(obj["metadata"]["ownerReferences"][0]["controller"], true, "{key}");
+    }
+    // A job being deleted is left to the garbage collector: no writes.
+    let mut deleting = h.job("d").unwrap();
+    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    h.api.take_log();
+    reconcile(Arc::new(deleting), h.ctx.clone()).await.unwrap();
+    assert!(h.api.take_log().is_empty());
+    let jobs: kube::Api<TFJob> = kube::Api::namespaced(h.api.client(), "ns");
+    jobs.delete("d", &Default::default()).await.unwrap();
+    let left: Vec<_> = h.api.all_keys().into_iter().filter(|k| !k.starts_with(EVENTS)).collect();
+    assert!(left.is_empty(), "{left:#?}");
+}
+
+#[tokio::test]
+async fn ttl_deletes_the_finished_job() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("t", json!({"runPolicy": {"ttlSecondsAfterFinished": 0}, "tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    h.reconcile("t").await;
+    h.set_pod("t-worker-0", "Succeeded", Some(0), 0);
+    h.reconcile("t").await;
+    assert!(h.job("t").is_none(), "job deleted after its TTL");
+    assert!(h.pods().is_empty());
+}
+
+#[tokio::test]
+async fn active_deadline_requeues_at_the_deadline() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("a", json!({"runPolicy": {"activeDeadlineSeconds": 3600}, "tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    let action = h.reconcile("a").await;
+    let text = format!("{action:?}");
+    assert!(text.contains("3599") || text.contains("3600"), "{text}");
+}
+
+#[tokio::test]
+async fn suspend_deletes_pods_and_resume_recreates_them() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("p", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
+    h.reconcile("p").await;
+    h.api.update(&format!("{JOBS}/p"), |j| j["spec"]["runPolicy"] = json!({"suspend": true}));
+    h.reconcile("p").await;
+    assert!(h.pods().is_empty());
+    assert_eq!(h.conditions("p").last().unwrap(), &c("Suspended", "True", "TFJobSuspended"));
+    h.api.update(&format!("{JOBS}/p"), |j| j["spec"]["runPolicy"] = json!({"suspend": false}));
+    h.reconcile("p").await;
+    assert_eq!(h.pods(), vec!["p-worker-0", "p-worker-1"]);
+    assert!(h.conditions("p").contains(&c("Suspended", "False", "TFJobResumed")));
+}
+
+#[tokio::test]
+async fn jobs_managed_elsewhere_are_skipped() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("m", json!({"runPolicy": {"managedBy": "kueue.x-k8s.io/multikueue"}, "tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    h.api.take_log();
+    h.reconcile("m").await;
+    assert!(h.api.take_log().is_empty());
+    assert!(h.pods().is_empty());
+}
+
+#[tokio::test]
+async fn metrics_and_health() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("x", json!({"tfReplicaSpecs": {"Worker": replica(1, "OnFailure")}})));
+    h.reconcile("x").await;
+    h.set_pod("x-worker-0", "Failed", Some(1), 0);
+    h.reconcile("x").await;
+    let text = h.ctx.metrics.render();
+    assert!(text.contains("tfjob_reconcile_duration_seconds_count 2"), "{text}");
+    assert!(text.contains("tfjob_restarts_total 1"), "{text}");
+    assert!(text.contains("tfjob_jobs{phase=\"Running\"} 0"), "{text}");
+    let (code, _, _) = tfjob_operator::kube::http_response("/readyz", &h.ctx.metrics, false);
+    assert_eq!(code, "503 Service Unavailable");
+    let (code, body, _) = tfjob_operator::kube::http_response("/healthz", &h.ctx.metrics, false);
+    assert_eq!((code, body.as_str()), ("200 OK", "ok\n"));
+}
+
+#[tokio::test]
+async fn missing_crd_is_reported_clearly() {
+    let api = FakeApi::default();
+    let client = api.client();
+    assert!(tfjob_operator::kube::check_crd(&client, Some("ns")).await.is_ok());
+    api.state.lock().unwrap().unserved.push("/apis/kubeflow.org/".into());
+    let err = tfjob_operator::kube::check_crd(&client, Some("ns")).await.unwrap_err().to_string();
+    assert!(err.contains("CustomResourceDefinition (tfjobs.kubeflow.org) is not installed"), "{err}");
+}
