@@ -462,36 +462,53 @@ impl ControlPlane {
     pub fn start_with(options: Options) -> Result<ControlPlane> {
         let bin_dir = ensure_binaries()?;
         let versions = Versions::pinned()?;
-        let (temp, dir) = match options.dir {
-            Some(dir) => {
-                fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                if fs::read_dir(&dir)?.next().is_some() {
-                    bail!("{} is not empty; the control plane needs a fresh directory", dir.display());
+        // A free port can be taken by someone else between our probe and the component's bind;
+        // in a temporary directory that is retried with new ports.
+        let attempts = if options.dir.is_some() { 1 } else { 3 };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (temp, dir) = match &options.dir {
+                Some(dir) => {
+                    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+                    if fs::read_dir(dir)?.next().is_some() {
+                        bail!("{} is not empty; the control plane needs a fresh directory", dir.display());
+                    }
+                    (None, fs::canonicalize(dir)?)
                 }
-                (None, fs::canonicalize(&dir)?)
+                None => {
+                    let t = tempfile::Builder::new().prefix("tfjob-controlplane-").tempdir()?;
+                    let d = t.path().to_path_buf();
+                    (Some(t), d)
+                }
+            };
+            let mut cp = ControlPlane {
+                kubeconfig: dir.join("kubeconfig"),
+                dir,
+                temp: Mutex::new(temp),
+                bin_dir: bin_dir.clone(),
+                server_url: String::new(),
+                ca_pem: String::new(),
+                etcd_url: String::new(),
+                versions: versions.clone(),
+                components: Mutex::new(Vec::new()),
+                pids: Vec::new(),
+                counter: AtomicU32::new(0),
+            };
+            match cp.boot() {
+                Ok(()) => return Ok(cp),
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    // Dropping `cp` kills whatever was started and removes its temporary dir.
+                    drop(cp);
+                    if attempt < attempts && msg.contains("address already in use") {
+                        eprintln!("control plane: a port was taken meanwhile; retrying with new ports");
+                        continue;
+                    }
+                    return Err(loud("startup failed", msg));
+                }
             }
-            None => {
-                let t = tempfile::Builder::new().prefix("tfjob-controlplane-").tempdir()?;
-                let d = t.path().to_path_buf();
-                (Some(t), d)
-            }
-        };
-        let mut cp = ControlPlane {
-            kubeconfig: dir.join("kubeconfig"),
-            dir,
-            temp: Mutex::new(temp),
-            bin_dir,
-            server_url: String::new(),
-            ca_pem: String::new(),
-            etcd_url: String::new(),
-            versions,
-            components: Mutex::new(Vec::new()),
-            pids: Vec::new(),
-            counter: AtomicU32::new(0),
-        };
-        // On error `cp` is dropped, which kills whatever was started.
-        cp.boot().map_err(|e| loud("startup failed", format!("{e:#}")))?;
-        Ok(cp)
+        }
     }
 
     fn boot(&mut self) -> Result<()> {
