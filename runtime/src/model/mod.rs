@@ -83,6 +83,13 @@ pub trait Model: Send + Sync {
     fn name(&self) -> &str;
     fn variables(&self) -> Vec<VariableSpec>;
     /// Mean loss over the batch and its gradients with respect to every variable.
+    /// An empty batch gives loss 0 and zero gradients.
+    ///
+    /// # Panics
+    /// If `params` do not match [`Model::variables`] (count and shapes, the
+    /// message names the variable), or the batch has the wrong number of
+    /// features, the wrong kind of targets or a label out of range: all
+    /// bugs of the caller, since loaders validate what they read.
     fn loss_and_gradients(&self, params: &[ArrayD<f32>], batch: &Batch) -> LossAndGradients;
     /// Loss (and accuracy for classifiers) without gradients.
     fn evaluate(&self, params: &[ArrayD<f32>], batch: &Batch) -> Metrics;

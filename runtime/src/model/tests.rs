@@ -501,3 +501,23 @@ fn mlp_learns_with_each_activation() {
     }
     learns_classification(ModelConfig::mlp(20, &[24, 16], 4, Activation::Tanh), 0.2, 800, 0.85);
 }
+
+#[test]
+fn mlp_reproduces_the_tensorflow_reference_on_synthetic_mnist() {
+    // shared/data/synthetic-mnist/README.md: the 784-100-10 sigmoid MLP with
+    // weights N(0,1), biases 0, plain SGD lr 0.5, batch 100 reaches roughly
+    // 0.67 test accuracy after 2,000 steps in TensorFlow.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/synthetic-mnist");
+    if !dir.is_dir() {
+        println!("skipped: {} is absent", dir.display());
+        return;
+    }
+    let mnist = crate::data::load_mnist(&dir).unwrap();
+    let cfg = ModelConfig::mlp(784, &[100], 10, Activation::Sigmoid).with_weight_init(WeightInit::Normal);
+    let model = build_model(&cfg).unwrap();
+    let mut params = init_values(&model.variables(), 1);
+    let mut sampler = Sampler::new(mnist.train, 100, 1);
+    sgd(model.as_ref(), &mut params, &mut sampler, 0.5, 2000);
+    let accuracy = model.evaluate(&params, &mnist.test.to_batch()).accuracy.unwrap();
+    assert!((0.6..0.75).contains(&accuracy), "test accuracy {accuracy}, the reference is about 0.67");
+}
