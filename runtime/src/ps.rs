@@ -483,7 +483,7 @@ impl ParameterStore {
         let p = state.progress;
         self.publish(p);
         drop(state);
-        tracing::info!(by = %task, reason = %req.reason, step = p.step, "training is over");
+        tracing::info!("ps:{}: training is over at step {} ({task}: {})", self.config.ps_index, p.step, req.reason);
         Ok(proto::ShutdownReply { step: p.step })
     }
 
