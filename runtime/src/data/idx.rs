@@ -87,7 +87,7 @@ fn parse_idx<'a>(path: &Path, bytes: &'a [u8], ndim: u8, kind: &'static str) -> 
 }
 
 /// Reads an idx3 unsigned-byte image file: one row per image, pixels
-/// scaled from 0..=255 to [0, 1] and flattened row by row (784 per row for
+/// scaled from 0..=255 to `[0, 1]` and flattened row by row (784 per row for
 /// MNIST's 28x28).
 pub fn read_idx_images(path: impl AsRef<Path>) -> Result<Array2<f32>, DataError> {
     let path = path.as_ref();

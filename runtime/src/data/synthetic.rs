@@ -17,7 +17,7 @@ pub const LINE_NOISE_STDDEV: f32 = 0.33;
 
 /// The classic example's data: `train_X = linspace(-1, 1, 101)`,
 /// `train_Y = 2 * train_X + 10 + noise` with noise ~ Normal(0, 0.33) drawn
-/// from `seed`. `x` is [101, 1] and the targets are values [101, 1], in
+/// from `seed`. `x` is `[101, 1]` and the targets are values `[101, 1]`, in
 /// increasing `x` order.
 pub fn synthetic_line(seed: u64) -> Dataset {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -33,7 +33,7 @@ pub fn synthetic_line(seed: u64) -> Dataset {
 /// A learnable classification set with separate train and held-out
 /// splits drawn from the same distribution: inputs uniform in [0, 1)
 /// (like scaled pixels), a random linear map `T` ~ Normal(0, 1)
-/// [input_dim, num_classes], and label = argmax over classes of
+/// `[input_dim, num_classes]`, and label = argmax over classes of
 /// `(x - 0.5)·T`. The classes are linearly separable, so softmax regression
 /// and MLPs can reach high accuracy. Deterministic given `seed`.
 ///

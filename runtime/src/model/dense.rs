@@ -14,7 +14,7 @@ use crate::data::Batch;
 /// Softmax (multinomial logistic) regression: `logits = x·weights + biases`,
 /// loss = mean over the batch of the softmax cross-entropy.
 ///
-/// Variables: `weights` [n_in, n_classes] and `biases` [n_classes], both
+/// Variables: `weights` `[n_in, n_classes]` and `biases` `[n_classes]`, both
 /// zeros, as in TensorFlow's MNIST beginner tutorial. Targets must be
 /// [`Targets::Labels`](crate::data::Targets::Labels) in `0..n_classes`.
 #[derive(Debug, Clone)]
@@ -56,8 +56,8 @@ impl SoftmaxRegression {
 ///
 /// Variable names follow the classic distributed MNIST example
 /// (`mnist_replica.py`), in this order:
-/// - one hidden layer: `hid_w` [n_in, h], `hid_b` [h], `sm_w` [h, n_classes], `sm_b` [n_classes]
-///   (784-100-10: `hid_w` [784, 100], `hid_b` [100], `sm_w` [100, 10], `sm_b` [10]);
+/// - one hidden layer: `hid_w` `[n_in, h]`, `hid_b` `[h]`, `sm_w` `[h, n_classes]`, `sm_b` `[n_classes]`
+///   (784-100-10: `hid_w` `[784, 100]`, `hid_b` `[100]`, `sm_w` `[100, 10]`, `sm_b` `[10]`);
 /// - several hidden layers: `hid0_w`, `hid0_b`, `hid1_w`, `hid1_b`, ... (layer `i`
 ///   counted from 0 at the input), then `sm_w`, `sm_b`.
 ///

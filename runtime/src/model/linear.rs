@@ -11,7 +11,7 @@ use crate::data::Batch;
 /// `pred = x·W + b`, loss = mean over the batch of `(y - pred)^2` (TF's
 /// `reduce_mean(square(Y - pred))`, not halved).
 ///
-/// Variables: `W` [n_features, 1] and `b` [1], both drawn from Normal(0, 1)
+/// Variables: `W` `[n_features, 1]` and `b` `[1]`, both drawn from Normal(0, 1)
 /// like the classic example's `tf.Variable(rng.randn())`. Targets must be
 /// [`Targets::Values`](crate::data::Targets::Values) with one column.
 #[derive(Debug, Clone)]

@@ -9,8 +9,8 @@
 //!
 //! | name      | type                  | variables (in order)                              |
 //! |-----------|-----------------------|---------------------------------------------------|
-//! | `linear`  | [`LinearRegression`]  | `W` [n_features, 1], `b` [1]                      |
-//! | `softmax` | [`SoftmaxRegression`] | `weights` [n_in, n_classes], `biases` [n_classes] |
+//! | `linear`  | [`LinearRegression`]  | `W` `[n_features, 1]`, `b` `[1]`                      |
+//! | `softmax` | [`SoftmaxRegression`] | `weights` `[n_in, n_classes]`, `biases` `[n_classes]` |
 //! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `hid_w`, `hid_b`, `sm_w`, `sm_b` for one hidden layer |
 //!
 //! The arithmetic is written once, generically over the float type (see
