@@ -86,7 +86,7 @@ pub struct TFJobSpec {
 }
 
 /// When a job without chief counts as succeeded.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub enum SuccessPolicy {
     /// Worker 0 (or the chief/master) decides.
     #[default]
@@ -94,7 +94,49 @@ pub enum SuccessPolicy {
     Default,
     /// Every worker must succeed.
     AllWorkers,
+    /// Any other value: kept so that one bad job never breaks the watch of all jobs;
+    /// validation rejects it.
+    #[serde(untagged)]
+    Unsupported(String),
 }
+
+/// A plain `{type: string, enum: [...]}` schema (structural, unlike the `anyOf` schemars derives
+/// for enums with documented variants).
+macro_rules! string_enum_schema {
+    ($ty:ident, $desc:literal, [$($v:literal),*]) => {
+        impl JsonSchema for $ty {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($ty).into()
+            }
+            fn inline_schema() -> bool {
+                true
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({
+                    "type": "string",
+                    "description": $desc,
+                    "enum": [$($v),*]
+                })
+            }
+        }
+    };
+}
+
+string_enum_schema!(
+    SuccessPolicy,
+    "When a job without chief counts as succeeded: \"\" (worker 0) or AllWorkers.",
+    ["", "AllWorkers"]
+);
+string_enum_schema!(
+    RestartPolicy,
+    "Always and OnFailure restart in place; ExitCode recreates the pod on exit codes >= 128 and fails the job on 1-127; Never fails the job.",
+    ["Always", "OnFailure", "Never", "ExitCode"]
+);
+string_enum_schema!(
+    CleanPodPolicy,
+    "Which pods to delete once the job has finished: All, Running (default) or None.",
+    ["All", "Running", "None"]
+);
 
 /// One replica set.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -126,7 +168,7 @@ fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schem
 }
 
 /// Restart policy of a replica set.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub enum RestartPolicy {
     /// Restart the container in place whatever its exit code.
     Always,
@@ -138,22 +180,27 @@ pub enum RestartPolicy {
     /// Recreate the pod when the `tensorflow` container exits with a retryable code (>= 128);
     /// fail the job on 1-127.
     ExitCode,
+    /// Any other value (rejected by validation; treated as `Never`).
+    #[serde(untagged)]
+    Unsupported(String),
 }
 
 impl RestartPolicy {
     /// The pod-level restart policy this maps to (`ExitCode` becomes `Never`: the controller
     /// restarts).
-    pub fn pod_restart_policy(self) -> &'static str {
+    pub fn pod_restart_policy(&self) -> &'static str {
         match self {
             RestartPolicy::Always => "Always",
             RestartPolicy::OnFailure => "OnFailure",
-            RestartPolicy::Never | RestartPolicy::ExitCode => "Never",
+            RestartPolicy::Never | RestartPolicy::ExitCode | RestartPolicy::Unsupported(_) => {
+                "Never"
+            }
         }
     }
 }
 
 /// What to do with pods once the job has finished.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub enum CleanPodPolicy {
     /// Delete every pod.
     All,
@@ -162,6 +209,9 @@ pub enum CleanPodPolicy {
     Running,
     /// Keep every pod.
     None,
+    /// Any other value (rejected by validation; treated as `Running`).
+    #[serde(untagged)]
+    Unsupported(String),
 }
 
 /// Policies for the whole job.
@@ -464,11 +514,10 @@ pub fn is_dns1123_label(s: &str) -> bool {
 pub fn replica_specs(spec: &TFJobSpec) -> BTreeMap<ReplicaType, &ReplicaSpec> {
     let mut out = BTreeMap::new();
     for (key, rs) in &spec.tf_replica_specs {
-        if let Some(t) = ReplicaType::parse(key) {
-            if key == t.as_str() || !out.contains_key(&t) {
+        if let Some(t) = ReplicaType::parse(key)
+            && (key == t.as_str() || !out.contains_key(&t)) {
                 out.insert(t, rs);
             }
-        }
     }
     out
 }
@@ -561,14 +610,13 @@ pub fn validate(job: &TFJob) -> Vec<FieldError> {
             ));
         }
     }
-    if let Some(ns) = job.metadata.namespace.as_deref() {
-        if !is_dns1123_label(ns) {
+    if let Some(ns) = job.metadata.namespace.as_deref()
+        && !is_dns1123_label(ns) {
             errs.push(FieldError::new(
                 "metadata.namespace",
                 format!("{ns:?} is not a valid DNS-1123 label"),
             ));
         }
-    }
     errs.extend(validate_spec(&job.spec));
     errs
 }
@@ -626,60 +674,65 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
             ));
         }
     }
-    if !spec.tf_replica_specs.is_empty()
-        && !(has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker))
-    {
+    let has_leader =
+        has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker);
+    if !spec.tf_replica_specs.is_empty() && !has_leader {
         errs.push(FieldError::new(
             base,
             "must contain a Chief, a Master or a Worker replica type",
         ));
     }
+    if let Some(SuccessPolicy::Unsupported(v)) = &spec.success_policy {
+        errs.push(unsupported("spec.successPolicy", v, &["", "AllWorkers"]));
+    }
     let rp = &spec.run_policy;
     let rpath = "spec.runPolicy";
-    if let Some(v) = rp.ttl_seconds_after_finished {
-        if v < 0 {
+    if let CleanPodPolicy::Unsupported(v) = &rp.clean_pod_policy {
+        errs.push(unsupported(
+            &format!("{rpath}.cleanPodPolicy"),
+            v,
+            &["All", "Running", "None"],
+        ));
+    }
+    if let Some(v) = rp.ttl_seconds_after_finished
+        && v < 0 {
             errs.push(FieldError::new(
                 format!("{rpath}.ttlSecondsAfterFinished"),
                 format!("must be >= 0, got {v}"),
             ));
         }
-    }
-    if let Some(v) = rp.active_deadline_seconds {
-        if v < 0 {
+    if let Some(v) = rp.active_deadline_seconds
+        && v < 0 {
             errs.push(FieldError::new(
                 format!("{rpath}.activeDeadlineSeconds"),
                 format!("must be >= 0, got {v}"),
             ));
         }
-    }
-    if let Some(v) = rp.backoff_limit {
-        if v < 0 {
+    if let Some(v) = rp.backoff_limit
+        && v < 0 {
             errs.push(FieldError::new(
                 format!("{rpath}.backoffLimit"),
                 format!("must be >= 0, got {v}"),
             ));
         }
-    }
     if let Some(sp) = &rp.scheduling_policy {
-        if let Some(v) = sp.min_available {
-            if v < 0 {
+        if let Some(v) = sp.min_available
+            && v < 0 {
                 errs.push(FieldError::new(
                     format!("{rpath}.schedulingPolicy.minAvailable"),
                     format!("must be >= 0, got {v}"),
                 ));
             }
-        }
-        if let Some(v) = sp.schedule_timeout_seconds {
-            if v < 0 {
+        if let Some(v) = sp.schedule_timeout_seconds
+            && v < 0 {
                 errs.push(FieldError::new(
                     format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"),
                     format!("must be >= 0, got {v}"),
                 ));
             }
-        }
     }
-    if let Some(m) = &rp.managed_by {
-        if m != MANAGED_BY_THIS && m != MANAGED_BY_MULTIKUEUE {
+    if let Some(m) = &rp.managed_by
+        && m != MANAGED_BY_THIS && m != MANAGED_BY_MULTIKUEUE {
             errs.push(FieldError::new(
                 format!("{rpath}.managedBy"),
                 format!(
@@ -688,11 +741,31 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
                 ),
             ));
         }
-    }
     errs
 }
 
+fn unsupported(field: &str, value: &str, allowed: &[&str]) -> FieldError {
+    FieldError::new(
+        field,
+        format!(
+            "unsupported value {value:?}; supported values: {}",
+            allowed
+                .iter()
+                .map(|a| format!("{a:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
 fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
+    if let RestartPolicy::Unsupported(v) = &rs.restart_policy {
+        errs.push(unsupported(
+            &format!("{path}.restartPolicy"),
+            v,
+            &["Always", "OnFailure", "Never", "ExitCode"],
+        ));
+    }
     if rs.replicas < 0 {
         errs.push(FieldError::new(
             format!("{path}.replicas"),
@@ -742,74 +815,11 @@ pub fn validate_update(old: &TFJob, new: &TFJob) -> Vec<FieldError> {
     errs
 }
 
-/// Enum-valued fields checked on the raw document, so that one bad value does not hide the
-/// other problems: (path relative to the spec, allowed values).
-fn check_raw_enums(spec: &serde_json::Value, errs: &mut Vec<FieldError>) -> serde_json::Value {
-    use serde_json::Value;
-    let mut cleaned = spec.clone();
-    let mut check = |v: Option<&Value>, path: &str, allowed: &[&str]| -> bool {
-        match v {
-            None | Some(Value::Null) => true,
-            Some(Value::String(s)) if allowed.contains(&s.as_str()) => true,
-            Some(other) => {
-                errs.push(FieldError::new(
-                    path,
-                    format!(
-                        "unsupported value {other}; supported values: {}",
-                        allowed
-                            .iter()
-                            .map(|a| format!("{a:?}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
-                false
-            }
-        }
-    };
-    if !check(
-        spec.get("successPolicy"),
-        "spec.successPolicy",
-        &["", "AllWorkers"],
-    ) {
-        cleaned.as_object_mut().map(|o| o.remove("successPolicy"));
-    }
-    if let Some(rp) = spec.get("runPolicy") {
-        if !check(
-            rp.get("cleanPodPolicy"),
-            "spec.runPolicy.cleanPodPolicy",
-            &["All", "Running", "None"],
-        ) {
-            cleaned["runPolicy"]
-                .as_object_mut()
-                .map(|o| o.remove("cleanPodPolicy"));
-        }
-    }
-    if let Some(Value::Object(specs)) = spec.get("tfReplicaSpecs") {
-        for (key, rs) in specs {
-            if !check(
-                rs.get("restartPolicy"),
-                &format!("spec.tfReplicaSpecs.{key}.restartPolicy"),
-                &["Always", "OnFailure", "Never", "ExitCode"],
-            ) {
-                cleaned["tfReplicaSpecs"][key]
-                    .as_object_mut()
-                    .map(|o| o.remove("restartPolicy"));
-            }
-        }
-    }
-    cleaned
-}
-
 /// Parses one document (already known to be a TFJob) and validates it, reporting every problem
 /// at once. On success returns the job with defaults applied.
 pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErrors> {
     let mut errs = Vec::new();
-    let mut doc = doc;
-    if let Some(spec) = doc.get("spec") {
-        let cleaned = check_raw_enums(spec, &mut errs);
-        doc["spec"] = cleaned;
-    } else {
+    if doc.get("spec").is_none() {
         errs.push(FieldError::new("spec", "is required"));
     }
     match serde_json::from_value::<TFJob>(doc) {
@@ -1023,6 +1033,62 @@ spec:
         assert!(!a.managed_elsewhere());
     }
 
+    /// Checks the rules of a structural schema that a derive can break: every node has a type
+    /// (or is int-or-string / preserve-unknown-fields), and `anyOf`/`oneOf`/`allOf` branches carry
+    /// no type, description, default or nullable.
+    fn check_structural(node: &serde_json::Value, path: &str, in_junctor: bool, problems: &mut Vec<String>) {
+        let Some(o) = node.as_object() else { return };
+        let int_or_string = o.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
+        if in_junctor {
+            for k in ["type", "description", "default", "nullable"] {
+                if o.contains_key(k) && !(int_or_string && k == "type") {
+                    problems.push(format!("{path}: {k} inside a junctor"));
+                }
+            }
+        } else if !o.contains_key("type") && !int_or_string {
+            problems.push(format!("{path}: no type"));
+        }
+        if let Some(props) = o.get("properties").and_then(|p| p.as_object()) {
+            for (k, v) in props {
+                check_structural(v, &format!("{path}.{k}"), false, problems);
+            }
+        }
+        for k in ["items", "additionalProperties"] {
+            if let Some(v) = o.get(k).filter(|v| v.is_object()) {
+                check_structural(v, &format!("{path}[{k}]"), false, problems);
+            }
+        }
+        for k in ["anyOf", "oneOf", "allOf"] {
+            if let Some(arr) = o.get(k).and_then(|v| v.as_array()) {
+                for (i, v) in arr.iter().enumerate() {
+                    check_structural(v, &format!("{path}.{k}[{i}]"), true, problems);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn crd_schema_is_structural() {
+        let crd = serde_json::to_value(TFJob::crd()).unwrap();
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let mut problems = Vec::new();
+        check_structural(root, "", false, &mut problems);
+        assert!(problems.is_empty(), "{problems:#?}");
+        let mut bad = Vec::new();
+        check_structural(&serde_json::json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}), "", false, &mut bad);
+        assert_eq!(bad.len(), 2, "the checker itself catches violations: {bad:?}");
+    }
+
+    #[test]
+    fn unsupported_enum_values_deserialise_and_are_rejected() {
+        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "Sometimes"})).unwrap();
+        assert_eq!(rs.restart_policy, RestartPolicy::Unsupported("Sometimes".into()));
+        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "ExitCode"})).unwrap();
+        assert_eq!(rs.restart_policy, RestartPolicy::ExitCode);
+        let sp: TFJobSpec = serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
+        assert_eq!(sp.success_policy, Some(SuccessPolicy::Default));
+    }
+
     #[test]
     fn crd_schema_has_defaults_and_preserves_template() {
         let crd = serde_json::to_value(TFJob::crd()).unwrap();
@@ -1030,6 +1096,11 @@ spec:
         let rs = &spec["properties"]["tfReplicaSpecs"]["additionalProperties"];
         assert_eq!(rs["properties"]["replicas"]["default"], 1);
         assert_eq!(rs["properties"]["restartPolicy"]["default"], "Never");
+        assert_eq!(
+            rs["properties"]["restartPolicy"]["enum"],
+            serde_json::json!(["Always", "OnFailure", "Never", "ExitCode"])
+        );
+        assert_eq!(rs["properties"]["replicas"]["minimum"], 0.0);
         assert_eq!(
             rs["properties"]["template"]["x-kubernetes-preserve-unknown-fields"],
             true

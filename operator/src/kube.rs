@@ -115,14 +115,13 @@ impl Metrics {
             .iter()
             .map(|p| (p.to_string(), 0))
             .collect();
-        if let Ok(store) = self.store.lock() {
-            if let Some(store) = store.as_ref() {
+        if let Ok(store) = self.store.lock()
+            && let Some(store) = store.as_ref() {
                 for job in store.state() {
                     let status = job.status.clone().unwrap_or_default();
                     *phases.entry(status::job_phase(&status).to_string()).or_default() += 1;
                 }
             }
-        }
         for (p, n) in phases {
             out.push_str(&format!("tfjob_jobs{{phase=\"{p}\"}} {n}\n"));
         }

@@ -175,11 +175,10 @@ pub fn tf_config(
         let mut own = serde_json::Map::new();
         own.insert(index.to_string(), json!(addresses.address(rtype, index, own_port)));
         let mut m = serde_json::Map::new();
-        if rtype == ReplicaType::Worker {
-            if let Some(ps) = full.get("ps") {
+        if rtype == ReplicaType::Worker
+            && let Some(ps) = full.get("ps") {
                 m.insert("ps".into(), json!(ps));
             }
-        }
         m.insert(rtype.lower().into(), Value::Object(own));
         Value::Object(m)
     } else {
@@ -229,7 +228,7 @@ pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBo
                 replica_type: rtype,
                 index,
                 pod_name: pod_name(job_name, rtype, index),
-                restart_policy: rs.restart_policy,
+                restart_policy: rs.restart_policy.clone(),
                 port,
                 address: addresses.address(rtype, index, port),
                 command: container.and_then(|c| c.command.clone()).unwrap_or_default(),

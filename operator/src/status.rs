@@ -210,11 +210,10 @@ impl<'a> Machine<'a> {
     /// condition turns Running false, and the new condition goes last. Returns whether anything
     /// changed.
     fn set_condition(&mut self, type_: &str, status: &str, reason: &str, message: &str) -> bool {
-        if let Some(c) = self.status.conditions.iter().find(|c| c.type_ == type_) {
-            if c.status == status && c.reason.as_deref() == Some(reason) {
+        if let Some(c) = self.status.conditions.iter().find(|c| c.type_ == type_)
+            && c.status == status && c.reason.as_deref() == Some(reason) {
                 return false;
             }
-        }
         let now = self.now.clone();
         let mut kept = Vec::new();
         for mut c in std::mem::take(&mut self.status.conditions) {
@@ -263,11 +262,13 @@ impl<'a> Machine<'a> {
 
     /// After the end: cleanPodPolicy and TTL.
     fn terminal(&mut self) {
-        let policy = self.obs.spec.run_policy.clean_pod_policy;
+        let policy = &self.obs.spec.run_policy.clean_pod_policy;
         for r in self.obs.replicas.iter().filter(|r| !r.terminating) {
             let delete = match policy {
                 CleanPodPolicy::All => true,
-                CleanPodPolicy::Running => matches!(r.phase, Phase::Running | Phase::Pending),
+                CleanPodPolicy::Running | CleanPodPolicy::Unsupported(_) => {
+                    matches!(r.phase, Phase::Running | Phase::Pending)
+                }
                 CleanPodPolicy::None => false,
             };
             if delete {
@@ -393,7 +394,6 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
             recreated: prev.map(|p| p.recreated).unwrap_or(0),
             ..Default::default()
         };
-        let mut failed_here = 0;
         for index in 0..rs.replicas.max(0) {
             let here: Vec<&ObservedReplica> = obs
                 .replicas
@@ -414,11 +414,10 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
                     Phase::Succeeded => st.succeeded += 1,
                     Phase::Failed => {
                         st.failed += 1;
-                        failed_here += 1;
                         let restart = match rs.restart_policy {
                             RestartPolicy::Always | RestartPolicy::OnFailure => true,
                             RestartPolicy::ExitCode => is_retryable_exit_code(r.exit_code),
-                            RestartPolicy::Never => false,
+                            RestartPolicy::Never | RestartPolicy::Unsupported(_) => false,
                         };
                         if restart {
                             to_recreate.push(r);
@@ -430,7 +429,6 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
                 }
             }
         }
-        let _ = failed_here;
         replica_statuses.insert(rtype.as_str().to_string(), st);
     }
     // Scale-down and stray replicas: out-of-range indices or types no longer in the spec.
@@ -471,7 +469,7 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
                 && r.phase == Phase::Succeeded
                 && r.exit_code.unwrap_or(0) == 0
         });
-        all || (worker0 && spec.success_policy.unwrap_or_default() != SuccessPolicy::AllWorkers)
+        all || (worker0 && spec.success_policy != Some(SuccessPolicy::AllWorkers))
     };
     if succeeded {
         m.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));

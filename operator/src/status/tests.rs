@@ -11,7 +11,7 @@ fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
             ReplicaSpec {
                 replicas: *n,
                 template: Default::default(),
-                restart_policy: *p,
+                restart_policy: p.clone(),
             },
         );
     }
@@ -135,7 +135,9 @@ fn new_job_creates_every_replica() {
 #[test]
 fn status_table() {
     type Counts = Vec<(&'static str, i32, i32, i32)>;
-    let cases: Vec<(&str, TFJobSpec, Vec<ObservedReplica>, Vec<(String, String, String, String)>, Vec<Action>, Counts)> = vec![
+    type Cond = (String, String, String, String);
+    type Case = (&'static str, TFJobSpec, Vec<ObservedReplica>, Vec<Cond>, Vec<Action>, Counts);
+    let cases: Vec<Case> = vec![
         (
             "all pending: no Running",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
@@ -346,7 +348,7 @@ fn clean_pod_policies() {
         (CleanPodPolicy::None, vec![]),
     ] {
         let mut s = spec(&[(Chief, 1, Never), (PS, 1, Never), (Worker, 1, Never), (Evaluator, 1, OnFailure)]);
-        s.run_policy.clean_pod_policy = policy;
+        s.run_policy.clean_pod_policy = policy.clone();
         let o = run(&s, &TFJobStatus::default(), &observed, t0());
         assert!(has_condition(&o.status, SUCCEEDED), "{policy:?}");
         let deleted: Vec<_> = o

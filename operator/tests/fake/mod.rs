@@ -59,9 +59,9 @@ fn merge(into: &mut Value, patch: &Value) {
 fn split(path: &str) -> Option<(String, Option<String>, Option<String>)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     // /api/v1/namespaces/ns/plural[/name[/sub]]  or  /apis/g/v/namespaces/ns/plural[/name[/sub]]
-    let base = match segs.first()? {
-        &"api" => 2,
-        &"apis" => 3,
+    let base = match *segs.first()? {
+        "api" => 2,
+        "apis" => 3,
         _ => return None,
     };
     if segs.get(base) != Some(&"namespaces") || segs.len() < base + 3 {
