@@ -385,6 +385,19 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         }
     }
 
+    // A finished job releases its gang: the PodGroup goes with the pods.
+    if !job_deleted && !finished && status::is_finished(&outcome.status) {
+        if let Some(gang) = &ctx.opts.gang_scheduler {
+            let ar = pod_group_resource(gang);
+            let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+            match pg_api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_status(&e, 404) => {}
+                Err(e) => return Err(kerr("delete podgroup")(e)),
+            }
+        }
+    }
+
     if !job_deleted && status_changed(&old_status, &outcome.status) {
         let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
         let patch = json!({
@@ -642,8 +655,8 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1).
-async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
+/// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.
+pub async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;

@@ -267,6 +267,10 @@ async fn deleting_the_job_leaves_nothing_behind() {
         assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{key}");
         assert_eq!(obj["metadata"]["ownerReferences"][0]["controller"], true, "{key}");
     }
+    // Finishing the job releases the gang.
+    h.set_pod("d-worker-0", "Succeeded", Some(0), 0);
+    h.reconcile("d").await;
+    assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_none());
     // A job being deleted is left to the garbage collector: no writes.
     let mut deleting = h.job("d").unwrap();
     deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
@@ -349,4 +353,53 @@ async fn missing_crd_is_reported_clearly() {
     api.state.lock().unwrap().unserved.push("/apis/kubeflow.org/".into());
     let err = tfjob_operator::kube::check_crd(&client, Some("ns")).await.unwrap_err().to_string();
     assert!(err.contains("CustomResourceDefinition (tfjobs.kubeflow.org) is not installed"), "{err}");
+}
+
+#[tokio::test]
+async fn leader_election_on_a_lease() {
+    use tfjob_operator::kube::LeaderElector;
+    let api = FakeApi::default();
+    let elector = |id: &str| LeaderElector {
+        api: kube::Api::namespaced(api.client(), "ns"),
+        name: "tfjob-operator".into(),
+        identity: id.into(),
+        lease_duration: std::time::Duration::from_secs(15),
+    };
+    let (a, b) = (elector("a"), elector("b"));
+    assert!(a.try_acquire().await.unwrap(), "first comer takes the free lease");
+    assert!(!b.try_acquire().await.unwrap(), "a live lease is respected");
+    assert!(a.try_acquire().await.unwrap(), "the holder renews");
+    let key = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/tfjob-operator";
+    assert_eq!(api.get(key).unwrap()["spec"]["holderIdentity"], "a");
+    // The holder stops renewing: once the lease has expired another instance takes over.
+    api.update(key, |l| l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z"));
+    assert!(b.try_acquire().await.unwrap());
+    let lease = api.get(key).unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+    assert!(!a.try_acquire().await.unwrap(), "the old holder has lost it");
+}
+
+#[tokio::test]
+async fn health_and_metrics_over_http() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let metrics = Arc::new(tfjob_operator::kube::Metrics::default());
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(tfjob_operator::kube::serve_http(listener, metrics, ready));
+    for (path, status, needle) in [
+        ("/healthz", "200 OK", "ok"),
+        ("/readyz", "200 OK", "ok"),
+        ("/metrics", "200 OK", "tfjob_reconcile_errors_total"),
+        ("/nope", "404 Not Found", "not found"),
+    ] {
+        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        sock.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        sock.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {resp}");
+        assert!(resp.contains(needle), "{path}: {resp}");
+    }
+    server.abort();
 }

@@ -191,3 +191,32 @@ fn cli_render_and_crd() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must contain a Chief, a Master or a Worker"));
 }
+
+#[test]
+fn operator_flags_have_env_fallbacks_and_fail_clearly_without_a_cluster() {
+    let out = tfjob().args(["operator", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for env in [
+        "TFJOB_NAMESPACE",
+        "TFJOB_CONCURRENCY",
+        "TFJOB_CLUSTER_DOMAIN",
+        "TFJOB_METRICS_ADDR",
+        "TFJOB_LOG_LEVEL",
+        "TFJOB_LOG_FORMAT",
+        "TFJOB_GANG_SCHEDULER",
+    ] {
+        assert!(help.contains(env), "{env} missing from:\n{help}");
+    }
+    let home = tempfile::tempdir().unwrap();
+    let out = tfjob()
+        .args(["operator", "--metrics-addr", "127.0.0.1:0"])
+        .env("HOME", home.path())
+        .env("KUBECONFIG", home.path().join("missing-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot connect to Kubernetes"), "{stderr}");
+}
