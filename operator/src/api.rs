@@ -515,9 +515,10 @@ pub fn replica_specs(spec: &TFJobSpec) -> BTreeMap<ReplicaType, &ReplicaSpec> {
     let mut out = BTreeMap::new();
     for (key, rs) in &spec.tf_replica_specs {
         if let Some(t) = ReplicaType::parse(key)
-            && (key == t.as_str() || !out.contains_key(&t)) {
-                out.insert(t, rs);
-            }
+            && (key == t.as_str() || !out.contains_key(&t))
+        {
+            out.insert(t, rs);
+        }
     }
     out
 }
@@ -611,12 +612,13 @@ pub fn validate(job: &TFJob) -> Vec<FieldError> {
         }
     }
     if let Some(ns) = job.metadata.namespace.as_deref()
-        && !is_dns1123_label(ns) {
-            errs.push(FieldError::new(
-                "metadata.namespace",
-                format!("{ns:?} is not a valid DNS-1123 label"),
-            ));
-        }
+        && !is_dns1123_label(ns)
+    {
+        errs.push(FieldError::new(
+            "metadata.namespace",
+            format!("{ns:?} is not a valid DNS-1123 label"),
+        ));
+    }
     errs.extend(validate_spec(&job.spec));
     errs
 }
@@ -695,52 +697,59 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
         ));
     }
     if let Some(v) = rp.ttl_seconds_after_finished
-        && v < 0 {
-            errs.push(FieldError::new(
-                format!("{rpath}.ttlSecondsAfterFinished"),
-                format!("must be >= 0, got {v}"),
-            ));
-        }
+        && v < 0
+    {
+        errs.push(FieldError::new(
+            format!("{rpath}.ttlSecondsAfterFinished"),
+            format!("must be >= 0, got {v}"),
+        ));
+    }
     if let Some(v) = rp.active_deadline_seconds
-        && v < 0 {
-            errs.push(FieldError::new(
-                format!("{rpath}.activeDeadlineSeconds"),
-                format!("must be >= 0, got {v}"),
-            ));
-        }
+        && v < 0
+    {
+        errs.push(FieldError::new(
+            format!("{rpath}.activeDeadlineSeconds"),
+            format!("must be >= 0, got {v}"),
+        ));
+    }
     if let Some(v) = rp.backoff_limit
-        && v < 0 {
-            errs.push(FieldError::new(
-                format!("{rpath}.backoffLimit"),
-                format!("must be >= 0, got {v}"),
-            ));
-        }
+        && v < 0
+    {
+        errs.push(FieldError::new(
+            format!("{rpath}.backoffLimit"),
+            format!("must be >= 0, got {v}"),
+        ));
+    }
     if let Some(sp) = &rp.scheduling_policy {
         if let Some(v) = sp.min_available
-            && v < 0 {
-                errs.push(FieldError::new(
-                    format!("{rpath}.schedulingPolicy.minAvailable"),
-                    format!("must be >= 0, got {v}"),
-                ));
-            }
-        if let Some(v) = sp.schedule_timeout_seconds
-            && v < 0 {
-                errs.push(FieldError::new(
-                    format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"),
-                    format!("must be >= 0, got {v}"),
-                ));
-            }
-    }
-    if let Some(m) = &rp.managed_by
-        && m != MANAGED_BY_THIS && m != MANAGED_BY_MULTIKUEUE {
+            && v < 0
+        {
             errs.push(FieldError::new(
-                format!("{rpath}.managedBy"),
-                format!(
-                    "unsupported value {m:?}; supported values: {MANAGED_BY_THIS:?}, \
-                     {MANAGED_BY_MULTIKUEUE:?}"
-                ),
+                format!("{rpath}.schedulingPolicy.minAvailable"),
+                format!("must be >= 0, got {v}"),
             ));
         }
+        if let Some(v) = sp.schedule_timeout_seconds
+            && v < 0
+        {
+            errs.push(FieldError::new(
+                format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"),
+                format!("must be >= 0, got {v}"),
+            ));
+        }
+    }
+    if let Some(m) = &rp.managed_by
+        && m != MANAGED_BY_THIS
+        && m != MANAGED_BY_MULTIKUEUE
+    {
+        errs.push(FieldError::new(
+            format!("{rpath}.managedBy"),
+            format!(
+                "unsupported value {m:?}; supported values: {MANAGED_BY_THIS:?}, \
+                     {MANAGED_BY_MULTIKUEUE:?}"
+            ),
+        ));
+    }
     errs
 }
 
@@ -780,7 +789,10 @@ fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
         .map(|s| s.containers.as_slice())
         .unwrap_or(&[]);
     if containers.is_empty() {
-        errs.push(FieldError::new(&cpath, "must contain at least one container"));
+        errs.push(FieldError::new(
+            &cpath,
+            "must contain at least one container",
+        ));
         return;
     }
     for (i, c) in containers.iter().enumerate() {
@@ -807,10 +819,7 @@ fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
 pub fn validate_update(old: &TFJob, new: &TFJob) -> Vec<FieldError> {
     let mut errs = validate(new);
     if old.spec.run_policy.managed_by != new.spec.run_policy.managed_by {
-        errs.push(FieldError::new(
-            "spec.runPolicy.managedBy",
-            "is immutable",
-        ));
+        errs.push(FieldError::new("spec.runPolicy.managedBy", "is immutable"));
     }
     errs
 }
@@ -818,7 +827,7 @@ pub fn validate_update(old: &TFJob, new: &TFJob) -> Vec<FieldError> {
 /// Parses one document (already known to be a TFJob) and validates it, reporting every problem
 /// at once. On success returns the job with defaults applied.
 pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErrors> {
-    let mut errs = Vec::new();
+    let mut errs = raw_checks(&doc);
     if doc.get("spec").is_none() {
         errs.push(FieldError::new("spec", "is required"));
     }
@@ -833,10 +842,169 @@ pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErr
             }
         }
         Err(e) => {
-            errs.push(FieldError::new("spec", format!("cannot be decoded: {e}")));
+            // Type errors are usually already reported with their path by `raw_checks`.
+            if errs.is_empty() {
+                errs.push(FieldError::new("spec", format!("cannot be decoded: {e}")));
+            }
             Err(ValidationErrors(errs))
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Int,
+    Bool,
+    Str,
+    Object,
+}
+
+fn check_object(
+    value: &serde_json::Value,
+    path: &str,
+    fields: &[(&str, Kind)],
+    errs: &mut Vec<FieldError>,
+) {
+    use serde_json::Value;
+    let Some(obj) = value.as_object() else {
+        if !value.is_null() {
+            errs.push(FieldError::new(
+                path,
+                format!("must be an object, got {value}"),
+            ));
+        }
+        return;
+    };
+    for (key, v) in obj {
+        let field = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        match fields.iter().find(|(k, _)| k == key) {
+            None => {
+                let hint = fields
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                    .map(|(k, _)| format!("; did you mean {k:?}?"))
+                    .unwrap_or_default();
+                errs.push(FieldError::new(field, format!("unknown field{hint}")));
+            }
+            Some((_, kind)) => {
+                let ok = match kind {
+                    Kind::Int => v.is_i64() || v.is_null(),
+                    Kind::Bool => v.is_boolean() || v.is_null(),
+                    Kind::Str => v.is_string() || v.is_null(),
+                    Kind::Object => matches!(v, Value::Object(_) | Value::Null),
+                };
+                if !ok {
+                    let want = match kind {
+                        Kind::Int => "an integer",
+                        Kind::Bool => "a boolean",
+                        Kind::Str => "a string",
+                        Kind::Object => "an object",
+                    };
+                    errs.push(FieldError::new(field, format!("must be {want}, got {v}")));
+                }
+            }
+        }
+    }
+}
+
+/// Checks a raw document for unknown fields and wrongly typed values, with their paths (the
+/// API server rejects these too, with `kubectl apply`'s default strict field validation).
+pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
+    use Kind::*;
+    let mut errs = Vec::new();
+    check_object(
+        doc,
+        "",
+        &[
+            ("apiVersion", Str),
+            ("kind", Str),
+            ("metadata", Object),
+            ("spec", Object),
+            ("status", Object),
+        ],
+        &mut errs,
+    );
+    let Some(spec) = doc.get("spec") else {
+        return errs;
+    };
+    check_object(
+        spec,
+        "spec",
+        &[
+            ("runPolicy", Object),
+            ("successPolicy", Str),
+            ("tfReplicaSpecs", Object),
+            ("enableDynamicWorker", Bool),
+        ],
+        &mut errs,
+    );
+    if let Some(rp) = spec.get("runPolicy") {
+        check_object(
+            rp,
+            "spec.runPolicy",
+            &[
+                ("cleanPodPolicy", Str),
+                ("ttlSecondsAfterFinished", Int),
+                ("activeDeadlineSeconds", Int),
+                ("backoffLimit", Int),
+                ("schedulingPolicy", Object),
+                ("suspend", Bool),
+                ("managedBy", Str),
+            ],
+            &mut errs,
+        );
+        if let Some(sp) = rp.get("schedulingPolicy") {
+            check_object(
+                sp,
+                "spec.runPolicy.schedulingPolicy",
+                &[
+                    ("minAvailable", Int),
+                    ("queue", Str),
+                    ("minResources", Object),
+                    ("priorityClass", Str),
+                    ("scheduleTimeoutSeconds", Int),
+                ],
+                &mut errs,
+            );
+        }
+    }
+    if let Some(specs) = spec.get("tfReplicaSpecs").and_then(|v| v.as_object()) {
+        for (key, rs) in specs {
+            check_object(
+                rs,
+                &format!("spec.tfReplicaSpecs.{key}"),
+                &[
+                    ("replicas", Int),
+                    ("template", Object),
+                    ("restartPolicy", Str),
+                ],
+                &mut errs,
+            );
+            if let Some(t) = rs.get("template") {
+                check_object(
+                    t,
+                    &format!("spec.tfReplicaSpecs.{key}.template"),
+                    &[("metadata", Object), ("spec", Object)],
+                    &mut errs,
+                );
+                if let Some(ps) = t.get("spec").filter(|v| v.is_object())
+                    && let Some(c) = ps
+                        .get("containers")
+                        .filter(|c| !c.is_array() && !c.is_null())
+                {
+                    errs.push(FieldError::new(
+                        format!("spec.tfReplicaSpecs.{key}.template.spec.containers"),
+                        format!("must be a list, got {c}"),
+                    ));
+                }
+            }
+        }
+    }
+    errs
 }
 
 /// Outcome of loading one document of a manifest.
@@ -853,7 +1021,10 @@ pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
         }
         let json: serde_json::Value = serde_json::to_value(&value)
             .map_err(|e| <serde_yaml::Error as serde::de::Error>::custom(e.to_string()))?;
-        let api_version = json.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+        let api_version = json
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
         let kind = json.get("kind").and_then(|v| v.as_str()).unwrap_or("");
         if api_version != "kubeflow.org/v1" || kind != KIND {
             out.push(Err(ManifestError::NotATFJob {
@@ -867,7 +1038,9 @@ pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
             .and_then(|v| v.as_str())
             .unwrap_or("<unnamed>")
             .to_string();
-        out.push(parse_and_validate(json).map_err(|errors| ManifestError::Invalid { name, errors }));
+        out.push(
+            parse_and_validate(json).map_err(|errors| ManifestError::Invalid { name, errors }),
+        );
     }
     Ok(out)
 }
@@ -967,9 +1140,51 @@ spec:
             "spec.tfReplicaSpecs.Driver",
             "spec.tfReplicaSpecs.PS.template.spec.containers",
         ] {
-            assert!(fields.contains(&expected), "missing {expected} in {errs:#?}");
+            assert!(
+                fields.contains(&expected),
+                "missing {expected} in {errs:#?}"
+            );
         }
-        assert!(errs.iter().any(|e| e.message.contains("at most one of Chief and Master")));
+        assert!(
+            errs.iter()
+                .any(|e| e.message.contains("at most one of Chief and Master"))
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_types_are_named() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: typo}
+spec:
+  tfReplicaSpecs:
+    Worker:
+      replicas: two
+      restartpolicy: OnFailure
+      template: {spec: {containers: [{name: tensorflow, image: x}]}}
+  runPolicy: {suspend: "yes", cleanupPolicy: All}
+  enableDynamicWorkers: true
+"#;
+        let errs = parse_and_validate(job(y)).unwrap_err().0;
+        let got: Vec<(String, String)> = errs.into_iter().map(|e| (e.field, e.message)).collect();
+        let want: Vec<(String, String)> = vec![
+            ("spec.enableDynamicWorkers", "unknown field"),
+            ("spec.runPolicy.cleanupPolicy", "unknown field"),
+            ("spec.runPolicy.suspend", "must be a boolean, got \"yes\""),
+            (
+                "spec.tfReplicaSpecs.Worker.replicas",
+                "must be an integer, got \"two\"",
+            ),
+            (
+                "spec.tfReplicaSpecs.Worker.restartpolicy",
+                "unknown field; did you mean \"restartPolicy\"?",
+            ),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -1005,7 +1220,11 @@ spec:
             assert_eq!(r.is_ok(), valid, "{name}: {r:?}");
             if let Err(e) = r {
                 assert_eq!(e.0[0].field, "metadata.name");
-                assert!(e.0[0].message.contains("64 characters"), "{}", e.0[0].message);
+                assert!(
+                    e.0[0].message.contains("64 characters"),
+                    "{}",
+                    e.0[0].message
+                );
             }
         }
     }
@@ -1025,9 +1244,11 @@ spec:
         let a = parse_and_validate(job(VALID)).unwrap();
         let mut b = a.clone();
         b.spec.run_policy.managed_by = Some(MANAGED_BY_MULTIKUEUE.into());
-        assert!(validate_update(&a, &b)
-            .iter()
-            .any(|e| e.field == "spec.runPolicy.managedBy" && e.message == "is immutable"));
+        assert!(
+            validate_update(&a, &b)
+                .iter()
+                .any(|e| e.field == "spec.runPolicy.managedBy" && e.message == "is immutable")
+        );
         assert!(validate_update(&a, &a).is_empty());
         assert!(b.managed_elsewhere());
         assert!(!a.managed_elsewhere());
@@ -1036,9 +1257,15 @@ spec:
     /// Checks the rules of a structural schema that a derive can break: every node has a type
     /// (or is int-or-string / preserve-unknown-fields), and `anyOf`/`oneOf`/`allOf` branches carry
     /// no type, description, default or nullable.
-    fn check_structural(node: &serde_json::Value, path: &str, in_junctor: bool, problems: &mut Vec<String>) {
+    fn check_structural(
+        node: &serde_json::Value,
+        path: &str,
+        in_junctor: bool,
+        problems: &mut Vec<String>,
+    ) {
         let Some(o) = node.as_object() else { return };
-        let int_or_string = o.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
+        let int_or_string =
+            o.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
         if in_junctor {
             for k in ["type", "description", "default", "nullable"] {
                 if o.contains_key(k) && !(int_or_string && k == "type") {
@@ -1075,17 +1302,32 @@ spec:
         check_structural(root, "", false, &mut problems);
         assert!(problems.is_empty(), "{problems:#?}");
         let mut bad = Vec::new();
-        check_structural(&serde_json::json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}), "", false, &mut bad);
-        assert_eq!(bad.len(), 2, "the checker itself catches violations: {bad:?}");
+        check_structural(
+            &serde_json::json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}),
+            "",
+            false,
+            &mut bad,
+        );
+        assert_eq!(
+            bad.len(),
+            2,
+            "the checker itself catches violations: {bad:?}"
+        );
     }
 
     #[test]
     fn unsupported_enum_values_deserialise_and_are_rejected() {
-        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "Sometimes"})).unwrap();
-        assert_eq!(rs.restart_policy, RestartPolicy::Unsupported("Sometimes".into()));
-        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "ExitCode"})).unwrap();
+        let rs: ReplicaSpec =
+            serde_json::from_value(serde_json::json!({"restartPolicy": "Sometimes"})).unwrap();
+        assert_eq!(
+            rs.restart_policy,
+            RestartPolicy::Unsupported("Sometimes".into())
+        );
+        let rs: ReplicaSpec =
+            serde_json::from_value(serde_json::json!({"restartPolicy": "ExitCode"})).unwrap();
         assert_eq!(rs.restart_policy, RestartPolicy::ExitCode);
-        let sp: TFJobSpec = serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
+        let sp: TFJobSpec =
+            serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
         assert_eq!(sp.success_policy, Some(SuccessPolicy::Default));
     }
 

@@ -15,7 +15,11 @@ use crate::plan::{self, GangScheduler, PlanOptions};
 
 /// `tfjob`: TFJob operator and tools.
 #[derive(Debug, Parser)]
-#[command(name = "tfjob", version, about = "TFJob (kubeflow.org/v1) operator and tools")]
+#[command(
+    name = "tfjob",
+    version,
+    about = "TFJob (kubeflow.org/v1) operator and tools"
+)]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]
@@ -170,8 +174,16 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
         let to_value = |v: Result<serde_json::Value, serde_json::Error>| {
             v.map_err(|e| CliError::Output(e.to_string()))
         };
-        values.push(with_kind(to_value(serde_json::to_value(&objects.secret))?, "v1", "Secret"));
-        values.push(with_kind(to_value(serde_json::to_value(&objects.service))?, "v1", "Service"));
+        values.push(with_kind(
+            to_value(serde_json::to_value(&objects.secret))?,
+            "v1",
+            "Secret",
+        ));
+        values.push(with_kind(
+            to_value(serde_json::to_value(&objects.service))?,
+            "v1",
+            "Service",
+        ));
         for pod in &objects.pods {
             values.push(with_kind(to_value(serde_json::to_value(pod))?, "v1", "Pod"));
         }
@@ -217,9 +229,8 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Render(args) => {
-            let result = read(&args.file).and_then(|text| {
-                render_text(&text, &args.file.display().to_string(), &args)
-            });
+            let result = read(&args.file)
+                .and_then(|text| render_text(&text, &args.file.display().to_string(), &args));
             match result {
                 Ok(yaml) => {
                     let mut stdout = std::io::stdout().lock();

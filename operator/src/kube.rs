@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::{self, TFJob, TFJobStatus};
 use crate::plan::{self, ClusterDns, GangScheduler, PlanOptions};
-use crate::status::{self, Action, EventKind, ObservedReplica, Observation, Phase};
+use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase};
 
 /// Field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "tfjob-operator";
@@ -57,8 +57,14 @@ impl Error {
     /// Metric category.
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409 => "conflict",
-            Error::Kube { source: kube::Error::Api(_), .. } => "api",
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409 => "conflict",
+            Error::Kube {
+                source: kube::Error::Api(_),
+                ..
+            } => "api",
             Error::Kube { .. } => "transport",
             Error::Serialization(_) => "serialization",
             Error::MissingField(_) => "invalid_object",
@@ -110,18 +116,30 @@ impl Metrics {
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str("# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n");
-        let mut phases: BTreeMap<String, u64> = ["Created", "Running", "Restarting", "Succeeded", "Suspended", "Failed"]
-            .iter()
-            .map(|p| (p.to_string(), 0))
-            .collect();
+        out.push_str(
+            "# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n",
+        );
+        let mut phases: BTreeMap<String, u64> = [
+            "Created",
+            "Running",
+            "Restarting",
+            "Succeeded",
+            "Suspended",
+            "Failed",
+        ]
+        .iter()
+        .map(|p| (p.to_string(), 0))
+        .collect();
         if let Ok(store) = self.store.lock()
-            && let Some(store) = store.as_ref() {
-                for job in store.state() {
-                    let status = job.status.clone().unwrap_or_default();
-                    *phases.entry(status::job_phase(&status).to_string()).or_default() += 1;
-                }
+            && let Some(store) = store.as_ref()
+        {
+            for job in store.state() {
+                let status = job.status.clone().unwrap_or_default();
+                *phases
+                    .entry(status::job_phase(&status).to_string())
+                    .or_default() += 1;
             }
+        }
         for (p, n) in phases {
             out.push_str(&format!("tfjob_jobs{{phase=\"{p}\"}} {n}\n"));
         }
@@ -133,18 +151,25 @@ impl Metrics {
                 self.duration_buckets[i].load(Ordering::Relaxed)
             ));
         }
-        out.push_str(&format!("tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"));
+        out.push_str(&format!(
+            "tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"
+        ));
         out.push_str(&format!(
             "tfjob_reconcile_duration_seconds_sum {}\n",
             self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
         ));
         out.push_str(&format!("tfjob_reconcile_duration_seconds_count {count}\n"));
         out.push_str("# HELP tfjob_restarts_total Replicas recreated after a failure.\n# TYPE tfjob_restarts_total counter\n");
-        out.push_str(&format!("tfjob_restarts_total {}\n", self.restarts.load(Ordering::Relaxed)));
+        out.push_str(&format!(
+            "tfjob_restarts_total {}\n",
+            self.restarts.load(Ordering::Relaxed)
+        ));
         out.push_str("# HELP tfjob_reconcile_errors_total Reconciliation errors by category.\n# TYPE tfjob_reconcile_errors_total counter\n");
         if let Ok(m) = self.errors.lock() {
             for (c, n) in m.iter() {
-                out.push_str(&format!("tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"));
+                out.push_str(&format!(
+                    "tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"
+                ));
             }
         }
         out
@@ -217,7 +242,9 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
 
 fn pod_group_resource(gang: &GangScheduler) -> ApiResource {
     let gvk = match gang {
-        GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        GangScheduler::Volcano => {
+            GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup")
+        }
         GangScheduler::SchedulerPlugins(_) => {
             GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup")
         }
@@ -227,7 +254,12 @@ fn pod_group_resource(gang: &GangScheduler) -> ApiResource {
 
 async fn ensure_secret(api: &Api<Secret>, job: &TFJob) -> Result<(), Error> {
     let name = api::secret_name(job.name());
-    if api.get_opt(&name).await.map_err(kerr("get secret"))?.is_some() {
+    if api
+        .get_opt(&name)
+        .await
+        .map_err(kerr("get secret"))?
+        .is_some()
+    {
         return Ok(());
     }
     let secret = plan::build_secret(job, &plan::random_token());
@@ -273,7 +305,11 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         return Ok(CtrlAction::await_change());
     }
     let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
-    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
+    let name = job
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::MissingField("name"))?;
     let client = ctx.client.clone();
     let invalid = api::validate(job);
     let mut defaulted = job.clone();
@@ -287,7 +323,11 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         let svc_api: Api<Service> = Api::namespaced(client.clone(), &ns);
         let svc = plan::build_service(&defaulted);
         svc_api
-            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&svc))
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&svc),
+            )
             .await
             .map_err(kerr("apply service"))?;
         if let Some(gang) = &ctx.opts.gang_scheduler {
@@ -295,7 +335,11 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
             let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
             let pg = plan::build_pod_group(&defaulted, gang);
             pg_api
-                .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pg))
+                .patch(
+                    &name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&pg),
+                )
                 .await
                 .map_err(kerr("apply podgroup"))?;
         }
@@ -339,7 +383,10 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     let mut job_deleted = false;
     for action in &outcome.actions {
         match action {
-            Action::CreateReplica { replica_type, index } => {
+            Action::CreateReplica {
+                replica_type,
+                index,
+            } => {
                 let replicas = planned.get_or_insert_with(|| {
                     let dns = ClusterDns {
                         job: name.clone(),
@@ -354,9 +401,15 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 {
                     let pod = plan::build_pod(&defaulted, r, &ctx.opts);
                     pods_api
-                        .patch(&r.pod_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pod))
+                        .patch(
+                            &r.pod_name,
+                            &PatchParams::apply(FIELD_MANAGER).force(),
+                            &Patch::Apply(&pod),
+                        )
                         .await
                         .map_err(kerr(format!("create pod {}", r.pod_name)))?;
+                    let msg = format!("Created pod: {}", r.pod_name);
+                    publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg).await;
                 }
             }
             Action::DeleteReplica { name: pod } | Action::RecreateReplica { name: pod, .. } => {
@@ -364,12 +417,19 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                     ctx.metrics.restarts.fetch_add(1, Ordering::Relaxed);
                 }
                 match pods_api.delete(pod, &DeleteParams::default()).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        let msg = format!("Deleted pod: {pod}");
+                        publish(ctx, job, EventKind::Normal, "SuccessfulDeletePod", &msg).await;
+                    }
                     Err(e) if is_status(&e, 404) => {}
                     Err(e) => return Err(kerr(format!("delete pod {pod}"))(e)),
                 }
             }
-            Action::Event { kind, reason, message } => {
+            Action::Event {
+                kind,
+                reason,
+                message,
+            } => {
                 publish(ctx, job, *kind, reason, message).await;
             }
             Action::RequeueAfter(_) => {}
@@ -386,8 +446,9 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     }
 
     // A finished job releases its gang: the PodGroup goes with the pods.
-    if !job_deleted && !finished && status::is_finished(&outcome.status) {
-        if let Some(gang) = &ctx.opts.gang_scheduler {
+    let newly_finished = !job_deleted && !finished && status::is_finished(&outcome.status);
+    if let Some(gang) = ctx.opts.gang_scheduler.as_ref().filter(|_| newly_finished) {
+        {
             let ar = pod_group_resource(gang);
             let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
             match pg_api.delete(&name, &DeleteParams::default()).await {
@@ -405,9 +466,13 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
             "kind": api::KIND,
             "status": outcome.status,
         });
-        jobs.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-            .await
-            .map_err(kerr("patch status"))?;
+        jobs.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kerr("patch status"))?;
     }
 
     Ok(match outcome.requeue_after() {
@@ -482,7 +547,10 @@ fn init_logging(args: &OperatorArgs) {
 /// Entry point of `tfjob operator`.
 pub fn run_operator(args: OperatorArgs) -> ExitCode {
     init_logging(&args);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -544,7 +612,10 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
     check_crd(&client, args.namespace.as_deref()).await?;
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
+        gang_scheduler: args
+            .gang_scheduler
+            .as_deref()
+            .and_then(GangScheduler::from_setting),
     };
     let ctx = Arc::new(Context::new(client.clone(), opts));
     let ready = Arc::new(AtomicBool::new(false));
@@ -656,7 +727,11 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.
-pub async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
@@ -683,12 +758,20 @@ pub async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>
 }
 
 /// Status line, body and content type for a path of the health/metrics server.
-pub fn http_response(path: &str, metrics: &Metrics, ready: bool) -> (&'static str, String, &'static str) {
+pub fn http_response(
+    path: &str,
+    metrics: &Metrics,
+    ready: bool,
+) -> (&'static str, String, &'static str) {
     match path {
         "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
         "/healthz" => ("200 OK", "ok\n".into(), "text/plain"),
         "/readyz" if ready => ("200 OK", "ok\n".into(), "text/plain"),
-        "/readyz" => ("503 Service Unavailable", "not ready\n".into(), "text/plain"),
+        "/readyz" => (
+            "503 Service Unavailable",
+            "not ready\n".into(),
+            "text/plain",
+        ),
         _ => ("404 Not Found", "not found\n".into(), "text/plain"),
     }
 }
@@ -736,9 +819,7 @@ impl LeaderElector {
                 let spec = lease.spec.get_or_insert_with(Default::default);
                 let holder = spec.holder_identity.clone().unwrap_or_default();
                 let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-                    (Some(t), Some(d)) => {
-                        now.duration_since(t.0).as_secs_f64() > f64::from(d)
-                    }
+                    (Some(t), Some(d)) => now.duration_since(t.0).as_secs_f64() > f64::from(d),
                     _ => true,
                 };
                 if holder != self.identity && !expired && !holder.is_empty() {
@@ -752,7 +833,11 @@ impl LeaderElector {
                 spec.lease_duration_seconds = Some(secs);
                 spec.renew_time = Some(MicroTime(now));
                 // replace carries the resourceVersion: a concurrent writer makes this fail (409).
-                match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+                match self
+                    .api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+                {
                     Ok(_) => Ok(true),
                     Err(e) if is_status(&e, 409) => Ok(false),
                     Err(e) => Err(e),

@@ -9,13 +9,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, Pod, PodSpec, SecretKeySelector, Secret, Service, ServicePort,
+    EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort,
     ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use k8s_openapi::ByteString;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::api::{
     self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType,
@@ -114,9 +114,16 @@ pub fn replica_port(rs: &ReplicaSpec) -> i32 {
     rs.template
         .spec
         .as_ref()
-        .and_then(|s| s.containers.iter().find(|c| c.name == DEFAULT_CONTAINER_NAME))
+        .and_then(|s| {
+            s.containers
+                .iter()
+                .find(|c| c.name == DEFAULT_CONTAINER_NAME)
+        })
         .and_then(|c| c.ports.as_ref())
-        .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME)))
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME))
+        })
         .map(|p| p.container_port)
         .unwrap_or(DEFAULT_PORT)
 }
@@ -171,14 +178,21 @@ pub fn tf_config(
     }
     let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
     let cluster: Value = if dynamic && matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
-        let own_port = specs.get(&rtype).map(|rs| replica_port(rs)).unwrap_or(DEFAULT_PORT);
+        let own_port = specs
+            .get(&rtype)
+            .map(|rs| replica_port(rs))
+            .unwrap_or(DEFAULT_PORT);
         let mut own = serde_json::Map::new();
-        own.insert(index.to_string(), json!(addresses.address(rtype, index, own_port)));
+        own.insert(
+            index.to_string(),
+            json!(addresses.address(rtype, index, own_port)),
+        );
         let mut m = serde_json::Map::new();
         if rtype == ReplicaType::Worker
-            && let Some(ps) = full.get("ps") {
-                m.insert("ps".into(), json!(ps));
-            }
+            && let Some(ps) = full.get("ps")
+        {
+            m.insert("ps".into(), json!(ps));
+        }
         m.insert(rtype.lower().into(), Value::Object(own));
         Value::Object(m)
     } else {
@@ -200,16 +214,20 @@ pub fn tf_config(
 /// local process backend all start from it. Replicas come in type order (Chief, Master, PS,
 /// Worker, Evaluator), then by index. Unknown replica types are skipped (validation rejects
 /// them). `TFJOB_TOKEN` is not included: each backend passes the token its own way.
-pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBook) -> Vec<PlannedReplica> {
+pub fn plan_replicas(
+    job_name: &str,
+    spec: &TFJobSpec,
+    addresses: &dyn AddressBook,
+) -> Vec<PlannedReplica> {
     let distributed = is_distributed(spec);
     let mut out = Vec::new();
     for (rtype, rs) in api::replica_specs(spec) {
         let port = replica_port(rs);
-        let container = rs
-            .template
-            .spec
-            .as_ref()
-            .and_then(|s| s.containers.iter().find(|c| c.name == DEFAULT_CONTAINER_NAME));
+        let container = rs.template.spec.as_ref().and_then(|s| {
+            s.containers
+                .iter()
+                .find(|c| c.name == DEFAULT_CONTAINER_NAME)
+        });
         for index in 0..rs.replicas.max(0) {
             let tf_config = distributed.then(|| tf_config(spec, rtype, index, addresses));
             let mut env: Vec<(String, String)> = container
@@ -231,7 +249,9 @@ pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBo
                 restart_policy: rs.restart_policy.clone(),
                 port,
                 address: addresses.address(rtype, index, port),
-                command: container.and_then(|c| c.command.clone()).unwrap_or_default(),
+                command: container
+                    .and_then(|c| c.command.clone())
+                    .unwrap_or_default(),
                 args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
                 env,
                 tf_config,
@@ -332,7 +352,10 @@ fn meta(job: &TFJob, name: String, labels: BTreeMap<String, String>) -> ObjectMe
 }
 
 fn namespace(job: &TFJob) -> String {
-    job.metadata.namespace.clone().unwrap_or_else(|| "default".to_string())
+    job.metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string())
 }
 
 /// The token Secret of a job (`<job>-token`, key `token`).
@@ -388,15 +411,25 @@ pub fn build_pod(job: &TFJob, replica: &PlannedReplica, opts: &PlanOptions) -> P
         .map(|rs| (*rs).clone())
         .unwrap_or_default();
     let template = rs.template;
-    let mut labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    let mut labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
     labels.extend(job_labels(job.name()));
-    labels.insert(LABEL_REPLICA_TYPE.into(), replica.replica_type.lower().into());
+    labels.insert(
+        LABEL_REPLICA_TYPE.into(),
+        replica.replica_type.lower().into(),
+    );
     labels.insert(LABEL_REPLICA_INDEX.into(), replica.index.to_string());
     if replica.is_master_role {
         labels.insert(LABEL_JOB_ROLE.into(), "master".into());
     }
     let mut metadata = meta(job, replica.pod_name.clone(), labels);
-    metadata.annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone());
+    metadata.annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone());
     let mut spec: PodSpec = template.spec.unwrap_or_default();
     spec.hostname = Some(replica.pod_name.clone());
     spec.subdomain = Some(job.name().to_string());
@@ -408,17 +441,24 @@ pub fn build_pod(job: &TFJob, replica: &PlannedReplica, opts: &PlanOptions) -> P
                 metadata
                     .annotations
                     .get_or_insert_with(BTreeMap::new)
-                    .insert("scheduling.k8s.io/group-name".into(), job.name().to_string());
+                    .insert(
+                        "scheduling.k8s.io/group-name".into(),
+                        job.name().to_string(),
+                    );
             }
             GangScheduler::SchedulerPlugins(_) => {
-                metadata
-                    .labels
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert("scheduling.x-k8s.io/pod-group".into(), job.name().to_string());
+                metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+                    "scheduling.x-k8s.io/pod-group".into(),
+                    job.name().to_string(),
+                );
             }
         }
     }
-    for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
+    for c in spec
+        .containers
+        .iter_mut()
+        .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
+    {
         let env = c.env.get_or_insert_with(Vec::new);
         env.retain(|e| e.name != ENV_TF_CONFIG && e.name != ENV_TOKEN);
         if let Some(cfg) = &replica.tf_config {
@@ -450,13 +490,23 @@ pub fn build_pod(job: &TFJob, replica: &PlannedReplica, opts: &PlanOptions) -> P
 
 /// Total number of replicas of a job.
 pub fn total_replicas(spec: &TFJobSpec) -> i32 {
-    api::replica_specs(spec).values().map(|rs| rs.replicas.max(0)).sum()
+    api::replica_specs(spec)
+        .values()
+        .map(|rs| rs.replicas.max(0))
+        .sum()
 }
 
 /// The PodGroup of a job for the configured gang scheduler.
 pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
-    let sp = job.spec.run_policy.scheduling_policy.clone().unwrap_or_default();
-    let min_member = sp.min_available.unwrap_or_else(|| total_replicas(&job.spec));
+    let sp = job
+        .spec
+        .run_policy
+        .scheduling_policy
+        .clone()
+        .unwrap_or_default();
+    let min_member = sp
+        .min_available
+        .unwrap_or_else(|| total_replicas(&job.spec));
     let owner = serde_json::to_value(owner_reference(job)).unwrap_or(Value::Null);
     let mut spec = serde_json::Map::new();
     spec.insert("minMember".into(), json!(min_member));
@@ -509,7 +559,10 @@ pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredO
         secret: build_secret(job, token),
         service: build_service(job),
         pods,
-        pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
+        pod_group: opts
+            .gang_scheduler
+            .as_ref()
+            .map(|g| build_pod_group(job, g)),
     }
 }
 
@@ -545,7 +598,11 @@ mod tests {
     }
 
     fn cfg_of(j: &TFJob, name: &str) -> Option<String> {
-        let dns = ClusterDns { job: "mnist".into(), namespace: "default".into(), cluster_domain: None };
+        let dns = ClusterDns {
+            job: "mnist".into(),
+            namespace: "default".into(),
+            cluster_domain: None,
+        };
         plan_replicas(j.name(), &j.spec, &dns)
             .into_iter()
             .find(|r| r.pod_name == name)
@@ -556,16 +613,58 @@ mod tests {
     #[test]
     fn tf_config_table() {
         let ps_workers = mnist("", &[("PS", 1), ("Worker", 2)]);
-        let with_chief = mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 1)]);
-        let dynamic = mnist("  enableDynamicWorker: true\n", &[("Chief", 1), ("PS", 2), ("Worker", 2)]);
+        let with_chief = mnist(
+            "",
+            &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 1)],
+        );
+        let dynamic = mnist(
+            "  enableDynamicWorker: true\n",
+            &[("Chief", 1), ("PS", 2), ("Worker", 2)],
+        );
         let single = mnist("", &[("Worker", 1)]);
         let cases: Vec<(&TFJob, &str, Option<&str>)> = vec![
-            (&ps_workers, "mnist-worker-1", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)),
-            (&ps_workers, "mnist-ps-0", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"ps"}}"#)),
-            (&with_chief, "mnist-evaluator-0", Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"evaluator":["mnist-evaluator-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"evaluator"}}"#)),
-            (&dynamic, "mnist-worker-1", Some(r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":{"1":"mnist-worker-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)),
-            (&dynamic, "mnist-ps-1", Some(r#"{"cluster":{"ps":{"1":"mnist-ps-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"ps"}}"#)),
-            (&dynamic, "mnist-chief-0", Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#)),
+            (
+                &ps_workers,
+                "mnist-worker-1",
+                Some(
+                    r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#,
+                ),
+            ),
+            (
+                &ps_workers,
+                "mnist-ps-0",
+                Some(
+                    r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"ps"}}"#,
+                ),
+            ),
+            (
+                &with_chief,
+                "mnist-evaluator-0",
+                Some(
+                    r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"evaluator":["mnist-evaluator-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"evaluator"}}"#,
+                ),
+            ),
+            (
+                &dynamic,
+                "mnist-worker-1",
+                Some(
+                    r#"{"cluster":{"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":{"1":"mnist-worker-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"worker"}}"#,
+                ),
+            ),
+            (
+                &dynamic,
+                "mnist-ps-1",
+                Some(
+                    r#"{"cluster":{"ps":{"1":"mnist-ps-1.mnist.default.svc:2222"}},"environment":"cloud","task":{"index":1,"type":"ps"}}"#,
+                ),
+            ),
+            (
+                &dynamic,
+                "mnist-chief-0",
+                Some(
+                    r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#,
+                ),
+            ),
             (&single, "mnist-worker-0", None),
         ];
         for (j, name, expected) in cases {
@@ -591,12 +690,21 @@ spec:
             ports: [{name: tfjob-port, containerPort: 3333}]
 "#;
         let j = job(y);
-        let dns = ClusterDns { job: "dist".into(), namespace: "team-a".into(), cluster_domain: Some("cluster.local".into()) };
+        let dns = ClusterDns {
+            job: "dist".into(),
+            namespace: "team-a".into(),
+            cluster_domain: Some("cluster.local".into()),
+        };
         let r = plan_replicas("dist", &j.spec, &dns);
-        assert_eq!(r[0].address, "dist-worker-0.dist.team-a.svc.cluster.local:3333");
+        assert_eq!(
+            r[0].address,
+            "dist-worker-0.dist.team-a.svc.cluster.local:3333"
+        );
         assert_eq!(
             r[0].tf_config.as_deref(),
-            Some(r#"{"cluster":{"worker":["dist-worker-0.dist.team-a.svc.cluster.local:3333","dist-worker-1.dist.team-a.svc.cluster.local:3333"]},"environment":"cloud","task":{"index":0,"type":"worker"}}"#)
+            Some(
+                r#"{"cluster":{"worker":["dist-worker-0.dist.team-a.svc.cluster.local:3333","dist-worker-1.dist.team-a.svc.cluster.local:3333"]},"environment":"cloud","task":{"index":0,"type":"worker"}}"#
+            )
         );
         let svc = build_service(&j);
         let ports = svc.spec.unwrap().ports.unwrap();
@@ -608,7 +716,10 @@ spec:
     fn local_addresses_come_from_the_caller() {
         let j = mnist("", &[("PS", 1), ("Worker", 2)]);
         let local = |t: ReplicaType, i: i32, _port: i32| {
-            let base = match t { ReplicaType::PS => 5000, _ => 6000 };
+            let base = match t {
+                ReplicaType::PS => 5000,
+                _ => 6000,
+            };
             format!("127.0.0.1:{}", base + i)
         };
         let r = plan_replicas("mnist", &j.spec, &local);
@@ -618,7 +729,9 @@ spec:
         assert_eq!(r[0].args, vec!["--model=linear".to_string()]);
         assert_eq!(
             r[2].tf_config.as_deref(),
-            Some(r#"{"cluster":{"ps":["127.0.0.1:5000"],"worker":["127.0.0.1:6000","127.0.0.1:6001"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#)
+            Some(
+                r#"{"cluster":{"ps":["127.0.0.1:5000"],"worker":["127.0.0.1:6000","127.0.0.1:6001"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#
+            )
         );
         assert_eq!(r[2].env.last().unwrap().0, "TF_CONFIG");
         assert!(r[1].is_master_role && !r[2].is_master_role && !r[0].is_master_role);
@@ -665,7 +778,15 @@ spec:
         assert_eq!(labels, expected);
         assert_eq!(m.annotations.clone().unwrap()["note"], "x");
         let owner = &m.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller), ("TFJob", "mnist", "u-1", Some(true)));
+        assert_eq!(
+            (
+                owner.kind.as_str(),
+                owner.name.as_str(),
+                owner.uid.as_str(),
+                owner.controller
+            ),
+            ("TFJob", "mnist", "u-1", Some(true))
+        );
         let spec = chief.spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("mnist-chief-0"));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist"));
@@ -673,16 +794,33 @@ spec:
         let env = spec.containers[0].env.clone().unwrap();
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, vec!["A", "TF_CONFIG", "TFJOB_TOKEN"]);
-        assert_eq!(env[1].value.as_deref(), Some(r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#));
-        let sel = env[2].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-        assert_eq!((sel.name.as_str(), sel.key.as_str()), ("mnist-token", "token"));
+        assert_eq!(
+            env[1].value.as_deref(),
+            Some(
+                r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#
+            )
+        );
+        let sel = env[2]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (sel.name.as_str(), sel.key.as_str()),
+            ("mnist-token", "token")
+        );
         let worker = &d.pods[1];
         let wl = worker.metadata.labels.clone().unwrap();
         assert!(!wl.contains_key(LABEL_JOB_ROLE));
         let ws = worker.spec.as_ref().unwrap();
         assert_eq!(ws.restart_policy.as_deref(), Some("Never"));
         assert!(ws.containers[1].env.is_none(), "sidecar untouched");
-        assert_eq!(ws.containers[0].ports.as_ref().unwrap()[0].container_port, 2222);
+        assert_eq!(
+            ws.containers[0].ports.as_ref().unwrap()[0].container_port,
+            2222
+        );
 
         let svc = &d.service;
         assert_eq!(svc.metadata.name.as_deref(), Some("mnist"));
@@ -701,32 +839,71 @@ spec:
             "  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n",
             &[("PS", 2), ("Worker", 3)],
         );
-        let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) };
+        let opts = PlanOptions {
+            cluster_domain: None,
+            gang_scheduler: Some(GangScheduler::Volcano),
+        };
         let d = desired_objects(&j, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
         assert_eq!(pg["metadata"]["name"], "mnist");
-        assert_eq!(pg["spec"], json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"}));
+        assert_eq!(
+            pg["spec"],
+            json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"})
+        );
         let p = &d.pods[0];
-        assert_eq!(p.spec.as_ref().unwrap().scheduler_name.as_deref(), Some("volcano"));
-        assert_eq!(p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"], "mnist");
+        assert_eq!(
+            p.spec.as_ref().unwrap().scheduler_name.as_deref(),
+            Some("volcano")
+        );
+        assert_eq!(
+            p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"],
+            "mnist"
+        );
 
-        let j2 = mnist("  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n", &[("Worker", 3)]);
-        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler") };
+        let j2 = mnist(
+            "  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n",
+            &[("Worker", 3)],
+        );
+        let opts = PlanOptions {
+            cluster_domain: None,
+            gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler"),
+        };
         let d = desired_objects(&j2, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
-        assert_eq!(pg["spec"], json!({"minMember": 2, "scheduleTimeoutSeconds": 30}));
-        assert_eq!(d.pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"], "mnist");
-        assert_eq!(d.pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+        assert_eq!(
+            pg["spec"],
+            json!({"minMember": 2, "scheduleTimeoutSeconds": 30})
+        );
+        assert_eq!(
+            d.pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"],
+            "mnist"
+        );
+        assert_eq!(
+            d.pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(),
+            Some("scheduler-plugins-scheduler")
+        );
     }
 
     #[test]
     fn scaling_changes_the_cluster_of_new_pods() {
         let small = mnist("", &[("Worker", 2)]);
         let big = mnist("", &[("Worker", 3)]);
-        assert_eq!(cfg_of(&small, "mnist-worker-0").unwrap().matches("mnist-worker-").count(), 2);
-        assert_eq!(cfg_of(&big, "mnist-worker-2").unwrap().matches("mnist-worker-").count(), 3);
+        assert_eq!(
+            cfg_of(&small, "mnist-worker-0")
+                .unwrap()
+                .matches("mnist-worker-")
+                .count(),
+            2
+        );
+        assert_eq!(
+            cfg_of(&big, "mnist-worker-2")
+                .unwrap()
+                .matches("mnist-worker-")
+                .count(),
+            3
+        );
     }
 
     #[test]

@@ -211,9 +211,11 @@ impl<'a> Machine<'a> {
     /// changed.
     fn set_condition(&mut self, type_: &str, status: &str, reason: &str, message: &str) -> bool {
         if let Some(c) = self.status.conditions.iter().find(|c| c.type_ == type_)
-            && c.status == status && c.reason.as_deref() == Some(reason) {
-                return false;
-            }
+            && c.status == status
+            && c.reason.as_deref() == Some(reason)
+        {
+            return false;
+        }
         let now = self.now.clone();
         let mut kept = Vec::new();
         for mut c in std::mem::take(&mut self.status.conditions) {
@@ -377,8 +379,9 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
             m.finish(FAILED, "TFJobFailed", &msg);
             return m.into_outcome();
         }
-        m.actions
-            .push(Action::RequeueAfter(Duration::from_secs_f64(limit - elapsed)));
+        m.actions.push(Action::RequeueAfter(Duration::from_secs_f64(
+            limit - elapsed,
+        )));
     }
 
     // Replica counts and per-replica decisions.
@@ -460,7 +463,10 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
             .filter(|(t, _)| t.is_chief())
             .all(|(t, rs)| count(*t, |s| s.succeeded) >= rs.replicas)
     } else {
-        let workers = specs.get(&ReplicaType::Worker).map(|rs| rs.replicas).unwrap_or(0);
+        let workers = specs
+            .get(&ReplicaType::Worker)
+            .map(|rs| rs.replicas)
+            .unwrap_or(0);
         let all = count(ReplicaType::Worker, |s| s.succeeded) >= workers;
         let worker0 = obs.replicas.iter().any(|r| {
             r.replica_type == ReplicaType::Worker
@@ -472,15 +478,20 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
         all || (worker0 && spec.success_policy != Some(SuccessPolicy::AllWorkers))
     };
     if succeeded {
-        m.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
+        m.actions
+            .retain(|a| !matches!(a, Action::CreateReplica { .. }));
         let msg = format!("TFJob {full} successfully completed.");
         m.finish(SUCCEEDED, "TFJobSucceeded", &msg);
         return m.into_outcome();
     }
 
     if let Some(&(rtype, _)) = permanent_failures.first() {
-        let n = permanent_failures.iter().filter(|(t, _)| *t == rtype).count();
-        m.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
+        let n = permanent_failures
+            .iter()
+            .filter(|(t, _)| *t == rtype)
+            .count();
+        m.actions
+            .retain(|a| !matches!(a, Action::CreateReplica { .. }));
         let msg = format!("TFJob {full} has failed because {n} {rtype} replica(s) failed.");
         m.finish(FAILED, "TFJobFailed", &msg);
         return m.into_outcome();
@@ -496,9 +507,11 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
     let restarts = in_place_restarts + recreated;
     if let Some(limit) = spec.run_policy.backoff_limit {
         let limit = i64::from(limit.max(0));
-        if restarts > limit || (!to_recreate.is_empty() && restarts + to_recreate.len() as i64 > limit)
+        if restarts > limit
+            || (!to_recreate.is_empty() && restarts + to_recreate.len() as i64 > limit)
         {
-            m.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
+            m.actions
+                .retain(|a| !matches!(a, Action::CreateReplica { .. }));
             let msg = format!(
                 "TFJob {full} has failed because it has reached the specified backoff limit"
             );
@@ -522,7 +535,11 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
                 s.recreated += n;
             }
         }
-        let (t, n) = by_type.iter().next().map(|(t, n)| (*t, *n)).unwrap_or((ReplicaType::Worker, 0));
+        let (t, n) = by_type
+            .iter()
+            .next()
+            .map(|(t, n)| (*t, *n))
+            .unwrap_or((ReplicaType::Worker, 0));
         let msg = format!("TFJob {full} is restarting because {n} {t} replica(s) failed.");
         if m.set_condition(RESTARTING, "True", "TFJobRestarting", &msg) {
             m.event(EventKind::Warning, "TFJobRestarting", &msg);

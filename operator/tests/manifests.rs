@@ -50,20 +50,33 @@ fn check_render(path: &Path) {
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
     let pods: Vec<_> = docs.iter().filter(|d| d["kind"] == "Pod").collect();
-    let expected_pods: i32 = jobs.iter().map(|j| tfjob_operator::plan::total_replicas(&j.spec)).sum();
+    let expected_pods: i32 = jobs
+        .iter()
+        .map(|j| tfjob_operator::plan::total_replicas(&j.spec))
+        .sum();
     assert_eq!(pods.len() as i32, expected_pods, "{}", path.display());
-    assert_eq!(docs.iter().filter(|d| d["kind"] == "Service").count(), jobs.len());
-    assert_eq!(docs.iter().filter(|d| d["kind"] == "Secret").count(), jobs.len());
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "Service").count(),
+        jobs.len()
+    );
+    assert_eq!(
+        docs.iter().filter(|d| d["kind"] == "Secret").count(),
+        jobs.len()
+    );
     for pod in pods {
         let name = pod["metadata"]["name"].as_str().unwrap();
         assert!(name.len() <= 63, "{name}");
         assert_eq!(pod["spec"]["hostname"], name);
         let containers = pod["spec"]["containers"].as_array().unwrap();
-        let tf = containers.iter().find(|c| c["name"] == "tensorflow").unwrap();
+        let tf = containers
+            .iter()
+            .find(|c| c["name"] == "tensorflow")
+            .unwrap();
         let env = tf["env"].as_array().unwrap();
         assert!(env.iter().any(|e| e["name"] == "TFJOB_TOKEN"), "{name}");
         if let Some(cfg) = env.iter().find(|e| e["name"] == "TF_CONFIG") {
-            let cfg: serde_json::Value = serde_json::from_str(cfg["value"].as_str().unwrap()).unwrap();
+            let cfg: serde_json::Value =
+                serde_json::from_str(cfg["value"].as_str().unwrap()).unwrap();
             assert_eq!(cfg["environment"], "cloud");
             let task_type = cfg["task"]["type"].as_str().unwrap();
             assert!(name.contains(&format!("-{task_type}-")), "{name}: {cfg}");
@@ -139,10 +152,19 @@ fn crd_file_matches_the_rust_types() {
 fn cli_validate_exit_codes_and_messages() {
     let valid = manifest_dir().join("tests/fixtures/valid/dist-mnist.yaml");
     let out = tfjob().arg("validate").arg(&valid).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let invalid = manifest_dir().join("tests/fixtures/invalid/bad-enums-and-name.yaml");
-    let out = tfjob().arg("validate").arg(&valid).arg(&invalid).output().unwrap();
+    let out = tfjob()
+        .arg("validate")
+        .arg(&valid)
+        .arg(&invalid)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     for field in [
@@ -156,26 +178,51 @@ fn cli_validate_exit_codes_and_messages() {
     }
     assert!(stderr.contains("8 problem(s) found"), "{stderr}");
 
-    let out = tfjob().arg("validate").arg("/nonexistent/job.yaml").output().unwrap();
+    let out = tfjob()
+        .arg("validate")
+        .arg("/nonexistent/job.yaml")
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/job.yaml"));
 
     let not_yaml = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(not_yaml.path(), "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n").unwrap();
-    let out = tfjob().arg("validate").arg(not_yaml.path()).output().unwrap();
+    std::fs::write(
+        not_yaml.path(),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n",
+    )
+    .unwrap();
+    let out = tfjob()
+        .arg("validate")
+        .arg(not_yaml.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected apiVersion kubeflow.org/v1 and kind TFJob"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("expected apiVersion kubeflow.org/v1 and kind TFJob")
+    );
 }
 
 #[test]
 fn cli_render_and_crd() {
     let f = manifest_dir().join("tests/fixtures/valid/lowercase-keys.yaml");
     let out = tfjob()
-        .args(["render", "--namespace", "team", "--cluster-domain", "cluster.local"])
+        .args([
+            "render",
+            "--namespace",
+            "team",
+            "--cluster-domain",
+            "cluster.local",
+        ])
         .arg(&f)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains(
         r#"{"cluster":{"ps":["linear-ps-0.linear.team.svc.cluster.local:2222"],"worker":["linear-worker-0.linear.team.svc.cluster.local:2222","linear-worker-1.linear.team.svc.cluster.local:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#
@@ -189,7 +236,9 @@ fn cli_render_and_crd() {
     let bad = manifest_dir().join("tests/fixtures/invalid/only-ps.yaml");
     let out = tfjob().arg("render").arg(&bad).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must contain a Chief, a Master or a Worker"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("must contain a Chief, a Master or a Worker")
+    );
 }
 
 #[test]

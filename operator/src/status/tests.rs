@@ -47,7 +47,12 @@ fn at(secs: i64) -> Timestamp {
     t0() + k8s_openapi::jiff::SignedDuration::from_secs(secs)
 }
 
-fn run(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], now: Timestamp) -> Outcome {
+fn run(
+    spec: &TFJobSpec,
+    status: &TFJobStatus,
+    replicas: &[ObservedReplica],
+    now: Timestamp,
+) -> Outcome {
     reconcile_status(&Observation {
         namespace: "ns",
         name: "job",
@@ -104,7 +109,7 @@ fn non_events(o: &Outcome) -> Vec<Action> {
         .collect()
 }
 
-use ReplicaType::{Chief, Evaluator, Master, Worker, PS};
+use ReplicaType::{Chief, Evaluator, Master, PS, Worker};
 use RestartPolicy::{Always, ExitCode, Never, OnFailure};
 
 #[test]
@@ -116,9 +121,18 @@ fn new_job_creates_every_replica() {
     assert_eq!(
         non_events(&o),
         vec![
-            Action::CreateReplica { replica_type: PS, index: 0 },
-            Action::CreateReplica { replica_type: Worker, index: 0 },
-            Action::CreateReplica { replica_type: Worker, index: 1 },
+            Action::CreateReplica {
+                replica_type: PS,
+                index: 0
+            },
+            Action::CreateReplica {
+                replica_type: Worker,
+                index: 0
+            },
+            Action::CreateReplica {
+                replica_type: Worker,
+                index: 1
+            },
         ]
     );
     assert_eq!(o.status.start_time, Some(Time(t0())));
@@ -126,7 +140,9 @@ fn new_job_creates_every_replica() {
     let w = &o.status.replica_statuses["Worker"];
     assert_eq!(
         w.selector.as_deref(),
-        Some("training.kubeflow.org/job-name=job,training.kubeflow.org/operator-name=tfjob-controller,training.kubeflow.org/replica-type=worker")
+        Some(
+            "training.kubeflow.org/job-name=job,training.kubeflow.org/operator-name=tfjob-controller,training.kubeflow.org/replica-type=worker"
+        )
     );
 }
 
@@ -136,12 +152,23 @@ fn new_job_creates_every_replica() {
 fn status_table() {
     type Counts = Vec<(&'static str, i32, i32, i32)>;
     type Cond = (String, String, String, String);
-    type Case = (&'static str, TFJobSpec, Vec<ObservedReplica>, Vec<Cond>, Vec<Action>, Counts);
+    type Case = (
+        &'static str,
+        TFJobSpec,
+        Vec<ObservedReplica>,
+        Vec<Cond>,
+        Vec<Action>,
+        Counts,
+    );
     let cases: Vec<Case> = vec![
         (
             "all pending: no Running",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![r(PS, 0, Phase::Pending), r(Worker, 0, Phase::Pending), r(Worker, 1, Phase::Pending)],
+            vec![
+                r(PS, 0, Phase::Pending),
+                r(Worker, 0, Phase::Pending),
+                r(Worker, 1, Phase::Pending),
+            ],
             vec![],
             vec![],
             vec![("PS", 0, 0, 0), ("Worker", 0, 0, 0)],
@@ -157,7 +184,11 @@ fn status_table() {
         (
             "a worker running without chief: Running",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![r(PS, 0, Phase::Running), r(Worker, 0, Phase::Pending), r(Worker, 1, Phase::Running)],
+            vec![
+                r(PS, 0, Phase::Running),
+                r(Worker, 0, Phase::Pending),
+                r(Worker, 1, Phase::Running),
+            ],
             vec![running()],
             vec![],
             vec![("PS", 1, 0, 0), ("Worker", 1, 0, 0)],
@@ -165,7 +196,11 @@ fn status_table() {
         (
             "with chief, workers running but chief pending: not Running",
             spec(&[(Chief, 1, Never), (Worker, 2, Never)]),
-            vec![r(Chief, 0, Phase::Pending), r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Running)],
+            vec![
+                r(Chief, 0, Phase::Pending),
+                r(Worker, 0, Phase::Running),
+                r(Worker, 1, Phase::Running),
+            ],
             vec![],
             vec![],
             vec![("Chief", 0, 0, 0), ("Worker", 2, 0, 0)],
@@ -181,17 +216,44 @@ fn status_table() {
         (
             "chief succeeded: Succeeded, running ps cleaned (default cleanPodPolicy Running)",
             spec(&[(Chief, 1, Never), (PS, 1, Never), (Worker, 1, Never)]),
-            vec![r(Chief, 0, Phase::Succeeded), r(PS, 0, Phase::Running), r(Worker, 0, Phase::Succeeded)],
-            vec![c(SUCCEEDED, "True", "TFJobSucceeded", "TFJob ns/job successfully completed.")],
-            vec![Action::DeleteReplica { name: "job-ps-0".into() }],
+            vec![
+                r(Chief, 0, Phase::Succeeded),
+                r(PS, 0, Phase::Running),
+                r(Worker, 0, Phase::Succeeded),
+            ],
+            vec![c(
+                SUCCEEDED,
+                "True",
+                "TFJobSucceeded",
+                "TFJob ns/job successfully completed.",
+            )],
+            vec![Action::DeleteReplica {
+                name: "job-ps-0".into(),
+            }],
             vec![("Chief", 0, 1, 0), ("PS", 1, 0, 0), ("Worker", 0, 1, 0)],
         ),
         (
             "worker 0 succeeded with exit 0, no chief: Succeeded",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![r(PS, 0, Phase::Running), r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)],
-            vec![c(SUCCEEDED, "True", "TFJobSucceeded", "TFJob ns/job successfully completed.")],
-            vec![Action::DeleteReplica { name: "job-ps-0".into() }, Action::DeleteReplica { name: "job-worker-1".into() }],
+            vec![
+                r(PS, 0, Phase::Running),
+                r(Worker, 0, Phase::Succeeded),
+                r(Worker, 1, Phase::Running),
+            ],
+            vec![c(
+                SUCCEEDED,
+                "True",
+                "TFJobSucceeded",
+                "TFJob ns/job successfully completed.",
+            )],
+            vec![
+                Action::DeleteReplica {
+                    name: "job-ps-0".into(),
+                },
+                Action::DeleteReplica {
+                    name: "job-worker-1".into(),
+                },
+            ],
             vec![("PS", 1, 0, 0), ("Worker", 1, 1, 0)],
         ),
         (
@@ -205,48 +267,109 @@ fn status_table() {
         (
             "ps failed under Never: Failed, never also Succeeded",
             spec(&[(PS, 2, Never), (Worker, 1, Never)]),
-            vec![r(PS, 0, Phase::Failed), r(PS, 1, Phase::Running), r(Worker, 0, Phase::Running)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 PS replica(s) failed.")],
-            vec![Action::DeleteReplica { name: "job-ps-1".into() }, Action::DeleteReplica { name: "job-worker-0".into() }],
+            vec![
+                r(PS, 0, Phase::Failed),
+                r(PS, 1, Phase::Running),
+                r(Worker, 0, Phase::Running),
+            ],
+            vec![c(
+                FAILED,
+                "True",
+                "TFJobFailed",
+                "TFJob ns/job has failed because 1 PS replica(s) failed.",
+            )],
+            vec![
+                Action::DeleteReplica {
+                    name: "job-ps-1".into(),
+                },
+                Action::DeleteReplica {
+                    name: "job-worker-0".into(),
+                },
+            ],
             vec![("PS", 1, 0, 1), ("Worker", 1, 0, 0)],
         ),
         (
             "worker failed under OnFailure: recreated, Restarting",
             spec(&[(Worker, 2, OnFailure)]),
             vec![r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Failed)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
-            vec![Action::RecreateReplica { name: "job-worker-1".into(), replica_type: Worker, index: 1 }],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+            )],
+            vec![Action::RecreateReplica {
+                name: "job-worker-1".into(),
+                replica_type: Worker,
+                index: 1,
+            }],
             vec![("Worker", 1, 0, 1)],
         ),
         (
             "worker failed under Always: recreated",
             spec(&[(Worker, 1, Always)]),
             vec![r(Worker, 0, Phase::Failed)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
-            vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+            )],
+            vec![Action::RecreateReplica {
+                name: "job-worker-0".into(),
+                replica_type: Worker,
+                index: 0,
+            }],
             vec![("Worker", 0, 0, 1)],
         ),
         (
             "ExitCode 137 (retryable): recreated",
             spec(&[(PS, 1, ExitCode), (Worker, 1, ExitCode)]),
-            vec![with_exit(r(PS, 0, Phase::Failed), 137), r(Worker, 0, Phase::Running)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 PS replica(s) failed.")],
-            vec![Action::RecreateReplica { name: "job-ps-0".into(), replica_type: PS, index: 0 }],
+            vec![
+                with_exit(r(PS, 0, Phase::Failed), 137),
+                r(Worker, 0, Phase::Running),
+            ],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 PS replica(s) failed.",
+            )],
+            vec![Action::RecreateReplica {
+                name: "job-ps-0".into(),
+                replica_type: PS,
+                index: 0,
+            }],
             vec![("PS", 0, 0, 1), ("Worker", 1, 0, 0)],
         ),
         (
             "ExitCode 1 (permanent): Failed",
             spec(&[(Worker, 2, ExitCode)]),
-            vec![with_exit(r(Worker, 0, Phase::Failed), 1), r(Worker, 1, Phase::Running)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
-            vec![Action::DeleteReplica { name: "job-worker-1".into() }],
+            vec![
+                with_exit(r(Worker, 0, Phase::Failed), 1),
+                r(Worker, 1, Phase::Running),
+            ],
+            vec![c(
+                FAILED,
+                "True",
+                "TFJobFailed",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
+            )],
+            vec![Action::DeleteReplica {
+                name: "job-worker-1".into(),
+            }],
             vec![("Worker", 1, 0, 1)],
         ),
         (
             "ExitCode 127 is still permanent",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 127)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
+            vec![c(
+                FAILED,
+                "True",
+                "TFJobFailed",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
+            )],
             vec![],
             vec![("Worker", 0, 0, 1)],
         ),
@@ -254,16 +377,36 @@ fn status_table() {
             "ExitCode 128 is retryable",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 128)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
-            vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+            )],
+            vec![Action::RecreateReplica {
+                name: "job-worker-0".into(),
+                replica_type: Worker,
+                index: 0,
+            }],
             vec![("Worker", 0, 0, 1)],
         ),
         (
             "scale down: out-of-range and unknown-type replicas deleted",
             spec(&[(Worker, 1, Never)]),
-            vec![r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Running), r(Evaluator, 0, Phase::Running)],
+            vec![
+                r(Worker, 0, Phase::Running),
+                r(Worker, 1, Phase::Running),
+                r(Evaluator, 0, Phase::Running),
+            ],
             vec![running()],
-            vec![Action::DeleteReplica { name: "job-worker-1".into() }, Action::DeleteReplica { name: "job-evaluator-0".into() }],
+            vec![
+                Action::DeleteReplica {
+                    name: "job-worker-1".into(),
+                },
+                Action::DeleteReplica {
+                    name: "job-evaluator-0".into(),
+                },
+            ],
             vec![("Worker", 1, 0, 0)],
         ),
         (
@@ -271,7 +414,16 @@ fn status_table() {
             spec(&[(Worker, 3, Never)]),
             vec![r(Worker, 0, Phase::Running)],
             vec![running()],
-            vec![Action::CreateReplica { replica_type: Worker, index: 1 }, Action::CreateReplica { replica_type: Worker, index: 2 }],
+            vec![
+                Action::CreateReplica {
+                    replica_type: Worker,
+                    index: 1,
+                },
+                Action::CreateReplica {
+                    replica_type: Worker,
+                    index: 2,
+                },
+            ],
             vec![("Worker", 1, 0, 0)],
         ),
     ];
@@ -295,7 +447,11 @@ fn status_table() {
         );
         // Every transition comes with an event.
         let transitions = o.status.conditions.len();
-        assert_eq!(events(&o).len(), transitions, "{name}: one event per transition");
+        assert_eq!(
+            events(&o).len(),
+            transitions,
+            "{name}: one event per transition"
+        );
     }
 }
 
@@ -303,14 +459,32 @@ fn status_table() {
 fn success_policy_all_workers() {
     let mut s = spec(&[(Worker, 2, Never)]);
     s.success_policy = Some(SuccessPolicy::AllWorkers);
-    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)],
+        t0(),
+    );
     assert!(!has_condition(&o.status, SUCCEEDED));
     assert!(has_condition(&o.status, RUNNING));
-    let o = run(&s, &o.status, &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Succeeded)], at(5));
+    let o = run(
+        &s,
+        &o.status,
+        &[
+            r(Worker, 0, Phase::Succeeded),
+            r(Worker, 1, Phase::Succeeded),
+        ],
+        at(5),
+    );
     assert!(has_condition(&o.status, SUCCEEDED));
     assert_eq!(o.status.completion_time, Some(Time(at(5))));
     // Running turned false when the job succeeded.
-    let run_cond = o.status.conditions.iter().find(|c| c.type_ == RUNNING).unwrap();
+    let run_cond = o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RUNNING)
+        .unwrap();
     assert_eq!(run_cond.status, "False");
     assert_eq!(job_phase(&o.status), SUCCEEDED);
 }
@@ -318,15 +492,28 @@ fn success_policy_all_workers() {
 #[test]
 fn worker0_nonzero_exit_is_not_success() {
     let s = spec(&[(Worker, 2, OnFailure)]);
-    let w0 = ObservedReplica { exit_code: Some(3), ..r(Worker, 0, Phase::Succeeded) };
-    let o = run(&s, &TFJobStatus::default(), &[w0, r(Worker, 1, Phase::Running)], t0());
+    let w0 = ObservedReplica {
+        exit_code: Some(3),
+        ..r(Worker, 0, Phase::Succeeded)
+    };
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[w0, r(Worker, 1, Phase::Running)],
+        t0(),
+    );
     assert!(!has_condition(&o.status, SUCCEEDED));
 }
 
 #[test]
 fn terminal_is_terminal() {
     let s = spec(&[(Worker, 1, Never)]);
-    let done = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded)], t0());
+    let done = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(Worker, 0, Phase::Succeeded)],
+        t0(),
+    );
     assert!(has_condition(&done.status, SUCCEEDED));
     // Later the pod is reported failed (or gone): the job stays Succeeded, nothing recreated.
     let o = run(&s, &done.status, &[r(Worker, 0, Phase::Failed)], at(10));
@@ -341,13 +528,26 @@ fn terminal_is_terminal() {
 
 #[test]
 fn clean_pod_policies() {
-    let observed = [r(Chief, 0, Phase::Succeeded), r(PS, 0, Phase::Running), r(Worker, 0, Phase::Pending), r(Evaluator, 0, Phase::Failed)];
+    let observed = [
+        r(Chief, 0, Phase::Succeeded),
+        r(PS, 0, Phase::Running),
+        r(Worker, 0, Phase::Pending),
+        r(Evaluator, 0, Phase::Failed),
+    ];
     for (policy, expected) in [
-        (CleanPodPolicy::All, vec!["job-chief-0", "job-ps-0", "job-worker-0", "job-evaluator-0"]),
+        (
+            CleanPodPolicy::All,
+            vec!["job-chief-0", "job-ps-0", "job-worker-0", "job-evaluator-0"],
+        ),
         (CleanPodPolicy::Running, vec!["job-ps-0", "job-worker-0"]),
         (CleanPodPolicy::None, vec![]),
     ] {
-        let mut s = spec(&[(Chief, 1, Never), (PS, 1, Never), (Worker, 1, Never), (Evaluator, 1, OnFailure)]);
+        let mut s = spec(&[
+            (Chief, 1, Never),
+            (PS, 1, Never),
+            (Worker, 1, Never),
+            (Evaluator, 1, OnFailure),
+        ]);
         s.run_policy.clean_pod_policy = policy.clone();
         let o = run(&s, &TFJobStatus::default(), &observed, t0());
         assert!(has_condition(&o.status, SUCCEEDED), "{policy:?}");
@@ -371,7 +571,12 @@ fn clean_pod_policies() {
 fn active_deadline_requeues_and_fires_on_time() {
     let mut s = spec(&[(Worker, 1, Never)]);
     s.run_policy.active_deadline_seconds = Some(60);
-    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Running)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(Worker, 0, Phase::Running)],
+        t0(),
+    );
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(60)));
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(45));
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(15)));
@@ -379,9 +584,19 @@ fn active_deadline_requeues_and_fires_on_time() {
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(60));
     assert_eq!(
         conds(&o.status).last().unwrap(),
-        &c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because it was active longer than specified deadline")
+        &c(
+            FAILED,
+            "True",
+            "TFJobFailed",
+            "TFJob ns/job has failed because it was active longer than specified deadline"
+        )
     );
-    assert_eq!(non_events(&o), vec![Action::DeleteReplica { name: "job-worker-0".into() }]);
+    assert_eq!(
+        non_events(&o),
+        vec![Action::DeleteReplica {
+            name: "job-worker-0".into()
+        }]
+    );
     assert_eq!(events(&o), vec!["TFJobFailed"]);
 }
 
@@ -390,15 +605,26 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     let mut s = spec(&[(Worker, 1, OnFailure)]);
     s.run_policy.backoff_limit = Some(2);
     // Two in-place restarts: within the limit.
-    let w = ObservedReplica { restart_count: 2, ..r(Worker, 0, Phase::Running) };
+    let w = ObservedReplica {
+        restart_count: 2,
+        ..r(Worker, 0, Phase::Running)
+    };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert!(!has_condition(&o.status, FAILED));
     // A third: over the limit.
-    let w = ObservedReplica { restart_count: 3, ..r(Worker, 0, Phase::Running) };
+    let w = ObservedReplica {
+        restart_count: 3,
+        ..r(Worker, 0, Phase::Running)
+    };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert_eq!(
         conds(&o.status).last().unwrap(),
-        &c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because it has reached the specified backoff limit")
+        &c(
+            FAILED,
+            "True",
+            "TFJobFailed",
+            "TFJob ns/job has failed because it has reached the specified backoff limit"
+        )
     );
 
     // ExitCode recreations count too (Kubeflow ignores them).
@@ -406,29 +632,64 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     s.run_policy.backoff_limit = Some(2);
     let mut status = TFJobStatus::default();
     for round in 0..2 {
-        let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(round));
+        let o = run(
+            &s,
+            &status,
+            &[with_exit(r(Worker, 0, Phase::Failed), 137)],
+            at(round),
+        );
         assert!(
-            o.actions.contains(&Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }),
+            o.actions.contains(&Action::RecreateReplica {
+                name: "job-worker-0".into(),
+                replica_type: Worker,
+                index: 0
+            }),
             "round {round}"
         );
         status = o.status;
-        assert_eq!(status.replica_statuses["Worker"].recreated, round as i32 + 1);
+        assert_eq!(
+            status.replica_statuses["Worker"].recreated,
+            round as i32 + 1
+        );
     }
-    let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(3));
+    let o = run(
+        &s,
+        &status,
+        &[with_exit(r(Worker, 0, Phase::Failed), 137)],
+        at(3),
+    );
     assert!(has_condition(&o.status, FAILED));
-    assert!(!o.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. })));
+    assert!(
+        !o.actions
+            .iter()
+            .any(|a| matches!(a, Action::RecreateReplica { .. }))
+    );
 }
 
 #[test]
 fn restarting_then_running_again() {
     let s = spec(&[(Worker, 1, OnFailure)]);
-    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Running)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(Worker, 0, Phase::Running)],
+        t0(),
+    );
     assert_eq!(conds(&o.status), vec![created(), running()]);
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Failed)], at(1));
     assert_eq!(job_phase(&o.status), RESTARTING);
-    assert!(!o.status.conditions.iter().any(|c| c.type_ == RUNNING), "Restarting replaces Running");
+    assert!(
+        !o.status.conditions.iter().any(|c| c.type_ == RUNNING),
+        "Restarting replaces Running"
+    );
     let o = run(&s, &o.status, &[], at(2));
-    assert_eq!(non_events(&o), vec![Action::CreateReplica { replica_type: Worker, index: 0 }]);
+    assert_eq!(
+        non_events(&o),
+        vec![Action::CreateReplica {
+            replica_type: Worker,
+            index: 0
+        }]
+    );
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(3));
     assert_eq!(conds(&o.status), vec![created(), running()]);
     assert_eq!(events(&o), vec!["TFJobRunning"]);
@@ -441,26 +702,57 @@ fn restarting_then_running_again() {
 #[test]
 fn suspend_and_resume() {
     let mut s = spec(&[(PS, 1, Never), (Worker, 1, Never)]);
-    let o = run(&s, &TFJobStatus::default(), &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)],
+        t0(),
+    );
     s.run_policy.suspend = true;
-    let o = run(&s, &o.status, &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], at(10));
+    let o = run(
+        &s,
+        &o.status,
+        &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)],
+        at(10),
+    );
     assert_eq!(
         conds(&o.status),
         vec![
             created(),
             c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."),
-            c(SUSPENDED, "True", "TFJobSuspended", "TFJob ns/job is suspended."),
+            c(
+                SUSPENDED,
+                "True",
+                "TFJobSuspended",
+                "TFJob ns/job is suspended."
+            ),
         ]
     );
     assert_eq!(
         non_events(&o),
-        vec![Action::DeleteReplica { name: "job-ps-0".into() }, Action::DeleteReplica { name: "job-worker-0".into() }]
+        vec![
+            Action::DeleteReplica {
+                name: "job-ps-0".into()
+            },
+            Action::DeleteReplica {
+                name: "job-worker-0".into()
+            }
+        ]
     );
     assert_eq!(events(&o), vec!["TFJobSuspended"]);
     s.run_policy.suspend = false;
     let o = run(&s, &o.status, &[], at(100));
-    assert_eq!(o.status.start_time, Some(Time(at(100))), "resume resets startTime");
-    assert!(conds(&o.status).contains(&c(SUSPENDED, "False", "TFJobResumed", "TFJob ns/job is resumed.")));
+    assert_eq!(
+        o.status.start_time,
+        Some(Time(at(100))),
+        "resume resets startTime"
+    );
+    assert!(conds(&o.status).contains(&c(
+        SUSPENDED,
+        "False",
+        "TFJobResumed",
+        "TFJob ns/job is resumed."
+    )));
     assert_eq!(events(&o), vec!["TFJobResumed"]);
     assert_eq!(non_events(&o).len(), 2);
 }
@@ -469,7 +761,12 @@ fn suspend_and_resume() {
 fn ttl_after_finished() {
     let mut s = spec(&[(Worker, 1, Never)]);
     s.run_policy.ttl_seconds_after_finished = Some(30);
-    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[r(Worker, 0, Phase::Succeeded)],
+        t0(),
+    );
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(30)));
     let o2 = run(&s, &o.status, &[r(Worker, 0, Phase::Succeeded)], at(29));
     assert_eq!(o2.requeue_after(), Some(Duration::from_secs(1)));
@@ -493,17 +790,35 @@ fn invalid_job_fails_with_warning() {
     let last = conds(&o.status).pop().unwrap();
     assert_eq!(
         last,
-        c(FAILED, "True", "TFJobFailedValidation", "TFJob ns/job is not valid: spec.tfReplicaSpecs.PS.template.spec.containers: must contain at least one container; spec.tfReplicaSpecs: must contain a Chief, a Master or a Worker replica type")
+        c(
+            FAILED,
+            "True",
+            "TFJobFailedValidation",
+            "TFJob ns/job is not valid: spec.tfReplicaSpecs.PS.template.spec.containers: must contain at least one container; spec.tfReplicaSpecs: must contain a Chief, a Master or a Worker replica type"
+        )
     );
     assert!(o.actions.iter().any(|a| matches!(a, Action::Event { kind: EventKind::Warning, reason, .. } if reason == "TFJobFailedValidation")));
-    assert!(!o.actions.iter().any(|a| matches!(a, Action::CreateReplica { .. })));
+    assert!(
+        !o.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateReplica { .. }))
+    );
 }
 
 #[test]
 fn dynamic_worker_failure_does_not_fail_the_job() {
     let mut s = spec(&[(Chief, 1, Never), (Worker, 2, Never)]);
     s.enable_dynamic_worker = Some(true);
-    let o = run(&s, &TFJobStatus::default(), &[r(Chief, 0, Phase::Running), r(Worker, 0, Phase::Failed), r(Worker, 1, Phase::Running)], t0());
+    let o = run(
+        &s,
+        &TFJobStatus::default(),
+        &[
+            r(Chief, 0, Phase::Running),
+            r(Worker, 0, Phase::Failed),
+            r(Worker, 1, Phase::Running),
+        ],
+        t0(),
+    );
     assert!(!has_condition(&o.status, FAILED));
     assert!(has_condition(&o.status, RUNNING));
 }
@@ -511,7 +826,10 @@ fn dynamic_worker_failure_does_not_fail_the_job() {
 #[test]
 fn terminating_pods_are_neither_counted_nor_duplicated() {
     let s = spec(&[(Worker, 1, Never)]);
-    let w = ObservedReplica { terminating: true, ..r(Worker, 0, Phase::Running) };
+    let w = ObservedReplica {
+        terminating: true,
+        ..r(Worker, 0, Phase::Running)
+    };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert_eq!(non_events(&o), vec![]);
     assert_eq!(o.status.replica_statuses["Worker"].active, 0);

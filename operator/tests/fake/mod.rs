@@ -79,7 +79,11 @@ fn split(path: &str) -> Option<(String, Option<String>, Option<String>)> {
 fn query_param(uri: &http::Uri, key: &str) -> Option<String> {
     uri.query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| v.replace("%3D", "=").replace("%2C", ",").replace("%2F", "/"))
+        (k == key).then(|| {
+            v.replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/")
+        })
     })
 }
 
@@ -130,8 +134,16 @@ impl State {
 
     fn handle(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> (u16, Value) {
         self.log.push(format!("{method} {}", uri.path()));
-        if self.unserved.iter().any(|p| uri.path().starts_with(p.as_str())) {
-            return status(404, "NotFound", "the server could not find the requested resource");
+        if self
+            .unserved
+            .iter()
+            .any(|p| uri.path().starts_with(p.as_str()))
+        {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
         }
         let Some((collection, name, sub)) = split(uri.path()) else {
             return status(404, "NotFound", "unknown path");
@@ -154,7 +166,10 @@ impl State {
                     .map(|(_, v)| v.clone())
                     .filter(|o| labels_match(o, &selector))
                     .collect();
-                (200, json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.counter.to_string()}, "items": items}))
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.counter.to_string()}, "items": items}),
+                )
             }
             ("GET", Some(name)) => match self.objects.get(&format!("{collection}/{name}")) {
                 Some(o) => (200, o.clone()),
@@ -165,7 +180,10 @@ impl State {
                 let name = match obj["metadata"]["name"].as_str() {
                     Some(n) => n.to_string(),
                     None => {
-                        let prefix = obj["metadata"]["generateName"].as_str().unwrap_or("obj-").to_string();
+                        let prefix = obj["metadata"]["generateName"]
+                            .as_str()
+                            .unwrap_or("obj-")
+                            .to_string();
                         format!("{prefix}{}", self.next())
                     }
                 };
@@ -236,10 +254,11 @@ impl FakeApi {
             async move {
                 let (parts, body) = req.into_parts();
                 let bytes = body.collect_bytes().await.unwrap_or_default();
-                let (code, value) = state
-                    .lock()
-                    .unwrap()
-                    .handle(parts.method.as_str(), &parts.uri, &bytes);
+                let (code, value) =
+                    state
+                        .lock()
+                        .unwrap()
+                        .handle(parts.method.as_str(), &parts.uri, &bytes);
                 let resp = Response::builder()
                     .status(StatusCode::from_u16(code).unwrap())
                     .header("content-type", "application/json")
@@ -268,7 +287,10 @@ impl FakeApi {
     /// Mutates an object in place (e.g. the kubelet updating a pod's status).
     pub fn update(&self, key: &str, f: impl FnOnce(&mut Value)) {
         let mut st = self.state.lock().unwrap();
-        let obj = st.objects.get_mut(key).unwrap_or_else(|| panic!("{key} missing"));
+        let obj = st
+            .objects
+            .get_mut(key)
+            .unwrap_or_else(|| panic!("{key} missing"));
         f(obj);
     }
 
