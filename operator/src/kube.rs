@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -270,7 +270,26 @@ async fn ensure_secret(api: &Api<Secret>, job: &TFJob) -> Result<(), Error> {
     }
 }
 
-async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str) {
+/// A reference to a pod of the job (the `related` object of pod events; it also keeps the
+/// recorder from folding events about different pods into one series).
+fn pod_ref(job: &TFJob, pod: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.to_string()),
+        namespace: job.namespace(),
+        ..Default::default()
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    job: &TFJob,
+    kind: EventKind,
+    reason: &str,
+    message: &str,
+    related: Option<ObjectReference>,
+) {
     let ev = Event {
         type_: match kind {
             EventKind::Normal => EventType::Normal,
@@ -279,7 +298,7 @@ async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, mess
         reason: reason.to_string(),
         note: Some(message.chars().take(1000).collect()),
         action: "Reconcile".to_string(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &job.object_ref(&())).await {
         tracing::warn!(error = %e, reason, "cannot publish event");
@@ -409,7 +428,16 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                         .await
                         .map_err(kerr(format!("create pod {}", r.pod_name)))?;
                     let msg = format!("Created pod: {}", r.pod_name);
-                    publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg).await;
+                    let related = Some(pod_ref(job, &r.pod_name));
+                    publish(
+                        ctx,
+                        job,
+                        EventKind::Normal,
+                        "SuccessfulCreatePod",
+                        &msg,
+                        related,
+                    )
+                    .await;
                 }
             }
             Action::DeleteReplica { name: pod } | Action::RecreateReplica { name: pod, .. } => {
@@ -419,7 +447,16 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 match pods_api.delete(pod, &DeleteParams::default()).await {
                     Ok(_) => {
                         let msg = format!("Deleted pod: {pod}");
-                        publish(ctx, job, EventKind::Normal, "SuccessfulDeletePod", &msg).await;
+                        let related = Some(pod_ref(job, pod));
+                        publish(
+                            ctx,
+                            job,
+                            EventKind::Normal,
+                            "SuccessfulDeletePod",
+                            &msg,
+                            related,
+                        )
+                        .await;
                     }
                     Err(e) if is_status(&e, 404) => {}
                     Err(e) => return Err(kerr(format!("delete pod {pod}"))(e)),
@@ -430,7 +467,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 reason,
                 message,
             } => {
-                publish(ctx, job, *kind, reason, message).await;
+                publish(ctx, job, *kind, reason, message, None).await;
             }
             Action::RequeueAfter(_) => {}
             Action::DeleteJob => {
@@ -642,10 +679,13 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
     };
 
     let mut lost_leadership = None;
+    let mut leader: Option<(Arc<LeaderElector>, tokio::task::JoinHandle<()>)> = None;
     if args.leader_elect {
-        let identity = std::env::var("POD_NAME")
+        // Like client-go: the pod (host) name plus a random suffix, unique per process.
+        let host = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| format!("tfjob-operator-{}", std::process::id()));
+            .unwrap_or_else(|_| "tfjob-operator".to_string());
+        let identity = format!("{host}_{}", &plan::random_token()[..12]);
         let elector = LeaderElector {
             api: Api::namespaced(client.clone(), &args.lease_namespace),
             name: args.lease_name.clone(),
@@ -659,11 +699,14 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
         }
         tracing::info!("became leader");
         let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            elector.keep().await;
+        let elector = Arc::new(elector);
+        let keeper = elector.clone();
+        let renewals = tokio::spawn(async move {
+            keeper.keep().await;
             let _ = lost_tx.send(());
         });
         lost_leadership = Some(lost_rx);
+        leader = Some((elector, renewals));
     }
 
     let (jobs, pods, svcs, secrets): (Api<TFJob>, Api<Pod>, Api<Service>, Api<Secret>) =
@@ -721,6 +764,13 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
         })
         .await;
     ready.store(false, Ordering::SeqCst);
+    if let Some((elector, renewals)) = leader {
+        renewals.abort();
+        // Hand over at once instead of letting the next leader wait for the lease to expire.
+        if let Err(e) = elector.release().await {
+            tracing::warn!(error = %e, "cannot release the lease");
+        }
+    }
     server.abort();
     tracing::info!("stopped");
     Ok(())
@@ -843,6 +893,28 @@ impl LeaderElector {
                     Err(e) => Err(e),
                 }
             }
+        }
+    }
+
+    /// Gives the lease up if this instance holds it.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

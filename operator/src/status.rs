@@ -207,7 +207,8 @@ impl<'a> Machine<'a> {
 
     /// Kubeflow's `UpdateJobConditions`: no change when a condition of that type already has the
     /// same status and reason; otherwise Running and Restarting replace each other, a terminal
-    /// condition turns Running false, and the new condition goes last. Returns whether anything
+    /// (or Suspended) condition turns Running and Restarting false, and the new condition goes
+    /// last. Returns whether anything
     /// changed.
     fn set_condition(&mut self, type_: &str, status: &str, reason: &str, message: &str) -> bool {
         if let Some(c) = self.status.conditions.iter().find(|c| c.type_ == type_)
@@ -226,7 +227,7 @@ impl<'a> Machine<'a> {
                 continue;
             }
             if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED)
-                && c.type_ == RUNNING
+                && (c.type_ == RUNNING || c.type_ == RESTARTING)
                 && c.status == "True"
             {
                 c.status = "False".into();

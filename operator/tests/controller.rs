@@ -174,6 +174,29 @@ async fn new_job_gets_its_objects_and_status() {
     let st = h.job("mnist").unwrap().status.unwrap();
     assert!(st.start_time.is_some());
     assert_eq!(st.replica_statuses["Worker"].active, 0);
+    let mut notes: Vec<String> = {
+        let st = h.api.state.lock().unwrap();
+        st.objects
+            .iter()
+            .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == "SuccessfulCreatePod")
+            .map(|(_, e)| {
+                format!(
+                    "{} -> {}",
+                    e["note"].as_str().unwrap(),
+                    e["related"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    notes.sort();
+    assert_eq!(
+        notes,
+        vec![
+            "Created pod: mnist-ps-0 -> mnist-ps-0",
+            "Created pod: mnist-worker-0 -> mnist-worker-0",
+            "Created pod: mnist-worker-1 -> mnist-worker-1"
+        ]
+    );
     let mut reasons = h.event_reasons();
     reasons.sort();
     reasons.dedup();

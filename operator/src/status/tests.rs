@@ -660,6 +660,10 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     );
     assert!(has_condition(&o.status, FAILED));
     assert!(
+        !has_condition(&o.status, RESTARTING),
+        "terminal turns Restarting false"
+    );
+    assert!(
         !o.actions
             .iter()
             .any(|a| matches!(a, Action::RecreateReplica { .. }))
