@@ -74,9 +74,10 @@ pub fn build(spec: &WorkloadSpec, shard: usize, shards: usize) -> Result<Workloa
                 }
                 None => {
                     tracing::info!(
-                        "no --data_dir given: using the synthetic classification set ({SYNTHETIC_TRAIN_EXAMPLES} examples of 784 features, 10 classes)"
+                        "no --data_dir given: using synthetic MNIST-shaped data ({SYNTHETIC_TRAIN_EXAMPLES} training examples of 784 pixels, 10 classes)"
                     );
-                    data::synthetic_classification(784, 10, SYNTHETIC_TRAIN_EXAMPLES, spec.eval_examples.max(1), spec.seed)
+                    // The same seed on every task: the same set, then each task takes its own shard.
+                    data::synthetic_images(784, 10, SYNTHETIC_TRAIN_EXAMPLES, spec.eval_examples.max(1), 20240601)
                 }
             };
             let dim = train.input_dim();

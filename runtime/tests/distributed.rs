@@ -281,3 +281,53 @@ fn bad_cluster_input_names_the_field() {
         assert!(stderr.contains(want), "{args:?} {tf_config:?}: {stderr}");
     }
 }
+
+/// Chief + ps + worker + evaluator from TF_CONFIG (the shape the operator
+/// writes), with a job token: everything converges and exits 0, the
+/// evaluator logs its figures, and a call without the token is refused.
+#[test]
+fn chief_worker_evaluator_with_token() {
+    let ports = free_ports(4);
+    let addr = |p: u16| format!("127.0.0.1:{p}");
+    let cluster = serde_json::json!({
+        "chief": [addr(ports[0])],
+        "ps": [addr(ports[1])],
+        "worker": [addr(ports[2])],
+        "evaluator": [addr(ports[3])],
+    });
+    let args = strings(&["--bind=127.0.0.1", "--train_steps=3000", "--log_every_steps=1000", "--eval_interval_secs=0.2", "--eval_examples=101"]);
+    let token = "t0ken-for-this-job".to_string();
+    let mut job = Job::new();
+    for (name, task_type) in [("chief0", "chief"), ("ps0", "ps"), ("worker0", "worker"), ("evaluator0", "evaluator")] {
+        let tf_config = serde_json::json!({"cluster": cluster, "task": {"type": task_type, "index": 0}, "environment": "cloud"});
+        job.spawn(name, &args, &[("TF_CONFIG", tf_config.to_string()), ("TFJOB_TOKEN", token.clone())]);
+    }
+    // While the job runs: the ps refuses a caller without the token.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let target = format!("grpc://{}", addr(ports[1]));
+    loop {
+        let out = Command::new(BIN).args(["client", "--target", &target, "--status"]).env_remove("TFJOB_TOKEN").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("job token") {
+            assert!(!out.status.success());
+            break;
+        }
+        assert!(Instant::now() < deadline, "never saw UNAUTHENTICATED: {stderr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let results = job.wait_all(Duration::from_secs(120));
+    assert_all_ok(&results);
+    let chief = results.iter().find(|r| r.name == "chief0").unwrap().report();
+    assert_eq!(chief["chief"], true);
+    assert!((chief["W"].as_f64().unwrap() - 2.0).abs() < 0.1, "{chief}");
+    assert!((chief["b"].as_f64().unwrap() - 10.0).abs() < 0.1, "{chief}");
+    let worker = results.iter().find(|r| r.name == "worker0").unwrap().report();
+    assert_eq!(worker["chief"], false, "with a chief task, worker 0 is not the chief");
+    let evaluator = results.iter().find(|r| r.name == "evaluator0").unwrap();
+    let eval_lines = evaluator.stderr.lines().filter(|l| l.contains("eval_loss=")).count();
+    assert!(eval_lines >= 2, "the evaluator evaluated periodically:\n{}", evaluator.stderr);
+    let report = evaluator.report();
+    assert_eq!(report["role"], "evaluator");
+    assert!(report["global_step"].as_i64().unwrap() >= 3000, "final evaluation after the last step: {report}");
+    assert!(report["loss"].as_f64().unwrap() < 0.5, "{report}");
+}

@@ -17,7 +17,7 @@ mod synthetic;
 
 pub use idx::{load_mnist, read_idx_images, read_idx_labels, read_mnist_pair, Mnist, MNIST_CLASSES, MNIST_FILES};
 pub use synthetic::{
-    synthetic_classification, synthetic_line, LINE_INTERCEPT, LINE_NOISE_STDDEV, LINE_POINTS, LINE_SLOPE,
+    synthetic_classification, synthetic_images, IMAGE_LATENT_DIMS, synthetic_line, LINE_INTERCEPT, LINE_NOISE_STDDEV, LINE_POINTS, LINE_SLOPE,
 };
 
 /// What a batch is trained against.

@@ -71,3 +71,79 @@ pub fn synthetic_classification(
     let test = split(test_examples);
     (train, test)
 }
+
+/// Latent dimensions of [`synthetic_images`].
+pub const IMAGE_LATENT_DIMS: usize = 8;
+
+/// MNIST-shaped synthetic images, built like `shared/data/synthetic-mnist`:
+/// a few latent factors `z ~ N(0,1)^8` mixed into `input_dim` pixels
+/// (`x = clip(z·A - 0.8, 0, 1)`, about a fifth of them non-zero, like
+/// MNIST), and label = argmax of the standardised projection of `x` on a
+/// random `T`. The low-dimensional structure makes it learnable within a
+/// few hundred steps, as real digits are. Train and test are separate draws.
+///
+/// # Panics
+/// If `input_dim` or `num_classes` is 0.
+pub fn synthetic_images(
+    input_dim: usize,
+    num_classes: usize,
+    train_examples: usize,
+    test_examples: usize,
+    seed: u64,
+) -> (Dataset, Dataset) {
+    assert!(input_dim > 0 && num_classes > 0, "synthetic_images: sizes must be at least 1");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let scale = 1.0 / (IMAGE_LATENT_DIMS as f32).sqrt();
+    let a = Array2::from_shape_simple_fn((IMAGE_LATENT_DIMS, input_dim), || scale * rng.sample::<f32, _>(StandardNormal));
+    let t = Array2::from_shape_simple_fn((input_dim, num_classes), || rng.sample::<f32, _>(StandardNormal));
+    let total = train_examples + test_examples;
+    let z = Array2::from_shape_simple_fn((total, IMAGE_LATENT_DIMS), || rng.sample::<f32, _>(StandardNormal));
+    let x = z.dot(&a).mapv(|v| (v - 0.8).clamp(0.0, 1.0));
+    // Standardise each class score over the whole set so classes are balanced-ish.
+    let mean = x.mean_axis(Axis(0)).expect("at least one example");
+    let mut scores = (&x - &mean).dot(&t);
+    let std = scores.std_axis(Axis(0), 0.0);
+    let smean = scores.mean_axis(Axis(0)).expect("at least one example");
+    scores -= &smean;
+    scores /= &std.mapv(|s| if s > 0.0 { s } else { 1.0 });
+    let labels: Vec<u32> = scores
+        .axis_iter(Axis(0))
+        .map(|row| {
+            let mut best = 0;
+            for (j, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = j;
+                }
+            }
+            best as u32
+        })
+        .collect();
+    let train_x = x.slice(ndarray::s![..train_examples, ..]).to_owned();
+    let test_x = x.slice(ndarray::s![train_examples.., ..]).to_owned();
+    let train = Dataset::new(train_x, Targets::Labels(labels[..train_examples].to_vec())).expect("one label per input");
+    let test = Dataset::new(test_x, Targets::Labels(labels[train_examples..].to_vec())).expect("one label per input");
+    (train, test)
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_images_are_deterministic_sparse_and_varied() {
+        let (train, test) = synthetic_images(784, 10, 2000, 500, 7);
+        let (train2, _) = synthetic_images(784, 10, 2000, 500, 7);
+        assert_eq!(train, train2);
+        assert_eq!((train.len(), test.len(), train.input_dim()), (2000, 500, 784));
+        let nonzero = train.x().iter().filter(|&&v| v > 0.0).count() as f64 / train.x().len() as f64;
+        assert!((0.05..0.5).contains(&nonzero), "fraction of lit pixels {nonzero}");
+        assert!(train.x().iter().all(|&v| (0.0..=1.0).contains(&v)));
+        let Targets::Labels(labels) = train.targets() else { panic!("labels") };
+        let mut counts = [0usize; 10];
+        for &l in labels {
+            counts[l as usize] += 1;
+        }
+        // Every class appears, none dominates.
+        assert!(counts.iter().all(|&c| c > 0 && c < 800), "{counts:?}");
+    }
+}
