@@ -240,12 +240,12 @@ impl PsSet {
     }
 
     /// Pulls every variable from every ps into `params` (which must have the
-    /// variables' shapes), waiting until each ps reaches `min_step` (0: no
+    /// variables' shapes), waiting until ps `i` reaches `min_steps[i]` (0: no
     /// wait). `wait` bounds how long one server-side wait lasts.
     pub async fn pull(
         &self,
         params: &mut [ArrayD<f32>],
-        min_step: i64,
+        min_steps: &[i64],
         wait_initialized: bool,
         wait: Duration,
     ) -> Result<Pulled, ClientError> {
@@ -253,7 +253,7 @@ impl PsSet {
             let req = proto::PullVariablesRequest {
                 task: self.task_proto(),
                 names: vec![],
-                min_step,
+                min_step: min_steps.get(ps).copied().unwrap_or(0),
                 wait_initialized,
                 wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
             };

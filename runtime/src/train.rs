@@ -216,7 +216,7 @@ fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, 
 async fn wait_for_variables(ps: &PsSet, params: &mut [ArrayD<f32>], chief: &str, timeout: Duration) -> Result<crate::client::Pulled, TrainError> {
     let start = Instant::now();
     loop {
-        match ps.pull(params, 0, true, Duration::from_secs(5)).await {
+        match ps.pull(params, &[], true, Duration::from_secs(5)).await {
             Ok(p) => return Ok(p),
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 let waited = start.elapsed();
@@ -296,11 +296,12 @@ pub async fn run_worker(
         if done {
             break;
         }
-        let min_step = if settings.sync_replicas { pulled.steps[0] + 1 } else { 0 };
-        pulled = match ps.pull(&mut params, min_step, false, settings.step_timeout).await {
+        // Sync: wait until every ps applied this step (each ps counts its own steps).
+        let min_steps: Vec<i64> = pulled.steps.iter().map(|s| if settings.sync_replicas { s + 1 } else { 0 }).collect();
+        pulled = match ps.pull(&mut params, &min_steps, false, settings.step_timeout).await {
             Ok(p) => p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
-                return Err(TrainError::StepTimeout { step: min_step, waited: settings.step_timeout });
+                return Err(TrainError::StepTimeout { step: min_steps[0], waited: settings.step_timeout });
             }
             Err(e) => return Err(e.into()),
         };
@@ -376,8 +377,8 @@ pub async fn run_evaluator(
         }
         tokio::time::sleep(settings.eval_interval).await;
         // Long poll: returns as soon as the step moved on or training ended.
-        let next = pulled.steps[0] + 1;
-        match ps.pull(&mut params, next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
+        match ps.pull(&mut params, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
             Ok(p) => pulled = p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
             // The ps tasks are gone after the end of training.
