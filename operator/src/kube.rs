@@ -709,31 +709,7 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
         leader = Some((elector, renewals));
     }
 
-    let (jobs, pods, svcs, secrets): (Api<TFJob>, Api<Pod>, Api<Service>, Api<Secret>) =
-        match args.namespace.as_deref() {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-            ),
-        };
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        plan::LABEL_OPERATOR_NAME,
-        plan::OPERATOR_NAME
-    ));
-    let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(pods, owned.clone())
-        .owns(svcs, owned.clone())
-        .owns(secrets, owned)
-        .with_config(kube::runtime::controller::Config::default().concurrency(args.concurrency));
+    let controller = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     if let Ok(mut s) = ctx.metrics.store.lock() {
         *s = Some(controller.store());
     }
@@ -774,6 +750,34 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
     server.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The kube-rs `Controller` over TFJobs (in `namespace`, or all namespaces) and the pods,
+/// services and secrets they own (selected by the operator-name label).
+pub fn build_controller(
+    client: Client,
+    namespace: Option<&str>,
+    concurrency: u16,
+) -> Controller<TFJob> {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let owned = watcher::Config::default().labels(&format!(
+        "{}={}",
+        plan::LABEL_OPERATOR_NAME,
+        plan::OPERATOR_NAME
+    ));
+    Controller::new(api::<TFJob>(&client, namespace), watcher::Config::default())
+        .owns(api::<Pod>(&client, namespace), owned.clone())
+        .owns(api::<Service>(&client, namespace), owned.clone())
+        .owns(api::<Secret>(&client, namespace), owned)
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.

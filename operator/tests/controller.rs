@@ -640,3 +640,94 @@ async fn health_and_metrics_over_http() {
     }
     server.abort();
 }
+
+/// Polls `cond` until it holds (the controller works asynchronously); fails after 20 s.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// The whole controller (watches, owner mapping, reconcile, status, GC) against the fake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_follows_watch_events() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    use tfjob_operator::kube::{build_controller, error_policy};
+
+    let api = FakeApi::default();
+    let client = api.client();
+    let ctx = Arc::new(Context::new(client.clone(), PlanOptions::default()));
+    let run = build_controller(client.clone(), None, 4)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    let controller = tokio::spawn(run);
+
+    let jobs: Api<TFJob> = Api::namespaced(client.clone(), "ns");
+    let manifest = job(
+        "w",
+        json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "OnFailure")}}),
+    );
+    jobs.create(
+        &PostParams::default(),
+        &serde_json::from_value(manifest).unwrap(),
+    )
+    .await
+    .unwrap();
+    eventually("3 pods, a service and a secret", || {
+        api.names(PODS).len() == 3 && api.names(SVCS) == ["w"] && api.names(SECRETS) == ["w-token"]
+    })
+    .await;
+
+    // The kubelet reports the pods running: the status follows through the pod watch.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
+    for p in ["w-ps-0", "w-worker-0", "w-worker-1"] {
+        let st = json!({"status": {"phase": "Running"}});
+        pods.patch_status(p, &PatchParams::default(), &Patch::Merge(&st))
+            .await
+            .unwrap();
+    }
+    let running = || {
+        api.get(&format!("{JOBS}/w")).is_some_and(|j| {
+            j["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Running" && c["status"] == "True")
+            })
+        })
+    };
+    eventually("Running condition", running).await;
+
+    // A worker pod disappears (node lost): the controller recreates it.
+    pods.delete("w-worker-1", &Default::default())
+        .await
+        .unwrap();
+    eventually("w-worker-1 recreated", || {
+        api.names(PODS).contains(&"w-worker-1".to_string())
+    })
+    .await;
+
+    // Scaling the job through the API adds a replica.
+    let scale = json!({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}});
+    jobs.patch("w", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .unwrap();
+    eventually("w-worker-2 created", || {
+        api.names(PODS).contains(&"w-worker-2".to_string())
+    })
+    .await;
+
+    // Deleting the job leaves nothing behind.
+    jobs.delete("w", &Default::default()).await.unwrap();
+    eventually("everything gone", || {
+        api.all_keys()
+            .iter()
+            .all(|k| k.starts_with(EVENTS) || k.contains("/leases/"))
+    })
+    .await;
+    controller.abort();
+}

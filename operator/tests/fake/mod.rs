@@ -3,18 +3,27 @@
 //! It implements the verbs the controller uses on any namespaced resource: list (with equality
 //! label selectors), get, create, server-side apply and merge patch (as a recursive merge),
 //! status-subresource patch, replace (with resourceVersion conflicts) and delete, plus the
-//! garbage collector's cascade on owner references. Every request is logged.
+//! garbage collector's cascade on owner references, and watches (namespaced or cluster-wide,
+//! replayed from the requested resourceVersion, then live). Every request is logged.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::StreamBody;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+/// A change: (resourceVersion, object key, `ADDED`/`MODIFIED`/`DELETED`, object).
+pub type Change = (u64, String, &'static str, Value);
 
 /// Shared state of the fake.
-#[derive(Default)]
 pub struct State {
     /// Objects by `<collection path>/<name>`.
     pub objects: BTreeMap<String, Value>,
@@ -23,6 +32,45 @@ pub struct State {
     /// Path prefixes answered with 404 (e.g. a CRD that is not installed).
     pub unserved: Vec<String>,
     counter: u64,
+    history: Vec<Change>,
+    changes: broadcast::Sender<Change>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            objects: BTreeMap::new(),
+            log: Vec::new(),
+            unserved: Vec::new(),
+            counter: 0,
+            history: Vec::new(),
+            changes: broadcast::channel(4096).0,
+        }
+    }
+}
+
+/// Whether object `key` belongs to the collection `path` (namespaced, e.g.
+/// `/api/v1/namespaces/ns/pods`, or cluster-wide, e.g. `/api/v1/pods`).
+fn in_collection(key: &str, path: &str) -> bool {
+    if key.starts_with(&format!("{path}/")) {
+        return true;
+    }
+    // Cluster-wide: drop `namespaces/<ns>/` from the key and compare again.
+    let segs: Vec<&str> = key.split('/').collect();
+    if let Some(i) = segs.iter().position(|s| *s == "namespaces") {
+        let mut rest = segs.clone();
+        if rest.len() > i + 1 {
+            rest.drain(i..i + 2);
+            return rest.join("/").starts_with(&format!("{path}/"));
+        }
+    }
+    false
+}
+
+/// Either a complete JSON answer or a stream of watch events.
+enum Answer {
+    Json(u16, Value),
+    Watch(Vec<Change>, broadcast::Receiver<Change>, String, String),
 }
 
 /// Handle on the fake server.
@@ -111,9 +159,40 @@ impl State {
         meta["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     }
 
+    fn record(&mut self, key: &str, kind: &'static str, obj: &Value) {
+        let change = (self.counter, key.to_string(), kind, obj.clone());
+        self.history.push(change.clone());
+        let _ = self.changes.send(change);
+    }
+
+    /// The garbage collector, run after each write: objects whose owner no longer exists go.
+    fn collect_garbage(&mut self) {
+        loop {
+            let uids: std::collections::BTreeSet<String> = self
+                .objects
+                .values()
+                .filter_map(|o| o["metadata"]["uid"].as_str().map(str::to_string))
+                .collect();
+            let orphan = self.objects.iter().find_map(|(k, o)| {
+                let refs = o["metadata"]["ownerReferences"].as_array()?;
+                refs.iter()
+                    .any(|r| r["uid"].as_str().is_some_and(|u| !uids.contains(u)))
+                    .then(|| k.clone())
+            });
+            match orphan {
+                Some(k) => {
+                    self.delete_cascade(&k);
+                }
+                None => return,
+            }
+        }
+    }
+
     /// Deletes an object and, like the garbage collector, everything it owns.
     fn delete_cascade(&mut self, key: &str) -> Option<Value> {
         let obj = self.objects.remove(key)?;
+        self.next();
+        self.record(key, "DELETED", &obj);
         if let Some(uid) = obj["metadata"]["uid"].as_str() {
             let owned: Vec<String> = self
                 .objects
@@ -130,6 +209,29 @@ impl State {
             }
         }
         Some(obj)
+    }
+
+    fn answer(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> Answer {
+        if method == "GET" && query_param(uri, "watch").as_deref() == Some("true") {
+            self.log.push(format!("WATCH {}", uri.path()));
+            let since: u64 = query_param(uri, "resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let path = uri.path().to_string();
+            let selector = query_param(uri, "labelSelector").unwrap_or_default();
+            let replay = self
+                .history
+                .iter()
+                .filter(|c| c.0 > since && in_collection(&c.1, &path))
+                .cloned()
+                .collect();
+            return Answer::Watch(replay, self.changes.subscribe(), path, selector);
+        }
+        let (code, value) = self.handle(method, uri, body);
+        if method != "GET" {
+            self.collect_garbage();
+        }
+        Answer::Json(code, value)
     }
 
     fn handle(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> (u16, Value) {
@@ -162,7 +264,7 @@ impl State {
                 let items: Vec<Value> = self
                     .objects
                     .iter()
-                    .filter(|(k, _)| k.starts_with(&format!("{collection}/")))
+                    .filter(|(k, _)| in_collection(k, &collection))
                     .map(|(_, v)| v.clone())
                     .filter(|o| labels_match(o, &selector))
                     .collect();
@@ -192,6 +294,7 @@ impl State {
                     return status(409, "AlreadyExists", &format!("{name} already exists"));
                 }
                 self.stamp_new(&mut obj, &name);
+                self.record(&key, "ADDED", &obj);
                 self.objects.insert(key, obj.clone());
                 (201, obj)
             }
@@ -205,7 +308,9 @@ impl State {
                     // Server-side apply of the status replaces the fields this manager owns.
                     obj["status"] = body["status"].clone();
                     obj["metadata"]["resourceVersion"] = json!(n.to_string());
-                    return (200, obj.clone());
+                    let obj = obj.clone();
+                    self.record(&key, "MODIFIED", &obj);
+                    return (200, obj);
                 }
                 match self.objects.get_mut(&key) {
                     Some(obj) => {
@@ -213,11 +318,14 @@ impl State {
                         patch.as_object_mut().map(|o| o.remove("status"));
                         merge(obj, &patch);
                         obj["metadata"]["resourceVersion"] = json!(n.to_string());
-                        (200, obj.clone())
+                        let obj = obj.clone();
+                        self.record(&key, "MODIFIED", &obj);
+                        (200, obj)
                     }
                     None => {
                         let mut obj = body;
                         self.stamp_new(&mut obj, &name);
+                        self.record(&key, "ADDED", &obj);
                         self.objects.insert(key, obj.clone());
                         (201, obj)
                     }
@@ -233,6 +341,7 @@ impl State {
                 }
                 let mut obj = body;
                 obj["metadata"]["resourceVersion"] = json!(self.next().to_string());
+                self.record(&key, "MODIFIED", &obj);
                 self.objects.insert(key, obj.clone());
                 (200, obj)
             }
@@ -248,21 +357,57 @@ impl State {
 impl FakeApi {
     /// A `kube::Client` talking to this fake.
     pub fn client(&self) -> kube::Client {
+        type Frames = BoxStream<'static, Result<Frame<Bytes>, Infallible>>;
         let state = self.state.clone();
         let svc = tower::service_fn(move |req: Request<Body>| {
             let state = state.clone();
             async move {
                 let (parts, body) = req.into_parts();
                 let bytes = body.collect_bytes().await.unwrap_or_default();
-                let (code, value) =
+                let answer =
                     state
                         .lock()
                         .unwrap()
-                        .handle(parts.method.as_str(), &parts.uri, &bytes);
+                        .answer(parts.method.as_str(), &parts.uri, &bytes);
+                let (code, frames): (u16, Frames) = match answer {
+                    Answer::Json(code, value) => {
+                        let data = Bytes::from(serde_json::to_vec(&value).unwrap());
+                        (
+                            code,
+                            futures::stream::once(async move { Ok(Frame::data(data)) }).boxed(),
+                        )
+                    }
+                    Answer::Watch(replay, rx, path, selector) => {
+                        let line = |(_, _, kind, obj): Change| {
+                            let mut v =
+                                serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap();
+                            v.push(b'\n');
+                            Ok(Frame::data(Bytes::from(v)))
+                        };
+                        let wanted = move |c: &Change| {
+                            in_collection(&c.1, &path) && labels_match(&c.3, &selector)
+                        };
+                        let wanted2 = wanted.clone();
+                        let replay =
+                            futures::stream::iter(replay.into_iter().filter(wanted).map(line));
+                        let live = futures::stream::unfold(rx, |mut rx| async move {
+                            loop {
+                                match rx.recv().await {
+                                    Ok(c) => return Some((c, rx)),
+                                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                                    Err(broadcast::error::RecvError::Closed) => return None,
+                                }
+                            }
+                        })
+                        .filter(move |c| futures::future::ready(wanted2(c)))
+                        .map(line);
+                        (200, replay.chain(live).boxed())
+                    }
+                };
                 let resp = Response::builder()
                     .status(StatusCode::from_u16(code).unwrap())
                     .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&value).unwrap()))
+                    .body(StreamBody::new(frames))
                     .unwrap();
                 Ok::<_, Infallible>(resp)
             }
@@ -276,7 +421,9 @@ impl FakeApi {
         let name = obj["metadata"]["name"].as_str().unwrap().to_string();
         let mut obj = obj;
         st.stamp_new(&mut obj, &name);
-        st.objects.insert(format!("{collection}/{name}"), obj);
+        let key = format!("{collection}/{name}");
+        st.record(&key, "ADDED", &obj);
+        st.objects.insert(key, obj);
     }
 
     /// An object, if present.
