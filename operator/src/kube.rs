@@ -398,7 +398,6 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         now: (ctx.now)(),
     });
 
-    let mut planned: Option<Vec<plan::PlannedReplica>> = None;
     let mut job_deleted = false;
     for action in &outcome.actions {
         match action {
@@ -406,18 +405,17 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 replica_type,
                 index,
             } => {
-                let replicas = planned.get_or_insert_with(|| {
-                    let dns = ClusterDns {
-                        job: name.clone(),
-                        namespace: ns.clone(),
-                        cluster_domain: ctx.opts.cluster_domain.clone(),
-                    };
-                    plan::plan_replicas(&name, &defaulted.spec, &dns)
-                });
-                if let Some(r) = replicas
-                    .iter()
-                    .find(|r| r.replica_type == *replica_type && r.index == *index)
+                let dns = ClusterDns {
+                    job: name.clone(),
+                    namespace: ns.clone(),
+                    cluster_domain: ctx.opts.cluster_domain.clone(),
+                };
+                // Only this replica is planned: a 1,000-worker job does not build 1,000
+                // TF_CONFIGs to (re)create one pod.
+                if let Some(r) =
+                    plan::plan_replica(&name, &defaulted.spec, &dns, *replica_type, *index)
                 {
+                    let r = &r;
                     let pod = plan::build_pod(&defaulted, r, &ctx.opts);
                     pods_api
                         .patch(

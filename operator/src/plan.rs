@@ -219,47 +219,62 @@ pub fn plan_replicas(
     spec: &TFJobSpec,
     addresses: &dyn AddressBook,
 ) -> Vec<PlannedReplica> {
-    let distributed = is_distributed(spec);
-    let mut out = Vec::new();
-    for (rtype, rs) in api::replica_specs(spec) {
-        let port = replica_port(rs);
-        let container = rs.template.spec.as_ref().and_then(|s| {
-            s.containers
-                .iter()
-                .find(|c| c.name == DEFAULT_CONTAINER_NAME)
-        });
-        for index in 0..rs.replicas.max(0) {
-            let tf_config = distributed.then(|| tf_config(spec, rtype, index, addresses));
-            let mut env: Vec<(String, String)> = container
-                .and_then(|c| c.env.as_ref())
-                .map(|env| {
-                    env.iter()
-                        .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
-                        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if let Some(cfg) = &tf_config {
-                env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
-            }
-            out.push(PlannedReplica {
-                replica_type: rtype,
-                index,
-                pod_name: pod_name(job_name, rtype, index),
-                restart_policy: rs.restart_policy.clone(),
-                port,
-                address: addresses.address(rtype, index, port),
-                command: container
-                    .and_then(|c| c.command.clone())
-                    .unwrap_or_default(),
-                args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
-                env,
-                tf_config,
-                is_master_role: is_master_role(spec, rtype, index),
-            });
-        }
+    api::replica_specs(spec)
+        .into_iter()
+        .flat_map(|(rtype, rs)| (0..rs.replicas.max(0)).map(move |i| (rtype, i)))
+        .filter_map(|(rtype, index)| plan_replica(job_name, spec, addresses, rtype, index))
+        .collect()
+}
+
+/// One replica of [`plan_replicas`], without planning the others (a backend that (re)creates a
+/// single replica of a large job needs only its own `TF_CONFIG`). `None` when the job has no
+/// such replica.
+pub fn plan_replica(
+    job_name: &str,
+    spec: &TFJobSpec,
+    addresses: &dyn AddressBook,
+    rtype: ReplicaType,
+    index: i32,
+) -> Option<PlannedReplica> {
+    let specs = api::replica_specs(spec);
+    let rs = specs.get(&rtype)?;
+    if index < 0 || index >= rs.replicas {
+        return None;
     }
-    out
+    let port = replica_port(rs);
+    let container = rs.template.spec.as_ref().and_then(|s| {
+        s.containers
+            .iter()
+            .find(|c| c.name == DEFAULT_CONTAINER_NAME)
+    });
+    let tf_config = is_distributed(spec).then(|| tf_config(spec, rtype, index, addresses));
+    let mut env: Vec<(String, String)> = container
+        .and_then(|c| c.env.as_ref())
+        .map(|env| {
+            env.iter()
+                .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
+                .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(cfg) = &tf_config {
+        env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
+    }
+    Some(PlannedReplica {
+        replica_type: rtype,
+        index,
+        pod_name: pod_name(job_name, rtype, index),
+        restart_policy: rs.restart_policy.clone(),
+        port,
+        address: addresses.address(rtype, index, port),
+        command: container
+            .and_then(|c| c.command.clone())
+            .unwrap_or_default(),
+        args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
+        env,
+        tf_config,
+        is_master_role: is_master_role(spec, rtype, index),
+    })
 }
 
 /// Gang scheduling through a PodGroup.
@@ -884,6 +899,33 @@ spec:
             d.pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(),
             Some("scheduler-plugins-scheduler")
         );
+    }
+
+    #[test]
+    fn plan_replica_matches_plan_replicas() {
+        let j = mnist("", &[("Master", 1), ("PS", 2), ("Worker", 3)]);
+        let dns = ClusterDns {
+            job: "mnist".into(),
+            namespace: "default".into(),
+            cluster_domain: None,
+        };
+        let all = plan_replicas("mnist", &j.spec, &dns);
+        assert_eq!(all.len(), 6);
+        for r in &all {
+            assert_eq!(
+                plan_replica("mnist", &j.spec, &dns, r.replica_type, r.index).as_ref(),
+                Some(r)
+            );
+        }
+        assert!(plan_replica("mnist", &j.spec, &dns, ReplicaType::Worker, 3).is_none());
+        assert!(plan_replica("mnist", &j.spec, &dns, ReplicaType::Chief, 0).is_none());
+        assert_eq!(
+            all[0].tf_config.as_deref(),
+            Some(
+                r#"{"cluster":{"master":["mnist-master-0.mnist.default.svc:2222"],"ps":["mnist-ps-0.mnist.default.svc:2222","mnist-ps-1.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222","mnist-worker-1.mnist.default.svc:2222","mnist-worker-2.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"master"}}"#
+            )
+        );
+        assert!(all[0].is_master_role && !all[3].is_master_role);
     }
 
     #[test]
