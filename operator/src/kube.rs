@@ -595,7 +595,7 @@ pub fn run_operator(args: OperatorArgs) -> ExitCode {
     match rt.block_on(operator_main(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -623,27 +623,50 @@ async fn shutdown_signal() {
     }
 }
 
+/// Errors that stop `tfjob operator`.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("cannot connect to Kubernetes: {0}")]
+    Connect(#[source] kube::Error),
+    /// The CRD is not installed.
+    #[error(
+        "the TFJob CustomResourceDefinition (tfjobs.kubeflow.org) is not installed in this \
+         cluster; install it first: `tfjob crd | kubectl apply --server-side -f -` (or \
+         `kubectl apply -f crds/tfjob.yaml`)"
+    )]
+    CrdMissing,
+    /// TFJobs cannot be listed (RBAC, connectivity).
+    #[error("cannot list TFJobs: {0}")]
+    ListJobs(#[source] kube::Error),
+    /// The metrics/health address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Checks that the TFJob CRD is served.
-pub async fn check_crd(client: &Client, namespace: Option<&str>) -> anyhow::Result<()> {
+pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<(), OperatorError> {
     let api: Api<TFJob> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     match api.list(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 404) => anyhow::bail!(
-            "the TFJob CustomResourceDefinition (tfjobs.kubeflow.org) is not installed in this \
-             cluster; install it first: `tfjob crd | kubectl apply --server-side -f -` (or \
-             `kubectl apply -f crds/tfjob.yaml`)"
-        ),
-        Err(e) => Err(anyhow::anyhow!("cannot list TFJobs: {e}")),
+        Err(e) if is_status(&e, 404) => Err(OperatorError::CrdMissing),
+        Err(e) => Err(OperatorError::ListJobs(e)),
     }
 }
 
-async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
+async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     let client = Client::try_default()
         .await
-        .map_err(|e| anyhow::anyhow!("cannot connect to Kubernetes: {e}"))?;
+        .map_err(OperatorError::Connect)?;
     check_crd(&client, args.namespace.as_deref()).await?;
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
@@ -656,7 +679,10 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.metrics_addr))?;
+        .map_err(|source| OperatorError::Listen {
+            addr: args.metrics_addr.clone(),
+            source,
+        })?;
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz, /readyz");
     let server = tokio::spawn(serve_http(listener, ctx.metrics.clone(), ready.clone()));
 
@@ -692,7 +718,7 @@ async fn operator_main(args: OperatorArgs) -> anyhow::Result<()> {
         };
         tracing::info!(lease = %args.lease_name, "waiting for leadership");
         tokio::select! {
-            r = elector.acquire() => r?,
+            _ = elector.acquire() => {},
             _ = wait_stop() => { server.abort(); return Ok(()); }
         }
         tracing::info!("became leader");
@@ -920,11 +946,11 @@ impl LeaderElector {
         }
     }
 
-    /// Waits until this instance holds the lease.
-    pub async fn acquire(&self) -> anyhow::Result<()> {
+    /// Waits until this instance holds the lease (API errors are logged and retried).
+    pub async fn acquire(&self) {
         loop {
             match self.try_acquire().await {
-                Ok(true) => return Ok(()),
+                Ok(true) => return,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "leader election"),
             }
