@@ -1,0 +1,902 @@
+//! Checkpoints of the variables held by the ps tasks, and their restore.
+//!
+//! # Layout
+//!
+//! ```text
+//! DIR/ckpt-0000001200/                         one directory per checkpoint; the step, zero-padded to 10 digits
+//!     shard-00000-of-00002.safetensors         written by ps 0 (write_shard)
+//!     shard-00001-of-00002.safetensors         written by ps 1
+//!     index.json                               written last, by the chief (write_index)
+//! ```
+//!
+//! A shard is a [safetensors](https://github.com/huggingface/safetensors) file:
+//! every variable of the ps as an `F32` tensor under its own name, every
+//! optimizer slot as an `F32` tensor under the name the ps gives it
+//! (conventionally `<variable>:slot0`, `<variable>:slot1`), and every update
+//! counter as a one-element `U64` tensor named `<key>:updates`. Its `__metadata__`
+//! holds `format` (`tfjob-checkpoint-shard/1`), `global_step`, `ps_index`,
+//! `num_ps`, `slots` (a JSON array of the slot tensor names) and `updates` (a
+//! JSON array of the update-counter keys), so the file is self-describing and
+//! any safetensors reader can open it.
+//!
+//! `index.json` records `format` (`tfjob-checkpoint/1`), `global_step`,
+//! `num_ps`, the creation time, `checksum: "crc32c"` and, for every shard: its
+//! file name, size in bytes, the CRC-32C of the whole file (8 hex digits, the
+//! same Castagnoli CRC as TFRecord and TensorFlow's own checkpoints) and the
+//! names and shapes of its variables and slots and its update-counter keys.
+//!
+//! # Atomicity
+//!
+//! Every file is written to a temporary name in the same directory
+//! (`.<name>.tmp-<pid>-<n>`, ignored by every reader), synced, renamed to its
+//! final name, and the directory is synced. The index is written only after all
+//! shards, so a crash at any point leaves either no index (**incomplete**) or a
+//! checkpoint whose every byte was on disk before its index was. A checkpoint is
+//! **complete** iff its index exists and parses, and every shard it lists exists
+//! with the listed size and checksum and parses as a safetensors file holding
+//! exactly the listed tensors and metadata. Anything else with an index is
+//! **damaged**. Restore ([`latest_complete`]) takes the newest complete one and
+//! logs every newer one it skips.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use safetensors::{Dtype, SafeTensors, View};
+use serde::{Deserialize, Serialize};
+
+use crate::events::crc32c;
+
+/// Name of the index file inside a checkpoint directory.
+pub const INDEX_FILE: &str = "index.json";
+/// `format` of `index.json`.
+pub const INDEX_FORMAT: &str = "tfjob-checkpoint/1";
+/// `format` in the `__metadata__` of every shard.
+pub const SHARD_FORMAT: &str = "tfjob-checkpoint-shard/1";
+/// Value of `checksum` in `index.json`: the algorithm of [`ShardInfo::crc32c`].
+pub const CHECKSUM_ALGORITHM: &str = "crc32c";
+/// Suffix of the tensor that stores an update counter.
+pub const UPDATES_SUFFIX: &str = ":updates";
+
+const DIR_PREFIX: &str = "ckpt-";
+const TMP_MARKER: &str = ".tmp-";
+
+/// A named f32 tensor: name, shape (row-major), values.
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// What one ps saves and restores.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShardData {
+    /// The variables stored on this ps.
+    pub variables: Vec<NamedTensor>,
+    /// Optimizer slot tensors (momentum, Adagrad accumulator, Adam's m and v),
+    /// named by the ps, conventionally `<variable>:slot0` and `<variable>:slot1`.
+    pub slots: Vec<NamedTensor>,
+    /// Update counters (Adam's t) by key, conventionally the variable name.
+    pub updates: Vec<(String, u64)>,
+}
+
+/// Name and shape of one tensor of a shard, as listed in `index.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// One written shard: what a ps reports to the chief, and what `index.json` lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub ps_index: usize,
+    pub num_ps: usize,
+    pub global_step: i64,
+    /// File name inside the checkpoint directory ([`shard_file_name`]).
+    pub file: String,
+    /// Size of the file in bytes.
+    pub bytes: u64,
+    /// CRC-32C of the whole file.
+    #[serde(with = "hex_u32")]
+    pub crc32c: u32,
+    pub variables: Vec<TensorEntry>,
+    pub slots: Vec<TensorEntry>,
+    /// Keys of the update counters.
+    pub updates: Vec<String>,
+}
+
+/// A complete checkpoint (every shard verified when it was found).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The checkpoint directory, `DIR/ckpt-<step>`.
+    pub path: PathBuf,
+    pub global_step: i64,
+    pub num_ps: usize,
+    pub created_unix_secs: u64,
+    /// One per ps, in ps order.
+    pub shards: Vec<ShardInfo>,
+}
+
+/// State of one `ckpt-*` directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointStatus {
+    Complete(Checkpoint),
+    /// No index: the chief had not finished it (a crash, or it is being written).
+    Incomplete(String),
+    /// It has an index, but something it lists is missing, truncated, corrupted or inconsistent.
+    Damaged(String),
+}
+
+/// One `ckpt-*` directory found by [`list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointListing {
+    pub step: i64,
+    pub path: PathBuf,
+    pub status: CheckpointStatus,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint file {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("checkpoint {}: {reason}", path.display())]
+    InvalidArgument { path: PathBuf, reason: String },
+    #[error("checkpoint {} is incomplete: {reason}", path.display())]
+    Incomplete { path: PathBuf, reason: String },
+    #[error("checkpoint file {} is damaged: {reason}", path.display())]
+    Damaged { path: PathBuf, reason: String },
+    #[error(
+        "checkpoint {} was written by {found} ps tasks but this job has {expected}; restore needs the same number of ps tasks (or move the checkpoint away to start afresh)",
+        path.display()
+    )]
+    NumPsMismatch { path: PathBuf, found: usize, expected: usize },
+    #[error("checkpoint {} is already complete; refusing to overwrite its shards", path.display())]
+    AlreadyComplete { path: PathBuf },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+}
+
+fn damaged(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Damaged { path: path.to_path_buf(), reason: reason.into() }
+}
+
+fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::InvalidArgument { path: path.to_path_buf(), reason: reason.into() }
+}
+
+mod hex_u32 {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{v:08x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.len() != 8 {
+            return Err(D::Error::custom(format!("checksum {s:?} is not 8 hex digits")));
+        }
+        u32::from_str_radix(&s, 16).map_err(|e| D::Error::custom(format!("checksum {s:?}: {e}")))
+    }
+}
+
+/// `index.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IndexFile {
+    format: String,
+    global_step: i64,
+    num_ps: usize,
+    created_unix_secs: u64,
+    /// The same instant, RFC 3339 UTC, for people.
+    created: String,
+    checksum: String,
+    shards: Vec<ShardInfo>,
+}
+
+/// `DIR/ckpt-<step zero-padded to 10 digits>`.
+pub fn checkpoint_path(dir: &Path, step: i64) -> PathBuf {
+    dir.join(format!("{DIR_PREFIX}{step:010}"))
+}
+
+/// `shard-<ps_index>-of-<num_ps>.safetensors`, both zero-padded to 5 digits.
+pub fn shard_file_name(ps_index: usize, num_ps: usize) -> String {
+    format!("shard-{ps_index:05}-of-{num_ps:05}.safetensors")
+}
+
+/// The step of a checkpoint directory name, if it is one (exactly as [`checkpoint_path`] names it).
+fn parse_dir_name(name: &str) -> Option<i64> {
+    let digits = name.strip_prefix(DIR_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let step: i64 = digits.parse().ok()?;
+    (format!("{step:010}") == digits).then_some(step)
+}
+
+fn is_temp_name(name: &str) -> bool {
+    name.starts_with('.') && name.contains(TMP_MARKER)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` so that `path` either keeps its old state or has all
+/// of `bytes`, durably: temporary file, write, fsync, rename, fsync directory.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let parent = path.parent().ok_or_else(|| invalid(path, "has no parent directory"))?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| invalid(path, "has no file name"))?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = parent.join(format!(".{name}{TMP_MARKER}{}-{n}", std::process::id()));
+    let written = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)
+    })();
+    if let Err(source) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(CheckpointError::Io { path: path.to_path_buf(), source });
+    }
+    sync_dir(parent).map_err(io_err(parent))
+}
+
+/// Creates `dir` and `dir/ckpt-<step>` if needed, durably.
+fn create_checkpoint_dir(dir: &Path, step: i64) -> Result<PathBuf, CheckpointError> {
+    let path = checkpoint_path(dir, step);
+    if !path.is_dir() {
+        fs::create_dir_all(&path).map_err(io_err(&path))?;
+        sync_dir(dir).map_err(io_err(dir))?;
+    }
+    Ok(path)
+}
+
+/// A tensor to serialize: dtype, shape and its little-endian bytes.
+struct RawTensor<'a> {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: std::borrow::Cow<'a, [u8]>,
+}
+
+impl View for &RawTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn f32_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+fn element_count(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Checks names and shapes of what a ps wants to save; returns the tensor list.
+fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, RawTensor<'a>)>, CheckpointError> {
+    let mut tensors = Vec::with_capacity(data.variables.len() + data.slots.len() + data.updates.len());
+    let mut seen = BTreeSet::new();
+    let mut check_name = |kind: &str, name: &str| {
+        if name.is_empty() {
+            return Err(invalid(path, format!("a {kind} has an empty name")));
+        }
+        if !seen.insert(name.to_string()) {
+            return Err(invalid(path, format!("tensor name {name:?} ({kind}) is used twice")));
+        }
+        Ok(())
+    };
+    for (kind, list) in [("variable", &data.variables), ("slot", &data.slots)] {
+        for (name, shape, values) in list {
+            check_name(kind, name)?;
+            match element_count(shape) {
+                Some(n) if n == values.len() => {}
+                _ => {
+                    return Err(invalid(
+                        path,
+                        format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len()),
+                    ));
+                }
+            }
+            tensors
+                .push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
+        }
+    }
+    for (key, count) in &data.updates {
+        if key.is_empty() {
+            return Err(invalid(path, "an update counter has an empty key"));
+        }
+        let name = format!("{key}{UPDATES_SUFFIX}");
+        check_name("update counter", &name)?;
+        let bytes = count.to_le_bytes().to_vec();
+        tensors.push((name, RawTensor { dtype: Dtype::U64, shape: vec![1], data: bytes.into() }));
+    }
+    Ok(tensors)
+}
+
+/// Writes ps `ps_index`'s shard of the checkpoint at `step` into
+/// `dir/ckpt-<step>/shard-<ps_index>-of-<num_ps>.safetensors`, atomically and
+/// durably, and returns what the chief needs for the index.
+///
+/// Several ps tasks may write their shards into the same checkpoint at once.
+/// If that checkpoint already has an index, a complete one is never touched
+/// ([`CheckpointError::AlreadyComplete`]); a damaged one (e.g. left by a crashed
+/// run that reached this step before) loses its index first, so it reads as
+/// incomplete until the chief writes a new index.
+pub fn write_shard(
+    dir: &Path,
+    step: i64,
+    ps_index: usize,
+    num_ps: usize,
+    data: &ShardData,
+) -> Result<ShardInfo, CheckpointError> {
+    let ckpt = checkpoint_path(dir, step);
+    if step < 0 {
+        return Err(invalid(&ckpt, format!("global step {step} is negative")));
+    }
+    if num_ps == 0 || ps_index >= num_ps {
+        return Err(invalid(&ckpt, format!("ps index {ps_index} is not in 0..{num_ps}")));
+    }
+    let file = shard_file_name(ps_index, num_ps);
+    let shard_path = ckpt.join(&file);
+    let tensors = prepare_tensors(&shard_path, data)?;
+    let metadata: HashMap<String, String> = [
+        ("format", SHARD_FORMAT.to_string()),
+        ("global_step", step.to_string()),
+        ("ps_index", ps_index.to_string()),
+        ("num_ps", num_ps.to_string()),
+        ("slots", json_names(data.slots.iter().map(|s| &s.0))),
+        ("updates", json_names(data.updates.iter().map(|u| &u.0))),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (n.clone(), t)), Some(metadata))
+        .map_err(|e| invalid(&shard_path, format!("cannot serialize: {e}")))?;
+
+    let ckpt = create_checkpoint_dir(dir, step)?;
+    let index = ckpt.join(INDEX_FILE);
+    if index.exists() {
+        match verify(&ckpt, step) {
+            CheckpointStatus::Complete(_) => return Err(CheckpointError::AlreadyComplete { path: ckpt }),
+            CheckpointStatus::Incomplete(_) => {}
+            CheckpointStatus::Damaged(reason) => {
+                tracing::warn!(checkpoint = %ckpt.display(), %reason, "rewriting a damaged checkpoint; removing its index first");
+                match fs::remove_file(&index) {
+                    Ok(()) => sync_dir(&ckpt).map_err(io_err(&ckpt))?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(&index)(e)),
+                }
+            }
+        }
+    }
+    write_atomic(&shard_path, &bytes)?;
+    let entries = |list: &[NamedTensor]| {
+        list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect()
+    };
+    Ok(ShardInfo {
+        ps_index,
+        num_ps,
+        global_step: step,
+        file,
+        bytes: bytes.len() as u64,
+        crc32c: crc32c::crc32c(&bytes),
+        variables: entries(&data.variables),
+        slots: entries(&data.slots),
+        updates: data.updates.iter().map(|(k, _)| k.clone()).collect(),
+    })
+}
+
+fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    serde_json::to_string(&names.collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
+}
+
+/// Writes `dir/ckpt-<step>/index.json` (atomically, durably), which makes the
+/// checkpoint complete. `shards` are the [`ShardInfo`]s the ps tasks returned;
+/// they must be exactly one per ps index in `0..num_ps`, all for `step`, with no
+/// variable on two ps tasks, and every shard file must be present with its size.
+/// (Their checksums are verified on restore, not here.) Returns the index path.
+pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -> Result<PathBuf, CheckpointError> {
+    let ckpt = checkpoint_path(dir, step);
+    if step < 0 {
+        return Err(invalid(&ckpt, format!("global step {step} is negative")));
+    }
+    if num_ps == 0 {
+        return Err(invalid(&ckpt, "num_ps is 0"));
+    }
+    let mut by_ps: BTreeMap<usize, &ShardInfo> = BTreeMap::new();
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for s in shards {
+        if s.ps_index >= num_ps {
+            return Err(invalid(&ckpt, format!("shard of ps {} is not in 0..{num_ps}", s.ps_index)));
+        }
+        if s.num_ps != num_ps || s.global_step != step {
+            return Err(invalid(
+                &ckpt,
+                format!(
+                    "shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}",
+                    s.ps_index, s.global_step, s.num_ps
+                ),
+            ));
+        }
+        if s.file != shard_file_name(s.ps_index, num_ps) {
+            return Err(invalid(&ckpt, format!("shard of ps {} has an unexpected file name {:?}", s.ps_index, s.file)));
+        }
+        if by_ps.insert(s.ps_index, s).is_some() {
+            return Err(invalid(&ckpt, format!("two shards for ps {}", s.ps_index)));
+        }
+        for v in &s.variables {
+            if let Some(other) = owner.insert(&v.name, s.ps_index) {
+                return Err(invalid(
+                    &ckpt,
+                    format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index),
+                ));
+            }
+        }
+    }
+    if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
+        return Err(CheckpointError::Incomplete {
+            path: ckpt,
+            reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()),
+        });
+    }
+    for s in by_ps.values() {
+        let path = ckpt.join(&s.file);
+        match fs::metadata(&path) {
+            Ok(m) if m.len() == s.bytes => {}
+            Ok(m) => return Err(damaged(&path, format!("{} bytes on disk, the ps reported {}", m.len(), s.bytes))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CheckpointError::Incomplete {
+                    path: ckpt.clone(),
+                    reason: format!("{} is missing", s.file),
+                });
+            }
+            Err(e) => return Err(io_err(&path)(e)),
+        }
+    }
+    let created_unix_secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let index = IndexFile {
+        format: INDEX_FORMAT.to_string(),
+        global_step: step,
+        num_ps,
+        created_unix_secs,
+        created: format_utc(created_unix_secs),
+        checksum: CHECKSUM_ALGORITHM.to_string(),
+        shards: by_ps.into_values().cloned().collect(),
+    };
+    let mut json =
+        serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
+    json.push(b'\n');
+    let path = ckpt.join(INDEX_FILE);
+    write_atomic(&path, &json)?;
+    Ok(path)
+}
+
+/// Reads and checks `index.json` of checkpoint directory `ckpt` (named for `step`).
+fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
+    let path = ckpt.join(INDEX_FILE);
+    let text = match fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let shards = shard_files(ckpt).len();
+            return Err(CheckpointError::Incomplete {
+                path: ckpt.to_path_buf(),
+                reason: format!("no {INDEX_FILE} (the chief had not written it); {shards} shard file(s) present"),
+            });
+        }
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    let index: IndexFile = serde_json::from_slice(&text)
+        .map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
+    if index.format != INDEX_FORMAT {
+        return Err(damaged(&path, format!("format is {:?}, expected {INDEX_FORMAT:?}", index.format)));
+    }
+    if index.checksum != CHECKSUM_ALGORITHM {
+        return Err(damaged(&path, format!("unknown checksum algorithm {:?}", index.checksum)));
+    }
+    if index.global_step != step {
+        return Err(damaged(
+            &path,
+            format!("global_step is {}, but the directory is for step {step}", index.global_step),
+        ));
+    }
+    if index.num_ps == 0 || index.shards.len() != index.num_ps {
+        return Err(damaged(&path, format!("lists {} shards for num_ps {}", index.shards.len(), index.num_ps)));
+    }
+    for (i, s) in index.shards.iter().enumerate() {
+        if s.ps_index != i
+            || s.num_ps != index.num_ps
+            || s.global_step != step
+            || s.file != shard_file_name(i, index.num_ps)
+        {
+            return Err(damaged(
+                &path,
+                format!(
+                    "shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position",
+                    s.file, s.ps_index, s.global_step, s.num_ps
+                ),
+            ));
+        }
+    }
+    Ok(Checkpoint {
+        path: ckpt.to_path_buf(),
+        global_step: step,
+        num_ps: index.num_ps,
+        created_unix_secs: index.created_unix_secs,
+        shards: index.shards,
+    })
+}
+
+/// Final shard file names present in `ckpt` (temporary files excluded).
+fn shard_files(ckpt: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(ckpt) else { return Vec::new() };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| !is_temp_name(n) && n.starts_with("shard-") && n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn meta_value<'m>(path: &Path, meta: &'m HashMap<String, String>, key: &str) -> Result<&'m str, CheckpointError> {
+    meta.get(key).map(String::as_str).ok_or_else(|| damaged(path, format!("metadata has no {key:?}")))
+}
+
+fn meta_number<T: std::str::FromStr + PartialEq + std::fmt::Display>(
+    path: &Path,
+    meta: &HashMap<String, String>,
+    key: &str,
+    expected: T,
+) -> Result<(), CheckpointError> {
+    let raw = meta_value(path, meta, key)?;
+    match raw.parse::<T>() {
+        Ok(v) if v == expected => Ok(()),
+        _ => Err(damaged(path, format!("metadata {key} is {raw:?}, index.json says {expected}"))),
+    }
+}
+
+/// Reads one shard of `ckpt`, verifying size, checksum, safetensors structure,
+/// metadata and that its tensors are exactly those the index lists.
+fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, CheckpointError> {
+    let path = ckpt.path.join(&info.file);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(damaged(&path, format!("listed in {INDEX_FILE} but missing")));
+        }
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    if bytes.len() as u64 != info.bytes {
+        return Err(damaged(
+            &path,
+            format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes),
+        ));
+    }
+    let crc = crc32c::crc32c(&bytes);
+    if crc != info.crc32c {
+        return Err(damaged(
+            &path,
+            format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c),
+        ));
+    }
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let empty = HashMap::new();
+    let meta = header.metadata().as_ref().unwrap_or(&empty);
+    let format = meta_value(&path, meta, "format")?;
+    if format != SHARD_FORMAT {
+        return Err(damaged(&path, format!("metadata format is {format:?}, expected {SHARD_FORMAT:?}")));
+    }
+    meta_number(&path, meta, "global_step", ckpt.global_step)?;
+    meta_number(&path, meta, "ps_index", info.ps_index)?;
+    meta_number(&path, meta, "num_ps", ckpt.num_ps)?;
+    let names = |key: &str| -> Result<Vec<String>, CheckpointError> {
+        serde_json::from_str(meta_value(&path, meta, key)?)
+            .map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
+    };
+    let slot_names = names("slots")?;
+    let update_keys = names("updates")?;
+    let listed = |entries: &[TensorEntry]| entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+    if slot_names != listed(&info.slots) || update_keys != info.updates {
+        return Err(damaged(&path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
+    }
+
+    let mut f32s: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
+    let mut u64s: HashMap<String, u64> = HashMap::new();
+    for (name, view) in st.tensors() {
+        match view.dtype() {
+            Dtype::F32 => {
+                let values =
+                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                f32s.insert(name, (view.shape().to_vec(), values));
+            }
+            Dtype::U64 if view.data().len() == 8 => {
+                let d = view.data();
+                u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
+            }
+            other => {
+                return Err(damaged(&path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
+            }
+        }
+    }
+    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
+    if f32s.len() + u64s.len() != expected_tensors {
+        return Err(damaged(
+            &path,
+            format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len()),
+        ));
+    }
+    let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            match f32s.remove(&e.name) {
+                Some((shape, values)) if shape == e.shape => out.push((e.name.clone(), shape, values)),
+                Some((shape, _)) => {
+                    return Err(damaged(
+                        &path,
+                        format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape),
+                    ));
+                }
+                None => return Err(damaged(&path, format!("has no f32 tensor {:?}", e.name))),
+            }
+        }
+        Ok(out)
+    };
+    let variables = take(&info.variables)?;
+    let slots = take(&info.slots)?;
+    let mut updates = Vec::with_capacity(info.updates.len());
+    for key in &info.updates {
+        let name = format!("{key}{UPDATES_SUFFIX}");
+        let count = u64s.remove(&name).ok_or_else(|| damaged(&path, format!("has no u64 tensor {name:?}")))?;
+        updates.push((key.clone(), count));
+    }
+    Ok(ShardData { variables, slots, updates })
+}
+
+/// Fully checks the checkpoint directory `ckpt` (named for `step`): index and every shard.
+pub fn verify(ckpt: &Path, step: i64) -> CheckpointStatus {
+    let result = read_index(ckpt, step).and_then(|c| {
+        for info in &c.shards {
+            load_shard(&c, info)?;
+        }
+        Ok(c)
+    });
+    match result {
+        Ok(c) => CheckpointStatus::Complete(c),
+        Err(CheckpointError::Incomplete { reason, .. }) => CheckpointStatus::Incomplete(reason),
+        Err(e) => CheckpointStatus::Damaged(reason_in(ckpt, &e)),
+    }
+}
+
+/// The reason of an error, with paths relative to the checkpoint directory.
+fn reason_in(ckpt: &Path, e: &CheckpointError) -> String {
+    let file = |p: &Path| p.strip_prefix(ckpt).unwrap_or(p).display().to_string();
+    match e {
+        CheckpointError::Damaged { path, reason } => format!("{}: {reason}", file(path)),
+        CheckpointError::Io { path, source } => format!("{}: {source}", file(path)),
+        other => other.to_string(),
+    }
+}
+
+/// `(step, path)` of every checkpoint directory in `dir`, oldest first. A missing `dir` has none.
+fn checkpoint_dirs(dir: &Path) -> Result<Vec<(i64, PathBuf)>, CheckpointError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir))?;
+        let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else { continue };
+        if entry.path().is_dir() {
+            out.push((step, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every checkpoint in `dir`, oldest first, each fully verified. A missing `dir` lists nothing.
+pub fn list(dir: &Path) -> Result<Vec<CheckpointListing>, CheckpointError> {
+    Ok(checkpoint_dirs(dir)?
+        .into_iter()
+        .map(|(step, path)| {
+            let status = verify(&path, step);
+            CheckpointListing { step, path, status }
+        })
+        .collect())
+}
+
+/// The newest complete checkpoint in `dir`, if any, for a job of `num_ps` ps
+/// tasks. Newer incomplete or damaged ones are skipped with a warning naming
+/// what is wrong. If the newest complete one was written by a different number
+/// of ps tasks, that is an error rather than a silent fall-back to an older one.
+pub fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
+    for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
+        match verify(&path, step) {
+            CheckpointStatus::Complete(c) if c.num_ps == num_ps => return Ok(Some(c)),
+            CheckpointStatus::Complete(c) => {
+                return Err(CheckpointError::NumPsMismatch { path, found: c.num_ps, expected: num_ps });
+            }
+            CheckpointStatus::Incomplete(reason) => {
+                tracing::warn!(checkpoint = %path.display(), step, %reason, "skipping incomplete checkpoint");
+            }
+            CheckpointStatus::Damaged(reason) => {
+                tracing::warn!(checkpoint = %path.display(), step, %reason, "skipping damaged checkpoint");
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Reads (and verifies) the shard of ps `ps_index` of a complete checkpoint.
+pub fn read_shard(ckpt: &Checkpoint, ps_index: usize) -> Result<ShardData, CheckpointError> {
+    let info = ckpt.shards.iter().find(|s| s.ps_index == ps_index).ok_or_else(|| {
+        invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len()))
+    })?;
+    load_shard(ckpt, info)
+}
+
+/// Every shard of a complete checkpoint merged into one, in ps order: for the
+/// evaluator, for exporting, or to re-place variables over a different number
+/// of ps tasks.
+pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
+    let mut all = ShardData::default();
+    for info in &ckpt.shards {
+        let s = load_shard(ckpt, info)?;
+        all.variables.extend(s.variables);
+        all.slots.extend(s.slots);
+        all.updates.extend(s.updates);
+    }
+    Ok(all)
+}
+
+/// Deletes old checkpoints: keeps the newest `keep_last` complete ones (at
+/// least 1; the newest complete one is never deleted), deletes every older
+/// checkpoint whatever its state, and every incomplete or damaged one older
+/// than the newest complete one. Incomplete ones newer than the newest
+/// complete one are kept: they may be being written. Returns what it deleted.
+pub fn prune(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
+    let keep_last = keep_last.max(1);
+    let mut complete = 0usize;
+    let mut deleted = Vec::new();
+    for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
+        let delete = if complete >= keep_last {
+            true
+        } else {
+            match verify(&path, step) {
+                CheckpointStatus::Complete(_) => {
+                    complete += 1;
+                    false
+                }
+                _ => complete > 0,
+            }
+        };
+        if delete {
+            remove_checkpoint(&path)?;
+            deleted.push(path);
+        }
+    }
+    deleted.reverse();
+    Ok(deleted)
+}
+
+/// Removes the index first, so a checkpoint half-deleted by a crash reads as incomplete.
+fn remove_checkpoint(path: &Path) -> Result<(), CheckpointError> {
+    let index = path.join(INDEX_FILE);
+    match fs::remove_file(&index) {
+        Ok(()) => sync_dir(path).map_err(io_err(path))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&index)(e)),
+    }
+    fs::remove_dir_all(path).map_err(io_err(path))
+}
+
+/// A human-readable listing of `dir` for `tfjob-runtime checkpoint inspect DIR`:
+/// every checkpoint with its step and status, and for complete ones every shard
+/// with its variables, slots and update counters.
+pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
+    use std::fmt::Write as _;
+    let listing = list(dir)?;
+    let mut out = String::new();
+    if listing.is_empty() {
+        let _ = writeln!(out, "no checkpoints in {}", dir.display());
+        return Ok(out);
+    }
+    let latest = listing.iter().rev().find_map(|l| match &l.status {
+        CheckpointStatus::Complete(c) => Some(c.global_step),
+        _ => None,
+    });
+    let _ = writeln!(
+        out,
+        "{} checkpoint(s) in {}; latest complete: {}",
+        listing.len(),
+        dir.display(),
+        latest.map_or("none".to_string(), |s| format!("step {s}"))
+    );
+    for l in &listing {
+        let name = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        match &l.status {
+            CheckpointStatus::Complete(c) => {
+                let total: u64 = c.shards.iter().map(|s| s.bytes).sum();
+                let _ = writeln!(
+                    out,
+                    "{name}  step {}  complete  {} shard(s), {total} bytes, created {}",
+                    c.global_step,
+                    c.num_ps,
+                    format_utc(c.created_unix_secs)
+                );
+                for s in &c.shards {
+                    let _ =
+                        writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
+                    for v in &s.variables {
+                        let _ = writeln!(out, "    variable  {}  {:?}", v.name, v.shape);
+                    }
+                    for v in &s.slots {
+                        let _ = writeln!(out, "    slot      {}  {:?}", v.name, v.shape);
+                    }
+                    for k in &s.updates {
+                        let _ = writeln!(out, "    updates   {k}");
+                    }
+                }
+            }
+            CheckpointStatus::Incomplete(reason) => {
+                let _ = writeln!(out, "{name}  step {}  INCOMPLETE: {reason}", l.step);
+            }
+            CheckpointStatus::Damaged(reason) => {
+                let _ = writeln!(out, "{name}  step {}  DAMAGED: {reason}", l.step);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the Unix epoch (proleptic Gregorian, UTC).
+pub fn format_utc(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    let secs = unix_secs % 86_400;
+    // Shift the epoch to 0000-03-01 so leap days fall at the end of a year.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,422 @@
+//! TensorBoard event files: the chief and the evaluator log scalars (loss,
+//! accuracy, steps/s, ...) by step to `--log_dir`, and TensorBoard plots them.
+//!
+//! # Format
+//!
+//! A file named `events.out.tfevents.<unix seconds, 10 digits>.<hostname><suffix>`
+//! holds a sequence of TFRecords:
+//!
+//! ```text
+//! u64 LE   length of data
+//! u32 LE   masked CRC-32C of the 8 length bytes
+//! [u8]     data: one serialized `tensorflow.Event`
+//! u32 LE   masked CRC-32C of data
+//! ```
+//!
+//! (mask = `((crc >> 15) | (crc << 17)) + 0xa282ead8`, see [`crc32c::mask`]).
+//! The first event carries `file_version = "brain.Event:2"`; every later one a
+//! `Summary` of `simple_value` scalars. The messages below are the subset of
+//! TensorFlow's `tensorflow/core/util/event.proto` and
+//! `tensorflow/core/framework/summary.proto` that this needs, with the same
+//! field numbers; fields they do not list are skipped when reading.
+//!
+//! # Durability
+//!
+//! Each record reaches the file in a single write of the whole record, so a
+//! reader never sees half a record unless the process dies in the middle of
+//! that write. Records are flushed to the OS every [`FlushPolicy::max_pending`]
+//! records, and a background thread flushes pending ones after at most
+//! [`FlushPolicy::interval`], so TensorBoard sees progress and a crash loses
+//! only the last few seconds.
+
+pub mod crc32c;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+
+/// `file_version` of the first event of every file, as TensorFlow 1.x and 2.x write it.
+pub const FILE_VERSION: &str = "brain.Event:2";
+
+/// Bytes of TFRecord framing around each record's data: length, its CRC, the data's CRC.
+const FRAMING: usize = 8 + 4 + 4;
+
+/// `tensorflow.Event` (event.proto), the fields this runtime writes.
+#[derive(Clone, PartialEq, Message)]
+pub struct Event {
+    /// Seconds since the Unix epoch.
+    #[prost(double, tag = "1")]
+    pub wall_time: f64,
+    /// Global step the event belongs to.
+    #[prost(int64, tag = "2")]
+    pub step: i64,
+    #[prost(oneof = "What", tags = "3, 5")]
+    pub what: Option<What>,
+}
+
+/// `Event.what`: what happened.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum What {
+    /// `string file_version = 3`, set in the first record of a file.
+    #[prost(string, tag = "3")]
+    FileVersion(String),
+    /// `Summary summary = 5`.
+    #[prost(message, tag = "5")]
+    Summary(Summary),
+}
+
+/// `tensorflow.Summary` (summary.proto): `repeated Value value = 1`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Summary {
+    #[prost(message, repeated, tag = "1")]
+    pub value: Vec<SummaryValue>,
+}
+
+/// `tensorflow.Summary.Value`: `string tag = 1`, `oneof value { float simple_value = 2; ... }`.
+#[derive(Clone, PartialEq, Message)]
+pub struct SummaryValue {
+    #[prost(string, tag = "1")]
+    pub tag: String,
+    #[prost(oneof = "Value", tags = "2")]
+    pub value: Option<Value>,
+}
+
+/// `Summary.Value.value`. Being a oneof, a present `0.0` is still written.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Value {
+    #[prost(float, tag = "2")]
+    SimpleValue(f32),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("event log directory {}: {source}", dir.display())]
+    Dir { dir: PathBuf, source: io::Error },
+    #[error("event file {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("event file suffix {suffix:?}: {reason}")]
+    InvalidSuffix { suffix: String, reason: &'static str },
+    #[error("event file {}: summary tag {tag:?} is invalid: {reason}", path.display())]
+    InvalidTag { path: PathBuf, tag: String, reason: &'static str },
+    #[error("event file {}: a background flush failed earlier: {message}", path.display())]
+    BackgroundFlush { path: PathBuf, message: String },
+    #[error("event file {}: truncated record at byte {offset}: {what}", path.display())]
+    Truncated { path: PathBuf, offset: u64, what: String },
+    #[error(
+        "event file {}: record at byte {offset}: length checksum mismatch (stored {stored:#010x}, computed {computed:#010x}); the file is corrupted",
+        path.display()
+    )]
+    LengthChecksum { path: PathBuf, offset: u64, stored: u32, computed: u32 },
+    #[error(
+        "event file {}: record at byte {offset}: data checksum mismatch (stored {stored:#010x}, computed {computed:#010x}); the file is corrupted",
+        path.display()
+    )]
+    DataChecksum { path: PathBuf, offset: u64, stored: u32, computed: u32 },
+    #[error("event file {}: record at byte {offset} is not a tensorflow.Event: {source}", path.display())]
+    Decode { path: PathBuf, offset: u64, source: prost::DecodeError },
+}
+
+/// When buffered records are handed to the OS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushPolicy {
+    /// Pending records are flushed at most this long after they were added.
+    pub interval: Duration,
+    /// Flush as soon as this many records are pending (1 = every record).
+    pub max_pending: usize,
+}
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        FlushPolicy { interval: Duration::from_secs(2), max_pending: 100 }
+    }
+}
+
+struct Sink {
+    out: BufWriter<File>,
+    pending: usize,
+    /// First error of the background flusher, reported by the next call.
+    failed: Option<String>,
+}
+
+impl Sink {
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        self.pending = 0;
+        Ok(())
+    }
+}
+
+/// Appends scalar summaries to one new event file.
+///
+/// Dropping the writer flushes it (a failure is logged); call [`EventWriter::close`]
+/// to see that error instead.
+pub struct EventWriter {
+    path: PathBuf,
+    sink: Arc<Mutex<Sink>>,
+    policy: FlushPolicy,
+    last_flush: Instant,
+    /// Dropping the sender stops the flusher thread.
+    stop: Option<mpsc::Sender<()>>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for EventWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventWriter").field("path", &self.path).field("policy", &self.policy).finish()
+    }
+}
+
+fn lock(sink: &Mutex<Sink>) -> MutexGuard<'_, Sink> {
+    sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The host name as it may appear in a file name (TensorFlow puts it there too).
+fn file_hostname() -> String {
+    let raw = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let clean: String =
+        raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+    if clean.is_empty() { "localhost".to_string() } else { clean }
+}
+
+/// Frames `data` as one TFRecord.
+pub fn encode_record(data: &[u8]) -> Vec<u8> {
+    let mut rec = Vec::with_capacity(data.len() + FRAMING);
+    let len = (data.len() as u64).to_le_bytes();
+    rec.extend_from_slice(&len);
+    rec.extend_from_slice(&crc32c::mask(crc32c::crc32c(&len)).to_le_bytes());
+    rec.extend_from_slice(data);
+    rec.extend_from_slice(&crc32c::mask(crc32c::crc32c(data)).to_le_bytes());
+    rec
+}
+
+impl EventWriter {
+    /// Creates `log_dir` if needed and a new event file in it, named
+    /// `events.out.tfevents.<secs>.<hostname><suffix>`, whose first record is the
+    /// `file_version` event. `suffix` is appended as is (e.g. `""`, `".chief"`,
+    /// `".eval"`); it may not contain a path separator. Never overwrites a file:
+    /// if the name is taken, `.<pid>.<n>` is appended.
+    pub fn create(log_dir: &Path, suffix: &str) -> Result<Self, EventError> {
+        Self::create_with(log_dir, suffix, FlushPolicy::default())
+    }
+
+    /// [`EventWriter::create`] with an explicit flush policy.
+    pub fn create_with(log_dir: &Path, suffix: &str, policy: FlushPolicy) -> Result<Self, EventError> {
+        if suffix.contains('/') || suffix.contains('\\') || suffix.contains('\0') {
+            return Err(EventError::InvalidSuffix {
+                suffix: suffix.to_string(),
+                reason: "must not contain '/', '\\' or NUL",
+            });
+        }
+        let dir_err = |source| EventError::Dir { dir: log_dir.to_path_buf(), source };
+        fs::create_dir_all(log_dir).map_err(dir_err)?;
+        let wall_time = now_secs();
+        let base = format!("events.out.tfevents.{:010}.{}{}", wall_time as u64, file_hostname(), suffix);
+        let mut attempt = 0u32;
+        let (path, file) = loop {
+            let name = if attempt == 0 { base.clone() } else { format!("{base}.{}.{attempt}", std::process::id()) };
+            let path = log_dir.join(name);
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => break (path, file),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 1000 => attempt += 1,
+                Err(source) => return Err(EventError::Io { path, source }),
+            }
+        };
+        let policy = FlushPolicy { max_pending: policy.max_pending.max(1), ..policy };
+        let sink = Arc::new(Mutex::new(Sink { out: BufWriter::new(file), pending: 0, failed: None }));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let flusher = {
+            let sink = Arc::clone(&sink);
+            let interval = policy.interval.max(Duration::from_millis(10));
+            std::thread::Builder::new()
+                .name("event-flush".into())
+                .spawn(move || {
+                    while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                        let mut s = lock(&sink);
+                        if s.pending > 0
+                            && s.failed.is_none()
+                            && let Err(e) = s.flush()
+                        {
+                            s.failed = Some(e.to_string());
+                        }
+                    }
+                })
+                .map_err(|source| EventError::Io { path: path.clone(), source })?
+        };
+        let mut writer =
+            EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
+        let first = Event { wall_time, step: 0, what: Some(What::FileVersion(FILE_VERSION.to_string())) };
+        writer.write_event(&first)?;
+        writer.flush()?;
+        Ok(writer)
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io_err(&self, source: io::Error) -> EventError {
+        EventError::Io { path: self.path.clone(), source }
+    }
+
+    /// Appends one event (any event: the scalar helpers build on this).
+    pub fn write_event(&mut self, event: &Event) -> Result<(), EventError> {
+        let record = encode_record(&event.encode_to_vec());
+        let due = {
+            let mut s = lock(&self.sink);
+            if let Some(message) = s.failed.clone() {
+                return Err(EventError::BackgroundFlush { path: self.path.clone(), message });
+            }
+            s.out.write_all(&record).map_err(|e| self.io_err(e))?;
+            s.pending += 1;
+            s.pending >= self.policy.max_pending || self.last_flush.elapsed() >= self.policy.interval
+        };
+        if due {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Logs `value` under `tag` at `step`.
+    pub fn add_scalar(&mut self, tag: &str, value: f32, step: i64) -> Result<(), EventError> {
+        self.add_scalars(step, &[(tag, value)])
+    }
+
+    /// Logs several scalars of the same step as one event. An empty slice writes nothing.
+    pub fn add_scalars(&mut self, step: i64, scalars: &[(&str, f32)]) -> Result<(), EventError> {
+        if scalars.is_empty() {
+            return Ok(());
+        }
+        let mut value = Vec::with_capacity(scalars.len());
+        for &(tag, v) in scalars {
+            if tag.is_empty() {
+                return Err(EventError::InvalidTag { path: self.path.clone(), tag: tag.into(), reason: "it is empty" });
+            }
+            if tag.chars().any(char::is_control) {
+                return Err(EventError::InvalidTag {
+                    path: self.path.clone(),
+                    tag: tag.into(),
+                    reason: "it contains a control character",
+                });
+            }
+            value.push(SummaryValue { tag: tag.to_string(), value: Some(Value::SimpleValue(v)) });
+        }
+        let event = Event { wall_time: now_secs(), step, what: Some(What::Summary(Summary { value })) };
+        self.write_event(&event)
+    }
+
+    /// Hands every buffered record to the OS.
+    pub fn flush(&mut self) -> Result<(), EventError> {
+        let mut s = lock(&self.sink);
+        if let Some(message) = s.failed.clone() {
+            return Err(EventError::BackgroundFlush { path: self.path.clone(), message });
+        }
+        s.flush().map_err(|e| self.io_err(e))?;
+        drop(s);
+        self.last_flush = Instant::now();
+        Ok(())
+    }
+
+    /// Flushes, syncs the file to disk and stops the flusher thread.
+    pub fn close(mut self) -> Result<(), EventError> {
+        self.stop_flusher();
+        self.flush()?;
+        let s = lock(&self.sink);
+        s.out.get_ref().sync_all().map_err(|e| self.io_err(e))
+    }
+
+    fn stop_flusher(&mut self) {
+        self.stop.take();
+        if let Some(handle) = self.flusher.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for EventWriter {
+    fn drop(&mut self) {
+        self.stop_flusher();
+        let mut s = lock(&self.sink);
+        if let Err(e) = s.flush() {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not flush event file");
+        }
+    }
+}
+
+/// Splits `bytes` (the content of `path`) into TFRecord payloads, verifying both
+/// CRCs of every record. Returns each payload with its byte offset in the file.
+pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u8])>, EventError> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let offset = pos as u64;
+        let rest = &bytes[pos..];
+        let truncated = |what: String| EventError::Truncated { path: path.to_path_buf(), offset, what };
+        if rest.len() < 12 {
+            return Err(truncated(format!("{} bytes left, a record header needs 12", rest.len())));
+        }
+        let len_bytes: [u8; 8] = rest[..8].try_into().expect("slice of 8");
+        let stored = u32::from_le_bytes(rest[8..12].try_into().expect("slice of 4"));
+        let computed = crc32c::mask(crc32c::crc32c(&len_bytes));
+        if stored != computed {
+            return Err(EventError::LengthChecksum { path: path.to_path_buf(), offset, stored, computed });
+        }
+        let len = u64::from_le_bytes(len_bytes);
+        let available = (rest.len() - 12) as u64;
+        if len > available.saturating_sub(4) {
+            return Err(truncated(format!(
+                "the record declares {len} data bytes + 4 checksum bytes, only {available} bytes follow"
+            )));
+        }
+        let len = len as usize;
+        let data = &rest[12..12 + len];
+        let stored = u32::from_le_bytes(rest[12 + len..16 + len].try_into().expect("slice of 4"));
+        let computed = crc32c::mask(crc32c::crc32c(data));
+        if stored != computed {
+            return Err(EventError::DataChecksum { path: path.to_path_buf(), offset, stored, computed });
+        }
+        out.push((offset, data));
+        pos += FRAMING + len;
+    }
+    Ok(out)
+}
+
+/// Reads every event of an event file, verifying both CRCs of every record.
+/// Any corruption or truncation is an error naming the file and the byte offset.
+pub fn read_events(path: &Path) -> Result<Vec<Event>, EventError> {
+    let bytes = fs::read(path).map_err(|source| EventError::Io { path: path.to_path_buf(), source })?;
+    read_records(path, &bytes)?
+        .into_iter()
+        .map(|(offset, data)| {
+            Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source })
+        })
+        .collect()
+}
+
+/// Every `simple_value` scalar of an event file, in file order: `(tag, step, value)`.
+pub fn scalars(path: &Path) -> Result<Vec<(String, i64, f32)>, EventError> {
+    let mut out = Vec::new();
+    for event in read_events(path)? {
+        if let Some(What::Summary(summary)) = event.what {
+            for v in summary.value {
+                if let Some(Value::SimpleValue(x)) = v.value {
+                    out.push((v.tag, event.step, x));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
