@@ -4,3 +4,4 @@
 //!   helm) built from pinned Go modules, for tests against a real Kubernetes API.
 
 pub mod controlplane;
+pub mod podman;
