@@ -135,9 +135,19 @@ tfjob_podman_service_start() {
     return 1
 }
 
+# SIGTERM, then SIGKILL after 10 s; returns once the process is gone. Works also when the
+# service was started in a subshell (pid=$(tfjob_podman_service_start ...)), where `wait`
+# cannot wait for it.
 tfjob_podman_service_stop() {
-    local pid=$1
+    local pid=$1 i
     kill -TERM "$pid" 2>/dev/null || return 0
+    for i in $(seq 1 200); do
+        kill -0 "$pid" 2>/dev/null || break
+        # A zombie of ours is gone for every purpose but the process table.
+        [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" = Z ] && break
+        sleep 0.05
+    done
+    kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" != Z ] && kill -KILL "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null || true
 }
 
