@@ -9,6 +9,43 @@ use tonic::{Request, Status};
 /// The environment variable that holds the job token.
 pub const TOKEN_ENV: &str = "TFJOB_TOKEN";
 
+/// How a task reaches its peers: the job token, and TLS when the job has
+/// certificates.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub token: Option<String>,
+    pub tls: Option<TlsFiles>,
+}
+
+/// PEM files for TLS between the tasks of a job: this task's certificate
+/// and key (served), and the CA that signed every task's certificate
+/// (checked on both sides).
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| format!("--tls_{what} {}: {e}", path.display()))
+    }
+
+    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, String> {
+        let identity = tonic::transport::Identity::from_pem(Self::read(&self.cert, "cert")?, Self::read(&self.key, "key")?);
+        Ok(tonic::transport::ServerTlsConfig::new().identity(identity))
+    }
+
+    /// Client side: trust the job's CA, present this task's certificate,
+    /// and check the peer's name (`host` of its address).
+    pub fn client_config(&self, host: &str) -> Result<tonic::transport::ClientTlsConfig, String> {
+        let ca = tonic::transport::Certificate::from_pem(Self::read(&self.ca, "ca")?);
+        let identity = tonic::transport::Identity::from_pem(Self::read(&self.cert, "cert")?, Self::read(&self.key, "key")?);
+        Ok(tonic::transport::ClientTlsConfig::new().ca_certificate(ca).identity(identity).domain_name(host))
+    }
+}
+
 /// Checks incoming calls. With no token configured every call passes (a
 /// job started by hand without a token).
 #[derive(Clone)]

@@ -2,16 +2,17 @@
 //! and calls that fan out to all of them concurrently (handshake, init,
 //! pull, push, shutdown), splitting and joining variables by the placement.
 
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::future::try_join_all;
 use ndarray::ArrayD;
 use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::{Code, IntoRequest, Request, Status};
 
-use crate::auth::TokenAttach;
+use crate::auth::{Credentials, TokenAttach};
 use crate::cluster::TaskId;
 use crate::placement::{Placement, Shard};
 use crate::proto::{self, parameter_server_client::ParameterServerClient, TensorPart};
@@ -19,12 +20,24 @@ use crate::tensor::{self, f32_to_bytes, MAX_MESSAGE_BYTES};
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
 
+/// Deadline of a call that does not wait on purpose (handshake, push, ...).
+pub const CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A request with a deadline: every call inside a job has one.
+fn deadline<T>(message: impl IntoRequest<T>, timeout: Duration) -> Request<T> {
+    let mut r = message.into_request();
+    r.set_timeout(timeout);
+    r
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("{what} ps:{ps} ({address}): {status}")]
     Rpc { what: &'static str, ps: usize, address: String, status: Status },
     #[error("ps:{ps} ({address}) unreachable for {waited:?}: {status}")]
     Unreachable { ps: usize, address: String, waited: Duration, status: Status },
+    #[error("{what} ps:{ps} ({address}) was interrupted: {status}")]
+    Interrupted { what: &'static str, ps: usize, address: String, status: Status },
     #[error("{0}")]
     Protocol(String),
     #[error("invalid ps address {address:?}: {reason}")]
@@ -35,7 +48,9 @@ impl ClientError {
     /// The status code behind the error, if it came from a call.
     pub fn code(&self) -> Option<Code> {
         match self {
-            ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } => Some(status.code()),
+            ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } | ClientError::Interrupted { status, .. } => {
+                Some(status.code())
+            }
             _ => None,
         }
     }
@@ -43,8 +58,9 @@ impl ClientError {
 
 /// Opens a lazily connecting channel to `host:port` with explicit message
 /// limits and TCP_NODELAY.
-pub fn channel(address: &str, connect_timeout: Duration) -> Result<Channel, ClientError> {
-    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+pub fn channel(address: &str, connect_timeout: Duration, credentials: &Credentials) -> Result<Channel, ClientError> {
+    let scheme = if credentials.tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| ClientError::Address { address: address.into(), reason: e.to_string() })?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
@@ -52,12 +68,17 @@ pub fn channel(address: &str, connect_timeout: Duration) -> Result<Channel, Clie
         .keep_alive_while_idle(true)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20));
+    if let Some(tls) = &credentials.tls {
+        let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+        let config = tls.client_config(host).map_err(|reason| ClientError::Address { address: address.into(), reason })?;
+        endpoint = endpoint.tls_config(config).map_err(|e| ClientError::Address { address: address.into(), reason: e.to_string() })?;
+    }
     Ok(endpoint.connect_lazy())
 }
 
-pub fn ps_client(address: &str, token: Option<&str>, connect_timeout: Duration) -> Result<PsGrpc, ClientError> {
-    let attach = TokenAttach::new(token).map_err(|s| ClientError::Protocol(s.message().to_string()))?;
-    Ok(ParameterServerClient::with_interceptor(channel(address, connect_timeout)?, attach)
+pub fn ps_client(address: &str, credentials: &Credentials, connect_timeout: Duration) -> Result<PsGrpc, ClientError> {
+    let attach = TokenAttach::new(credentials.token.as_deref()).map_err(|s| ClientError::Protocol(s.message().to_string()))?;
+    Ok(ParameterServerClient::with_interceptor(channel(address, connect_timeout, credentials)?, attach)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
@@ -81,7 +102,7 @@ where
     loop {
         match call().await {
             Ok(v) => return Ok(v),
-            Err(status) if status.code() == Code::Unavailable => {
+            Err(status) if is_transient(&status) => {
                 let waited = start.elapsed();
                 if waited >= patience {
                     return Err(ClientError::Unreachable { ps, address: address.into(), waited, status });
@@ -98,6 +119,38 @@ where
     }
 }
 
+/// For the calls of the training loop: a transient failure may mean the ps
+/// restarted (and lost or restored its state), so the loop rejoins instead
+/// of blindly retrying.
+pub async fn without_retry<T, F, Fut>(ps: usize, address: &str, what: &'static str, call: F) -> Result<T, ClientError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    call().await.map_err(|status| {
+        if is_transient(&status) {
+            ClientError::Interrupted { what, ps, address: address.into(), status }
+        } else {
+            ClientError::Rpc { what, ps, address: address.into(), status }
+        }
+    })
+}
+
+/// A peer that is down, restarting, or dropped the connection: worth a
+/// retry (pushes carry an id, so a retried push is never applied twice).
+pub fn is_transient(status: &Status) -> bool {
+    match status.code() {
+        Code::Unavailable => true,
+        // Connection resets surface as transport errors with code Unknown.
+        Code::Unknown | Code::Internal | Code::Cancelled => {
+            status.message().contains("transport error")
+                || status.message().contains("connection")
+                || std::error::Error::source(status).is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
+        }
+        _ => false,
+    }
+}
+
 /// A variable of the model as the client knows it.
 #[derive(Debug, Clone)]
 pub struct ModelVariable {
@@ -111,6 +164,10 @@ pub struct Pulled {
     /// Step of each ps's values.
     pub steps: Vec<i64>,
     pub done: bool,
+    /// Longest time a ps waited at the barrier before answering.
+    pub waited: Duration,
+    /// Tensor bytes received.
+    pub bytes: u64,
 }
 
 /// The parameter servers of a job, seen from one task.
@@ -125,13 +182,16 @@ pub struct PsSet {
     pub config: proto::TrainingConfig,
     pub patience: Duration,
     pub part_bytes: usize,
+    /// Ids of this task's pushes: microseconds since the epoch at start,
+    /// then +1 per push, so they keep increasing across restarts.
+    next_push_id: AtomicU64,
 }
 
 impl PsSet {
     pub fn new(
         task: TaskId,
         addresses: &[String],
-        token: Option<&str>,
+        credentials: &Credentials,
         variables: Vec<ModelVariable>,
         placement: Placement,
         config: proto::TrainingConfig,
@@ -139,7 +199,7 @@ impl PsSet {
     ) -> Result<Self, ClientError> {
         let clients = addresses
             .iter()
-            .map(|a| ps_client(a, token, Duration::from_secs(5)))
+            .map(|a| ps_client(a, credentials, Duration::from_secs(5)))
             .collect::<Result<Vec<_>, _>>()?;
         let mut shards = vec![Vec::new(); addresses.len()];
         for (vi, v) in variables.iter().enumerate() {
@@ -160,6 +220,7 @@ impl PsSet {
             config,
             patience,
             part_bytes: tensor::DEFAULT_PART_BYTES,
+            next_push_id: AtomicU64::new(SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)),
         })
     }
 
@@ -205,7 +266,7 @@ impl PsSet {
             with_retry(ps, &self.addresses[ps], "handshake with", self.patience, move || {
                 let mut c = client.clone();
                 let req = req.clone();
-                async move { c.handshake(req).await.map(|r| r.into_inner()) }
+                async move { c.handshake(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         try_join_all(calls).await
@@ -232,7 +293,7 @@ impl PsSet {
             with_retry(ps, &self.addresses[ps], "initialise", self.patience, move || {
                 let mut c = client.clone();
                 let stream = tokio_stream::iter(messages.clone());
-                async move { c.init_variables(stream).await.map(|r| r.into_inner()) }
+                async move { c.init_variables(deadline(stream, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         let replies = try_join_all(calls).await?;
@@ -258,11 +319,11 @@ impl PsSet {
                 wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
             };
             let client = self.clients[ps].clone();
-            with_retry(ps, &self.addresses[ps], "pull from", self.patience, move || {
+            without_retry(ps, &self.addresses[ps], "pull from", move || {
                 let mut c = client.clone();
                 let req = req.clone();
                 async move {
-                    let mut stream = c.pull_variables(req).await?.into_inner();
+                    let mut stream = c.pull_variables(deadline(req, wait + CALL_DEADLINE)).await?.into_inner();
                     let mut replies = Vec::new();
                     while let Some(r) = stream.message().await? {
                         replies.push(r);
@@ -274,9 +335,13 @@ impl PsSet {
         let per_ps = try_join_all(calls).await?;
         let mut steps = Vec::with_capacity(per_ps.len());
         let mut done = false;
+        let mut waited = Duration::ZERO;
+        let mut bytes = 0u64;
         for (ps, replies) in per_ps.into_iter().enumerate() {
             let step = replies.first().map(|r| r.step).unwrap_or_default();
             steps.push(step);
+            waited = waited.max(Duration::from_micros(replies.first().map_or(0, |r| r.waited_micros)));
+            bytes += replies.iter().filter_map(|r| r.part.as_ref()).map(|p| p.content.len() as u64).sum::<u64>();
             done |= replies.iter().any(|r| r.done);
             let parts: Vec<TensorPart> = replies.into_iter().filter_map(|r| r.part).collect();
             if parts.is_empty() && done {
@@ -284,7 +349,7 @@ impl PsSet {
             }
             self.scatter(ps, params, &parts)?;
         }
-        Ok(Pulled { steps, done })
+        Ok(Pulled { steps, done, waited, bytes })
     }
 
     /// Writes the parts received from one ps into the full variables: the
@@ -318,6 +383,8 @@ impl PsSet {
     /// Pushes gradients to every ps concurrently, each tagged with the step
     /// of the values pulled from that ps.
     pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
+        // One id for this push on every ps; a retry resends the same id.
+        let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         let calls = (0..self.num_ps()).map(|ps| {
             let step = steps[ps];
             let mut messages = Vec::new();
@@ -325,19 +392,19 @@ impl PsSet {
                 let all = gradients[*vi].as_slice().expect("standard layout");
                 let bytes: Bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
                 for p in tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes) {
-                    messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, part: Some(p) });
+                    messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: Some(p) });
                 }
             }
             if messages.is_empty() {
                 // A ps without variables still counts the push (its step
                 // advances with the others').
-                messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, part: None });
+                messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: None });
             }
             let client = self.clients[ps].clone();
-            with_retry(ps, &self.addresses[ps], "push to", self.patience, move || {
+            without_retry(ps, &self.addresses[ps], "push to", move || {
                 let mut c = client.clone();
                 let stream = tokio_stream::iter(messages.clone());
-                async move { c.push_gradients(stream).await.map(|r| r.into_inner()) }
+                async move { c.push_gradients(deadline(stream, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         try_join_all(calls).await
@@ -351,7 +418,7 @@ impl PsSet {
             with_retry(ps, &self.addresses[ps], "shut down", self.patience, move || {
                 let mut c = client.clone();
                 let req = req.clone();
-                async move { c.shutdown(req).await.map(|r| r.into_inner()) }
+                async move { c.shutdown(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         try_join_all(calls).await.map(|_| ())
@@ -364,10 +431,38 @@ impl PsSet {
             let mut c = self.clients[ps].clone();
             let req = proto::LeaveRequest { task: self.task_proto(), reason: reason.into() };
             async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), c.leave(req)).await;
+                let _ = c.leave(deadline(req, Duration::from_secs(2))).await;
             }
         });
         futures::future::join_all(calls).await;
+    }
+
+    /// Keeps this task's lease on every ps; errors are ignored (the next
+    /// call retries, and a ps that is down is noticed by the training calls).
+    pub async fn heartbeat(&self) {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let mut c = self.clients[ps].clone();
+            let req = proto::HeartbeatRequest { task: self.task_proto() };
+            async move {
+                let _ = c.heartbeat(deadline(req, Duration::from_secs(5))).await;
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    /// Asks every ps to write its shard of the checkpoint of `step` into
+    /// `directory`; returns each shard's description (JSON), in ps order.
+    pub async fn save_checkpoint(&self, directory: &str, step: i64) -> Result<Vec<String>, ClientError> {
+        let calls = (0..self.num_ps()).map(|ps| {
+            let req = proto::SaveCheckpointRequest { task: self.task_proto(), directory: directory.into(), step };
+            let client = self.clients[ps].clone();
+            with_retry(ps, &self.addresses[ps], "checkpoint on", self.patience, move || {
+                let mut c = client.clone();
+                let req = req.clone();
+                async move { c.save_checkpoint(deadline(req, Duration::from_secs(600))).await.map(|r| r.into_inner().shard_info_json) }
+            })
+        });
+        try_join_all(calls).await
     }
 
     pub async fn stats(&self) -> Result<Vec<proto::StatsReply>, ClientError> {
@@ -375,7 +470,7 @@ impl PsSet {
             let client = self.clients[ps].clone();
             with_retry(ps, &self.addresses[ps], "stats of", self.patience, move || {
                 let mut c = client.clone();
-                async move { c.stats(proto::StatsRequest {}).await.map(|r| r.into_inner()) }
+                async move { c.stats(deadline(proto::StatsRequest {}, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         try_join_all(calls).await

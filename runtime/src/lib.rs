@@ -10,9 +10,12 @@ pub mod proto {
 }
 
 pub mod auth;
+pub mod checkpoint;
 pub mod client;
 pub mod cluster;
 pub mod data;
+pub mod events;
+pub mod metrics;
 pub mod model;
 pub mod optimizer;
 pub mod placement;

@@ -18,7 +18,9 @@ use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
 use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
 use tfjob_runtime::tensor;
-use tfjob_runtime::train::{self, TrainSettings};
+use tfjob_runtime::auth::{Credentials, TlsFiles};
+use tfjob_runtime::metrics::TrainingMetrics;
+use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
 #[derive(Parser, Debug)]
@@ -50,6 +52,15 @@ enum Command {
     },
     /// Submits work to a task, like `tf.Session("grpc://host:port")`.
     Client(ClientArgs),
+    /// Checkpoints written with --checkpoint_dir.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum CheckpointCommand {
+    /// Lists the checkpoints of a directory: step, state (complete, incomplete, damaged), variables.
+    Inspect { dir: PathBuf },
 }
 
 #[derive(Args, Debug)]
@@ -60,6 +71,9 @@ struct ClientArgs {
     /// Print the task's status instead of running anything.
     #[arg(long)]
     status: bool,
+    /// Ask the standard gRPC health service (no token needed) and print SERVING or NOT_SERVING.
+    #[arg(long)]
+    health: bool,
     /// Submit a training run (model flags below) and stream its progress.
     #[arg(long)]
     train: bool,
@@ -142,9 +156,44 @@ struct TaskArgs {
     #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",
           default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
     sync_replicas: bool,
-    /// Sync: gradients averaged per step (default: every training task; fewer makes backup workers).
+    /// Sync: gradients averaged per step: a number (default: every training task; fewer makes
+    /// backup workers) or `auto` (elastic: the workers alive, which may come and go).
     #[arg(long = "replicas_to_aggregate", visible_alias = "replicas-to-aggregate")]
-    replicas_to_aggregate: Option<u32>,
+    replicas_to_aggregate: Option<String>,
+    /// Directory of checkpoints (shared by the chief and the ps tasks); the ps tasks restore the
+    /// latest complete one at start.
+    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N global steps.
+    #[arg(long = "save_checkpoint_steps", visible_alias = "save-checkpoint-steps")]
+    save_checkpoint_steps: Option<u64>,
+    /// Checkpoint every N seconds (default 600 when --checkpoint_dir is given without --save_checkpoint_steps).
+    #[arg(long = "save_checkpoint_secs", visible_alias = "save-checkpoint-secs")]
+    save_checkpoint_secs: Option<f64>,
+    /// Complete checkpoints kept.
+    #[arg(long = "keep_checkpoint_max", visible_alias = "keep-checkpoint-max", default_value_t = 5)]
+    keep_checkpoint_max: usize,
+    /// TensorBoard event files of the chief and the evaluator go here.
+    #[arg(long = "log_dir", visible_alias = "log-dir")]
+    log_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics on this port (/metrics).
+    #[arg(long = "metrics_port", visible_alias = "metrics-port")]
+    metrics_port: Option<u16>,
+    /// A training task not heard from for this long no longer counts as live (elastic sync).
+    #[arg(long = "lease_secs", visible_alias = "lease-secs", default_value_t = 10.0)]
+    lease_secs: f64,
+    /// How often training tasks renew their lease.
+    #[arg(long = "heartbeat_secs", visible_alias = "heartbeat-secs", default_value_t = 2.0)]
+    heartbeat_secs: f64,
+    /// TLS between tasks: this task's certificate (PEM).
+    #[arg(long = "tls_cert", visible_alias = "tls-cert", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// TLS: this task's private key (PEM).
+    #[arg(long = "tls_key", visible_alias = "tls-key", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// TLS: the CA that signed every task's certificate (PEM).
+    #[arg(long = "tls_ca", visible_alias = "tls-ca", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
     #[arg(long = "init_timeout_secs", visible_alias = "init-timeout-secs", default_value_t = 300)]
     init_timeout_secs: u64,
     #[arg(long = "connect_timeout_secs", visible_alias = "connect-timeout-secs", default_value_t = 120)]
@@ -206,14 +255,30 @@ fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
 fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
     let m = &a.model;
     let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum).map_err(|e| format!("--{e}"))?;
-    if !(a.eval_interval_secs.is_finite() && a.eval_interval_secs >= 0.0) {
-        return Err("--eval_interval_secs: must be a non-negative number".into());
+    for (flag, v) in [("eval_interval_secs", a.eval_interval_secs), ("lease_secs", a.lease_secs), ("heartbeat_secs", a.heartbeat_secs)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("--{flag}: must be a non-negative number"));
+        }
     }
+    let replicas_to_aggregate = match a.replicas_to_aggregate.as_deref().map(str::trim) {
+        None | Some("") => Aggregate::AllWorkers,
+        Some(s) if s.eq_ignore_ascii_case("auto") => Aggregate::Auto,
+        Some(s) => Aggregate::Count(s.parse().map_err(|_| format!("--replicas_to_aggregate: {s:?} is neither a number nor auto"))?),
+    };
+    if matches!(a.save_checkpoint_secs, Some(v) if !(v.is_finite() && v > 0.0)) {
+        return Err("--save_checkpoint_secs: must be a positive number".into());
+    }
+    let checkpoints = CheckpointSettings {
+        directory: a.checkpoint_dir.clone(),
+        every_steps: a.save_checkpoint_steps,
+        every_secs: a.save_checkpoint_secs.or(if a.save_checkpoint_steps.is_none() { Some(600.0) } else { None }),
+        keep: a.keep_checkpoint_max.max(1),
+    };
     Ok(TrainSettings {
         train_steps: m.train_steps,
         optimizer,
         sync_replicas: a.sync_replicas,
-        replicas_to_aggregate: a.replicas_to_aggregate,
+        replicas_to_aggregate,
         log_every_steps: m.log_every_steps,
         init_timeout: Duration::from_secs(a.init_timeout_secs),
         connect_timeout: Duration::from_secs(a.connect_timeout_secs),
@@ -221,6 +286,9 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         eval_interval: Duration::from_secs_f64(a.eval_interval_secs),
         partition_threshold_bytes: a.partition_threshold_bytes,
         seed: m.seed,
+        checkpoints,
+        log_dir: a.log_dir.clone(),
+        heartbeat: Duration::from_secs_f64(a.heartbeat_secs.max(0.05)),
     })
 }
 
@@ -286,6 +354,13 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::Server { port, bind }) => run_server(SocketAddr::new(bind, port)).await,
             Some(Command::Client(args)) => run_client(args).await,
+            Some(Command::Checkpoint(CheckpointCommand::Inspect { dir })) => match tfjob_runtime::checkpoint::inspect(&dir) {
+                Ok(text) => {
+                    print!("{text}");
+                    0
+                }
+                Err(e) => fail(2, e),
+            },
             None => run_task(cli.task).await,
         }
     });
@@ -322,25 +397,64 @@ async fn run_task(args: TaskArgs) -> u8 {
         Ok(s) => s,
         Err(e) => return fail(2, e),
     };
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let credentials = Credentials {
+        token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+        tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() }),
+            _ => None,
+        },
+    };
     let Some(cluster) = cluster else {
         return run_single_process(&spec, &settings).await;
     };
     let status = Arc::new(TaskStatus::new(cluster.task.clone()));
+    let metrics = Arc::new(TrainingMetrics::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let ps = (cluster.role() == Role::Ps).then(|| {
-        let store = Arc::new(ParameterStore::new(PsConfig {
-            ps_index: cluster.task.index as usize,
-            num_ps: cluster.cluster.num_tasks("ps"),
-            chief: cluster.cluster.chief(),
+    let ps = if cluster.role() == Role::Ps {
+        let mut config = PsConfig::new(cluster.task.index as usize, cluster.cluster.num_tasks("ps"), cluster.cluster.chief());
+        config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
+        let store = Arc::new(ParameterStore::new(config));
+        if let Some(dir) = &settings.checkpoints.directory {
+            if let Err(e) = restore(&store, dir, &cluster) {
+                return fail(e.0, e.1);
+            }
+        }
+        Some((store.clone(), PsService::new(store)))
+    } else {
+        None
+    };
+    let mut background = Vec::new();
+    if let Some((store, _)) = &ps {
+        let store = store.clone();
+        background.push(tfjob_runtime::metrics::every(Duration::from_millis(200), move || {
+            let store = store.clone();
+            async move {
+                store.expire_leases(std::time::Instant::now());
+            }
         }));
-        (store.clone(), PsService::new(store))
-    });
+    }
+    if let Some(port) = args.metrics_port {
+        let task = cluster.task.to_string();
+        let render: Arc<dyn Fn() -> String + Send + Sync> = match &ps {
+            Some((store, _)) => {
+                let store = store.clone();
+                Arc::new(move || ps_metrics(&task, &store))
+            }
+            None => {
+                let metrics = metrics.clone();
+                Arc::new(move || metrics.render(&task))
+            }
+        };
+        match tfjob_runtime::metrics::serve(SocketAddr::new(args.bind, port), render).await {
+            Ok(h) => background.push(h),
+            Err(e) => return fail(3, e),
+        }
+    }
     let server = match cluster.own_address().and_then(cluster::port_of) {
         Some(port) => {
             let worker = WorkerService::new(status.clone(), None);
             let addr = SocketAddr::new(args.bind, port);
-            match server::serve(addr, ps.as_ref().map(|(_, s)| s.clone()), worker, token.as_deref(), async {
+            match server::serve(addr, ps.as_ref().map(|(_, s)| s.clone()), worker, &credentials, async {
                 let _ = stop_rx.await;
             })
             .await
@@ -355,12 +469,15 @@ async fn run_task(args: TaskArgs) -> u8 {
         None => None,
     };
     let code = tokio::select! {
-        code = run_role(&cluster, &spec, &settings, token.as_deref(), status, ps.map(|(s, _)| s), args.shutdown_grace_secs) => code,
+        code = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs) => code,
         code = termination() => {
             tracing::warn!("{}: stopping on signal", cluster.task);
             code
         }
     };
+    for h in background {
+        h.abort();
+    }
     let _ = stop_tx.send(());
     if let Some(handle) = server {
         let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
@@ -368,16 +485,57 @@ async fn run_task(args: TaskArgs) -> u8 {
     code
 }
 
+/// Restores a ps from the latest complete checkpoint, if there is one.
+fn restore(store: &ParameterStore, dir: &std::path::Path, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
+    use tfjob_runtime::checkpoint;
+    let num_ps = cluster.cluster.num_tasks("ps");
+    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (2, e.to_string()))?;
+    let Some(ckpt) = latest else {
+        tracing::info!("{}: no complete checkpoint in {}: starting fresh", cluster.task, dir.display());
+        return Ok(());
+    };
+    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (2, e.to_string()))?;
+    store.restore(&data, ckpt.global_step).map_err(|e| (2, e.to_string()))?;
+    tracing::info!(
+        "{}: restored {} variable(s) from {} (global_step={})",
+        cluster.task,
+        data.variables.len(),
+        ckpt.path.display(),
+        ckpt.global_step
+    );
+    Ok(())
+}
+
+/// Prometheus text for a ps task.
+fn ps_metrics(task: &str, store: &ParameterStore) -> String {
+    use tfjob_runtime::metrics::write_metric;
+    let s = store.stats();
+    let l = format!("task=\"{task}\"");
+    let mut out = String::new();
+    write_metric(&mut out, "tfjob_ps_step", "gauge", "Step of this ps.", &l, s.step as f64);
+    write_metric(&mut out, "tfjob_ps_updates_total", "counter", "Updates applied (async pushes or sync steps).", &l, s.pushes_applied as f64);
+    write_metric(&mut out, "tfjob_ps_bytes_received_total", "counter", "Gradient bytes received.", &l, s.bytes_received as f64);
+    write_metric(&mut out, "tfjob_ps_bytes_sent_total", "counter", "Variable bytes sent.", &l, s.bytes_sent as f64);
+    write_metric(&mut out, "tfjob_ps_stale_gradients_dropped_total", "counter", "Stale gradients dropped (sync).", &l, s.stale_gradients_dropped as f64);
+    write_metric(&mut out, "tfjob_ps_duplicate_gradients_dropped_total", "counter", "Retried or duplicate gradients not applied.", &l, s.duplicate_gradients_dropped as f64);
+    write_metric(&mut out, "tfjob_ps_workers_live", "gauge", "Training tasks with a live lease.", &l, s.live_tasks.len() as f64);
+    write_metric(&mut out, "tfjob_ps_replicas_to_aggregate", "gauge", "Gradients a sync step needs now.", &l, s.replicas_to_aggregate as f64);
+    write_metric(&mut out, "tfjob_ps_variable_bytes", "gauge", "Bytes of variables held.", &l, s.variables.iter().map(|v| v.bytes).sum::<u64>() as f64);
+    out
+}
+
 fn flags_given(f: &ClusterFlags) -> bool {
     f.ps_hosts.is_some() || f.worker_hosts.is_some() || f.chief_hosts.is_some() || f.evaluator_hosts.is_some() || f.job_name.is_some()
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_role(
     cluster: &ClusterConfig,
     spec: &WorkloadSpec,
     settings: &TrainSettings,
-    token: Option<&str>,
+    credentials: &Credentials,
     status: Arc<TaskStatus>,
+    metrics: Arc<TrainingMetrics>,
     store: Option<Arc<ParameterStore>>,
     grace_secs: u64,
 ) -> u8 {
@@ -394,9 +552,9 @@ async fn run_role(
                 Err(e) => return fail(2, e),
             };
             let result = if cluster.role() == Role::Evaluator {
-                train::run_evaluator(cluster, &mut workload, settings, token, status).await
+                train::run_evaluator(cluster, &mut workload, settings, credentials, status, metrics).await
             } else {
-                train::run_worker(cluster, &mut workload, settings, token, status).await
+                train::run_worker(cluster, &mut workload, settings, credentials, status, metrics).await
             };
             match result {
                 Ok(report) => {
@@ -468,9 +626,9 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
 async fn run_server(addr: SocketAddr) -> u8 {
     let status = Arc::new(TaskStatus::new(cluster::TaskId::new("localhost", 0)));
     status.set(proto::TaskState::Serving, 0, 0, "serving sessions");
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let credentials = Credentials { token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()), tls: None };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = match server::serve(addr, None, WorkerService::new(status, Some(session_factory())), token.as_deref(), async {
+    let handle = match server::serve(addr, None, WorkerService::new(status, Some(session_factory())), &credentials, async {
         let _ = stop_rx.await;
     })
     .await
@@ -495,10 +653,22 @@ async fn run_client(args: ClientArgs) -> u8 {
         Ok(a) => a,
         Err(e) => return fail(2, e.message()),
     };
-    let channel = match channel(&address, Duration::from_secs(5)) {
+    let channel = match channel(&address, Duration::from_secs(5), &Credentials::default()) {
         Ok(c) => c,
         Err(e) => return fail(2, e),
     };
+    if args.health {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        return match health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await {
+            Ok(r) => {
+                let status = tonic_health::pb::health_check_response::ServingStatus::try_from(r.into_inner().status)
+                    .unwrap_or(tonic_health::pb::health_check_response::ServingStatus::Unknown);
+                println!("{}", status.as_str_name());
+                u8::from(status != tonic_health::pb::health_check_response::ServingStatus::Serving)
+            }
+            Err(e) => fail(1, format_args!("{}: {}", args.target, e.message())),
+        };
+    }
     let mut client = WorkerClient::with_interceptor(channel, attach)
         .max_decoding_message_size(tensor::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(tensor::MAX_MESSAGE_BYTES);

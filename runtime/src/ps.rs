@@ -9,13 +9,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::checkpoint;
 use crate::cluster::TaskId;
 use crate::optimizer::{Optimizer, Slots};
 use crate::proto::{self, parameter_server_server::ParameterServer, TensorPart, UpdateMode};
@@ -60,6 +61,15 @@ pub struct PsConfig {
     /// The only task allowed to initialise variables and shut the ps down.
     /// `None` lets any task do it (a ps started without a cluster, in tests).
     pub chief: Option<TaskId>,
+    /// How long a training task's lease lasts without a call or heartbeat.
+    pub lease: Duration,
+}
+
+impl PsConfig {
+    /// A ps of `num_ps` with the default lease (10 s).
+    pub fn new(ps_index: usize, num_ps: usize, chief: Option<TaskId>) -> Self {
+        PsConfig { ps_index, num_ps, chief, lease: Duration::from_secs(10) }
+    }
 }
 
 /// Step, initialisation and end of training, published to waiters.
@@ -108,6 +118,12 @@ struct State {
     counters: Counters,
     /// Tasks that joined and have not yet seen the end of training.
     pending: BTreeSet<String>,
+    /// Training tasks and when their lease expires.
+    leases: BTreeMap<String, Instant>,
+    /// Last push id applied per task (retries are not applied twice).
+    last_push: BTreeMap<String, u64>,
+    duplicate_pushes: u64,
+    elastic: bool,
     scratch: Vec<f32>,
 }
 
@@ -133,7 +149,7 @@ pub fn check_training_config(c: &proto::TrainingConfig) -> Result<(UpdateMode, O
     };
     let opt = c.optimizer.as_ref().ok_or_else(|| StoreError::InvalidArgument("config.optimizer: missing".into()))?;
     let optimizer = Optimizer::from_proto(opt).map_err(|e| StoreError::InvalidArgument(format!("config.{e}")))?;
-    if mode == UpdateMode::Sync {
+    if mode == UpdateMode::Sync && !c.elastic {
         if c.replicas_to_aggregate == 0 {
             return Err(StoreError::InvalidArgument("config.replicas_to_aggregate: must be at least 1".into()));
         }
@@ -223,6 +239,9 @@ impl ParameterStore {
                 Ok(())
             }
             Some(ours) => {
+                if ours.fingerprint == 0 && ours.variables == theirs.variables {
+                    ours.fingerprint = theirs.fingerprint;
+                }
                 if ours.fingerprint != theirs.fingerprint || ours.variables != theirs.variables {
                     return Err(StoreError::FailedPrecondition(format!(
                         "placement mismatch: {}",
@@ -269,8 +288,12 @@ impl ParameterStore {
         variables.sort_by(|a, b| a.name.cmp(&b.name));
         let mut state = self.lock();
         Self::agree(&mut state, Agreement { fingerprint: req.placement_fingerprint, variables, config }, req.observer)?;
+        Self::configure_if_restored(&mut state)?;
         if Some(&task) != self.config.chief.as_ref() && !state.progress.done {
             state.pending.insert(task.to_string());
+        }
+        if !req.observer {
+            self.renew(&mut state, &task);
         }
         let p = state.progress;
         Ok(proto::HandshakeReply { ps_index: self.config.ps_index as u32, initialized: p.initialized, step: p.step, done: p.done })
@@ -328,6 +351,13 @@ impl ParameterStore {
             .then(|| SyncAccumulator::new(&sizes, config.replicas_to_aggregate as usize, first.step));
         state.optimizer = Some(optimizer);
         state.mode = Some(mode);
+        state.elastic = config.elastic;
+        if config.elastic {
+            let live = state.leases.len().max(1);
+            if let Some(acc) = &mut state.accumulator {
+                acc.set_required(live);
+            }
+        }
         state.progress.initialized = true;
         state.progress.step = first.step;
         let p = state.progress;
@@ -399,9 +429,10 @@ impl ParameterStore {
     }
 
     /// Applies (async) or accumulates (sync) one push, all or nothing.
-    pub fn push(&self, task: &TaskId, step: i64, parts: &[TensorPart]) -> Result<proto::PushGradientsReply, StoreError> {
+    pub fn push(&self, task: &TaskId, step: i64, push_id: u64, parts: &[TensorPart]) -> Result<proto::PushGradientsReply, StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
+        self.renew(state, task);
         if state.progress.done {
             return Ok(proto::PushGradientsReply { accepted: false, stale: false, step: state.progress.step, done: true });
         }
@@ -418,9 +449,20 @@ impl ParameterStore {
             )));
         }
         let groups = Self::group_parts(state, parts)?;
-        state.counters.bytes_received += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
-        let optimizer = state.optimizer.expect("initialised");
         let worker = task.to_string();
+        if push_id > 0 {
+            if state.last_push.get(&worker).is_some_and(|&last| push_id <= last) {
+                state.duplicate_pushes += 1;
+                return Ok(proto::PushGradientsReply { accepted: false, stale: false, step: state.progress.step, done: false });
+            }
+            state.last_push.insert(worker.clone(), push_id);
+        }
+        state.counters.bytes_received += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
+        let Some(optimizer) = state.optimizer else {
+            return Err(StoreError::FailedPrecondition(
+                "restored from a checkpoint: waiting for a handshake that brings the training configuration".into(),
+            ));
+        };
         let mut reply = proto::PushGradientsReply { accepted: true, ..Default::default() };
         match &mut state.accumulator {
             None => {
@@ -455,24 +497,180 @@ impl ParameterStore {
                     }
                     reply.accepted = counted || groups.is_empty();
                     acc.mark_pushed(&worker);
-                    if acc.ready() {
-                        let vars = &mut state.vars;
-                        acc.finish_step(|i, avg| {
-                            let v = &mut vars[i];
-                            optimizer.apply_all(&mut v.values, &mut v.slots, avg);
-                            v.encoded = None;
-                        });
-                        state.progress.step = acc.step();
-                        state.counters.pushes_applied += 1;
-                    }
                 }
             },
         }
+        Self::finish_ready_step(state);
         reply.step = state.progress.step;
         let p = state.progress;
         self.publish(p);
         drop(guard);
         Ok(reply)
+    }
+
+    /// Applies the averaged gradients when the sync step has enough of them.
+    fn finish_ready_step(state: &mut State) {
+        let (Some(acc), Some(optimizer)) = (&mut state.accumulator, state.optimizer) else { return };
+        if state.elastic {
+            acc.set_required(state.leases.len().max(1));
+        }
+        if !acc.ready() {
+            return;
+        }
+        let vars = &mut state.vars;
+        acc.finish_step(|i, avg| {
+            let v = &mut vars[i];
+            optimizer.apply_all(&mut v.values, &mut v.slots, avg);
+            v.encoded = None;
+        });
+        state.progress.step = acc.step();
+        state.counters.pushes_applied += 1;
+    }
+
+    /// Renews the lease of a training task.
+    fn renew(&self, state: &mut State, task: &TaskId) {
+        if task.job != "evaluator" {
+            state.leases.insert(task.to_string(), Instant::now() + self.config.lease);
+        }
+    }
+
+    /// Renews a task's lease on any call.
+    pub fn touch(&self, task: &TaskId) {
+        let mut state = self.lock();
+        if state.leases.contains_key(&task.to_string()) {
+            self.renew(&mut state, task);
+        }
+    }
+
+    /// A training task is alive (heartbeat).
+    pub fn heartbeat(&self, task: &TaskId) -> proto::HeartbeatReply {
+        let mut state = self.lock();
+        self.renew(&mut state, task);
+        proto::HeartbeatReply { step: state.progress.step, done: state.progress.done, live_tasks: state.leases.len() as u32 }
+    }
+
+    /// Expires leases that ran out by `now`; with elastic sync training the
+    /// step then aggregates over fewer workers and may complete at once.
+    pub fn expire_leases(&self, now: Instant) -> Vec<String> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let expired: Vec<String> = state.leases.iter().filter(|(_, until)| **until <= now).map(|(t, _)| t.clone()).collect();
+        for t in &expired {
+            state.leases.remove(t);
+            tracing::info!("ps:{}: lease of {t} expired", self.config.ps_index);
+        }
+        if !expired.is_empty() && state.progress.initialized && !state.progress.done {
+            Self::finish_ready_step(state);
+            let p = state.progress;
+            self.publish(p);
+        }
+        expired
+    }
+
+    /// Training tasks with a live lease.
+    pub fn live_tasks(&self) -> Vec<String> {
+        self.lock().leases.keys().cloned().collect()
+    }
+
+    /// Writes this ps's shard of the checkpoint of `req.step` (values, slots
+    /// and update counts copied under the lock, written outside it).
+    pub fn save_checkpoint(&self, task: &TaskId, req: &proto::SaveCheckpointRequest) -> Result<proto::SaveCheckpointReply, StoreError> {
+        self.check_chief(task, "save checkpoints")?;
+        if req.directory.is_empty() {
+            return Err(StoreError::InvalidArgument("directory: empty".into()));
+        }
+        if req.step < 0 {
+            return Err(StoreError::InvalidArgument(format!("step: {} is negative", req.step)));
+        }
+        let (data, own_step) = {
+            let state = self.lock();
+            if !state.progress.initialized {
+                return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
+            }
+            let mut data = checkpoint::ShardData::default();
+            for v in &state.vars {
+                data.variables.push((v.name.clone(), v.shape.clone(), v.values.clone()));
+                for (k, slot) in [&v.slots.first, &v.slots.second].into_iter().enumerate() {
+                    if !slot.is_empty() {
+                        data.slots.push((format!("{}:slot{k}", v.name), v.shape.clone(), slot.clone()));
+                    }
+                }
+                data.updates.push((v.name.clone(), v.slots.updates));
+            }
+            (data, state.progress.step)
+        };
+        let dir = std::path::Path::new(&req.directory);
+        let info = checkpoint::write_shard(dir, req.step, self.config.ps_index, self.config.num_ps, &data)
+            .map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
+    }
+
+    /// Restores this ps from a checkpoint shard before serving: the values
+    /// and the step are back; the training configuration (and so the
+    /// optimizer) comes with the first worker's handshake.
+    pub fn restore(&self, data: &checkpoint::ShardData, step: i64) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if state.progress.initialized {
+            return Err(StoreError::FailedPrecondition("already initialised".into()));
+        }
+        let mut vars = Vec::new();
+        for (name, shape, values) in &data.variables {
+            if shape.iter().product::<usize>() != values.len() {
+                return Err(StoreError::InvalidArgument(format!("checkpoint variable {name:?}: shape {shape:?} and {} values", values.len())));
+            }
+            let slot = |k: usize| {
+                data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default()
+            };
+            let updates = data.updates.iter().find(|(n, _)| n == name).map_or(0, |(_, u)| *u);
+            vars.push(StoredVar {
+                name: name.clone(),
+                shape: shape.clone(),
+                values: values.clone(),
+                slots: Slots { first: slot(0), second: slot(1), updates },
+                encoded: None,
+            });
+        }
+        vars.sort_by(|a, b| a.name.cmp(&b.name));
+        let variables = vars
+            .iter()
+            .map(|v| proto::VariableSpec { name: v.name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&v.shape) })
+            .collect();
+        // Fingerprint 0: adopted from the first handshake whose variables match.
+        state.agreement = Some(Agreement { fingerprint: 0, variables, config: None });
+        state.by_name = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
+        state.vars = vars;
+        state.progress.initialized = true;
+        state.progress.step = step;
+        let p = state.progress;
+        self.publish(p);
+        Ok(())
+    }
+
+    /// After a restore, the first configuration seen sets up the optimizer
+    /// and the accumulator.
+    fn configure_if_restored(state: &mut State) -> Result<(), StoreError> {
+        if state.optimizer.is_some() || !state.progress.initialized {
+            return Ok(());
+        }
+        let Some(config) = state.agreement.as_ref().and_then(|a| a.config.clone()) else { return Ok(()) };
+        let (mode, optimizer) = check_training_config(&config)?;
+        for v in &mut state.vars {
+            let fresh = optimizer.new_slots(v.values.len());
+            // Slots of a different optimizer (or none saved) start afresh.
+            if v.slots.first.len() != fresh.first.len() || v.slots.second.len() != fresh.second.len() {
+                let updates = v.slots.updates;
+                v.slots = fresh;
+                v.slots.updates = updates;
+            }
+        }
+        let sizes: Vec<usize> = state.vars.iter().map(|v| v.values.len()).collect();
+        let required = if config.elastic { state.leases.len().max(1) } else { config.replicas_to_aggregate as usize };
+        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::new(&sizes, required, state.progress.step));
+        state.optimizer = Some(optimizer);
+        state.mode = Some(mode);
+        state.elastic = config.elastic;
+        Ok(())
     }
 
     pub fn shutdown(&self, req: &proto::ShutdownRequest) -> Result<proto::ShutdownReply, StoreError> {
@@ -492,6 +690,19 @@ impl ParameterStore {
         self.lock().pending.remove(&task.to_string());
     }
 
+    /// A task left the job: it is neither waited for nor counted as live.
+    pub fn leave(&self, task: &TaskId) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let key = task.to_string();
+        state.pending.remove(&key);
+        if state.leases.remove(&key).is_some() && state.progress.initialized && !state.progress.done {
+            Self::finish_ready_step(state);
+            let p = state.progress;
+            self.publish(p);
+        }
+    }
+
     /// Tasks the ps still waits for before exiting after training ended.
     pub fn pending(&self) -> Vec<String> {
         self.lock().pending.iter().cloned().collect()
@@ -507,7 +718,7 @@ impl ParameterStore {
             step: state.progress.step,
             pushes_applied: state.counters.pushes_applied,
             stale_gradients_dropped: stale,
-            duplicate_gradients_dropped: dup,
+            duplicate_gradients_dropped: dup + state.duplicate_pushes,
             bytes_received: state.counters.bytes_received,
             bytes_sent: state.counters.bytes_sent,
             variables: state
@@ -516,6 +727,8 @@ impl ParameterStore {
                 .map(|v| proto::VariableStats { name: v.name.clone(), shape: tensor::wire_shape(&v.shape), bytes: v.values.len() as u64 * 4 })
                 .collect(),
             config: state.agreement.as_ref().and_then(|a| a.config.clone()),
+            live_tasks: state.leases.keys().cloned().collect(),
+            replicas_to_aggregate: state.accumulator.as_ref().map_or(0, |a| a.required() as u32),
         }
     }
 
@@ -602,15 +815,20 @@ impl ParameterServer for PsService {
             ms => Duration::from_millis(ms as u64),
         };
         let task = req.task.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index });
+        if let Some(t) = &task {
+            self.store.touch(t);
+        }
+        let wait_start = std::time::Instant::now();
         if req.wait_initialized || req.min_step > 0 {
             self.wait_for(limit, |p| p.initialized && p.step >= req.min_step).await?;
         }
+        let waited_micros = wait_start.elapsed().as_micros() as u64;
         let progress = self.store.progress();
         if progress.done && !progress.initialized {
             if let Some(t) = &task {
                 self.store.release(t);
             }
-            let done = proto::PullVariablesReply { step: progress.step, done: true, part: None };
+            let done = proto::PullVariablesReply { step: progress.step, done: true, part: None, waited_micros };
             return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(done)]))));
         }
         let (progress, tensors) = self.store.snapshot(&req.names)?;
@@ -623,10 +841,10 @@ impl ParameterServer for PsService {
         let mut replies: Vec<Result<proto::PullVariablesReply, Status>> = tensors
             .into_iter()
             .flat_map(|(name, shape, bytes)| tensor::split_into_parts(&name, &shape, bytes, part_bytes))
-            .map(|part| Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part) }))
+            .map(|part| Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part), waited_micros }))
             .collect();
         if replies.is_empty() {
-            replies.push(Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None }));
+            replies.push(Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None, waited_micros }));
         }
         Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
     }
@@ -638,13 +856,13 @@ impl ParameterServer for PsService {
         let mut stream = request.into_inner();
         let limit = self.store.max_push_bytes();
         let mut parts = Vec::new();
-        let mut header: Option<(Option<proto::TaskId>, i64)> = None;
+        let mut header: Option<(Option<proto::TaskId>, i64, u64)> = None;
         let mut bytes = 0usize;
         while let Some(m) = stream.next().await {
             let m = m?;
             match &header {
-                None => header = Some((m.task.clone(), m.step)),
-                Some((_, step)) if *step != m.step => {
+                None => header = Some((m.task.clone(), m.step, m.push_id)),
+                Some((_, step, _)) if *step != m.step => {
                     return Err(Status::invalid_argument(format!(
                         "step: one push carries two steps ({step} and {})",
                         m.step
@@ -660,9 +878,9 @@ impl ParameterServer for PsService {
                 parts.push(p);
             }
         }
-        let (task, step) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
+        let (task, step, push_id) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
         let task = task_of(&task, "task")?;
-        let reply = self.store.push(&task, step, &parts)?;
+        let reply = self.store.push(&task, step, push_id, &parts)?;
         if reply.done {
             self.store.release(&task);
         }
@@ -680,9 +898,27 @@ impl ParameterServer for PsService {
     async fn leave(&self, request: Request<proto::LeaveRequest>) -> Result<Response<proto::LeaveReply>, Status> {
         let req = request.into_inner();
         let task = task_of(&req.task, "task")?;
-        tracing::debug!(task = %task, reason = %req.reason, "task left");
-        self.store.release(&task);
+        tracing::info!("ps:{}: {task} left ({})", self.store.config().ps_index, req.reason);
+        self.store.leave(&task);
         Ok(Response::new(proto::LeaveReply {}))
+    }
+
+    async fn heartbeat(&self, request: Request<proto::HeartbeatRequest>) -> Result<Response<proto::HeartbeatReply>, Status> {
+        let task = task_of(&request.get_ref().task, "task")?;
+        Ok(Response::new(self.store.heartbeat(&task)))
+    }
+
+    async fn save_checkpoint(
+        &self,
+        request: Request<proto::SaveCheckpointRequest>,
+    ) -> Result<Response<proto::SaveCheckpointReply>, Status> {
+        let req = request.into_inner();
+        let task = task_of(&req.task, "task")?;
+        let store = self.store.clone();
+        let reply = tokio::task::spawn_blocking(move || store.save_checkpoint(&task, &req))
+            .await
+            .map_err(|e| Status::internal(format!("checkpoint writer: {e}")))??;
+        Ok(Response::new(reply))
     }
 }
 
@@ -701,6 +937,7 @@ mod tests {
             optimizer: Some(Optimizer::sgd(0.5).to_proto()),
             replicas_to_aggregate: required,
             total_num_replicas: 3,
+            elastic: false,
         }
     }
 
@@ -716,7 +953,7 @@ mod tests {
 
     /// A store holding `w` = [1, 2, 3] (shape [3]) and `b` = [0] (shape [1]).
     fn store(mode: UpdateMode, required: u32) -> ParameterStore {
-        let s = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: Some(TaskId::new("worker", 0)) });
+        let s = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
         let msgs = vec![
             proto::InitVariablesRequest {
                 task: tid("worker", 0),
@@ -748,7 +985,7 @@ mod tests {
 
     #[test]
     fn only_the_chief_initialises() {
-        let s = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: Some(TaskId::new("chief", 0)) });
+        let s = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("chief", 0))));
         let msgs = vec![proto::InitVariablesRequest {
             task: tid("worker", 1),
             config: Some(config(UpdateMode::Async, 1)),
@@ -762,13 +999,13 @@ mod tests {
     #[test]
     fn async_push_applies_at_once() {
         let s = store(UpdateMode::Async, 1);
-        let r = s.push(&TaskId::new("worker", 1), 0, &[part("w", &[3], 0, &[2.0, 2.0, 2.0]), part("b", &[1], 0, &[-2.0])]).unwrap();
+        let r = s.push(&TaskId::new("worker", 1), 0, 0, &[part("w", &[3], 0, &[2.0, 2.0, 2.0]), part("b", &[1], 0, &[-2.0])]).unwrap();
         assert!(r.accepted);
         assert_eq!(r.step, 1);
         assert_eq!(s.values("w").unwrap(), vec![0.0, 1.0, 2.0]);
         assert_eq!(s.values("b").unwrap(), vec![1.0]);
         // Stale gradients are applied in async training (as in TensorFlow).
-        let r = s.push(&TaskId::new("worker", 0), 0, &[part("b", &[1], 0, &[2.0])]).unwrap();
+        let r = s.push(&TaskId::new("worker", 0), 0, 0, &[part("b", &[1], 0, &[2.0])]).unwrap();
         assert!(r.accepted && !r.stale);
         assert_eq!(s.values("b").unwrap(), vec![0.0]);
     }
@@ -777,18 +1014,18 @@ mod tests {
     fn sync_push_waits_for_enough_replicas() {
         let s = store(UpdateMode::Sync, 2);
         let w = |g: f32| vec![part("w", &[3], 0, &[g, g, g]), part("b", &[1], 0, &[g])];
-        let r = s.push(&TaskId::new("worker", 0), 0, &w(1.0)).unwrap();
+        let r = s.push(&TaskId::new("worker", 0), 0, 0, &w(1.0)).unwrap();
         assert!(r.accepted && r.step == 0);
         assert_eq!(s.values("b").unwrap(), vec![0.0], "nothing applied with one of two");
         // A retry from the same worker does not count.
-        s.push(&TaskId::new("worker", 0), 0, &w(100.0)).unwrap();
+        s.push(&TaskId::new("worker", 0), 0, 0, &w(100.0)).unwrap();
         assert_eq!(s.progress().step, 0);
-        let r = s.push(&TaskId::new("worker", 1), 0, &w(3.0)).unwrap();
+        let r = s.push(&TaskId::new("worker", 1), 0, 0, &w(3.0)).unwrap();
         assert_eq!(r.step, 1);
         // average 2, lr 0.5 → -1
         assert_eq!(s.values("b").unwrap(), vec![-1.0]);
         // The backup worker's gradient for step 0 is stale now.
-        let r = s.push(&TaskId::new("worker", 2), 0, &w(5.0)).unwrap();
+        let r = s.push(&TaskId::new("worker", 2), 0, 0, &w(5.0)).unwrap();
         assert!(r.stale && !r.accepted);
         let st = s.stats();
         assert_eq!((st.stale_gradients_dropped, st.duplicate_gradients_dropped), (1, 2));
@@ -831,7 +1068,7 @@ mod tests {
                 }),
             ];
             for (name, step, parts, code) in cases {
-                let err = s.push(&TaskId::new("worker", 1), step, &parts).expect_err(name);
+                let err = s.push(&TaskId::new("worker", 1), step, 0, &parts).expect_err(name);
                 assert!(code(&err), "{mode:?} {name}: {err:?}");
                 assert_eq!(s.values("w").unwrap(), vec![1.0, 2.0, 3.0], "{mode:?} {name}");
                 assert_eq!(s.values("b").unwrap(), vec![0.0], "{mode:?} {name}");
@@ -850,9 +1087,9 @@ mod tests {
         let (_, t2) = s.snapshot(&["w".into()]).unwrap();
         assert_eq!(t[1].2.as_ptr(), t2[0].2.as_ptr());
         assert!(matches!(s.snapshot(&["nope".into()]), Err(StoreError::NotFound(_))));
-        let fresh = ParameterStore::new(PsConfig { ps_index: 0, num_ps: 1, chief: None });
+        let fresh = ParameterStore::new(PsConfig::new(0, 1, None));
         assert!(matches!(fresh.snapshot(&[]), Err(StoreError::FailedPrecondition(_))));
-        assert!(matches!(fresh.push(&TaskId::new("worker", 0), 0, &[]), Err(StoreError::FailedPrecondition(_))));
+        assert!(matches!(fresh.push(&TaskId::new("worker", 0), 0, 0, &[]), Err(StoreError::FailedPrecondition(_))));
     }
 
     #[test]
@@ -896,8 +1133,74 @@ mod tests {
         assert!(!s.progress().done);
         s.shutdown(&req(tid("worker", 0))).unwrap();
         assert!(s.progress().done);
-        let r = s.push(&TaskId::new("worker", 1), 0, &[part("b", &[1], 0, &[1.0])]).unwrap();
+        let r = s.push(&TaskId::new("worker", 1), 0, 0, &[part("b", &[1], 0, &[1.0])]).unwrap();
         assert!(r.done && !r.accepted);
         assert_eq!(s.values("b").unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn a_retried_push_is_applied_once() {
+        let s = store(UpdateMode::Async, 1);
+        let g = [part("b", &[1], 0, &[2.0])];
+        let w = TaskId::new("worker", 1);
+        assert!(s.push(&w, 0, 1, &g).unwrap().accepted);
+        let again = s.push(&w, 0, 1, &g).unwrap();
+        assert!(!again.accepted);
+        assert_eq!(s.values("b").unwrap(), vec![-1.0]);
+        assert!(s.push(&w, 1, 2, &g).unwrap().accepted);
+        assert_eq!(s.values("b").unwrap(), vec![-2.0]);
+        assert_eq!(s.stats().duplicate_gradients_dropped, 1);
+    }
+
+    /// Elastic sync: the step aggregates over the live leases; a worker that
+    /// leaves or whose lease expires no longer holds the step back.
+    #[test]
+    fn elastic_sync_follows_live_workers() {
+        let s = ParameterStore::new(PsConfig { lease: Duration::from_millis(50), ..PsConfig::new(0, 1, Some(TaskId::new("worker", 0))) });
+        let mut cfg = config(UpdateMode::Sync, 0);
+        cfg.elastic = true;
+        cfg.total_num_replicas = 0;
+        let hs = |i: u32| proto::HandshakeRequest {
+            task: tid("worker", i),
+            config: Some(cfg.clone()),
+            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1] }],
+            placement_fingerprint: 7,
+            num_ps: 1,
+            observer: false,
+        };
+        for i in 0..3 {
+            s.handshake(&hs(i)).unwrap();
+        }
+        let init = vec![proto::InitVariablesRequest {
+            task: tid("worker", 0),
+            config: Some(cfg.clone()),
+            placement_fingerprint: 7,
+            part: Some(part("b", &[1], 0, &[0.0])),
+            step: 0,
+        }];
+        s.init(&init).unwrap();
+        assert_eq!(s.stats().replicas_to_aggregate, 3);
+        let g = [part("b", &[1], 0, &[1.0])];
+        s.push(&TaskId::new("worker", 0), 0, 0, &g).unwrap();
+        s.push(&TaskId::new("worker", 1), 0, 0, &g).unwrap();
+        assert_eq!(s.progress().step, 0, "3 live workers: 2 gradients are not enough");
+        // worker 2 leaves (scale-down): the step completes with the two it has.
+        s.leave(&TaskId::new("worker", 2));
+        assert_eq!(s.progress().step, 1);
+        // A new worker joins (scale-up): the next step needs 3 again.
+        s.handshake(&hs(3)).unwrap();
+        s.push(&TaskId::new("worker", 0), 1, 0, &g).unwrap();
+        s.push(&TaskId::new("worker", 3), 1, 0, &g).unwrap();
+        assert_eq!(s.progress().step, 1);
+        s.push(&TaskId::new("worker", 1), 1, 0, &g).unwrap();
+        assert_eq!(s.progress().step, 2);
+        // Leases run out for workers 1 and 3; worker 0 alone completes steps.
+        std::thread::sleep(Duration::from_millis(60));
+        s.heartbeat(&TaskId::new("worker", 0));
+        let expired = s.expire_leases(Instant::now());
+        assert_eq!(expired, vec!["worker:1".to_string(), "worker:3".to_string()]);
+        s.push(&TaskId::new("worker", 0), 2, 0, &g).unwrap();
+        assert_eq!(s.progress().step, 3);
+        assert_eq!(s.live_tasks(), vec!["worker:0".to_string()]);
     }
 }

@@ -11,7 +11,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::codegen::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use crate::auth::TokenCheck;
+use crate::auth::{Credentials, TokenCheck};
 use crate::proto::{
     self, parameter_server_server::ParameterServerServer, run_session_request::Fetch, session_event::Event,
     worker_server::{Worker, WorkerServer},
@@ -90,9 +90,10 @@ pub async fn serve(
     addr: SocketAddr,
     ps: Option<PsService>,
     worker: WorkerService,
-    token: Option<&str>,
+    credentials: &Credentials,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, std::io::Error> {
+    let token = credentials.token.as_deref();
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
@@ -113,7 +114,20 @@ pub async fn serve(
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20));
-    let router = builder.add_service(worker).add_optional_service(ps);
+    if let Some(tls) = &credentials.tls {
+        let config = tls.server_config().map_err(std::io::Error::other)?;
+        builder = builder.tls_config(config).map_err(std::io::Error::other)?;
+    }
+    // The standard gRPC health service, for readiness and liveness probes:
+    // not behind the token (a kubelet probe carries none), and it says
+    // nothing but SERVING.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    reporter.set_service_status("tfjob.runtime.v1.Worker", tonic_health::ServingStatus::Serving).await;
+    if ps.is_some() {
+        reporter.set_service_status("tfjob.runtime.v1.ParameterServer", tonic_health::ServingStatus::Serving).await;
+    }
+    let router = builder.add_service(health).add_service(worker).add_optional_service(ps);
     let incoming = TcpListenerStream::new(listener);
     Ok(tokio::spawn(async move { router.serve_with_incoming_shutdown(incoming, shutdown).await }))
 }

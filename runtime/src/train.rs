@@ -2,6 +2,8 @@
 //! math is in `model` and `optimizer`; this module only sequences pull,
 //! compute, push and the chief's duties, and reports.
 
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,7 @@ use ndarray::ArrayD;
 use serde::Serialize;
 use tonic::Code;
 
+use crate::auth::Credentials;
 use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::Batch;
@@ -16,6 +19,8 @@ use crate::model::{Metrics, Model};
 use crate::optimizer::Optimizer;
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
+use crate::events::EventWriter;
+use crate::metrics::TrainingMetrics;
 use crate::status::TaskStatus;
 
 /// Where batches come from: each worker reads its own shard, forever.
@@ -32,14 +37,34 @@ pub struct Workload {
     pub eval: Option<Batch>,
 }
 
+/// How many gradients a sync step averages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregate {
+    /// One per training task of the cluster (SyncReplicasOptimizer's default).
+    AllWorkers,
+    /// A fixed number (fewer than the workers makes backup workers).
+    Count(u32),
+    /// The training tasks whose lease is live: workers may come and go.
+    Auto,
+}
+
+/// When the chief writes checkpoints.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointSettings {
+    pub directory: Option<PathBuf>,
+    pub every_steps: Option<u64>,
+    pub every_secs: Option<f64>,
+    /// Complete checkpoints kept.
+    pub keep: usize,
+}
+
 /// How training runs; the same for every task of a job.
 #[derive(Debug, Clone)]
 pub struct TrainSettings {
     pub train_steps: u64,
     pub optimizer: Optimizer,
     pub sync_replicas: bool,
-    /// Sync only: gradients per step; `None` means every training task.
-    pub replicas_to_aggregate: Option<u32>,
+    pub replicas_to_aggregate: Aggregate,
     pub log_every_steps: u64,
     /// How long non-chief workers wait for the chief to initialise variables.
     pub init_timeout: Duration,
@@ -50,6 +75,11 @@ pub struct TrainSettings {
     pub eval_interval: Duration,
     pub partition_threshold_bytes: usize,
     pub seed: u64,
+    pub checkpoints: CheckpointSettings,
+    /// TensorBoard event files (chief and evaluator).
+    pub log_dir: Option<PathBuf>,
+    /// How often a training task renews its lease.
+    pub heartbeat: Duration,
 }
 
 impl Default for TrainSettings {
@@ -58,7 +88,7 @@ impl Default for TrainSettings {
             train_steps: 1000,
             optimizer: Optimizer::sgd(0.01),
             sync_replicas: false,
-            replicas_to_aggregate: None,
+            replicas_to_aggregate: Aggregate::AllWorkers,
             log_every_steps: 100,
             init_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(120),
@@ -66,6 +96,9 @@ impl Default for TrainSettings {
             eval_interval: Duration::from_secs(5),
             partition_threshold_bytes: placement::DEFAULT_PARTITION_THRESHOLD_BYTES,
             seed: 1,
+            checkpoints: CheckpointSettings { keep: 5, ..Default::default() },
+            log_dir: None,
+            heartbeat: Duration::from_secs(2),
         }
     }
 }
@@ -103,6 +136,10 @@ pub enum TrainError {
     StepTimeout { step: i64, waited: Duration },
     #[error("{0}")]
     Config(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("the parameter servers restarted {0} times; giving up")]
+    TooManyRecoveries(u32),
 }
 
 impl TrainError {
@@ -116,7 +153,8 @@ impl TrainError {
                 Some(Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied | Code::Unauthenticated) => 3,
                 _ => 138,
             },
-            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } => 138,
+            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => 138,
+            TrainError::Checkpoint(_) => 4,
         }
     }
 }
@@ -180,21 +218,27 @@ pub fn train_single_process(
 /// The training configuration every ps must agree on.
 pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Result<proto::TrainingConfig, TrainError> {
     let total = cluster.cluster.training_tasks().len() as u32;
-    let required = settings.replicas_to_aggregate.unwrap_or(total);
-    if settings.sync_replicas && (required == 0 || required > total) {
+    let mode = if settings.sync_replicas { UpdateMode::Sync } else { UpdateMode::Async } as i32;
+    let optimizer = Some(settings.optimizer.to_proto());
+    if !settings.sync_replicas {
+        return Ok(proto::TrainingConfig { mode, optimizer, replicas_to_aggregate: 0, total_num_replicas: 0, elastic: false });
+    }
+    let required = match settings.replicas_to_aggregate {
+        Aggregate::Auto => {
+            return Ok(proto::TrainingConfig { mode, optimizer, replicas_to_aggregate: 0, total_num_replicas: 0, elastic: true });
+        }
+        Aggregate::AllWorkers => total,
+        Aggregate::Count(n) => n,
+    };
+    if required == 0 || required > total {
         return Err(TrainError::Config(format!(
             "--replicas_to_aggregate: {required} is not between 1 and the {total} training task(s) of the cluster"
         )));
     }
-    Ok(proto::TrainingConfig {
-        mode: if settings.sync_replicas { UpdateMode::Sync } else { UpdateMode::Async } as i32,
-        optimizer: Some(settings.optimizer.to_proto()),
-        replicas_to_aggregate: if settings.sync_replicas { required } else { 0 },
-        total_num_replicas: if settings.sync_replicas { total } else { 0 },
-    })
+    Ok(proto::TrainingConfig { mode, optimizer, replicas_to_aggregate: required, total_num_replicas: total, elastic: false })
 }
 
-fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, token: Option<&str>) -> Result<PsSet, TrainError> {
+fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
     let specs = model.variables();
     let inputs: Vec<PlacementInput> = specs.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
     let ps_addresses = cluster.cluster.addresses("ps");
@@ -203,7 +247,7 @@ fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, 
     Ok(PsSet::new(
         cluster.task.clone(),
         &ps_addresses,
-        token,
+        credentials,
         variables,
         placement,
         training_config(cluster, settings)?,
@@ -218,57 +262,207 @@ async fn wait_for_variables(ps: &PsSet, params: &mut [ArrayD<f32>], chief: &str,
     loop {
         match ps.pull(params, &[], true, Duration::from_secs(5)).await {
             Ok(p) => return Ok(p),
-            Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
+            Err(e) if e.code() == Some(Code::DeadlineExceeded) || matches!(e, ClientError::Interrupted { .. }) => {
                 let waited = start.elapsed();
                 if waited >= timeout {
                     return Err(TrainError::InitTimeout { chief: chief.into(), waited });
                 }
-                tracing::info!("waiting for the chief ({chief}) to initialise the variables ({:.0}s so far)", waited.as_secs_f64());
+                if matches!(e, ClientError::Interrupted { .. }) {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                } else {
+                    tracing::info!("waiting for the chief ({chief}) to initialise the variables ({:.0}s so far)", waited.as_secs_f64());
+                }
             }
             Err(e) => return Err(e.into()),
         }
     }
 }
 
+/// Is this error a ps that lost or changed its state (restarted, restored
+/// from a checkpoint) rather than a problem with this task?
+fn needs_recovery(e: &ClientError) -> bool {
+    matches!(e, ClientError::Interrupted { .. }) || e.code() == Some(Code::FailedPrecondition)
+}
+
+/// Joins (again) the ps tasks: handshake, initialisation by the chief (a
+/// no-op where already done), then the current values.
+async fn join(
+    ps: &PsSet,
+    params: &mut [ArrayD<f32>],
+    model: &dyn Model,
+    settings: &TrainSettings,
+    is_chief: bool,
+    chief: &str,
+) -> Result<crate::client::Pulled, TrainError> {
+    ps.handshake(false).await?;
+    if is_chief {
+        let values = crate::model::init_values(&model.variables(), settings.seed);
+        let already = ps.init(&values, 0).await?;
+        tracing::info!(
+            "{}: {}",
+            ps.task,
+            if already { "variables were already initialised (or restored): resuming" } else { "initialised the variables" }
+        );
+    }
+    wait_for_variables(ps, params, chief, settings.init_timeout).await
+}
+
+/// The chief's checkpoints: every ps writes its shard, then the chief
+/// writes the index and prunes old checkpoints.
+struct Checkpointer {
+    directory: PathBuf,
+    every_steps: Option<u64>,
+    every: Option<Duration>,
+    keep: usize,
+    last_step: i64,
+    last_time: Instant,
+}
+
+impl Checkpointer {
+    fn new(c: &CheckpointSettings, start_step: i64) -> Option<Self> {
+        let directory = c.directory.clone()?;
+        let every_steps = c.every_steps.filter(|&n| n > 0);
+        let every = c.every_secs.filter(|&s| s > 0.0).map(Duration::from_secs_f64);
+        Some(Checkpointer { directory, every_steps, every, keep: c.keep.max(1), last_step: start_step, last_time: Instant::now() })
+    }
+
+    fn due(&self, step: i64) -> bool {
+        step > self.last_step
+            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64)
+                || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
+    }
+
+    async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
+        let start = Instant::now();
+        let dir = self.directory.display().to_string();
+        let shards = ps.save_checkpoint(&dir, step).await?;
+        let infos = shards
+            .iter()
+            .map(|j| serde_json::from_str::<crate::checkpoint::ShardInfo>(j))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TrainError::Checkpoint(format!("a ps described its shard badly: {e}")))?;
+        let directory = self.directory.clone();
+        let num_ps = ps.num_ps();
+        let keep = self.keep;
+        let written = tokio::task::spawn_blocking(move || -> Result<PathBuf, crate::checkpoint::CheckpointError> {
+            let path = crate::checkpoint::write_index(&directory, step, num_ps, &infos)?;
+            crate::checkpoint::prune(&directory, keep)?;
+            Ok(path)
+        })
+        .await
+        .map_err(|e| TrainError::Checkpoint(e.to_string()))?
+        .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        let secs = start.elapsed().as_secs_f64();
+        metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+        metrics.checkpoint_seconds.set(secs);
+        tracing::info!("{}: checkpoint of global_step={step} written to {} in {secs:.3}s", ps.task, written.display());
+        self.last_step = step;
+        self.last_time = Instant::now();
+        Ok(())
+    }
+}
+
+/// Writes scalars to the TensorBoard event file when there is one; a
+/// failure to write is reported once and does not stop training.
+struct Summaries {
+    writer: Option<EventWriter>,
+    last: Option<(Instant, i64)>,
+}
+
+impl Summaries {
+    fn new(log_dir: Option<&PathBuf>, suffix: &str) -> Self {
+        let writer = log_dir.and_then(|dir| match EventWriter::create(dir, suffix) {
+            Ok(w) => {
+                tracing::info!("writing TensorBoard events to {}", w.path().display());
+                Some(w)
+            }
+            Err(e) => {
+                tracing::warn!("no TensorBoard events: {e}");
+                None
+            }
+        });
+        Summaries { writer, last: None }
+    }
+
+    /// Adds `scalars` at `step`, with `global_step/sec` since the last call.
+    fn add(&mut self, step: i64, scalars: &[(&str, f32)]) {
+        let Some(w) = &mut self.writer else { return };
+        let mut all: Vec<(&str, f32)> = scalars.to_vec();
+        let now = Instant::now();
+        if let Some((t, s)) = self.last {
+            let secs = now.duration_since(t).as_secs_f64();
+            if secs > 0.0 && step > s {
+                all.push(("global_step/sec", ((step - s) as f64 / secs) as f32));
+            }
+        }
+        self.last = Some((now, step));
+        if let Err(e) = w.add_scalars(step, &all) {
+            tracing::warn!("TensorBoard events: {e}; no more will be written");
+            self.writer = None;
+        }
+    }
+
+    fn close(self) {
+        if let Some(w) = self.writer {
+            if let Err(e) = w.close() {
+                tracing::warn!("TensorBoard events: {e}");
+            }
+        }
+    }
+}
+
 /// A worker's training loop (the chief's too): between-graph replication
-/// against the ps tasks, sync or async.
+/// against the ps tasks, sync or async. Survives ps restarts (it rejoins
+/// and goes on from the ps's step), keeps its lease by heartbeat, and the
+/// chief writes checkpoints and TensorBoard summaries.
 pub async fn run_worker(
     cluster: &ClusterConfig,
     workload: &mut Workload,
     settings: &TrainSettings,
-    token: Option<&str>,
+    credentials: &Credentials,
     status: Arc<TaskStatus>,
+    metrics: Arc<TrainingMetrics>,
 ) -> Result<FinalReport, TrainError> {
     let start = Instant::now();
     let model = workload.model.as_ref();
-    let ps = ps_set(cluster, model, settings, token)?;
+    let ps = Arc::new(ps_set(cluster, model, settings, credentials)?);
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
     let is_chief = cluster.is_chief();
     tracing::info!(
-        "{task}: {} training of {} over {} ps task(s){}; placement {:?}",
-        if settings.sync_replicas { "sync" } else { "async" },
+        "{task}: {} training of {} over {} ps task(s){}; bytes per ps {:?}",
+        match (settings.sync_replicas, settings.replicas_to_aggregate) {
+            (false, _) => "async",
+            (true, Aggregate::Auto) => "elastic sync",
+            (true, _) => "sync",
+        },
         model.name(),
         ps.num_ps(),
         if is_chief { " (chief)" } else { "" },
         ps.placement().bytes_per_ps()
     );
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
-    ps.handshake(false).await?;
-    if is_chief {
-        let values = crate::model::init_values(&model.variables(), settings.seed);
-        let already = ps.init(&values, 0).await?;
-        tracing::info!("{task}: {}", if already { "variables were already initialised: resuming" } else { "initialised the variables" });
-    } else {
+    if !is_chief {
         status.set(TaskState::Waiting, 0, 0, &format!("waiting for the chief ({chief}) to initialise the variables"));
     }
     let mut params = zeros_like(model);
-    let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+    let mut pulled = join(&ps, &mut params, model, settings, is_chief, &chief).await?;
+    let heartbeat = {
+        let ps = ps.clone();
+        crate::metrics::every(settings.heartbeat, move || {
+            let ps = ps.clone();
+            async move { ps.heartbeat().await }
+        })
+    };
+    let _stop_heartbeat = AbortOnDrop(heartbeat);
     status.set(TaskState::Training, 0, pulled.steps[0], "training");
 
     let train_steps = settings.train_steps as i64;
+    let mut checkpointer = if is_chief { Checkpointer::new(&settings.checkpoints, pulled.steps[0]) } else { None };
+    let mut summaries = Summaries::new(if is_chief { settings.log_dir.as_ref() } else { None }, ".chief");
     let mut local_steps = 0u64;
     let mut stale = 0u64;
+    let mut recoveries = 0u32;
     let mut last_loss = f32::NAN;
     let mut global_step = pulled.steps[0];
     let loop_start = Instant::now();
@@ -276,45 +470,108 @@ pub async fn run_worker(
         if pulled.done || pulled.steps[0] >= train_steps {
             break;
         }
+        let t0 = Instant::now();
         let batch = workload.train.next_batch();
         let lg = model.loss_and_gradients(&params, &batch);
         last_loss = lg.loss;
-        let replies = ps.push(&pulled.steps, &lg.gradients).await?;
+        let t1 = Instant::now();
+        metrics.compute_seconds.add((t1 - t0).as_secs_f64());
+        let pushed = ps.push(&pulled.steps, &lg.gradients).await;
+        metrics.push_seconds.add(t1.elapsed().as_secs_f64());
+        let replies = match pushed {
+            Ok(r) => r,
+            Err(e) if needs_recovery(&e) => {
+                recoveries += 1;
+                if recoveries > 100 {
+                    return Err(TrainError::TooManyRecoveries(recoveries));
+                }
+                tracing::warn!("{task}: {e}; rejoining the parameter servers");
+                pulled = join(&ps, &mut params, model, settings, is_chief, &chief).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         local_steps += 1;
+        metrics.local_steps.fetch_add(1, Ordering::Relaxed);
+        metrics.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum(), Ordering::Relaxed);
+        metrics.last_loss.set(last_loss as f64);
         let done = replies.iter().any(|r| r.done);
         if replies.iter().any(|r| r.stale) {
             stale += 1;
+            metrics.stale_pushes.fetch_add(1, Ordering::Relaxed);
         }
         global_step = global_step.max(replies[0].step);
+        metrics.global_step.store(global_step.max(0) as u64, Ordering::Relaxed);
         status.set(TaskState::Training, local_steps, global_step, "training");
         if settings.log_every_steps > 0 && local_steps % settings.log_every_steps == 0 {
             tracing::info!(
                 "{task}: local_step={local_steps} global_step={global_step} loss={last_loss:.4}{}",
                 summary_line(model, &params)
             );
+            let mut scalars = vec![("loss", last_loss)];
+            let summary = model.summary(&params);
+            scalars.extend(summary.iter().map(|(k, v)| (k.as_str(), *v as f32)));
+            summaries.add(global_step, &scalars);
         }
         if done {
             break;
         }
         // Sync: wait until every ps applied this step (each ps counts its own steps).
         let min_steps: Vec<i64> = pulled.steps.iter().map(|s| if settings.sync_replicas { s + 1 } else { 0 }).collect();
-        pulled = match ps.pull(&mut params, &min_steps, false, settings.step_timeout).await {
-            Ok(p) => p,
+        let t2 = Instant::now();
+        let next = ps.pull(&mut params, &min_steps, false, settings.step_timeout).await;
+        let pull_time = t2.elapsed();
+        pulled = match next {
+            Ok(p) => {
+                metrics.wait_seconds.add(p.waited.as_secs_f64());
+                metrics.pull_seconds.add(pull_time.saturating_sub(p.waited).as_secs_f64());
+                metrics.bytes_received.fetch_add(p.bytes, Ordering::Relaxed);
+                p
+            }
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 return Err(TrainError::StepTimeout { step: min_steps[0], waited: settings.step_timeout });
             }
+            Err(e) if needs_recovery(&e) => {
+                recoveries += 1;
+                if recoveries > 100 {
+                    return Err(TrainError::TooManyRecoveries(recoveries));
+                }
+                tracing::warn!("{task}: {e}; rejoining the parameter servers");
+                join(&ps, &mut params, model, settings, is_chief, &chief).await?
+            }
             Err(e) => return Err(e.into()),
         };
+        // Checkpoints are named by the step of the values just pulled: in
+        // sync training every ps holds exactly that step now.
+        if let Some(c) = &mut checkpointer {
+            let step = pulled.steps[0];
+            if !pulled.done && step < train_steps && c.due(step) {
+                c.save(&ps, step, &metrics).await?;
+            }
+        }
     }
     let global_step = global_step.max(pulled.steps[0]);
     let train_secs = loop_start.elapsed().as_secs_f64();
     let eval = workload.eval.as_ref().map(|b| model.evaluate(&params, b));
     if is_chief {
+        if let Some(c) = &mut checkpointer {
+            if global_step > c.last_step {
+                c.save(&ps, global_step, &metrics).await?;
+            }
+        }
+        if let Some(m) = &eval {
+            let mut scalars = vec![("eval/loss", m.loss)];
+            if let Some(a) = m.accuracy {
+                scalars.push(("eval/accuracy", a));
+            }
+            summaries.add(global_step, &scalars);
+        }
         ps.shutdown("train_steps reached", global_step).await?;
         tracing::info!("{task}: training done at global_step={global_step}; told every ps to finish");
     } else {
         ps.leave("training done").await;
     }
+    summaries.close();
     let mut r = report(&task, "worker", is_chief, model, &params, eval);
     if r.loss.is_none() {
         r.loss = Some(last_loss);
@@ -334,20 +591,30 @@ pub async fn run_worker(
     Ok(r)
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The evaluator: pulls the variables whenever the step advanced (at most
-/// every `eval_interval`), evaluates on held-out data, logs, and stops when
-/// training is over. It only reads, so it never slows training down beyond
-/// one pull per interval.
+/// every `eval_interval`), evaluates on held-out data, logs and writes
+/// TensorBoard summaries, and stops when training is over. It only reads,
+/// so it never slows training down beyond one pull per interval.
 pub async fn run_evaluator(
     cluster: &ClusterConfig,
     workload: &mut Workload,
     settings: &TrainSettings,
-    token: Option<&str>,
+    credentials: &Credentials,
     status: Arc<TaskStatus>,
+    metrics: Arc<TrainingMetrics>,
 ) -> Result<FinalReport, TrainError> {
     let start = Instant::now();
     let model = workload.model.as_ref();
-    let ps = ps_set(cluster, model, settings, token)?;
+    let ps = ps_set(cluster, model, settings, credentials)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
     let eval = workload
@@ -358,20 +625,29 @@ pub async fn run_evaluator(
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
     let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+    let mut summaries = Summaries::new(settings.log_dir.as_ref(), ".eval");
     let mut evaluations = 0u64;
     let mut last;
     loop {
-        let metrics = model.evaluate(&params, &eval);
+        let metrics_now = model.evaluate(&params, &eval);
         evaluations += 1;
-        last = metrics.clone();
+        last = metrics_now.clone();
+        metrics.local_steps.fetch_add(1, Ordering::Relaxed);
+        metrics.global_step.store(pulled.steps[0].max(0) as u64, Ordering::Relaxed);
+        metrics.last_loss.set(metrics_now.loss as f64);
         status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
         tracing::info!(
             "{task}: global_step={} eval_loss={:.4}{}{}",
             pulled.steps[0],
-            metrics.loss,
-            metrics.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+            metrics_now.loss,
+            metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
             summary_line(model, &params)
         );
+        let mut scalars = vec![("eval/loss", metrics_now.loss)];
+        if let Some(a) = metrics_now.accuracy {
+            scalars.push(("eval/accuracy", a));
+        }
+        summaries.add(pulled.steps[0], &scalars);
         if pulled.done {
             break;
         }
@@ -381,14 +657,15 @@ pub async fn run_evaluator(
         match ps.pull(&mut params, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
             Ok(p) => pulled = p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
-            // The ps tasks are gone after the end of training.
-            Err(e) if e.code() == Some(Code::Unavailable) && evaluations > 0 => {
-                tracing::info!("{task}: the parameter servers are gone; stopping");
-                break;
+            Err(e) if needs_recovery(&e) => {
+                tracing::warn!("{task}: {e}; waiting for the parameter servers");
+                ps.handshake(true).await?;
+                pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
             }
             Err(e) => return Err(e.into()),
         }
     }
+    summaries.close();
     let mut r = report(&task, "evaluator", false, model, &params, Some(last));
     r.global_step = pulled.steps[0];
     r.local_steps = evaluations;

@@ -1,0 +1,296 @@
+//! What happens to real jobs: tasks killed with SIGKILL and restarted,
+//! checkpoints that are damaged, workers that come and go, observability.
+//! Every task is a separate OS process on 127.0.0.1.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+mod common;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn linear_args(ports: &[u16], extra: &[&str]) -> impl Fn(&str, u32) -> Vec<String> + use<> {
+    let ps_hosts = hosts(&ports[..1]);
+    let worker_hosts = hosts(&ports[1..]);
+    let extra = strings(extra);
+    move |job: &str, i: u32| {
+        let mut a = vec![
+            format!("--ps_hosts={ps_hosts}"),
+            format!("--worker_hosts={worker_hosts}"),
+            format!("--job_name={job}"),
+            format!("--task_index={i}"),
+            "--bind=127.0.0.1".into(),
+            "--model=linear".into(),
+            "--learning_rate=0.01".into(),
+            "--log_every_steps=50".into(),
+            "--connect_timeout_secs=60".into(),
+        ];
+        a.extend(extra.iter().cloned());
+        a
+    }
+}
+
+fn assert_converged(results: &[Finished], train_steps: i64) {
+    for r in results.iter().filter(|r| r.name.starts_with("worker")) {
+        let rep = r.report();
+        let (w, b) = (rep["W"].as_f64().unwrap(), rep["b"].as_f64().unwrap());
+        assert!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{}: W = {w}, b = {b}", r.name);
+        assert!(rep["global_step"].as_i64().unwrap() >= train_steps, "{}: {rep}", r.name);
+    }
+}
+
+/// kill -9 of a worker in sync training: the step waits for it, the
+/// restarted worker rejoins at the current step, training completes.
+#[test]
+fn worker_killed_and_restarted_rejoins_sync() {
+    let ports = free_ports(3);
+    let args = linear_args(&ports, &["--sync_replicas", "--train_steps=6000"]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    job.spawn("worker1", &args("worker", 1), &[]);
+    job.wait_until(LIMIT, "worker1 at global step 1000", |j| j.logged_global_step("worker1") >= 1000);
+    job.kill("worker1");
+    std::thread::sleep(Duration::from_millis(300));
+    job.restart("worker1");
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    assert_converged(&results, 6000);
+    let w1 = results.iter().find(|r| r.name == "worker1").unwrap();
+    assert_eq!(w1.stdout.lines().filter(|l| l.starts_with('{')).count(), 1, "the killed run printed no report");
+}
+
+/// kill -9 of a worker in async training.
+#[test]
+fn worker_killed_and_restarted_rejoins_async() {
+    let ports = free_ports(3);
+    let args = linear_args(&ports, &["--train_steps=8000"]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    job.spawn("worker1", &args("worker", 1), &[]);
+    job.wait_until(LIMIT, "worker1 at global step 1000", |j| j.logged_global_step("worker1") >= 1000);
+    job.kill("worker1");
+    std::thread::sleep(Duration::from_millis(300));
+    job.restart("worker1");
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    assert_converged(&results, 8000);
+}
+
+/// kill -9 of the ps in sync training: it restores the latest checkpoint,
+/// the workers rejoin, training completes, losing at most the steps since
+/// that checkpoint.
+#[test]
+fn ps_killed_restores_from_checkpoint() {
+    let ports = free_ports(3);
+    let ckpt = tempfile::tempdir().unwrap();
+    let dir = format!("--checkpoint_dir={}", ckpt.path().display());
+    let args = linear_args(&ports, &["--sync_replicas", "--train_steps=6000", "--save_checkpoint_steps=500", &dir]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    job.spawn("worker1", &args("worker", 1), &[]);
+    job.wait_until(LIMIT, "a checkpoint after step 1500", |j| j.stderr("worker0").contains("checkpoint of global_step=1500"));
+    let at_kill = job.logged_global_step("worker0");
+    job.kill("ps0");
+    std::thread::sleep(Duration::from_millis(500));
+    job.restart("ps0");
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    assert_converged(&results, 6000);
+    let ps_log = &results.iter().find(|r| r.name == "ps0").unwrap().stderr;
+    let restored: i64 = ps_log
+        .lines()
+        .find_map(|l| l.split("restored").nth(1)?.split("global_step=").nth(1)?.trim_end_matches(')').trim().parse().ok())
+        .unwrap_or_else(|| panic!("the ps did not restore:\n{}", tail(ps_log, 3000)));
+    assert!(restored >= 1500 && restored % 500 == 0, "restored step {restored}");
+    assert!(at_kill - restored <= 500 + 200, "lost {} steps (killed near {at_kill}, restored {restored})", at_kill - restored);
+    // The workers noticed and rejoined.
+    assert!(results.iter().any(|r| r.stderr.contains("rejoining the parameter servers")));
+}
+
+/// kill -9 of the chief: the restarted chief finds the variables
+/// initialised, resumes, and still ends training for everyone.
+#[test]
+fn chief_killed_and_restarted_resumes() {
+    let ports = free_ports(3);
+    let args = linear_args(&ports, &["--train_steps=8000"]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    job.spawn("worker1", &args("worker", 1), &[]);
+    job.wait_until(LIMIT, "global step 1000", |j| j.logged_global_step("worker0") >= 1000);
+    job.kill("worker0");
+    std::thread::sleep(Duration::from_millis(300));
+    job.restart("worker0");
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    assert_converged(&results, 8000);
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap();
+    assert!(chief.stderr.contains("already initialised"), "{}", tail(&chief.stderr, 2000));
+}
+
+/// A truncated and a bit-flipped checkpoint are skipped for the previous
+/// good one.
+#[test]
+fn damaged_checkpoints_are_skipped() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let dir = format!("--checkpoint_dir={}", ckpt.path().display());
+    // A first job leaves checkpoints at 500, 1000, 1500 and 2000.
+    let ports = free_ports(2);
+    let args = linear_args(&ports, &["--sync_replicas", "--train_steps=2000", "--save_checkpoint_steps=500", &dir]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    assert_all_ok(&job.wait_all(LIMIT));
+    let shard = |step: u32| ckpt.path().join(format!("ckpt-{step:010}")).join(tfjob_runtime::checkpoint::shard_file_name(0, 1));
+    // Truncate the newest, flip one bit of the tensor data of the next.
+    let f = std::fs::OpenOptions::new().write(true).open(shard(2000)).unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len / 2).unwrap();
+    let mut bytes = std::fs::read(shard(1500)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    std::fs::write(shard(1500), bytes).unwrap();
+    let out = std::process::Command::new(BIN).args(["checkpoint", "inspect"]).arg(ckpt.path()).output().unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{listing}");
+    assert!(listing.matches("damaged").count() + listing.matches("DAMAGED").count() >= 2, "{listing}");
+    // A new job restores from 1000 and trains on to 3000.
+    let ports = free_ports(2);
+    let args = linear_args(&ports, &["--sync_replicas", "--train_steps=3000", "--save_checkpoint_steps=500", &dir]);
+    let mut job = Job::new();
+    job.spawn("ps0", &args("ps", 0), &[]);
+    job.spawn("worker0", &args("worker", 0), &[]);
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    let ps_log = &results.iter().find(|r| r.name == "ps0").unwrap().stderr;
+    assert!(ps_log.contains("global_step=1000"), "restored from 1000:\n{}", tail(ps_log, 3000));
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap().report();
+    assert_eq!(chief["local_steps"].as_i64().unwrap(), 2000, "trained from 1000 to 3000: {chief}");
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(name) && !l.starts_with('#'))?.rsplit(' ').next()?.parse().ok()
+}
+
+/// Elastic sync training (`--replicas_to_aggregate=auto`): a third worker
+/// joins without restarting anyone, then two workers die, and the step
+/// goes on with the one left.
+#[test]
+fn elastic_scale_up_and_down_without_stall() {
+    let ports = free_ports(5);
+    let metrics_port = ports[4];
+    let ps_hosts = hosts(&ports[..1]);
+    let common = |workers: &[u16], job: &str, i: u32| {
+        let mut a = vec![
+            format!("--ps_hosts={ps_hosts}"),
+            format!("--worker_hosts={}", hosts(workers)),
+            format!("--job_name={job}"),
+            format!("--task_index={i}"),
+            "--bind=127.0.0.1".into(),
+            "--model=linear".into(),
+            "--sync_replicas".into(),
+            "--replicas_to_aggregate=auto".into(),
+            "--lease_secs=1".into(),
+            "--heartbeat_secs=0.2".into(),
+            "--train_steps=100000000".into(),
+            "--log_every_steps=50".into(),
+        ];
+        if job == "ps" {
+            a.push(format!("--metrics_port={metrics_port}"));
+        }
+        a
+    };
+    let two = [ports[1], ports[2]];
+    let three = [ports[1], ports[2], ports[3]];
+    let mut job = Job::new();
+    job.spawn("ps0", &common(&two, "ps", 0), &[]);
+    job.spawn("worker0", &common(&two, "worker", 0), &[]);
+    job.spawn("worker1", &common(&two, "worker", 1), &[]);
+    job.wait_until(LIMIT, "global step 300 with 2 workers", |j| j.logged_global_step("worker0") >= 300);
+    // Scale up: a third worker, with the new cluster in its flags.
+    job.spawn("worker2", &common(&three, "worker", 2), &[]);
+    job.wait_until(LIMIT, "worker2 training", |j| j.stderr("worker2").contains("local_step=100 "));
+    let m = http_get(metrics_port, "/metrics");
+    assert_eq!(metric(&m, "tfjob_ps_workers_live"), Some(3.0), "{m}");
+    assert_eq!(metric(&m, "tfjob_ps_replicas_to_aggregate"), Some(3.0), "{m}");
+    // Scale down to 1: two workers die.
+    let before = job.logged_global_step("worker0");
+    job.kill("worker2");
+    job.kill("worker1");
+    job.wait_until(Duration::from_secs(20), "steps with one worker left", |j| j.logged_global_step("worker0") >= before + 500);
+    let m = http_get(metrics_port, "/metrics");
+    assert_eq!(metric(&m, "tfjob_ps_workers_live"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "tfjob_ps_replicas_to_aggregate"), Some(1.0), "{m}");
+}
+
+/// TensorBoard event files of the chief and the evaluator parse back with
+/// the expected tags; the worker's metrics endpoint and the gRPC health
+/// service answer.
+#[test]
+fn event_files_metrics_and_health() {
+    let ports = free_ports(5);
+    let logs = tempfile::tempdir().unwrap();
+    let addr = |p: u16| format!("127.0.0.1:{p}");
+    let cluster = serde_json::json!({
+        "ps": [addr(ports[0])],
+        "worker": [addr(ports[1]), addr(ports[2])],
+        "evaluator": [addr(ports[3])],
+    });
+    let args = vec![
+        "--bind=127.0.0.1".to_string(),
+        "--train_steps=3000".into(),
+        "--log_every_steps=100".into(),
+        "--eval_interval_secs=0.2".into(),
+        format!("--log_dir={}", logs.path().display()),
+    ];
+    let mut job = Job::new();
+    for (name, t, i) in [("ps0", "ps", 0), ("worker0", "worker", 0), ("worker1", "worker", 1), ("evaluator0", "evaluator", 0)] {
+        let tf_config = serde_json::json!({"cluster": cluster, "task": {"type": t, "index": i}});
+        let mut a = args.clone();
+        if name == "worker1" {
+            a.push(format!("--metrics_port={}", ports[4]));
+        }
+        job.spawn(name, &a, &[("TF_CONFIG", tf_config.to_string())]);
+    }
+    job.wait_until(LIMIT, "training under way", |j| j.logged_global_step("worker1") >= 200);
+    let m = http_get(ports[4], "/metrics");
+    for name in ["tfjob_local_steps_total", "tfjob_step_seconds_total{task=\"worker:1\",part=\"compute\"}", "tfjob_bytes_sent_total"] {
+        assert!(m.contains(name), "{name} missing from\n{m}");
+    }
+    // The standard gRPC health service answers without the job token.
+    let health = std::process::Command::new(BIN)
+        .args(["client", "--target", &format!("grpc://{}", addr(ports[1])), "--health"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING", "{}", String::from_utf8_lossy(&health.stderr));
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    let files: Vec<_> = std::fs::read_dir(logs.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    let tags_of = |suffix: &str| -> Vec<String> {
+        let f = files.iter().find(|p| p.to_string_lossy().ends_with(suffix)).unwrap_or_else(|| panic!("no *{suffix} in {files:?}"));
+        let mut tags: Vec<String> = tfjob_runtime::events::scalars(f).unwrap().into_iter().map(|(t, _, _)| t).collect();
+        tags.sort();
+        tags.dedup();
+        tags
+    };
+    let chief = tags_of("chief");
+    for t in ["loss", "W", "b", "global_step/sec", "eval/loss"] {
+        assert!(chief.contains(&t.to_string()), "chief tags {chief:?}");
+    }
+    let eval = tags_of("eval");
+    assert!(eval.contains(&"eval/loss".to_string()), "evaluator tags {eval:?}");
+}
