@@ -2,6 +2,9 @@
 //!
 //! - [`controlplane`]: a real etcd + kube-apiserver + kube-controller-manager (plus kubectl and
 //!   helm) built from pinned Go modules, for tests against a real Kubernetes API.
+//! - [`chart`]: the Helm chart `charts/tfjob-operator` rendered with that helm, e.g. the exact
+//!   RBAC the chart grants the operator.
 
+pub mod chart;
 pub mod controlplane;
 pub mod podman;
