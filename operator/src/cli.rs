@@ -37,6 +37,37 @@ pub enum Command {
     Render(RenderArgs),
     /// Run the Kubernetes controller.
     Operator(crate::kube::OperatorArgs),
+    /// Run a TFJob on this machine: every replica a process on 127.0.0.1 (or a container with
+    /// `--backend container`), driven by the same planning and status code as the operator.
+    Run(RunArgs),
+}
+
+/// Arguments of `tfjob run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The TFJob manifest.
+    pub file: PathBuf,
+    /// Directory for the replicas' logs and the job's status.yaml (default: a new directory
+    /// under the system temp dir).
+    #[arg(long = "run-dir")]
+    pub run_dir: Option<PathBuf>,
+    /// Do not show the replicas' logs (they are still saved).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Show only this replica's log (e.g. `worker-1`).
+    #[arg(long, conflicts_with = "quiet")]
+    pub follow: Option<String>,
+    /// Where replicas run: `process` (default) or `container` (alias `docker`).
+    #[arg(long, default_value = "process", value_parser = parse_backend)]
+    pub backend: crate::local::BackendKind,
+}
+
+fn parse_backend(s: &str) -> Result<crate::local::BackendKind, String> {
+    match s {
+        "process" | "local" => Ok(crate::local::BackendKind::Process),
+        "container" | "docker" | "podman" => Ok(crate::local::BackendKind::Container),
+        other => Err(format!("unknown backend {other:?} (process, container)")),
+    }
 }
 
 /// Arguments of `tfjob validate`.
@@ -247,5 +278,20 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Operator(args) => crate::kube::run_operator(args),
+        Command::Run(args) => {
+            let opts = crate::local::RunOptions {
+                run_dir: args.run_dir,
+                quiet: args.quiet,
+                follow: args.follow,
+                ..Default::default()
+            };
+            match crate::local::run_file(&args.file, args.backend, &opts) {
+                Ok(result) => ExitCode::from(result.exit_code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("tfjob run: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
     }
 }

@@ -11,5 +11,6 @@
 pub mod api;
 pub mod cli;
 pub mod kube;
+pub mod local;
 pub mod plan;
 pub mod status;

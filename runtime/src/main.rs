@@ -150,7 +150,7 @@ struct TaskArgs {
     #[arg(long = "task_index", visible_alias = "task-index")]
     task_index: Option<u32>,
     /// Address to listen on (the port comes from this task's host:port).
-    #[arg(long, default_value = "0.0.0.0")]
+    #[arg(long, env = "TFJOB_BIND", default_value = "0.0.0.0")]
     bind: IpAddr,
     /// Synchronous training with SyncReplicasOptimizer semantics.
     #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",

@@ -1,0 +1,216 @@
+//! What `tfjob run` shows: each replica's log prefixed with its name (and
+//! saved under the run directory), one live status line, events, and the
+//! final conditions.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::api::TFJobStatus;
+use crate::status::{ObservedReplica, Phase};
+
+use super::RunResult;
+
+struct State {
+    files: BTreeMap<String, File>,
+    counts: (usize, usize, usize, usize, i32),
+    global_step: Option<i64>,
+    line_shown: bool,
+    last_line: String,
+    last_print: Instant,
+}
+
+/// The terminal side of a local run. Shared by the driver and the threads
+/// that read replica output.
+pub struct Console {
+    job: String,
+    run_dir: PathBuf,
+    quiet: bool,
+    follow: Option<String>,
+    tty: bool,
+    started: Instant,
+    state: Mutex<State>,
+}
+
+/// The largest `global_step=N` in a line, if any (the runtime's log lines
+/// and final JSON carry it).
+pub fn global_step_in(line: &str) -> Option<i64> {
+    let mut best = None;
+    for key in ["global_step=", "\"global_step\":"] {
+        for rest in line.split(key).skip(1) {
+            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            if let Ok(v) = digits.parse::<i64>() {
+                best = Some(best.map_or(v, |b: i64| b.max(v)));
+            }
+        }
+    }
+    best
+}
+
+impl Console {
+    pub fn new(job: &str, run_dir: &Path, quiet: bool, follow: Option<String>) -> Self {
+        Console {
+            job: job.to_string(),
+            run_dir: run_dir.to_path_buf(),
+            quiet,
+            follow,
+            tty: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+            state: Mutex::new(State {
+                files: BTreeMap::new(),
+                counts: (0, 0, 0, 0, 0),
+                global_step: None,
+                line_shown: false,
+                last_line: String::new(),
+                last_print: Instant::now(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Path of a replica's log file.
+    pub fn log_path(&self, replica: &str) -> PathBuf {
+        self.run_dir.join(format!("{replica}.log"))
+    }
+
+    fn clear_line(&self, st: &mut State) {
+        if self.tty && st.line_shown {
+            eprint!("\r\x1b[K");
+            st.line_shown = false;
+        }
+    }
+
+    fn draw_line(&self, st: &mut State, force: bool) {
+        let (pending, running, succeeded, failed, restarts) = st.counts;
+        let step = st.global_step.map(|s| format!(" | global_step {s}")).unwrap_or_default();
+        let restarts = if restarts > 0 { format!(", {restarts} restart(s)") } else { String::new() };
+        let line = format!(
+            "{}: {running} running, {pending} pending, {succeeded} succeeded, {failed} failed{restarts}{step} | {}s",
+            self.job,
+            self.started.elapsed().as_secs()
+        );
+        if self.tty {
+            eprint!("\r\x1b[K{line}");
+            let _ = std::io::stderr().flush();
+            st.line_shown = true;
+        } else {
+            // Without a terminal: a line when the replica counts change, and
+            // at most every 10 s otherwise.
+            let counts_changed = st.last_line.split(" | ").next() != line.split(" | ").next();
+            if force || counts_changed || st.last_print.elapsed() >= Duration::from_secs(10) {
+                eprintln!("{line}");
+                st.last_print = Instant::now();
+            }
+        }
+        st.last_line = line;
+    }
+
+    /// A line of a replica's output: saved, and shown with its prefix.
+    pub fn log_line(&self, replica: &str, line: &str) {
+        let mut st = self.lock();
+        if !st.files.contains_key(replica) {
+            if let Ok(f) = File::options().create(true).append(true).open(self.log_path(replica)) {
+                st.files.insert(replica.to_string(), f);
+            }
+        }
+        if let Some(f) = st.files.get_mut(replica) {
+            let _ = writeln!(f, "{line}");
+        }
+        if let Some(step) = global_step_in(line) {
+            st.global_step = Some(st.global_step.map_or(step, |s| s.max(step)));
+        }
+        let shown = !self.quiet && self.follow.as_deref().is_none_or(|f| f == replica);
+        if shown {
+            self.clear_line(&mut st);
+            println!("[{replica}] {line}");
+            let _ = std::io::stdout().flush();
+            if self.tty {
+                self.draw_line(&mut st, false);
+            }
+        }
+    }
+
+    /// A message of `tfjob run` itself.
+    pub fn info(&self, message: &str) {
+        let mut st = self.lock();
+        self.clear_line(&mut st);
+        eprintln!("tfjob: {message}");
+    }
+
+    /// An event of the job (what the cluster would record as an Event).
+    pub fn event(&self, warning: bool, reason: &str, message: &str) {
+        let mut st = self.lock();
+        self.clear_line(&mut st);
+        eprintln!("tfjob: event {}{reason}: {message}", if warning { "(warning) " } else { "" });
+    }
+
+    /// Updates the live status line from the replicas; true when the phases
+    /// or restart counts changed (worth a reconcile).
+    pub fn update_replicas(&self, observed: &[ObservedReplica]) -> bool {
+        let mut counts = (0, 0, 0, 0, 0);
+        for r in observed.iter().filter(|r| !r.terminating) {
+            match r.phase {
+                Phase::Pending | Phase::Unknown => counts.0 += 1,
+                Phase::Running => counts.1 += 1,
+                Phase::Succeeded => counts.2 += 1,
+                Phase::Failed => counts.3 += 1,
+            }
+            counts.4 += r.restart_count;
+        }
+        let mut st = self.lock();
+        let changed = counts != st.counts;
+        st.counts = counts;
+        if changed || self.tty || st.last_print.elapsed() >= Duration::from_secs(10) {
+            self.draw_line(&mut st, changed);
+        }
+        changed
+    }
+
+    /// The final conditions and where everything is.
+    pub fn finish(&self, status: &TFJobStatus, result: &RunResult, elapsed: Duration) {
+        let mut st = self.lock();
+        self.clear_line(&mut st);
+        eprintln!("tfjob: conditions of TFJob {}:", self.job);
+        for c in &status.conditions {
+            eprintln!(
+                "tfjob:   {:<10} {:<5} {:<22} {}",
+                c.type_,
+                c.status,
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            );
+        }
+        let verdict = if result.succeeded { "succeeded" } else { "did not succeed" };
+        eprintln!(
+            "tfjob: TFJob {} {verdict} ({}) after {:.1}s: {}",
+            self.job,
+            result.reason,
+            elapsed.as_secs_f64(),
+            result.message
+        );
+        eprintln!("tfjob: logs and status.yaml in {}", result.run_dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_steps_in_lines() {
+        for (line, want) in [
+            ("worker:1: local_step=100 global_step=205 loss=0.1", Some(205)),
+            ("{\"global_step\":4000,\"W\":2.0}", Some(4000)),
+            ("ps:0: serving on 127.0.0.1:2222", None),
+            ("global_step=x", None),
+        ] {
+            assert_eq!(global_step_in(line), want, "{line}");
+        }
+    }
+}

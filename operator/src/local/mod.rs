@@ -1,0 +1,275 @@
+//! `tfjob run`: one TFJob on one machine, no cluster.
+//!
+//! The driver here is the controller's loop without Kubernetes: it plans the
+//! job with [`crate::plan`], observes the replicas through a [`Backend`]
+//! (child processes by default, containers with `--backend container`),
+//! feeds the observations to the same pure state machine
+//! ([`crate::status::reconcile_status`]) and executes the actions it
+//! returns. A backend plays the kubelet: it starts replicas, restarts them in
+//! place per the pod restart policy, and reports phases and exit codes.
+
+pub mod console;
+pub mod process;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{self, ManifestError, ReplicaType, TFJob, TFJobStatus};
+use crate::plan::{self, AddressBook, PlannedReplica};
+use crate::status::{self, Action, EventKind, ObservedReplica, Observation};
+
+use console::Console;
+
+/// Errors that stop `tfjob run` before or while it runs.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Manifest { path: String, source: ManifestError },
+    #[error("{0}: no TFJob found")]
+    Empty(String),
+    #[error("{path}: holds {count} TFJobs; `tfjob run` runs one job at a time")]
+    Several { path: String, count: usize },
+    #[error("replica {replica}: {reason}")]
+    Start { replica: String, reason: String },
+    #[error("run directory {path}: {source}")]
+    RunDir { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// What a backend reports about one replica (the pod's phase and its
+/// `tensorflow` container's last exit code and restarts).
+pub type Observed = ObservedReplica;
+
+/// Where replicas run: processes or containers. A backend plays the kubelet:
+/// it restarts a replica in place when its pod restart policy says so
+/// (`Always`, `OnFailure`), counting restarts, and reports `Failed` or
+/// `Succeeded` otherwise.
+pub trait Backend {
+    /// `host:port` of a replica as the other replicas reach it.
+    fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String;
+    /// Starts (or starts again, as a new pod) a replica.
+    fn start(&mut self, replica: &PlannedReplica, token: &str) -> Result<(), RunError>;
+    /// Stops a replica and forgets it (a deleted pod).
+    fn delete(&mut self, name: &str);
+    /// The replicas as they are now; restarts replicas in place when due.
+    fn observe(&mut self) -> Vec<Observed>;
+    /// Stops everything (end of the run, Ctrl-C): nothing is left behind.
+    fn shutdown(&mut self);
+}
+
+/// Options of `tfjob run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub run_dir: Option<PathBuf>,
+    pub quiet: bool,
+    /// Only this replica's log is shown (e.g. `worker-1`).
+    pub follow: Option<String>,
+    /// How often the job is looked at even when nothing happens.
+    pub resync: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { run_dir: None, quiet: false, follow: None, resync: Duration::from_secs(1) }
+    }
+}
+
+/// The end of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunResult {
+    pub succeeded: bool,
+    /// Reason and message of the final condition.
+    pub reason: String,
+    pub message: String,
+    pub run_dir: PathBuf,
+    /// Exit code for the `tfjob` process: 0 on success, 1 when the job
+    /// failed, 130/143 when interrupted.
+    pub exit_code: i32,
+}
+
+/// Reads a manifest holding exactly one TFJob, validated as the cluster
+/// validates it.
+pub fn load_job(path: &Path) -> Result<TFJob, RunError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| RunError::Read { path: shown.clone(), source })?;
+    let docs = api::load_manifest(&text).map_err(|source| RunError::Manifest { path: shown.clone(), source })?;
+    match docs.len() {
+        0 => Err(RunError::Empty(shown)),
+        1 => docs.into_iter().next().expect("one").map_err(|source| RunError::Manifest { path: shown, source }),
+        count => Err(RunError::Several { path: shown, count }),
+    }
+}
+
+/// The short name of a replica used for logs: `worker-1`.
+pub fn short_name(job: &str, pod_name: &str) -> String {
+    pod_name.strip_prefix(&format!("{job}-")).unwrap_or(pod_name).to_string()
+}
+
+/// Set by SIGINT/SIGTERM: the signal number, 0 while none came.
+fn install_signal_flag() -> Arc<AtomicI32> {
+    let flag = Arc::new(AtomicI32::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let f = flag.clone();
+        // SAFETY: the handler only stores into an atomic.
+        let _ = unsafe { signal_hook::low_level::register(sig, move || f.store(sig, Ordering::SeqCst)) };
+    }
+    flag
+}
+
+fn default_run_dir(job: &str) -> PathBuf {
+    let stamp = Timestamp::now().as_second();
+    std::env::temp_dir().join("tfjob-runs").join(format!("{job}-{stamp}-{}", std::process::id()))
+}
+
+/// Where `tfjob run` runs replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Child processes on 127.0.0.1 (the default).
+    Process,
+    /// Containers of each replica's image on a per-job network.
+    Container,
+}
+
+/// `tfjob run FILE`: loads, validates and runs the job; everything it
+/// started is stopped when it returns.
+pub fn run_file(path: &Path, kind: BackendKind, opts: &RunOptions) -> Result<RunResult, RunError> {
+    let mut job = load_job(path)?;
+    let name = job.name().to_string();
+    if job.metadata.namespace.is_none() {
+        job.metadata.namespace = Some("default".into());
+    }
+    let run_dir = opts.run_dir.clone().unwrap_or_else(|| default_run_dir(&name));
+    std::fs::create_dir_all(&run_dir).map_err(|source| RunError::RunDir { path: run_dir.display().to_string(), source })?;
+    let console = Arc::new(Console::new(&name, &run_dir, opts.quiet, opts.follow.clone()));
+    let mut backend: Box<dyn Backend> = match kind {
+        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone())),
+        BackendKind::Container => return Err(RunError::Backend("the container backend is not available in this build".into())),
+    };
+    let result = run_job(job, backend.as_mut(), console, &run_dir, opts);
+    backend.shutdown();
+    result
+}
+
+/// Runs a job to its end with the given backend.
+pub fn run_job(job: TFJob, backend: &mut dyn Backend, console: Arc<Console>, run_dir: &Path, opts: &RunOptions) -> Result<RunResult, RunError> {
+    let name = job.name().to_string();
+    let namespace = job.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let run_dir = run_dir.to_path_buf();
+    let signal = install_signal_flag();
+    let token = plan::random_token();
+    let mut status = TFJobStatus::default();
+    let mut next_reconcile = Instant::now();
+    let started = Instant::now();
+    console.info(&format!("running TFJob {name} locally; logs and status in {}", run_dir.display()));
+    let result = loop {
+        let sig = signal.load(Ordering::SeqCst);
+        if sig != 0 {
+            console.info(&format!("{} received: stopping every replica", if sig == signal_hook::consts::SIGINT { "Ctrl-C" } else { "SIGTERM" }));
+            backend.shutdown();
+            write_status(&run_dir, &status);
+            let code = 128 + sig;
+            break RunResult { succeeded: false, reason: "Interrupted".into(), message: "stopped by a signal".into(), run_dir: run_dir.clone(), exit_code: code };
+        }
+        let observed = backend.observe();
+        let changed = console.update_replicas(&observed);
+        if changed || Instant::now() >= next_reconcile {
+            let obs = Observation {
+                namespace: &namespace,
+                name: &name,
+                spec: &job.spec,
+                status: &status,
+                replicas: &observed,
+                invalid: &[],
+                now: Timestamp::now(),
+            };
+            let outcome = status::reconcile_status(&obs);
+            let mut requeue = opts.resync;
+            let mut delete_job = false;
+            for action in &outcome.actions {
+                match action {
+                    Action::CreateReplica { replica_type, index } => {
+                        if let Err(e) = start_replica(backend, &name, &job, *replica_type, *index, &token, &console) {
+                            backend.shutdown();
+                            return Err(e);
+                        }
+                    }
+                    Action::RecreateReplica { name: pod, replica_type, index } => {
+                        backend.delete(pod);
+                        if let Err(e) = start_replica(backend, &name, &job, *replica_type, *index, &token, &console) {
+                            backend.shutdown();
+                            return Err(e);
+                        }
+                    }
+                    Action::DeleteReplica { name: pod } => backend.delete(pod),
+                    Action::Event { kind, reason, message } => console.event(*kind == EventKind::Warning, reason, message),
+                    Action::RequeueAfter(d) => requeue = requeue.min(*d),
+                    Action::DeleteJob => delete_job = true,
+                }
+            }
+            if outcome.status != status {
+                status = outcome.status;
+                write_status(&run_dir, &status);
+            }
+            next_reconcile = Instant::now() + requeue;
+            if let Some((succeeded, reason, message)) = terminal(&status) {
+                if delete_job {
+                    console.info("ttlSecondsAfterFinished: the job is deleted");
+                }
+                // Locally nothing may outlive the run, whatever cleanPodPolicy kept.
+                backend.shutdown();
+                break RunResult { succeeded, reason, message, run_dir: run_dir.clone(), exit_code: i32::from(!succeeded) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    console.finish(&status, &result, started.elapsed());
+    Ok(result)
+}
+
+fn start_replica(
+    backend: &mut dyn Backend,
+    job_name: &str,
+    job: &TFJob,
+    rtype: ReplicaType,
+    index: i32,
+    token: &str,
+    console: &Console,
+) -> Result<(), RunError> {
+    struct ByBackend<'a>(&'a dyn Backend);
+    impl AddressBook for ByBackend<'_> {
+        fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
+            self.0.address(rtype, index, port)
+        }
+    }
+    let replica = plan::plan_replica(job_name, &job.spec, &ByBackend(backend), rtype, index)
+        .ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
+    console.info(&format!("starting {}", short_name(job_name, &replica.pod_name)));
+    backend.start(&replica, token)
+}
+
+/// `(succeeded, reason, message)` once the job has finished.
+fn terminal(status: &TFJobStatus) -> Option<(bool, String, String)> {
+    status
+        .conditions
+        .iter()
+        .filter(|c| c.status == "True" && (c.type_ == status::SUCCEEDED || c.type_ == status::FAILED))
+        .map(|c| (c.type_ == status::SUCCEEDED, c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+        .next()
+}
+
+/// Writes the status as YAML (the TFJob's `status` as the cluster would show it).
+fn write_status(run_dir: &Path, status: &TFJobStatus) {
+    let yaml = serde_yaml::to_string(&serde_json::json!({ "status": status })).unwrap_or_default();
+    let tmp = run_dir.join(".status.yaml.tmp");
+    if std::fs::write(&tmp, yaml).is_ok() {
+        let _ = std::fs::rename(&tmp, run_dir.join("status.yaml"));
+    }
+}
+
