@@ -5,8 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== toolchain: $(cargo --version)"
 export CARGO_TERM_COLOR=never
-# Optimised test builds: the end-to-end tests train real models.
+echo "== toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'no go')"
+
+# The test control plane (kube-apiserver, etcd, kube-controller-manager,
+# kubectl, helm) from their Go modules: about 14 minutes the first time on a
+# machine, then cached machine-wide. Fails loudly if it cannot be built.
+echo "== test control plane"
+bash tests/controlplane/build.sh
+
+# Release binaries first: the end-to-end tests run them (and train real models).
+echo "== build"
 cargo build --release --workspace --bins
+
+echo "== tests"
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
