@@ -46,6 +46,35 @@ impl TlsFiles {
     }
 }
 
+/// Counts refused requests and logs them at most every few seconds, so a
+/// flood of bad requests is visible in the log without flooding it (and is
+/// never fatal).
+#[derive(Debug)]
+pub struct RefusalLog {
+    what: &'static str,
+    state: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+}
+
+impl RefusalLog {
+    pub const fn new(what: &'static str) -> Self {
+        RefusalLog { what, state: std::sync::Mutex::new((0, None)) }
+    }
+
+    /// Notes one refusal; logs a summary when the last one is old enough.
+    pub fn note(&self, detail: &str) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 += 1;
+        let due = st.1.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(5));
+        if due {
+            tracing::warn!("refused {} {} request(s) since the last report; latest: {detail}", st.0, self.what);
+            st.0 = 0;
+            st.1 = Some(std::time::Instant::now());
+        }
+    }
+}
+
+static UNAUTHENTICATED: RefusalLog = RefusalLog::new("unauthenticated");
+
 /// Checks incoming calls. With no token configured every call passes (a
 /// job started by hand without a token).
 #[derive(Clone)]
@@ -65,6 +94,7 @@ impl TokenCheck {
         if given.len() == expected.len() && bool::from(given.ct_eq(expected)) {
             Ok(request)
         } else {
+            UNAUTHENTICATED.note(if given.is_empty() { "no token" } else { "wrong token" });
             Err(Status::unauthenticated("missing or wrong job token (authorization: Bearer $TFJOB_TOKEN)"))
         }
     }

@@ -36,8 +36,13 @@ pub enum StoreError {
     PermissionDenied(String),
 }
 
+static BAD_REQUESTS: crate::auth::RefusalLog = crate::auth::RefusalLog::new("invalid");
+
 impl From<StoreError> for Status {
     fn from(e: StoreError) -> Status {
+        if matches!(e, StoreError::InvalidArgument(_) | StoreError::NotFound(_) | StoreError::PermissionDenied(_)) {
+            BAD_REQUESTS.note(&e.to_string());
+        }
         match e {
             StoreError::InvalidArgument(m) => Status::invalid_argument(m),
             StoreError::NotFound(m) => Status::not_found(m),

@@ -1,0 +1,218 @@
+//! The ps service over real gRPC (in-process server on 127.0.0.1): the job
+//! token, TLS, and random malformed messages, none of which may crash the
+//! server or change a variable.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use tfjob_runtime::auth::{Credentials, TlsFiles};
+use tfjob_runtime::client::{ModelVariable, PsSet, ps_client};
+use tfjob_runtime::cluster::TaskId;
+use tfjob_runtime::optimizer::Optimizer;
+use tfjob_runtime::placement::{self, PlacementInput};
+use tfjob_runtime::proto::{self, DataType, TensorPart, UpdateMode};
+use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+use tfjob_runtime::server::{self, WorkerService};
+use tfjob_runtime::status::TaskStatus;
+use tfjob_runtime::tensor::f32_to_bytes;
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+struct Server {
+    addr: SocketAddr,
+    store: Arc<ParameterStore>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(credentials: &Credentials) -> Server {
+    let addr = free_addr();
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), credentials, async {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    Server { addr, store, _stop: stop }
+}
+
+fn variables() -> Vec<ModelVariable> {
+    vec![ModelVariable { name: "w".into(), shape: vec![4, 3] }, ModelVariable { name: "b".into(), shape: vec![3] }]
+}
+
+fn ps_set(addr: SocketAddr, credentials: &Credentials, task: u32) -> PsSet {
+    let vars = variables();
+    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
+    let config = proto::TrainingConfig {
+        mode: UpdateMode::Async as i32,
+        optimizer: Some(Optimizer::sgd(0.1).to_proto()),
+        replicas_to_aggregate: 0,
+        total_num_replicas: 0,
+        elastic: false,
+    };
+    PsSet::new(TaskId::new("worker", task), &[addr.to_string()], credentials, vars, placement, config, Duration::from_secs(5)).unwrap()
+}
+
+fn initial() -> Vec<ndarray::ArrayD<f32>> {
+    vec![
+        ndarray::ArrayD::from_shape_vec(vec![4, 3], (0..12).map(|i| i as f32).collect()).unwrap(),
+        ndarray::ArrayD::from_shape_vec(vec![3], vec![1.0, 2.0, 3.0]).unwrap(),
+    ]
+}
+
+/// A call without the token, or with a wrong one, is refused with
+/// UNAUTHENTICATED and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_is_required_and_refusals_change_nothing() {
+    let good = Credentials { token: Some("right-token".into()), tls: None };
+    let server = start(&good).await;
+    let chief = ps_set(server.addr, &good, 0);
+    chief.handshake(false).await.unwrap();
+    chief.init(&initial(), 0).await.unwrap();
+    for bad in [Credentials::default(), Credentials { token: Some("wrong-token".into()), tls: None }] {
+        let intruder = ps_set(server.addr, &bad, 1);
+        let err = intruder.handshake(false).await.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
+        let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 100.0f32), ndarray::ArrayD::from_elem(vec![3], 100.0f32)];
+        let err = intruder.push(&[0], &grads).await.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
+        let err = intruder.shutdown("intrusion", 0).await.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
+    }
+    assert_eq!(server.store.values("b").unwrap(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(server.store.progress().step, 0);
+    assert!(!server.store.progress().done);
+    // The rightful worker still trains.
+    let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+    chief.push(&[0], &grads).await.unwrap();
+    assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
+}
+
+/// TLS with a CA, per-task certificates; a plaintext client cannot talk to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_between_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "tfjob test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let files = TlsFiles { cert: dir.path().join("task.pem"), key: dir.path().join("task.key"), ca: dir.path().join("ca.pem") };
+    std::fs::write(&files.cert, cert.pem()).unwrap();
+    std::fs::write(&files.key, key.serialize_pem()).unwrap();
+    std::fs::write(&files.ca, ca.pem()).unwrap();
+    let tls = Credentials { token: Some("t".into()), tls: Some(files) };
+    let server = start(&tls).await;
+    let chief = ps_set(server.addr, &tls, 0);
+    chief.handshake(false).await.unwrap();
+    chief.init(&initial(), 0).await.unwrap();
+    let mut params = initial();
+    chief.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(params, initial());
+    let plain = ps_set(server.addr, &Credentials { token: Some("t".into()), tls: None }, 1);
+    let err = tokio::time::timeout(Duration::from_secs(20), plain.stats()).await.expect("fails, not hangs").unwrap_err();
+    assert!(err.code() != Some(tonic::Code::Ok), "{err}");
+}
+
+/// One defect, so that the push is malformed whatever else is random.
+#[derive(Debug, Clone)]
+enum Defect {
+    UnknownName(String),
+    WrongShape(Vec<i64>),
+    WrongDtype(i32),
+    RaggedBytes(usize),
+    OffsetPastEnd(u64),
+    FutureStep(i64),
+    NegativeStep(i64),
+    Partial,
+    NoTask,
+    Overlap,
+}
+
+fn defect() -> impl Strategy<Value = Defect> {
+    prop_oneof![
+        "[a-z]{1,8}".prop_filter("not a variable", |s| s != "w" && s != "b").prop_map(Defect::UnknownName),
+        prop::collection::vec(-3i64..20, 0..4).prop_filter("not the shape", |s| s != &vec![3]).prop_map(Defect::WrongShape),
+        prop_oneof![Just(0), Just(2), Just(3), Just(9), 10..1000i32].prop_map(Defect::WrongDtype),
+        (1usize..11).prop_filter("not whole elements", |n| n % 4 != 0).prop_map(Defect::RaggedBytes),
+        (1u64..u64::MAX).prop_map(Defect::OffsetPastEnd),
+        (1i64..i64::MAX).prop_map(Defect::FutureStep),
+        (i64::MIN..0).prop_map(Defect::NegativeStep),
+        Just(Defect::Partial),
+        Just(Defect::NoTask),
+        Just(Defect::Overlap),
+    ]
+}
+
+fn b_part(values: &[f32], offset: u64) -> TensorPart {
+    TensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset, content: f32_to_bytes(values) }
+}
+
+fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
+    let task = Some(proto::TaskId { job: "worker".into(), index: 1 });
+    let msg = |part: TensorPart, step: i64| proto::PushGradientsRequest { task: task.clone(), step, push_id: 0, part: Some(part) };
+    let good = b_part(&[1.0, 1.0, 1.0], 0);
+    match d {
+        Defect::UnknownName(n) => vec![msg(TensorPart { name: n.clone(), ..good }, 0)],
+        Defect::WrongShape(s) => vec![msg(TensorPart { shape: s.clone(), ..good }, 0)],
+        Defect::WrongDtype(t) => vec![msg(TensorPart { dtype: *t, ..good }, 0)],
+        Defect::RaggedBytes(n) => vec![msg(TensorPart { content: Bytes::copy_from_slice(&junk[..*n.min(&junk.len())]), ..good }, 0)],
+        Defect::OffsetPastEnd(o) => vec![msg(TensorPart { offset: *o, ..good }, 0)],
+        Defect::FutureStep(s) => vec![msg(good, *s)],
+        Defect::NegativeStep(s) => vec![msg(good, *s)],
+        Defect::Partial => vec![msg(b_part(&[1.0, 1.0], 0), 0)],
+        Defect::NoTask => vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good) }],
+        Defect::Overlap => vec![msg(b_part(&[1.0, 1.0], 0), 0), msg(b_part(&[1.0, 1.0], 1), 0)],
+    }
+}
+
+/// Random malformed pushes through the real server: each is refused, the
+/// server keeps serving, no variable changes.
+#[test]
+fn malformed_messages_never_crash_or_change_anything() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let creds = Credentials::default();
+    let (server, chief) = rt.block_on(async {
+        let server = start(&creds).await;
+        let chief = ps_set(server.addr, &creds, 0);
+        chief.handshake(false).await.unwrap();
+        chief.init(&initial(), 0).await.unwrap();
+        (server, chief)
+    });
+    let _runtime = rt.enter();
+    let client = ps_client(&server.addr.to_string(), &creds, Duration::from_secs(5)).unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 200, ..ProptestConfig::default() });
+    runner
+        .run(&(defect(), prop::collection::vec(any::<u8>(), 16)), |(d, junk)| {
+            let messages = malformed(&d, &junk);
+            let result = rt.block_on(client.clone().push_gradients(tokio_stream::iter(messages)));
+            prop_assert!(result.is_err(), "{d:?} was accepted");
+            let code = result.unwrap_err().code();
+            prop_assert!(
+                matches!(code, tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::FailedPrecondition),
+                "{d:?}: {code:?}"
+            );
+            prop_assert_eq!(server.store.values("b").unwrap(), vec![1.0, 2.0, 3.0]);
+            prop_assert_eq!(server.store.values("w").unwrap(), (0..12).map(|i| i as f32).collect::<Vec<_>>());
+            Ok(())
+        })
+        .unwrap();
+    // Still serving, and a valid push still applies.
+    rt.block_on(async {
+        let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 0.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+        chief.push(&[0], &grads).await.unwrap();
+    });
+    assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
+}
