@@ -1,0 +1,338 @@
+//! `tfjob run`: every example trains to `Succeeded` on one machine, with
+//! the restart, exit-code, deadline and interruption behaviour of the
+//! cluster, and bad input starts nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The `tfjob` that `tests/run.sh` built (`<target>/release`), else the one
+/// of this test's profile. `tfjob run` finds `tfjob-runtime` next to it.
+fn tfjob_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe.parent().and_then(Path::parent).context("test binary not in <target>/<profile>/deps")?;
+    let target = profile_dir.parent().context("no target dir")?;
+    for dir in [target.join("release"), profile_dir.to_path_buf()] {
+        if dir.join("tfjob").is_file() && dir.join("tfjob-runtime").is_file() {
+            return Ok(dir.join("tfjob"));
+        }
+    }
+    bail!("no tfjob and tfjob-runtime binaries in {}: run `cargo build --release --workspace --bins` first (tests/run.sh does)", target.join("release").display())
+}
+
+/// Runs `tfjob run FILE` with a run directory of its own.
+fn run(manifest: &Path, extra: &[&str]) -> Result<(Output, PathBuf)> {
+    let run_dir = tempfile::tempdir()?.keep();
+    let out = Command::new(tfjob_binary()?)
+        .arg("run")
+        .arg(manifest)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .context("running tfjob run")?;
+    Ok((out, run_dir))
+}
+
+fn text(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The final JSON report a replica printed, from its saved log.
+fn report(run_dir: &Path, replica: &str) -> Value {
+    let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
+    let line = log.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{replica}: no report in\n{log}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn status_yaml(run_dir: &Path) -> String {
+    std::fs::read_to_string(run_dir.join("status.yaml")).unwrap_or_default()
+}
+
+fn assert_linear(run_dir: &Path, replica: &str) {
+    let r = report(run_dir, replica);
+    let (w, b) = (r["W"].as_f64().unwrap(), r["b"].as_f64().unwrap());
+    assert!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{replica}: W = {w}, b = {b}");
+}
+
+#[test]
+fn every_example_succeeds() -> Result<()> {
+    let examples = repo_root().join("examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    assert!(files.len() >= 5, "examples: {files:?}");
+    for file in files {
+        let name = file.file_stem().unwrap().to_string_lossy().to_string();
+        let started = Instant::now();
+        let (out, run_dir) = run(&file, &["--quiet"])?;
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        let status = status_yaml(&run_dir);
+        assert!(status.contains("type: Succeeded"), "{name}: {status}");
+        match name.as_str() {
+            "linreg-async" | "linreg-sync" | "backup-workers" => {
+                assert_linear(&run_dir, "worker-0");
+                assert!(report(&run_dir, "worker-0")["global_step"].as_i64().unwrap() >= 4000);
+            }
+            "mnist-mlp" => {
+                let r = report(&run_dir, "worker-0");
+                assert!(r["accuracy"].as_f64().unwrap() > 0.5, "{r}");
+                let log = std::fs::read_to_string(run_dir.join("worker-0.log"))?;
+                assert!(log.contains("no --data_dir given"), "says that it falls back to synthetic data");
+            }
+            "chief-evaluator" => {
+                assert!(report(&run_dir, "chief-0")["accuracy"].as_f64().unwrap() > 0.5);
+                let log = std::fs::read_to_string(run_dir.join("evaluator-0.log"))?;
+                assert!(log.contains("eval_accuracy="), "{log}");
+            }
+            _ => {}
+        }
+        eprintln!("{name}: succeeded in {:.1}s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+fn write(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, yaml).unwrap();
+    p
+}
+
+/// A job of the runtime's linear model with the given replica specs.
+fn replica(rtype: &str, replicas: u32, policy: &str, command: &str, args: &str, env: &str) -> String {
+    format!(
+        r#"    {rtype}:
+      replicas: {replicas}
+      restartPolicy: {policy}
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: tfjob-runtime:latest
+              command: {command}
+              args: {args}
+              env: {env}
+"#
+    )
+}
+
+fn job(name: &str, run_policy: &str, replicas: &[String]) -> String {
+    format!("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: {name}\nspec:\n{run_policy}  tfReplicaSpecs:\n{}", replicas.concat())
+}
+
+/// Processes whose environment carries `marker` (every replica of a test
+/// job gets it), so a test can find and kill them, and check none is left.
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+        let env = String::from_utf8_lossy(&env);
+        if env.contains(marker) {
+            let tf = env.split('\0').find(|v| v.starts_with("TF_CONFIG=")).unwrap_or("").to_string();
+            out.push((pid, tf));
+        }
+    }
+    out
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos() ^ rand_u32())
+}
+
+fn rand_u32() -> u128 {
+    u128::from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos())
+}
+
+/// A worker killed mid-run under OnFailure is restarted and the job still
+/// succeeds.
+#[test]
+fn killed_worker_is_restarted_under_on_failure() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marker = unique("TFJOB_TEST_MARK");
+    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let args = r#"["--model=linear", "--sync_replicas", "--train_steps=20000", "--log_every_steps=1000"]"#;
+    let cmd = r#"["tfjob-runtime"]"#;
+    let manifest = write(
+        dir.path(),
+        "onfailure.yaml",
+        &job("onfailure", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]),
+    );
+    let run_dir = dir.path().join("run");
+    let mut child = Command::new(tfjob_binary()?)
+        .args(["run", "--quiet", "--run-dir"])
+        .arg(&run_dir)
+        .arg(&manifest)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Wait for worker 1 to be training, then SIGKILL it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let victim = loop {
+        let log = std::fs::read_to_string(run_dir.join("worker-1.log")).unwrap_or_default();
+        if log.contains("local_step=1000 ") {
+            let procs = processes_with(&marker);
+            if let Some((pid, _)) = procs.iter().find(|(_, tf)| tf.contains("\"type\":\"worker\"") && tf.contains("\"index\":1")) {
+                break *pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "worker-1 never trained");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SAFETY: kill(2) of a process this test's job started.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let status = child.wait()?;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr)?;
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("worker-1 exited with code 137; restarting in place"), "{stderr}");
+    assert!(status_yaml(&run_dir).contains("type: Succeeded"));
+    assert_linear(&run_dir, "worker-0");
+    assert!(processes_with(&marker).is_empty(), "processes left behind");
+    Ok(())
+}
+
+/// Under ExitCode, exit code 1 fails the job with the message; 137
+/// recreates the replica and the job goes on.
+#[test]
+fn exit_code_policy() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sh = r#"["sh", "-c"]"#;
+    // Exit 1: a permanent error.
+    let permanent = write(
+        dir.path(),
+        "permanent.yaml",
+        &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]),
+    );
+    let (out, run_dir) = run(&permanent, &[])?;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let status = status_yaml(&run_dir);
+    assert!(status.contains("type: Failed"), "{status}");
+    assert!(status.contains("has failed because 1 Worker replica(s) failed"), "{status}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[worker-0] bad configuration"), "{}", text(&out));
+    // 137 the first time (killed), 0 the second: recreated, then succeeded.
+    let mark = dir.path().join("killed-once");
+    let script = format!(r#"["if [ ! -e {0} ]; then touch {0}; kill -9 $$; fi; echo second run; exit 0"]"#, mark.display());
+    let transient = write(dir.path(), "transient.yaml", &job("transient", "", &[replica("Worker", 1, "ExitCode", sh, &script, "[]")]));
+    let (out, run_dir) = run(&transient, &[])?;
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("failed with exit code 137"), "{stderr}");
+    assert!(stderr.contains("TFJobRestarting"), "{stderr}");
+    let status = status_yaml(&run_dir);
+    assert!(status.contains("type: Succeeded") && status.contains("recreated: 1"), "{status}");
+    Ok(())
+}
+
+/// activeDeadlineSeconds fails a job that runs too long, on time.
+#[test]
+fn deadline_fails_a_long_job() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let manifest = write(
+        dir.path(),
+        "deadline.yaml",
+        &job("deadline", "  runPolicy:\n    activeDeadlineSeconds: 2\n", &[replica("Worker", 1, "Never", r#"["sleep"]"#, r#"["60"]"#, "[]")]),
+    );
+    let started = Instant::now();
+    let (out, run_dir) = run(&manifest, &[])?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(took < Duration::from_secs(10), "the deadline fired after {took:?}");
+    assert!(took >= Duration::from_secs(2), "too early: {took:?}");
+    assert!(status_yaml(&run_dir).contains("active longer than specified deadline"));
+    Ok(())
+}
+
+/// Ctrl-C (SIGINT) stops every replica; no process remains.
+#[test]
+fn ctrl_c_leaves_no_process() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marker = unique("TFJOB_TEST_MARK");
+    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let args = r#"["--model=linear", "--train_steps=100000000", "--log_every_steps=1000"]"#;
+    let cmd = r#"["tfjob-runtime"]"#;
+    let manifest = write(
+        dir.path(),
+        "long.yaml",
+        &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]),
+    );
+    let mut child = Command::new(tfjob_binary()?)
+        .args(["run", "--quiet"])
+        .arg(&manifest)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while processes_with(&marker).len() < 3 {
+        assert!(Instant::now() < deadline, "the replicas never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) of the tfjob process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait()?;
+    assert_eq!(status.code(), Some(130));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "left behind: {:?}", processes_with(&marker));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A bad manifest gives its message and starts nothing.
+#[test]
+fn bad_input_starts_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marker = unique("TFJOB_TEST_MARK");
+    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let ok_args = r#"["--model=linear"]"#;
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (dir.path().join("missing.yaml"), "cannot read"),
+        (write(dir.path(), "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), "ConfigMap"),
+        (write(dir.path(), "broken.yaml", "apiVersion: kubeflow.org/v1\nkind: TFJob\n  bad: [indent\n"), "broken.yaml"),
+        (
+            write(
+                dir.path(),
+                "invalid.yaml",
+                &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)]),
+            ),
+            "restartPolicy",
+        ),
+        (
+            write(
+                dir.path(),
+                "nocommand.yaml",
+                &job(
+                    "nocommand",
+                    "",
+                    &[
+                        replica("PS", 1, "Never", r#"["tfjob-runtime"]"#, ok_args, &env),
+                        replica("Worker", 1, "Never", r#"["/nonexistent/trainer"]"#, ok_args, &env),
+                    ],
+                ),
+            ),
+            "/nonexistent/trainer",
+        ),
+    ];
+    for (file, want) in cases {
+        let (out, _) = run(&file, &[])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {}", file.display(), text(&out));
+        assert!(stderr.contains(want), "{}: want {want:?} in {stderr}", file.display());
+        assert!(processes_with(&marker).is_empty(), "{}: processes left behind", file.display());
+    }
+    Ok(())
+}
