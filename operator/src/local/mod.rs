@@ -9,6 +9,7 @@
 //! place per the pod restart policy, and reports phases and exit codes.
 
 pub mod console;
+pub mod container;
 pub mod process;
 
 use std::path::{Path, PathBuf};
@@ -150,7 +151,7 @@ pub fn run_file(path: &Path, kind: BackendKind, opts: &RunOptions) -> Result<Run
     let console = Arc::new(Console::new(&name, &run_dir, opts.quiet, opts.follow.clone()));
     let mut backend: Box<dyn Backend> = match kind {
         BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone())),
-        BackendKind::Container => return Err(RunError::Backend("the container backend is not available in this build".into())),
+        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone())?),
     };
     let result = run_job(job, backend.as_mut(), console, &run_dir, opts);
     backend.shutdown();
