@@ -1,0 +1,89 @@
+//! Hot-path micro-benchmarks of the runtime: gradient accumulation straight from received bytes
+//! (aligned and unaligned buffers), tensor encode/decode per MiB, placement of 10,000 variables.
+//!
+//! `cargo bench -p tfjob-runtime --bench hot_path` (numbers in BENCHMARKS.md).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use tfjob_runtime::placement::{self, PlacementInput};
+use tfjob_runtime::sync::SyncAccumulator;
+use tfjob_runtime::tensor;
+
+const MIB: usize = 1 << 20;
+const FLOATS_PER_MIB: usize = MIB / 4;
+
+/// 1 MiB of little-endian f32 bytes starting at a 4-byte aligned address (`offset` 0) or one
+/// byte past it (`offset` 1), as a received buffer can be.
+fn received(offset: usize) -> Vec<u8> {
+    let values: Vec<f32> = (0..FLOATS_PER_MIB).map(|i| (i % 97) as f32 * 0.25).collect();
+    let mut buf = vec![0u8; MIB + offset];
+    buf[offset..].copy_from_slice(bytemuck::cast_slice(&values));
+    buf
+}
+
+fn accumulate(c: &mut Criterion) {
+    let mut g = c.benchmark_group("accumulate_1MiB");
+    g.throughput(Throughput::Bytes(MIB as u64));
+    for (name, offset) in [("aligned", 0usize), ("unaligned", 1)] {
+        let buf = received(offset);
+        // Vec<u8> from the global allocator is at least 8-byte aligned, so offset 0 is aligned.
+        let bytes = &buf[offset..];
+        assert_eq!(bytes.as_ptr() as usize % 4 == 0, offset == 0);
+        let mut dst = vec![0.0f32; FLOATS_PER_MIB];
+        g.bench_function(format!("add_f32_from_le/{name}"), |b| {
+            b.iter(|| tensor::add_f32_from_le(black_box(&mut dst), black_box(bytes)))
+        });
+        // The sync accumulator's path: one worker's gradient (two parts) into a fresh step.
+        let half = FLOATS_PER_MIB / 2;
+        g.bench_function(format!("sync_accumulator_add/{name}"), |b| {
+            b.iter_batched_ref(
+                || SyncAccumulator::new(&[FLOATS_PER_MIB], 2, 0),
+                |acc| {
+                    let parts = [(0..half, &bytes[..half * 4]), (half..FLOATS_PER_MIB, &bytes[half * 4..])];
+                    black_box(acc.add(0, "worker:0", &parts))
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn encode_decode(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tensor_1MiB");
+    g.throughput(Throughput::Bytes(MIB as u64));
+    let a = ndarray::ArrayD::from_shape_vec(vec![256, 1024], (0..FLOATS_PER_MIB).map(|i| i as f32).collect()).unwrap();
+    g.bench_function("encode/tensor_from_array", |b| b.iter(|| black_box(tensor::tensor_from_array(black_box(&a)))));
+    let t = tensor::tensor_from_array(&a);
+    g.bench_function("decode/array_from_tensor", |b| b.iter(|| black_box(tensor::array_from_tensor(black_box(&t)).unwrap())));
+    g.bench_function("encode/split_into_parts_64KiB", |b| {
+        b.iter(|| {
+            let content = tensor::f32_to_bytes(a.as_slice().unwrap());
+            black_box(tensor::split_into_parts("w", &[256, 1024], content, 64 << 10).count())
+        })
+    });
+    g.finish();
+}
+
+fn placement_10k(c: &mut Criterion) {
+    let inputs: Vec<PlacementInput> = (0..10_000)
+        .map(|i| PlacementInput { name: format!("layer_{:05}/kernel", i), shape: vec![1 + i % 300, 1 + (i * 7) % 128] })
+        .collect();
+    let mut g = c.benchmark_group("placement");
+    g.throughput(Throughput::Elements(inputs.len() as u64));
+    for num_ps in [1usize, 4, 16] {
+        g.bench_function(format!("place_10000_vars/{num_ps}ps"), |b| {
+            b.iter(|| black_box(placement::place(black_box(&inputs), num_ps, placement::DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap()))
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = accumulate, encode_decode, placement_10k
+}
+criterion_main!(benches);

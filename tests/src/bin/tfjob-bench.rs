@@ -1,0 +1,1001 @@
+//! `tfjob-bench`: one-machine, time-bounded benchmark of tfjob-rs.
+//!
+//! Every figure is printed next to the baseline it is compared against, measured in the same
+//! run (loopback TCP, memcpy, our own single-process training, process launch, ...), and next to
+//! the TensorFlow reference and the target from the issue. Writes `DIR/bench.json` and
+//! `DIR/scaling.png`.
+//!
+//! ```text
+//! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
+//! sections: raw ps linear mlp startup operator
+//! ```
+//!
+//! The distributed figures start real `tfjob-runtime` processes, found next to this executable
+//! (build both with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-bench`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "operator"];
+
+// TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
+const TF_LINEAR_SINGLE: f64 = 4_432.0;
+const TF_LINEAR_ASYNC: f64 = 669.0;
+const TF_LINEAR_SYNC: f64 = 303.0;
+const TF_MLP_SINGLE: f64 = 108_008.0;
+const TF_MLP_1PS1W_ASYNC: f64 = 29_355.0;
+const TF_MLP_1PS2W_ASYNC: f64 = 37_626.0;
+const TF_MLP_1PS2W_SYNC: f64 = 35_341.0;
+const TF_MLP_2PS2W_ASYNC: f64 = 28_887.0;
+const TF_MLP_ACCURACY: f64 = 0.675;
+
+/// One line of the result table.
+#[derive(Clone, Debug, serde::Serialize)]
+struct Row {
+    section: String,
+    metric: String,
+    ours: f64,
+    unit: String,
+    baseline_name: String,
+    baseline: Option<f64>,
+    /// ours / baseline.
+    ratio: Option<f64>,
+    tf_reference: Option<f64>,
+    target: String,
+    met: Option<bool>,
+}
+
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+    details: serde_json::Map<String, Value>,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &mut self,
+        section: &str,
+        metric: &str,
+        ours: f64,
+        unit: &str,
+        baseline: Option<(&str, f64)>,
+        tf: Option<f64>,
+        target: &str,
+        met: Option<bool>,
+    ) {
+        let row = Row {
+            section: section.into(),
+            metric: metric.into(),
+            ours,
+            unit: unit.into(),
+            baseline_name: baseline.map(|b| b.0.to_string()).unwrap_or_default(),
+            baseline: baseline.map(|b| b.1),
+            ratio: baseline.and_then(|b| (b.1 != 0.0).then(|| ours / b.1)),
+            tf_reference: tf,
+            target: target.into(),
+            met,
+        };
+        println!("{}", format_row(&row));
+        let _ = std::io::stdout().flush();
+        self.rows.push(row);
+    }
+}
+
+struct Options {
+    quick: bool,
+    out: PathBuf,
+    only: Vec<String>,
+    data_dir: Option<PathBuf>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Hidden subcommands: this executable as the peer of its own measurements.
+    let code = match args.first().map(String::as_str) {
+        Some("__tcp-send") => tcp_send_child(&args[1..]),
+        Some("__plan-mem") => plan_mem_child(&args[1..]),
+        _ => run(&args),
+    };
+    if let Err(e) = code {
+        eprintln!("tfjob-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn usage() -> String {
+    format!(
+        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
+        SECTIONS.join(" ")
+    )
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options { quick: false, out: PathBuf::from("bench-out"), only: vec![], data_dir: None };
+    let mut it = args.iter().peekable();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String> {
+            inline.clone().or_else(|| it.next().cloned()).with_context(|| format!("{name} needs a value\n{}", usage()))
+        };
+        match flag.as_str() {
+            "--quick" => o.quick = true,
+            "--out" => o.out = PathBuf::from(value("--out")?),
+            "--data-dir" | "--data_dir" => o.data_dir = Some(PathBuf::from(value("--data-dir")?)),
+            "--only" => {
+                o.only.push(value("--only")?);
+                while let Some(next) = it.peek() {
+                    if next.starts_with("--") {
+                        break;
+                    }
+                    o.only.push(it.next().unwrap().clone());
+                }
+            }
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{}", usage()),
+        }
+    }
+    let only: Vec<String> = o.only.iter().flat_map(|s| s.split(',')).map(str::to_string).collect();
+    for s in &only {
+        if !SECTIONS.contains(&s.as_str()) {
+            bail!("unknown section {s:?}; sections are: {}", SECTIONS.join(" "));
+        }
+    }
+    o.only = only;
+    Ok(o)
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let opts = parse(args)?;
+    std::fs::create_dir_all(opts.out.join("logs")).with_context(|| format!("creating {}", opts.out.display()))?;
+    let started = Instant::now();
+    let want = |s: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == s);
+    let mut report = Report::default();
+    report.details.insert("machine".into(), machine());
+    report.details.insert("command".into(), json!(std::env::args().collect::<Vec<_>>().join(" ")));
+    report.details.insert("quick".into(), json!(opts.quick));
+    println!("{}", header());
+
+    let mut loopback_mbs = None;
+    if want("raw") || want("ps") {
+        loopback_mbs = Some(raw(&opts, &mut report, want("raw"))?);
+    }
+    if want("ps") {
+        ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
+    }
+    let runtime = if want("linear") || want("mlp") || want("startup") { Some(runtime_binary()?) } else { None };
+    if want("linear") {
+        linear(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("mlp") {
+        mlp(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("startup") {
+        startup(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("operator") {
+        operator(&opts, &mut report)?;
+    }
+    report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
+    let doc = json!({ "rows": report.rows, "details": report.details });
+    let json_path = opts.out.join("bench.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)?;
+    let png = opts.out.join("scaling.png");
+    plot(&report.rows, &png)?;
+    println!(
+        "\nwrote {} and {} ({:.1} s; process logs in {})",
+        json_path.display(),
+        png.display(),
+        started.elapsed().as_secs_f64(),
+        opts.out.join("logs").display()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------- table
+
+fn header() -> String {
+    format!(
+        "{:<9} {:<44} {:>12} {:<7} {:<26} {:>12} {:>7} {:>10} {:<22} {}",
+        "section", "metric", "ours", "unit", "baseline", "value", "ratio", "TF ref", "target", "met"
+    )
+}
+
+fn num(v: f64) -> String {
+    if !v.is_finite() {
+        "n/a".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn format_row(r: &Row) -> String {
+    format!(
+        "{:<9} {:<44} {:>12} {:<7} {:<26} {:>12} {:>7} {:>10} {:<22} {}",
+        r.section,
+        r.metric,
+        num(r.ours),
+        r.unit,
+        r.baseline_name,
+        r.baseline.map(num).unwrap_or_default(),
+        r.ratio.map(|x| format!("{x:.3}")).unwrap_or_default(),
+        r.tf_reference.map(num).unwrap_or_default(),
+        r.target,
+        match r.met {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "",
+        }
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0) / 1024))
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    json!({ "cpu": cpu, "cores": cores, "memory_mib": mem, "kernel": kernel, "loadavg_at_start": load })
+}
+
+// ---------------------------------------------------------------- 1. raw limits
+
+/// memcpy and loopback TCP (1 and 2 streams, two processes). Returns the one-stream loopback
+/// MB/s (the baseline of the ps bandwidth figures).
+fn raw(opts: &Options, report: &mut Report, print: bool) -> Result<f64> {
+    let reps = 3;
+    // memcpy
+    let size = if opts.quick { 8 << 20 } else { 64 << 20 };
+    let src = vec![1u8; size];
+    let mut dst = vec![0u8; size];
+    let mut rates = vec![];
+    for _ in 0..reps {
+        let rounds = if opts.quick { 4 } else { 16 };
+        let t = Instant::now();
+        for _ in 0..rounds {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        rates.push((size * rounds) as f64 / t.elapsed().as_secs_f64() / 1e6);
+    }
+    let memcpy = median(rates);
+    report.details.insert("memcpy_block_bytes".into(), json!(size));
+
+    // loopback TCP: this process receives, a child process (this executable) sends.
+    let per_stream: u64 = if opts.quick { 32 << 20 } else { 1 << 30 };
+    let mut tcp = vec![];
+    for streams in [1usize, 2] {
+        let mut rates = vec![];
+        for _ in 0..reps {
+            rates.push(loopback_once(streams, per_stream)?);
+        }
+        tcp.push(median(rates));
+    }
+    report.details.insert("loopback_bytes_per_stream".into(), json!(per_stream));
+    if print {
+        report.row("raw", "memcpy bandwidth", memcpy, "MB/s", None, None, "(baseline)", None);
+        report.row("raw", "loopback TCP, 1 stream (2 processes)", tcp[0], "MB/s", Some(("memcpy", memcpy)), None, "(baseline)", None);
+        report.row("raw", "loopback TCP, 2 streams (2 processes)", tcp[1], "MB/s", Some(("loopback 1 stream", tcp[0])), None, "(baseline)", None);
+    }
+    Ok(tcp[0])
+}
+
+fn loopback_once(streams: usize, per_stream: u64) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let me = std::env::current_exe()?;
+    let mut child = Command::new(me)
+        .args(["__tcp-send", &addr.to_string(), &streams.to_string(), &per_stream.to_string()])
+        .stdin(Stdio::null())
+        .spawn()?;
+    let mut conns = vec![];
+    for _ in 0..streams {
+        conns.push(listener.accept()?.0);
+    }
+    let t = Instant::now();
+    let readers: Vec<_> = conns
+        .into_iter()
+        .map(|mut c| {
+            std::thread::spawn(move || -> std::io::Result<u64> {
+                let mut buf = vec![0u8; 1 << 20];
+                let mut total = 0u64;
+                loop {
+                    let n = c.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(total);
+                    }
+                    total += n as u64;
+                }
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for r in readers {
+        total += r.join().expect("reader thread")?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let status = child.wait()?;
+    if !status.success() || total != per_stream * streams as u64 {
+        bail!("loopback sender failed ({status}); received {total} bytes");
+    }
+    Ok(total as f64 / secs / 1e6)
+}
+
+fn tcp_send_child(args: &[String]) -> Result<()> {
+    let addr: SocketAddr = args.first().context("address")?.parse()?;
+    let streams: usize = args.get(1).context("streams")?.parse()?;
+    let bytes: u64 = args.get(2).context("bytes")?.parse()?;
+    let conns: Vec<TcpStream> = (0..streams).map(|_| TcpStream::connect(addr)).collect::<std::io::Result<_>>()?;
+    let senders: Vec<_> = conns
+        .into_iter()
+        .map(|mut c| {
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let buf = vec![7u8; 1 << 20];
+                let mut left = bytes;
+                while left > 0 {
+                    let n = left.min(buf.len() as u64) as usize;
+                    c.write_all(&buf[..n])?;
+                    left -= n as u64;
+                }
+                c.shutdown(std::net::Shutdown::Write)
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().expect("sender thread")?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- 2. ps bandwidth
+
+fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()> {
+    let sizes: Vec<(usize, &str, usize)> =
+        if opts.quick { vec![(1 << 16, "64K", 3), (1 << 18, "256K", 3)] } else { vec![(1_000_000, "1M", 15), (25_000_000, "25M", 5)] };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    for (n, label, reps) in sizes {
+        let (pull, push) = rt.block_on(ps_bandwidth_one(n, reps))?;
+        let gate = label == "25M";
+        let target = if gate { ">= 0.6 x loopback" } else { "" };
+        report.row(
+            "ps",
+            &format!("pull of a {label}-float variable (1 ps)"),
+            pull,
+            "MB/s",
+            Some(("loopback TCP 1 stream", loopback)),
+            None,
+            target,
+            gate.then_some(pull >= 0.6 * loopback),
+        );
+        report.row(
+            "ps",
+            &format!("push of a {label}-float gradient (1 ps)"),
+            push,
+            "MB/s",
+            Some(("loopback TCP 1 stream", loopback)),
+            None,
+            target,
+            gate.then_some(push >= 0.6 * loopback),
+        );
+    }
+    Ok(())
+}
+
+async fn ps_bandwidth_one(n: usize, reps: usize) -> Result<(f64, f64)> {
+    use tfjob_runtime::auth::Credentials;
+    use tfjob_runtime::client::{ModelVariable, PsSet};
+    use tfjob_runtime::cluster::TaskId;
+    use tfjob_runtime::optimizer::Optimizer;
+    use tfjob_runtime::placement::{self, PlacementInput};
+    use tfjob_runtime::proto::{self, UpdateMode};
+    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+    use tfjob_runtime::server::{self, WorkerService};
+    use tfjob_runtime::status::TaskStatus;
+
+    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
+    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    let vars = vec![ModelVariable { name: "v".into(), shape: vec![n] }];
+    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES)?;
+    let config = proto::TrainingConfig {
+        mode: UpdateMode::Async as i32,
+        optimizer: Some(Optimizer::sgd(1e-6).to_proto()),
+        replicas_to_aggregate: 0,
+        total_num_replicas: 0,
+        elastic: false,
+    };
+    let ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vars, placement, config, Duration::from_secs(10))?;
+    ps.handshake(false).await?;
+    let init = ndarray::ArrayD::from_elem(vec![n], 1.0f32);
+    ps.init(std::slice::from_ref(&init), 0).await?;
+    let mut params = vec![ndarray::ArrayD::zeros(vec![n])];
+    let grads = vec![ndarray::ArrayD::from_elem(vec![n], 0.5f32)];
+    let bytes = (n * 4) as f64;
+    // one warm-up round trip
+    let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
+    ps.push(&pulled.steps, &grads).await?;
+    let (mut pulls, mut pushes) = (vec![], vec![]);
+    for _ in 0..reps {
+        let t = Instant::now();
+        let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
+        pulls.push(bytes / t.elapsed().as_secs_f64() / 1e6);
+        if pulled.bytes as f64 != bytes {
+            bail!("pulled {} bytes, expected {bytes}", pulled.bytes);
+        }
+        let t = Instant::now();
+        ps.push(&pulled.steps, &grads).await?;
+        pushes.push(bytes / t.elapsed().as_secs_f64() / 1e6);
+    }
+    drop(stop);
+    Ok((median(pulls), median(pushes)))
+}
+
+// ---------------------------------------------------------------- runtime processes
+
+fn runtime_binary() -> Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let dir = me.parent().context("executable directory")?;
+    let mut candidates = vec![dir.join("tfjob-runtime")];
+    if let Some(p) = dir.parent() {
+        candidates.push(p.join("tfjob-runtime")); // deps/ -> target/<profile>/
+    }
+    if let Ok(p) = std::env::var("TFJOB_RUNTIME_BIN") {
+        candidates.insert(0, PathBuf::from(p));
+    }
+    candidates.into_iter().find(|p| p.is_file()).with_context(|| {
+        format!(
+            "tfjob-runtime not found next to {}; build it with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-bench` (or set TFJOB_RUNTIME_BIN)",
+            me.display()
+        )
+    })
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<()>,
+}
+
+/// Time of the first log line showing a completed global step (`global_step=N`, N >= 1).
+type FirstStep = Arc<OnceLock<Instant>>;
+
+fn spawn_task(bin: &Path, name: &str, args: &[String], log: PathBuf, first_step: Option<FirstStep>) -> Result<Proc> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", "info,h2=warn,tower=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut file = std::fs::File::create(log).ok();
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(fs) = &first_step
+                && fs.get().is_none()
+                && step_of(&line).is_some_and(|s| s >= 1)
+            {
+                let _ = fs.set(Instant::now());
+            }
+            if let Some(f) = file.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    });
+    Ok(Proc { name: name.into(), child, stdout, stderr })
+}
+
+fn step_of(line: &str) -> Option<i64> {
+    let i = line.find("global_step=")? + "global_step=".len();
+    let digits: String = line[i..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
+/// Waits for a task, killing it after `timeout`; returns its last JSON stdout line.
+fn finish(mut p: Proc, timeout: Duration) -> Result<(Value, f64)> {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            bail!("{} did not finish within {timeout:?} (killed)", p.name);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let waited = start.elapsed().as_secs_f64();
+    let out = p.stdout.join().unwrap_or_default();
+    let _ = p.stderr.join();
+    if !status.success() {
+        bail!("{} exited with {status}", p.name);
+    }
+    let line = out.lines().rev().find(|l| l.trim_start().starts_with('{')).with_context(|| format!("{} printed no JSON report", p.name))?;
+    Ok((serde_json::from_str(line).with_context(|| format!("{}: report {line:?}", p.name))?, waited))
+}
+
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let ls: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    Ok(ls.iter().map(|l| l.local_addr().unwrap().port()).collect())
+}
+
+struct ClusterRun {
+    /// Launch of the first process to exit of the last worker.
+    wall_secs: f64,
+    first_step_secs: Option<f64>,
+    workers: Vec<Value>,
+    ps: Vec<Value>,
+}
+
+impl ClusterRun {
+    fn chief(&self) -> &Value {
+        self.workers.iter().find(|w| w["chief"].as_bool() == Some(true)).unwrap_or(&self.workers[0])
+    }
+    fn global_step(&self) -> f64 {
+        self.workers.iter().filter_map(|w| w["global_step"].as_f64()).fold(0.0, f64::max)
+    }
+    /// Final global step over the longest worker `elapsed_secs` (which includes connecting and
+    /// initialisation): global steps per second of the job.
+    fn global_steps_per_sec(&self) -> f64 {
+        let secs = self.workers.iter().filter_map(|w| w["elapsed_secs"].as_f64()).fold(0.0, f64::max);
+        self.global_step() / secs
+    }
+}
+
+fn run_single(opts: &Options, bin: &Path, label: &str, args: &[String]) -> Result<(Value, f64)> {
+    let t = Instant::now();
+    let p = spawn_task(bin, label, args, opts.out.join("logs").join(format!("{label}.log")), None)?;
+    let (v, _) = finish(p, Duration::from_secs(300))?;
+    Ok((v, t.elapsed().as_secs_f64()))
+}
+
+fn run_cluster(opts: &Options, bin: &Path, label: &str, num_ps: usize, num_workers: usize, args: &[String]) -> Result<ClusterRun> {
+    let ports = free_ports(num_ps + num_workers)?;
+    let hosts = |r: std::ops::Range<usize>| ports[r].iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
+    let ps_hosts = hosts(0..num_ps);
+    let worker_hosts = hosts(num_ps..num_ps + num_workers);
+    let first: FirstStep = Arc::new(OnceLock::new());
+    let start = Instant::now();
+    let mut ps = vec![];
+    let mut workers = vec![];
+    for (job, count) in [("ps", num_ps), ("worker", num_workers)] {
+        for i in 0..count {
+            let mut a = vec![
+                format!("--ps_hosts={ps_hosts}"),
+                format!("--worker_hosts={worker_hosts}"),
+                format!("--job_name={job}"),
+                format!("--task_index={i}"),
+                "--bind=127.0.0.1".into(),
+                "--shutdown_grace_secs=5".into(),
+            ];
+            a.extend(args.iter().cloned());
+            let name = format!("{label}-{job}{i}");
+            let log = opts.out.join("logs").join(format!("{name}.log"));
+            let p = spawn_task(bin, &name, &a, log, (job == "worker").then(|| first.clone()))?;
+            if job == "ps" { ps.push(p) } else { workers.push(p) }
+        }
+    }
+    let mut run = ClusterRun { wall_secs: 0.0, first_step_secs: None, workers: vec![], ps: vec![] };
+    let mut failure = None;
+    for w in workers {
+        match finish(w, Duration::from_secs(300)) {
+            Ok((v, _)) => run.workers.push(v),
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    run.wall_secs = start.elapsed().as_secs_f64();
+    run.first_step_secs = first.get().map(|t| t.duration_since(start).as_secs_f64());
+    for p in ps {
+        match finish(p, Duration::from_secs(20)) {
+            Ok((v, _)) => run.ps.push(v),
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e.context(format!("{label}: see logs in {}", opts.out.join("logs").display())));
+    }
+    Ok(run)
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn wb(v: &Value) -> String {
+    format!("W={:.3} b={:.3}", v["W"].as_f64().unwrap_or(f64::NAN), v["b"].as_f64().unwrap_or(f64::NAN))
+}
+
+// ---------------------------------------------------------------- 3. linear regression
+
+fn linear(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    let steps = if opts.quick { 200 } else { 4000 };
+    let reps = if opts.quick { 1 } else { 3 };
+    let common = strs(&["--model=linear", "--learning_rate=0.01", "--batch_size=1", "--log_every_steps=0"]);
+    let mut args = common.clone();
+    args.push(format!("--train_steps={steps}"));
+
+    let mut singles = vec![];
+    let mut details = vec![];
+    for r in 0..reps {
+        let (v, wall) = run_single(opts, bin, &format!("linear-single-{r}"), &args)?;
+        singles.push((v["steps_per_sec"].as_f64().unwrap_or(f64::NAN), wall, v));
+    }
+    let single = median(singles.iter().map(|s| s.0).collect());
+    let single_wall = median(singles.iter().map(|s| s.1).collect());
+    report.row("linear", &format!("single process: steps/s ({steps} steps)"), single, "steps/s", None, Some(TF_LINEAR_SINGLE), "", None);
+    report.row("linear", "single process: wall time incl. launch", single_wall, "s", None, None, "", None);
+    details.push(json!({ "config": "single", "runs": singles.iter().map(|s| json!({"report": s.2, "wall_secs": s.1})).collect::<Vec<_>>() }));
+    for (sync, tf, target) in [(false, TF_LINEAR_ASYNC, 6_700.0), (true, TF_LINEAR_SYNC, 3_000.0)] {
+        let mode = if sync { "sync" } else { "async" };
+        let mut a = args.clone();
+        a.push(format!("--sync_replicas={sync}"));
+        let mut runs = vec![];
+        for r in 0..reps {
+            runs.push(run_cluster(opts, bin, &format!("linear-{mode}-{r}"), 1, 2, &a)?);
+        }
+        let gsps = median(runs.iter().map(ClusterRun::global_steps_per_sec).collect());
+        let wall = median(runs.iter().map(|r| r.wall_secs).collect());
+        let last = runs.last().unwrap();
+        report.row(
+            "linear",
+            &format!("1ps+2w {mode}: global steps/s"),
+            gsps,
+            "steps/s",
+            Some(("ours single process", single)),
+            Some(tf),
+            &format!(">= {target:.0}"),
+            Some(gsps >= target),
+        );
+        report.row("linear", &format!("1ps+2w {mode}: wall time incl. launch"), wall, "s", Some(("ours single process", single_wall)), None, "", None);
+        println!("          1ps+2w {mode} final (chief): global_step={} {}", last.global_step(), wb(last.chief()));
+        details.push(json!({ "config": format!("1ps+2w {mode}"), "runs": runs.iter().map(|r| json!({"workers": r.workers, "ps": r.ps, "wall_secs": r.wall_secs})).collect::<Vec<_>>() }));
+    }
+    println!("          single process final: {}", wb(&singles.last().unwrap().2));
+    report.details.insert("linear".into(), json!(details));
+    Ok(())
+}
+
+// ---------------------------------------------------------------- 4. MLP
+
+fn mlp(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    let batch = 100.0;
+    let steps = if opts.quick { 20 } else { 1000 };
+    let mut args = strs(&["--model=mlp", "--hidden_units=100", "--batch_size=100", "--learning_rate=0.5", "--log_every_steps=0"]);
+    args.push(format!("--train_steps={steps}"));
+    args.push(format!("--eval_examples={}", if opts.quick { 200 } else { 2000 }));
+    let mut details = vec![];
+
+    let (v, _) = run_single(opts, bin, "mlp-single", &args)?;
+    let single = v["steps_per_sec"].as_f64().unwrap_or(f64::NAN) * batch;
+    report.row(
+        "mlp",
+        "single process: examples/s",
+        single,
+        "ex/s",
+        None,
+        Some(TF_MLP_SINGLE),
+        ">= 0.8 x TF",
+        Some(single >= 0.8 * TF_MLP_SINGLE),
+    );
+    details.push(json!({ "config": "single", "report": v }));
+    let configs = [
+        ("1ps+1w async", 1, 1, false, TF_MLP_1PS1W_ASYNC),
+        ("1ps+2w async", 1, 2, false, TF_MLP_1PS2W_ASYNC),
+        ("1ps+2w sync", 1, 2, true, TF_MLP_1PS2W_SYNC),
+        ("2ps+2w async", 2, 2, false, TF_MLP_2PS2W_ASYNC),
+    ];
+    for (label, nps, nw, sync, tf) in configs {
+        let mut a = args.clone();
+        a.push(format!("--sync_replicas={sync}"));
+        let run = run_cluster(opts, bin, &format!("mlp-{}", label.replace([' ', '+'], "-")), nps, nw, &a)?;
+        let ex = run.global_steps_per_sec() * batch;
+        report.row(
+            "mlp",
+            &format!("{label}: examples/s"),
+            ex,
+            "ex/s",
+            Some(("ours single process", single)),
+            Some(tf),
+            ">= 2 x TF",
+            Some(ex >= 2.0 * tf),
+        );
+        let acc = run.chief()["accuracy"].as_f64();
+        if let Some(acc) = acc {
+            println!("          {label}: held-out accuracy on synthetic data after {} global steps: {acc:.4}", run.global_step());
+        }
+        details.push(json!({ "config": label, "workers": run.workers, "ps": run.ps, "wall_secs": run.wall_secs, "examples_per_sec": ex }));
+    }
+
+    // Accuracy against TF's figure: reference data and init, 2,000 global steps, lr 0.5.
+    let data = opts.data_dir.clone().or_else(|| {
+        let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/synthetic-mnist");
+        d.join("t10k-labels-idx1-ubyte.gz").is_file().then_some(d)
+    });
+    match data {
+        Some(dir) => {
+            let steps = if opts.quick { 50 } else { 2000 };
+            let mut a = strs(&["--model=mlp", "--hidden_units=100", "--batch_size=100", "--learning_rate=0.5", "--weight_init=normal", "--log_every_steps=0"]);
+            a.push(format!("--train_steps={steps}"));
+            a.push(format!("--data_dir={}", dir.display()));
+            let (v, _) = run_single(opts, bin, "mlp-accuracy-single", &a)?;
+            let single_acc = v["accuracy"].as_f64().unwrap_or(f64::NAN);
+            a.push("--sync_replicas=false".into());
+            let run = run_cluster(opts, bin, "mlp-accuracy-1ps2w-async", 1, 2, &a)?;
+            let dist_acc = run.chief()["accuracy"].as_f64().unwrap_or(f64::NAN);
+            let target = TF_MLP_ACCURACY - 0.05;
+            report.row(
+                "mlp",
+                &format!("held-out accuracy, 1ps+2w async, {steps} steps"),
+                dist_acc,
+                "",
+                Some(("ours single process", single_acc)),
+                Some(TF_MLP_ACCURACY),
+                ">= TF - 0.05",
+                (!opts.quick).then_some(dist_acc >= target),
+            );
+            details.push(json!({ "config": "accuracy", "data_dir": dir, "single": v, "workers": run.workers }));
+        }
+        None => println!("          (accuracy comparison skipped: no reference data; pass --data-dir)"),
+    }
+    report.details.insert("mlp".into(), json!(details));
+    Ok(())
+}
+
+// ---------------------------------------------------------------- 5. startup
+
+fn startup(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    let reps = if opts.quick { 1 } else { 5 };
+    let mut launch = vec![];
+    for _ in 0..reps {
+        let t = Instant::now();
+        let s = Command::new(bin).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        if !s.success() {
+            bail!("{} --help failed", bin.display());
+        }
+        launch.push(t.elapsed().as_secs_f64());
+    }
+    let launch = median(launch);
+    let args = strs(&["--model=linear", "--learning_rate=0.01", "--batch_size=1", "--train_steps=50", "--log_every_steps=1"]);
+    let mut firsts = vec![];
+    for r in 0..reps {
+        let run = run_cluster(opts, bin, &format!("startup-{r}"), 1, 2, &args)?;
+        firsts.push(run.first_step_secs.context("no worker logged a completed global step")?);
+    }
+    let first = median(firsts.clone());
+    report.row(
+        "startup",
+        "1ps+2w launch to first global step",
+        first,
+        "s",
+        Some(("launch+exit of one process", launch)),
+        None,
+        "< 0.5",
+        Some(first < 0.5),
+    );
+    report.details.insert("startup_secs".into(), json!(firsts));
+    Ok(())
+}
+
+// ---------------------------------------------------------------- 6. operator
+
+fn job_yaml(name: &str, replicas: usize) -> String {
+    let ps = (replicas / 10).max(1).min(replicas.saturating_sub(1)).max(usize::from(replicas > 1));
+    let workers = replicas - ps;
+    let mut y = format!("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: {name}, namespace: default, uid: u-{name}}}\nspec:\n  tfReplicaSpecs:\n");
+    for (t, n) in [("PS", ps), ("Worker", workers)] {
+        if n == 0 {
+            continue;
+        }
+        y.push_str(&format!(
+            "    {t}:\n      replicas: {n}\n      template:\n        spec:\n          containers: [{{name: tensorflow, image: \"tfjob-runtime:latest\", command: [tfjob-runtime], args: [\"--model=mlp\"]}}]\n"
+        ));
+    }
+    y
+}
+
+fn parse_job(name: &str, replicas: usize) -> Result<tfjob_operator::api::TFJob> {
+    let doc: serde_json::Value = serde_yaml::from_str(&job_yaml(name, replicas))?;
+    tfjob_operator::api::parse_and_validate(doc).map_err(|e| anyhow::anyhow!("{e:?}"))
+}
+
+fn operator(opts: &Options, report: &mut Report) -> Result<()> {
+    use tfjob_operator::plan::{PlanOptions, desired_objects};
+    let sizes: &[usize] = if opts.quick { &[10, 100] } else { &[10, 100, 1_000, 10_000] };
+    let po = PlanOptions::default();
+    for &n in sizes {
+        let job = parse_job("bench", n)?;
+        // Up to 21 passes, as many as fit in ~3 s (at least one).
+        let (mut plan_t, mut ser_t) = (vec![], vec![]);
+        let budget = Instant::now();
+        while plan_t.len() < 21 && (plan_t.is_empty() || budget.elapsed() < Duration::from_secs(3)) {
+            let t = Instant::now();
+            let objs = std::hint::black_box(desired_objects(&job, "token", &po));
+            plan_t.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(objs.pods.len(), n);
+            let t = Instant::now();
+            let bytes: usize = objs.pods.iter().map(|p| serde_json::to_vec(p).map(|v| v.len()).unwrap_or(0)).sum();
+            std::hint::black_box(bytes);
+            ser_t.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let plan_ms = median(plan_t);
+        let gate = n == 10_000;
+        report.row(
+            "operator",
+            &format!("planning pass, {n} replicas"),
+            plan_ms,
+            "ms",
+            Some(("JSON encoding of the pods", median(ser_t))),
+            None,
+            if gate { "< 50" } else { "" },
+            gate.then_some(plan_ms < 50.0),
+        );
+    }
+    let jobs = if opts.quick { 50 } else { 1_000 };
+    let me = std::env::current_exe()?;
+    let out = Command::new(me).args(["__plan-mem", &jobs.to_string(), "10"]).output()?;
+    if !out.status.success() {
+        bail!("planning memory child failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).context("planning memory child output")?;
+    let peak = v["vm_hwm_kib_after"].as_f64().unwrap_or(f64::NAN) / 1024.0;
+    let before = v["vm_hwm_kib_before"].as_f64().unwrap_or(f64::NAN) / 1024.0;
+    report.row(
+        "operator",
+        &format!("peak RSS planning {jobs} jobs x 10 replicas"),
+        peak,
+        "MiB",
+        Some(("same process before", before)),
+        None,
+        "< 50",
+        (!opts.quick).then_some(peak < 50.0),
+    );
+    report.details.insert("operator_memory".into(), v);
+    Ok(())
+}
+
+fn vm_hwm_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Child: holds `jobs` parsed TFJobs (what the controller's cache holds) and plans every one of
+/// them in a loop, three passes, as reconciles would; prints VmHWM before and after.
+fn plan_mem_child(args: &[String]) -> Result<()> {
+    use tfjob_operator::plan::{PlanOptions, desired_objects};
+    let jobs: usize = args.first().context("jobs")?.parse()?;
+    let replicas: usize = args.get(1).context("replicas")?.parse()?;
+    let before = vm_hwm_kib();
+    let all: Vec<_> = (0..jobs).map(|i| parse_job(&format!("job-{i}"), replicas)).collect::<Result<_>>()?;
+    let po = PlanOptions::default();
+    let mut pods = 0;
+    let t = Instant::now();
+    for _ in 0..3 {
+        for job in &all {
+            let objs = desired_objects(job, "token", &po);
+            pods += objs.pods.len();
+            std::hint::black_box(objs);
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let after = vm_hwm_kib();
+    println!("{}", json!({ "jobs": jobs, "replicas_per_job": replicas, "passes": 3, "pods_planned": pods, "secs": secs, "vm_hwm_kib_before": before, "vm_hwm_kib_after": after }));
+    drop(all);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- plot
+
+/// Bars without text (no system fonts needed): for each configuration, ours (blue) next to the
+/// TensorFlow reference (grey), with the target as a red tick. Left panel: MLP examples/s
+/// (single, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async); right panel: linear
+/// regression steps/s (single, 1ps+2w async, 1ps+2w sync). BENCHMARKS.md carries the legend.
+fn plot(rows: &[Row], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
+    let mlp: Vec<(Option<&Row>, f64)> = vec![
+        (pick("mlp", "single process: examples/s"), 0.8),
+        (pick("mlp", "1ps+1w async"), 2.0),
+        (pick("mlp", "1ps+2w async"), 2.0),
+        (pick("mlp", "1ps+2w sync"), 2.0),
+        (pick("mlp", "2ps+2w async"), 2.0),
+    ];
+    let lin: Vec<(Option<&Row>, Option<f64>)> = vec![
+        (pick("linear", "single process: steps/s"), None),
+        (pick("linear", "1ps+2w async: global"), Some(6_700.0)),
+        (pick("linear", "1ps+2w sync: global"), Some(3_000.0)),
+    ];
+    let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (left, right) = root.split_horizontally(760);
+    let panel = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, bars: Vec<(f64, f64, Option<f64>)>| -> Result<()> {
+        let (w, h) = area.dim_in_pixel();
+        let (w, h) = (w as i32, h as i32);
+        let max = bars.iter().flat_map(|b| [b.0, b.1, b.2.unwrap_or(0.0)]).filter(|x| x.is_finite()).fold(1.0, f64::max) * 1.1;
+        let base = h - 30;
+        let y = |v: f64| base - ((v / max) * (base - 20) as f64) as i32;
+        area.draw(&PathElement::new(vec![(20, base), (w - 20, base)], BLACK)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        for k in 1..=4 {
+            let gy = y(max / 1.1 * k as f64 / 4.0);
+            area.draw(&PathElement::new(vec![(20, gy), (w - 20, gy)], RGBColor(220, 220, 220))).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        let slot = (w - 40) / bars.len().max(1) as i32;
+        for (i, (ours, tf, target)) in bars.into_iter().enumerate() {
+            let x0 = 20 + i as i32 * slot + slot / 8;
+            let bw = slot * 3 / 8;
+            if ours.is_finite() {
+                area.draw(&Rectangle::new([(x0, y(ours)), (x0 + bw, base)], BLUE.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            if tf.is_finite() {
+                area.draw(&Rectangle::new([(x0 + bw, y(tf)), (x0 + 2 * bw, base)], RGBColor(150, 150, 150).filled()))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            if let Some(t) = target {
+                let ty = y(t);
+                area.draw(&Rectangle::new([(x0 - 4, ty - 1), (x0 + 2 * bw + 4, ty + 1)], RED.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+        }
+        Ok(())
+    };
+    panel(
+        &left,
+        mlp.iter()
+            .map(|(r, f)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), r.and_then(|r| r.tf_reference).map(|t| t * f)))
+            .collect(),
+    )?;
+    panel(
+        &right,
+        lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect(),
+    )?;
+    root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    Ok(())
+}
