@@ -139,7 +139,7 @@ string_enum_schema!(
 );
 
 /// One replica set.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaSpec {
     /// Number of replicas (default 1).
@@ -153,6 +153,41 @@ pub struct ReplicaSpec {
     /// What happens when a replica exits (default `Never`).
     #[serde(default)]
     pub restart_policy: RestartPolicy,
+    /// Why `template` could not be read as a pod template (it is then left empty). The schema
+    /// lets any object through (`x-kubernetes-preserve-unknown-fields`), so the API server
+    /// stores such jobs; they must fail validation instead of failing to deserialise, which
+    /// would break the controller's list of every TFJob. Not part of the API.
+    #[serde(skip)]
+    pub template_error: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ReplicaSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Raw {
+            #[serde(default = "default_replicas")]
+            replicas: i32,
+            #[serde(default)]
+            template: Option<serde_json::Value>,
+            #[serde(default)]
+            restart_policy: RestartPolicy,
+        }
+        let raw = Raw::deserialize(deserializer)?;
+        let (template, template_error) = match raw.template {
+            None | Some(serde_json::Value::Null) => (PodTemplateSpec::default(), None),
+            Some(v) => match serde_json::from_value::<PodTemplateSpec>(v) {
+                Ok(t) => (t, None),
+                Err(e) => (PodTemplateSpec::default(), Some(e.to_string())),
+            },
+        };
+        Ok(ReplicaSpec {
+            replicas: raw.replicas,
+            template,
+            restart_policy: raw.restart_policy,
+            template_error,
+        })
+    }
 }
 
 fn default_replicas() -> i32 {
@@ -781,6 +816,13 @@ fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
             format!("must be >= 0, got {}", rs.replicas),
         ));
     }
+    if let Some(e) = &rs.template_error {
+        errs.push(FieldError::new(
+            format!("{path}.template"),
+            format!("is not a valid pod template: {e}"),
+        ));
+        return;
+    }
     let cpath = format!("{path}.template.spec.containers");
     let containers = rs
         .template
@@ -833,7 +875,13 @@ pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErr
     }
     match serde_json::from_value::<TFJob>(doc) {
         Ok(mut job) => {
-            errs.extend(validate(&job));
+            // A problem `raw_checks` already reported with its path is not reported twice.
+            let reported: Vec<String> = errs.iter().map(|e| e.field.clone()).collect();
+            errs.extend(
+                validate(&job)
+                    .into_iter()
+                    .filter(|e| !reported.iter().any(|r| r.starts_with(&e.field))),
+            );
             if errs.is_empty() {
                 apply_defaults(&mut job.spec);
                 Ok(job)
@@ -1329,6 +1377,54 @@ spec:
         let sp: TFJobSpec =
             serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
         assert_eq!(sp.success_policy, Some(SuccessPolicy::Default));
+    }
+
+    #[test]
+    fn a_template_that_is_no_pod_template_deserialises_and_is_rejected() {
+        // The schema preserves any object under `template`; the API server stores this job.
+        let doc = serde_json::json!({
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "metadata": {"name": "garbage", "namespace": "ns"},
+            "spec": {"tfReplicaSpecs": {
+                "Worker": {"replicas": 1, "template": {"spec": {"containers": "tensorflow"}}},
+                "PS": {"template": {"spec": {"containers": [{"name": "tensorflow", "image": "i"}]}}},
+            }},
+        });
+        // A list of such jobs (what the controller's watcher reads) still deserialises.
+        let list = serde_json::json!({"items": [doc.clone()]});
+        let jobs: Vec<TFJob> = serde_json::from_value(list["items"].clone()).unwrap();
+        let job = &jobs[0];
+        let worker = &job.spec.tf_replica_specs["Worker"];
+        assert_eq!(worker.template, PodTemplateSpec::default());
+        let why = worker.template_error.as_deref().unwrap();
+        assert!(why.contains("expected a sequence"), "{why}");
+        assert_eq!(job.spec.tf_replica_specs["PS"].template_error, None);
+        assert_eq!(job.spec.tf_replica_specs["PS"].replicas, 1);
+        let errs = validate(job);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template");
+        assert!(
+            errs[0]
+                .message
+                .starts_with("is not a valid pod template: invalid type: string"),
+            "{errs:?}"
+        );
+        // The error is not part of the API: serialising drops it.
+        let back = serde_json::to_value(worker).unwrap();
+        assert!(back.get("templateError").is_none(), "{back}");
+        // `tfjob validate` reports the problem once, with the path of the bad value.
+        let errs = parse_and_validate(doc).unwrap_err().0;
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(
+            errs[0].field,
+            "spec.tfReplicaSpecs.Worker.template.spec.containers"
+        );
+        // No template at all, or null, is an empty template (no container: invalid).
+        let rs: ReplicaSpec =
+            serde_json::from_value(serde_json::json!({"template": null})).unwrap();
+        assert_eq!(rs.template_error, None);
+        assert_eq!(rs.replicas, 1);
     }
 
     #[test]

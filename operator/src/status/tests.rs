@@ -12,6 +12,7 @@ fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
                 replicas: *n,
                 template: Default::default(),
                 restart_policy: p.clone(),
+                template_error: None,
             },
         );
     }
