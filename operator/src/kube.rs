@@ -496,24 +496,47 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
 
     if !job_deleted && status_changed(&old_status, &outcome.status) {
         let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
-        let patch = json!({
-            "apiVersion": format!("{}/{}", api::GROUP, api::VERSION),
-            "kind": api::KIND,
-            "status": outcome.status,
-        });
-        jobs.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kerr("patch status"))?;
+        let patch = status_patch(job, &outcome.status);
+        match jobs
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // The status was computed from a stale copy of the job (the watch had not delivered
+            // our previous status write yet, or the job changed meanwhile). Writing it would undo
+            // the newer status (e.g. lose a `recreated` count or a Restarting condition): look
+            // again, from the newer version.
+            Err(e) if is_status(&e, 409) => {
+                tracing::debug!(job = %name, "status computed from a stale job; reconciling again");
+                return Ok(CtrlAction::requeue(Duration::from_millis(200)));
+            }
+            Err(e) => return Err(kerr("patch status")(e)),
+        }
     }
 
     Ok(match outcome.requeue_after() {
         Some(d) => CtrlAction::requeue(d.max(Duration::from_millis(100))),
         None => CtrlAction::await_change(),
     })
+}
+
+/// The server-side apply body of a status write. It carries the `resourceVersion` of the job the
+/// status was computed from, so the API server refuses it (409 Conflict) when the job has changed
+/// since: a status computed from a stale cache never overwrites a newer one.
+pub fn status_patch(job: &TFJob, status: &TFJobStatus) -> serde_json::Value {
+    let mut patch = json!({
+        "apiVersion": format!("{}/{}", api::GROUP, api::VERSION),
+        "kind": api::KIND,
+        "status": status,
+    });
+    if let Some(rv) = &job.metadata.resource_version {
+        patch["metadata"] = json!({ "resourceVersion": rv });
+    }
+    patch
 }
 
 /// Whether the status changed beyond `lastReconcileTime` (writing only that would trigger an
@@ -974,5 +997,36 @@ impl LeaderElector {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_writes_are_conditional_on_the_version_they_were_computed_from() {
+        let mut job: TFJob = serde_json::from_value(json!({
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "metadata": {"name": "j", "namespace": "ns", "resourceVersion": "42"},
+            "spec": {"tfReplicaSpecs": {}},
+        }))
+        .unwrap();
+        let status = TFJobStatus {
+            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::UNIX_EPOCH,
+            )),
+            ..Default::default()
+        };
+        let patch = status_patch(&job, &status);
+        assert_eq!(patch["apiVersion"], "kubeflow.org/v1");
+        assert_eq!(patch["kind"], "TFJob");
+        assert_eq!(patch["metadata"], json!({"resourceVersion": "42"}));
+        assert_eq!(patch["status"]["startTime"], "1970-01-01T00:00:00Z");
+        assert!(patch.get("spec").is_none(), "{patch}");
+        // Without a version (never the case for an object read from the API) no precondition.
+        job.metadata.resource_version = None;
+        assert!(status_patch(&job, &status).get("metadata").is_none());
     }
 }
