@@ -7,4 +7,5 @@
 
 pub mod chart;
 pub mod controlplane;
+pub mod operator;
 pub mod podman;

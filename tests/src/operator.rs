@@ -1,0 +1,670 @@
+//! Running the `tfjob operator` process against the test control plane
+//! ([`crate::controlplane`]).
+//!
+//! - [`tfjob_binary`]: the `tfjob` binary built for the same target directory as the tests
+//!   (`tests/run.sh` builds every binary in release first).
+//! - [`install_crd`]: `crds/tfjob.yaml`, applied once and waited for until Established.
+//! - [`operator_rbac`] / [`operator_account`]: THE RBAC the operator runs with in these tests
+//!   (the Helm chart's, rendered with the real helm), a token kubeconfig for its ServiceAccount
+//!   and the environment of the chart's Deployment.
+//! - [`Operator`]: one operator process (killed when dropped), with its log, `/readyz` and
+//!   `/metrics`.
+//! - [`Cluster`]: kubectl-based reads and writes in one namespace, among them setting pod phases
+//!   and exit codes through the pods' `status` subresource (no kubelet runs).
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::{Value, json};
+
+use crate::controlplane::{ControlPlane, free_port, spawn_supervised, tail};
+
+/// The repository root (parent of `tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The `tfjob` binary the operator tests run.
+///
+/// `$TFJOB_BIN_DIR/tfjob` when that variable is set; otherwise `<target>/release/tfjob` (what
+/// `tests/run.sh` builds with `cargo build --release --workspace --bins` before the tests run),
+/// else `<target>/<profile of this test>/tfjob`. When none exists it is built with
+/// `cargo build --release -p tfjob-operator` into `<target>/operator-tests-cargo` (a separate
+/// target directory: the running `cargo test` holds the lock of its own). A binary older than
+/// the operator's sources is used with a warning on stderr.
+pub fn tfjob_binary() -> Result<PathBuf> {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    FOUND.get_or_init(|| find_or_build_tfjob().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
+}
+
+fn find_or_build_tfjob() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("TFJOB_BIN_DIR") {
+        let bin = PathBuf::from(dir).join("tfjob");
+        if !bin.is_file() {
+            bail!("TFJOB_BIN_DIR is set but {} does not exist", bin.display());
+        }
+        return Ok(bin);
+    }
+    let exe = std::env::current_exe().context("locating the test binary")?;
+    // <target>/<profile>/deps/<test binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
+    let target = profile_dir.parent().ok_or_else(|| anyhow!("{} has no parent", profile_dir.display()))?;
+    for dir in [target.join("release"), profile_dir.to_path_buf()] {
+        let bin = dir.join("tfjob");
+        if bin.is_file() {
+            warn_if_stale(&bin);
+            return Ok(bin);
+        }
+    }
+    let own = target.join("operator-tests-cargo");
+    eprintln!(
+        "operator tests: no `tfjob` binary in {} (run `cargo build --release -p tfjob-operator` \
+         first, as tests/run.sh does); building it into {} ...",
+        target.join("release").display(),
+        own.display()
+    );
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--release", "--locked", "-p", "tfjob-operator", "--bin", "tfjob"])
+        .env("CARGO_TARGET_DIR", &own)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .status()
+        .context("running cargo build --release -p tfjob-operator")?;
+    let bin = own.join("release").join("tfjob");
+    if !status.success() || !bin.is_file() {
+        bail!(
+            "no `tfjob` binary next to the tests and building one failed ({status}); run \
+             `cargo build --release -p tfjob-operator` first"
+        );
+    }
+    Ok(bin)
+}
+
+fn warn_if_stale(bin: &Path) {
+    let Ok(built) = fs::metadata(bin).and_then(|m| m.modified()) else { return };
+    let src = repo_root().join("operator").join("src");
+    let newer =
+        walk(&src).into_iter().find(|p| fs::metadata(p).and_then(|m| m.modified()).map(|t| t > built).unwrap_or(false));
+    if let Some(p) = newer {
+        eprintln!(
+            "WARNING: {} is older than {}; rebuild it (`cargo build --release -p tfjob-operator`) \
+             to test the current operator",
+            bin.display(),
+            p.display()
+        );
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Applies `crds/tfjob.yaml` (once per test process) and waits until the CRD is Established.
+pub fn install_crd(cp: &ControlPlane) -> Result<()> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        (|| -> Result<()> {
+            let crd =
+                fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
+            cp.apply(&crd)?;
+            cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/tfjobs.kubeflow.org"])?;
+            Ok(())
+        })()
+        .map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(|e| anyhow!("installing crds/tfjob.yaml: {e}"))
+}
+
+pub use crate::chart::RELEASE;
+
+/// Helm values of every test install: namespaced mode, watching the release namespace. (The
+/// tests share one API server; a cluster-wide operator would reconcile other tests' jobs.)
+fn values(namespace: &str) -> [(&'static str, &str); 1] {
+    [("watchNamespace", namespace)]
+}
+
+/// THE RBAC of the operator in these tests: exactly what the Helm chart ships
+/// (`templates/serviceaccount.yaml` and `templates/rbac.yaml` rendered by the real helm through
+/// [`crate::chart::render_rbac`]), for release [`RELEASE`] in `namespace`, watching `namespace`.
+pub fn operator_rbac(cp: &ControlPlane, namespace: &str) -> Result<String> {
+    crate::chart::render_rbac(cp, namespace, &values(namespace))
+}
+
+/// The YAML documents of a multi-document manifest, as JSON values (empty documents skipped).
+pub fn yaml_documents(manifest: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(manifest) {
+        let v: Value = serde::Deserialize::deserialize(doc).context("parsing YAML")?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// How the chart configures one environment variable of the operator container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvSource {
+    /// A literal value.
+    Value(String),
+    /// The pod's name (downward API).
+    PodName,
+    /// The pod's namespace (downward API).
+    PodNamespace,
+}
+
+/// The operator as the chart installs it in one namespace: its RBAC applied, a token kubeconfig
+/// for its ServiceAccount, and the environment of the chart's Deployment.
+#[derive(Debug, Clone)]
+pub struct OperatorSetup {
+    /// The RBAC manifest that was applied ([`operator_rbac`]).
+    pub rbac: String,
+    /// The ServiceAccount the chart creates.
+    pub service_account: String,
+    /// Kubeconfig with a token of that ServiceAccount (TokenRequest API).
+    pub kubeconfig: PathBuf,
+    /// Release (and watched) namespace.
+    pub namespace: String,
+    /// Environment of the chart's operator container.
+    pub env: Vec<(String, EnvSource)>,
+}
+
+impl OperatorSetup {
+    /// A literal environment value of the chart's Deployment.
+    pub fn env_value(&self, name: &str) -> Option<&str> {
+        self.env.iter().find_map(|(n, v)| match v {
+            EnvSource::Value(v) if n == name => Some(v.as_str()),
+            _ => None,
+        })
+    }
+}
+
+/// Installs the CRD, applies [`operator_rbac`] in `namespace` and returns a kubeconfig for the
+/// chart's ServiceAccount plus the Deployment's environment. Waits until the RBAC is in force.
+pub fn operator_account(cp: &ControlPlane, namespace: &str) -> Result<OperatorSetup> {
+    install_crd(cp)?;
+    let rbac = operator_rbac(cp, namespace)?;
+    let sas: Vec<String> = yaml_documents(&rbac)?
+        .iter()
+        .filter(|d| d["kind"] == "ServiceAccount")
+        .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    let [service_account] = sas.as_slice() else {
+        bail!("the rendered chart has {} ServiceAccounts ({sas:?}), expected one:\n{rbac}", sas.len());
+    };
+    let service_account = service_account.clone();
+    cp.kubectl_stdin(["apply", "-n", namespace, "-f", "-"], &rbac).context("applying the chart's RBAC")?;
+
+    let deployment =
+        crate::chart::template(cp, RELEASE, namespace, &values(namespace), &["templates/deployment.yaml"])?;
+    let docs = yaml_documents(&deployment)?;
+    let dep = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .ok_or_else(|| anyhow!("the chart renders no Deployment:\n{deployment}"))?;
+    let sa_in_pod = dep["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or_default();
+    if sa_in_pod != service_account {
+        bail!("the chart's Deployment runs as {sa_in_pod:?}, its ServiceAccount is {service_account:?}");
+    }
+    let container = dep["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.first())
+        .ok_or_else(|| anyhow!("the chart's Deployment has no container"))?;
+    let mut env = Vec::new();
+    for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap_or_default().to_string();
+        let source = if let Some(v) = e["value"].as_str() {
+            EnvSource::Value(v.to_string())
+        } else {
+            match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.name") => EnvSource::PodName,
+                Some("metadata.namespace") => EnvSource::PodNamespace,
+                _ => bail!("the test cannot provide env {name} of the chart's Deployment: {e}"),
+            }
+        };
+        env.push((name, source));
+    }
+
+    let kubeconfig = cp.service_account_kubeconfig(namespace, &service_account)?;
+    let account = OperatorSetup { rbac, service_account, kubeconfig, namespace: namespace.to_string(), env };
+    eventually("the operator's RBAC takes effect", Duration::from_secs(30), || {
+        let out = cp
+            .command_with_kubeconfig("kubectl", &account.kubeconfig)
+            .args(["auth", "can-i", "list", "tfjobs.kubeflow.org", "-n", namespace])
+            .output()?;
+        Ok(out.status.success().then_some(()))
+    })?;
+    Ok(account)
+}
+
+/// One `tfjob operator` process, watching one namespace. Killed (SIGKILL) when dropped.
+pub struct Operator {
+    /// Value of `POD_NAME` (the events' `reportingInstance` and the lease identity's prefix).
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    metrics_port: u16,
+}
+
+impl Operator {
+    /// Starts `tfjob operator` as the chart's Deployment would (its environment, its
+    /// ServiceAccount), as pod `name` in the account's namespace.
+    pub fn start(cp: &ControlPlane, account: &OperatorSetup, name: &str) -> Result<Operator> {
+        let bin = tfjob_binary()?;
+        let ns = &account.namespace;
+        let metrics_port = free_port()?;
+        let logs = cp.dir().join("operator-logs");
+        fs::create_dir_all(&logs)?;
+        let log = logs.join(format!("{ns}.{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut cmd = Command::new(&bin);
+        // The image's entrypoint is `tfjob operator`; the chart configures it through the
+        // environment only. The process gets exactly that environment, with the downward API
+        // values filled in and the metrics address moved to a free loopback port.
+        cmd.arg("operator")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("KUBECONFIG", &account.kubeconfig)
+            .env("RUST_BACKTRACE", "1");
+        for (k, v) in &account.env {
+            match v {
+                EnvSource::Value(v) => cmd.env(k, v),
+                EnvSource::PodName => cmd.env(k, name),
+                EnvSource::PodNamespace => cmd.env(k, ns),
+            };
+        }
+        // For debugging a failure: e.g. TFJOB_TEST_OPERATOR_LOG_LEVEL=debug.
+        if let Some(level) = std::env::var_os("TFJOB_TEST_OPERATOR_LOG_LEVEL") {
+            cmd.env("TFJOB_LOG_LEVEL", level);
+        }
+        cmd.env("TFJOB_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let child = spawn_supervised(cmd).with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Operator { name: name.to_string(), child, log, metrics_port })
+    }
+
+    /// Starts the operator and waits until `/readyz` answers 200 (it leads and serves).
+    pub fn start_ready(cp: &ControlPlane, account: &OperatorSetup, name: &str) -> Result<Operator> {
+        let mut op = Operator::start(cp, account, name)?;
+        op.wait_ready(Duration::from_secs(30))?;
+        Ok(op)
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("operator {} exited with {status}:\n{}", self.name, self.log_tail(40));
+            }
+            if self.readyz() == Some(200) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("operator {} not ready after {timeout:?}:\n{}", self.name, self.log_tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Status code of `GET /readyz` (`None` when the server does not answer).
+    pub fn readyz(&self) -> Option<u16> {
+        let resp = http_get(self.metrics_port, "/readyz").ok()?;
+        resp.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Body of `GET /metrics`.
+    pub fn metrics(&self) -> Result<String> {
+        let resp = http_get(self.metrics_port, "/metrics")?;
+        Ok(resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    /// The value of an unlabelled metric sample (e.g. `tfjob_reconcile_duration_seconds_count`).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let text = self.metrics()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no sample {name} in /metrics of {}:\n{text}", self.name))
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL: no graceful shutdown, the lease is not released.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits (at most 10 s, then SIGKILL): a graceful stop that releases the lease.
+    pub fn terminate(&mut self) -> Result<()> {
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                self.kill();
+                bail!("operator {} did not stop within 10 s of SIGTERM:\n{}", self.name, self.log_tail(30));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// The log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        // Some lines (kube-rs logs whole API responses) are huge: keep their start.
+        let text: Vec<String> =
+            tail(&self.log, lines)
+                .lines()
+                .map(|l| {
+                    if l.len() > 400 {
+                        format!("{}...", l.chars().take(400).collect::<String>())
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect();
+        format!("--- {} ({}) ---\n{}", self.name, self.log.display(), text.join("\n"))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn http_get(port: u16, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    // One write: the operator's small HTTP server answers after its first read.
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, for at most `timeout`; errors from
+/// `check` are retried and the last one is reported on timeout.
+pub fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{what}: not true after {timeout:?}{}",
+                last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What the `tensorflow` container of a pod looks like, as a kubelet would report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodState {
+    /// Pod phase: `Pending`, `Running`, `Succeeded`, `Failed`.
+    pub phase: &'static str,
+    /// `state.terminated.exitCode` (the container terminated).
+    pub exit_code: Option<i32>,
+    /// `lastState.terminated.exitCode` (an earlier run of a restarted container).
+    pub last_exit_code: Option<i32>,
+    /// `restartCount`.
+    pub restart_count: i32,
+}
+
+impl PodState {
+    /// Running, never restarted.
+    pub const RUNNING: PodState =
+        PodState { phase: "Running", exit_code: None, last_exit_code: None, restart_count: 0 };
+
+    /// Succeeded with exit code 0.
+    pub const SUCCEEDED: PodState =
+        PodState { phase: "Succeeded", exit_code: Some(0), last_exit_code: None, restart_count: 0 };
+
+    /// Failed with `code`.
+    pub fn failed(code: i32) -> PodState {
+        PodState { phase: "Failed", exit_code: Some(code), last_exit_code: None, restart_count: 0 }
+    }
+
+    /// Running again after `restarts` in-place restarts, the last one after exiting with `code`.
+    pub fn restarted(restarts: i32, code: i32) -> PodState {
+        PodState { phase: "Running", exit_code: None, last_exit_code: Some(code), restart_count: restarts }
+    }
+
+    /// The body of a merge patch of the pod's `status` subresource.
+    pub fn status_patch(&self) -> Value {
+        let now = "2020-01-01T00:00:00Z";
+        let terminated = |code: i32| {
+            json!({"terminated": {
+                "exitCode": code,
+                "reason": if code == 0 { "Completed" } else { "Error" },
+                "startedAt": now,
+                "finishedAt": now,
+            }})
+        };
+        let state = match self.exit_code {
+            Some(code) => terminated(code),
+            None if self.phase == "Running" => json!({"running": {"startedAt": now}}),
+            None => json!({"waiting": {"reason": "ContainerCreating"}}),
+        };
+        let mut container = json!({
+            "name": "tensorflow",
+            "image": "tfjob-runtime:latest",
+            "imageID": "",
+            "ready": self.phase == "Running",
+            "started": self.phase == "Running",
+            "restartCount": self.restart_count,
+            "state": state,
+        });
+        if let Some(code) = self.last_exit_code {
+            container["lastState"] = terminated(code);
+        }
+        json!({"status": {
+            "phase": self.phase,
+            "containerStatuses": [container],
+        }})
+    }
+}
+
+/// kubectl (as admin) in one namespace.
+pub struct Cluster<'a> {
+    /// The control plane.
+    pub cp: &'a ControlPlane,
+    /// The namespace.
+    pub ns: String,
+}
+
+impl<'a> Cluster<'a> {
+    /// Works in `ns`.
+    pub fn new(cp: &'a ControlPlane, ns: &str) -> Cluster<'a> {
+        Cluster { cp, ns: ns.to_string() }
+    }
+
+    /// `kubectl apply -f -` (client-side apply, as a user would) of a JSON or YAML manifest.
+    pub fn apply(&self, manifest: &str) -> Result<String> {
+        self.cp.kubectl_stdin(["apply", "-n", &self.ns, "-f", "-"], manifest)
+    }
+
+    /// The object as JSON, `None` when it does not exist.
+    pub fn get(&self, kind: &str, name: &str) -> Result<Option<Value>> {
+        let out = self.cp.kubectl_ok(["get", kind, name, "-n", &self.ns, "--ignore-not-found", "-o", "json"])?;
+        if out.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::from_str(&out).with_context(|| format!("parsing {kind}/{name}"))?))
+    }
+
+    /// Like [`get`](Self::get) but the object must exist.
+    pub fn must_get(&self, kind: &str, name: &str) -> Result<Value> {
+        self.get(kind, name)?.ok_or_else(|| anyhow!("{kind}/{name} does not exist in {}", self.ns))
+    }
+
+    /// Names of the objects of `kind` matching a label selector (all when empty), sorted.
+    pub fn names(&self, kind: &str, selector: &str) -> Result<Vec<String>> {
+        let mut args = vec!["get", kind, "-n", &self.ns, "-o", "json"];
+        if !selector.is_empty() {
+            args.extend(["-l", selector]);
+        }
+        let list: Value = serde_json::from_str(&self.cp.kubectl_ok(args)?)?;
+        let mut names: Vec<String> = list["items"]
+            .as_array()
+            .map(|items| items.iter().filter_map(|i| i["metadata"]["name"].as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Names of the pods of a job (by the `training.kubeflow.org/job-name` label), sorted.
+    pub fn job_pods(&self, job: &str) -> Result<Vec<String>> {
+        self.names("pods", &format!("training.kubeflow.org/job-name={job}"))
+    }
+
+    /// Sets the phase and `tensorflow` container state of a pod through its status subresource.
+    pub fn set_pod(&self, pod: &str, state: PodState) -> Result<()> {
+        self.cp.kubectl_ok([
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            &self.ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &state.status_patch().to_string(),
+        ])?;
+        Ok(())
+    }
+
+    /// Merge-patches a TFJob's spec (e.g. `{"spec":{"runPolicy":{"suspend":true}}}`).
+    pub fn patch_job(&self, job: &str, patch: Value) -> Result<()> {
+        self.cp.kubectl_ok(["patch", "tfjob", job, "-n", &self.ns, "--type=merge", "-p", &patch.to_string()])?;
+        Ok(())
+    }
+
+    /// The uid of an object.
+    pub fn uid(&self, kind: &str, name: &str) -> Result<String> {
+        let v = self.must_get(kind, name)?;
+        Ok(v["metadata"]["uid"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// The job's status (`{}` when it has none), `None` when the job does not exist.
+    pub fn job_status(&self, job: &str) -> Result<Option<Value>> {
+        Ok(self.get("tfjob", job)?.map(|j| j.get("status").cloned().unwrap_or_else(|| json!({}))))
+    }
+
+    /// Waits until `pred` holds for the job's status; returns that status.
+    pub fn wait_status(
+        &self,
+        job: &str,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let mut last = Value::Null;
+        let r = eventually(&format!("TFJob {}/{job}: {what}", self.ns), timeout, || {
+            let st = self.job_status(job)?.ok_or_else(|| anyhow!("the job does not exist"))?;
+            let ok = pred(&st);
+            last = st.clone();
+            Ok(ok.then_some(st))
+        });
+        r.map_err(|e| anyhow!("{e:#}\nlast status: {last:#}"))
+    }
+
+    /// Waits until the job's pods (by label) are exactly `want` (sorted names).
+    pub fn wait_pods(&self, job: &str, want: &[&str], timeout: Duration) -> Result<()> {
+        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let mut last = Vec::new();
+        eventually(&format!("pods of {}/{job} are {want:?}", self.ns), timeout, || {
+            last = self.job_pods(job)?;
+            Ok((last == want).then_some(()))
+        })
+        .map_err(|e| anyhow!("{e:#} (last seen: {last:?})"))
+    }
+}
+
+/// The condition of `type_` in a job status, if present.
+pub fn condition<'v>(status: &'v Value, type_: &str) -> Option<&'v Value> {
+    status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+/// Whether the condition `type_` is present with status `True`.
+pub fn condition_true(status: &Value, type_: &str) -> bool {
+    condition(status, type_).is_some_and(|c| c["status"] == "True")
+}
+
+/// A replica count from `status.replicaStatuses.<rtype>.<field>` (0 when absent).
+pub fn replica_count(status: &Value, rtype: &str, field: &str) -> i64 {
+    status["replicaStatuses"][rtype][field].as_i64().unwrap_or(0)
+}
+
+/// Parses an RFC 3339 timestamp field.
+pub fn timestamp(v: &Value) -> Result<jiff::Timestamp> {
+    v.as_str().ok_or_else(|| anyhow!("not a timestamp: {v}"))?.parse().with_context(|| format!("parsing timestamp {v}"))
+}
+
+/// A TFJob manifest (JSON) with the given replica sets (`(type, replicas, restartPolicy)`) and
+/// `runPolicy`, every replica a `tensorflow` container of `tfjob-runtime:latest`.
+pub fn tfjob(name: &str, replicas: &[(&str, i32, &str)], run_policy: Value) -> Value {
+    let mut specs = serde_json::Map::new();
+    for (rtype, n, restart) in replicas {
+        specs.insert(
+            rtype.to_string(),
+            json!({
+                "replicas": n,
+                "restartPolicy": restart,
+                "template": {"spec": {"containers": [{
+                    "name": "tensorflow",
+                    "image": "tfjob-runtime:latest",
+                    "command": ["tfjob-runtime"],
+                    "args": ["--model=linear", "--train_steps=100"],
+                }]}},
+            }),
+        );
+    }
+    json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name},
+        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": specs},
+    })
+}

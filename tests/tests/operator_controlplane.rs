@@ -1,0 +1,748 @@
+//! The TFJob CRD and the operator against a real API server (tests/controlplane: etcd,
+//! kube-apiserver, kube-controller-manager; no scheduler, no kubelet).
+//!
+//! The operator runs as a separate `tfjob operator` process, configured like the Helm chart's
+//! Deployment (its environment, namespaced mode) and authenticated as the chart's ServiceAccount
+//! with exactly the chart's RBAC, rendered by the real helm (`tfjob_tests::operator`). Pods
+//! never run: the tests play the kubelet by writing pod phases and `tensorflow` container exit
+//! codes through the pods' `status` subresource.
+//!
+//! One control plane is shared by the whole file; every test works in its own namespace with its
+//! own operator. If the control plane cannot be built or started, every test FAILS with a message
+//! saying so (never skips).
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use serde_json::{Value, json};
+use tfjob_tests::controlplane::ControlPlane;
+use tfjob_tests::operator::{
+    Cluster, Operator, OperatorSetup, PodState, RELEASE, condition, condition_true, eventually, install_crd,
+    operator_account, replica_count, repo_root, tfjob, timestamp, yaml_documents,
+};
+
+/// Bound of every wait for the operator to react to a change (it reacts in well under a second).
+const REACT: Duration = Duration::from_secs(20);
+
+fn setup(prefix: &str) -> Result<(&'static ControlPlane, String, OperatorSetup, Operator)> {
+    let cp = ControlPlane::shared()?;
+    let ns = cp.create_namespace(prefix)?;
+    let account = operator_account(cp, &ns)?;
+    let op = Operator::start_ready(cp, &account, "op-0")?;
+    Ok((cp, ns, account, op))
+}
+
+/// Adds the operator's log to an error (what it did is the first thing one needs).
+fn with_log<T>(r: Result<T>, ops: &[&Operator]) -> Result<T> {
+    r.map_err(|e| {
+        let logs: Vec<String> = ops.iter().map(|o| o.log_tail(60)).collect();
+        anyhow!("{e:#}\n{}", logs.join("\n"))
+    })
+}
+
+fn create_job(k: &Cluster<'_>, job: &Value) -> Result<()> {
+    k.apply(&job.to_string())?;
+    Ok(())
+}
+
+fn tf_config(pod: &Value) -> Result<Value> {
+    let env = pod["spec"]["containers"][0]["env"].as_array().ok_or_else(|| anyhow!("no env"))?;
+    let cfg = env
+        .iter()
+        .find(|e| e["name"] == "TF_CONFIG")
+        .and_then(|e| e["value"].as_str())
+        .ok_or_else(|| anyhow!("no TF_CONFIG in {env:?}"))?;
+    Ok(serde_json::from_str(cfg)?)
+}
+
+fn owned_by(obj: &Value, uid: &str) -> bool {
+    obj["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
+        refs.iter().any(|r| {
+            r["uid"] == uid
+                && r["kind"] == "TFJob"
+                && r["apiVersion"] == "kubeflow.org/v1"
+                && r["controller"] == true
+                && r["blockOwnerDeletion"] == true
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CRD alone.
+
+#[test]
+fn crd_is_established_and_every_example_is_accepted() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    install_crd(cp)?;
+    let crd: Value = serde_json::from_str(&cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "json"])?)?;
+    let established = crd["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Established" && c["status"] == "True");
+    ensure!(established, "CRD not Established: {:#}", crd["status"]);
+    let names_accepted = crd["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "NamesAccepted" && c["status"] == "True");
+    ensure!(names_accepted, "CRD names not accepted: {:#}", crd["status"]);
+    assert_eq!(crd["status"]["acceptedNames"]["kind"], "TFJob");
+
+    // No operator watches this namespace: the API server alone accepts (and stores) them.
+    let ns = cp.create_namespace("examples")?;
+    let k = Cluster::new(cp, &ns);
+    let mut want = Vec::new();
+    let mut files: Vec<_> = fs::read_dir(repo_root().join("examples"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    ensure!(!files.is_empty(), "examples/ has no manifests");
+    for file in &files {
+        let text = fs::read_to_string(file)?;
+        for doc in yaml_documents(&text)? {
+            if doc["kind"] == "TFJob" {
+                want.push(doc["metadata"]["name"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        cp.kubectl_ok(["apply", "-n", &ns, "-f", &file.to_string_lossy()])
+            .with_context(|| format!("the API server refused {}", file.display()))?;
+    }
+    want.sort();
+    assert_eq!(k.names("tfjobs", "")?, want);
+    Ok(())
+}
+
+#[test]
+fn api_server_rejects_bad_enum_values() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    install_crd(cp)?;
+    let ns = cp.create_namespace("enums")?;
+    let k = Cluster::new(cp, &ns);
+    let base = tfjob("bad", &[("Worker", 1, "Never")], json!({}));
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"spec": {"tfReplicaSpecs": {"Worker": {"restartPolicy": "Sometimes"}}}}),
+            "spec.tfReplicaSpecs.Worker.restartPolicy",
+            "\"Sometimes\"",
+        ),
+        (json!({"spec": {"runPolicy": {"cleanPodPolicy": "Some"}}}), "spec.runPolicy.cleanPodPolicy", "\"Some\""),
+        (json!({"spec": {"successPolicy": "AnyWorker"}}), "spec.successPolicy", "\"AnyWorker\""),
+        (json!({"spec": {"runPolicy": {"managedBy": "someone/else"}}}), "spec.runPolicy.managedBy", "\"someone/else\""),
+        (json!({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": -1}}}}), "spec.tfReplicaSpecs.Worker.replicas", ""),
+    ];
+    for (patch, field, value) in cases {
+        let mut doc = base.clone();
+        merge(&mut doc, &patch);
+        let err = k.apply(&doc.to_string()).expect_err(&format!("the API server accepted {patch}"));
+        let msg = format!("{err:#}");
+        ensure!(msg.contains(field), "the rejection of {patch} does not name {field}: {msg}");
+        ensure!(msg.contains(value), "the rejection of {patch} does not quote {value}: {msg}");
+        ensure!(msg.contains("Invalid") || msg.contains("invalid"), "{msg}");
+        ensure!(k.get("tfjob", "bad")?.is_none(), "a rejected TFJob was stored ({patch})");
+    }
+    // The same manifest without the bad value is accepted.
+    k.apply(&base.to_string())?;
+    ensure!(k.get("tfjob", "bad")?.is_some());
+    Ok(())
+}
+
+fn merge(doc: &mut Value, patch: &Value) {
+    match (doc, patch) {
+        (Value::Object(d), Value::Object(p)) => {
+            for (key, v) in p {
+                merge(d.entry(key.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (d, p) => *d = p.clone(),
+    }
+}
+
+#[test]
+fn api_server_persists_the_schema_defaults() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    install_crd(cp)?;
+    let ns = cp.create_namespace("defaults")?;
+    let k = Cluster::new(cp, &ns);
+    // No replicas, restartPolicy or runPolicy.
+    k.apply(
+        "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: minimal\nspec:\n  tfReplicaSpecs:\n    \
+         Worker:\n      template:\n        spec:\n          containers:\n          - name: tensorflow\n            \
+         image: tfjob-runtime:latest\n    PS:\n      replicas: 2\n",
+    )?;
+    let job = k.must_get("tfjob", "minimal")?;
+    let spec = &job["spec"];
+    assert_eq!(spec["runPolicy"], json!({"cleanPodPolicy": "Running", "suspend": false}), "{spec:#}");
+    assert_eq!(spec["tfReplicaSpecs"]["Worker"]["replicas"], 1, "{spec:#}");
+    assert_eq!(spec["tfReplicaSpecs"]["Worker"]["restartPolicy"], "Never", "{spec:#}");
+    assert_eq!(spec["tfReplicaSpecs"]["PS"]["replicas"], 2, "{spec:#}");
+    assert_eq!(spec["tfReplicaSpecs"]["PS"]["restartPolicy"], "Never", "{spec:#}");
+    assert_eq!(spec["tfReplicaSpecs"]["PS"]["template"], json!({}), "{spec:#}");
+    // A runPolicy that is present but partial gets the missing fields.
+    k.apply(
+        "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: partial\nspec:\n  runPolicy:\n    \
+         backoffLimit: 3\n  tfReplicaSpecs:\n    Worker:\n      restartPolicy: OnFailure\n",
+    )?;
+    let rp = k.must_get("tfjob", "partial")?["spec"]["runPolicy"].clone();
+    assert_eq!(rp, json!({"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": false}));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The operator.
+
+#[test]
+fn operator_creates_pods_service_and_secret_and_garbage_collection_removes_them() -> Result<()> {
+    let (cp, ns, account, mut op) = setup("op-objects")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        create_job(&k, &tfjob("mnist", &[("PS", 1, "OnFailure"), ("Worker", 2, "ExitCode")], json!({})))?;
+        let uid = k.uid("tfjob", "mnist")?;
+        k.wait_pods("mnist", &["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"], REACT)?;
+
+        // Pods: labels, DNS identity, restart policy, TF_CONFIG, token, owner.
+        for (pod, rtype, index, restart) in [
+            ("mnist-ps-0", "ps", 0, "OnFailure"),
+            ("mnist-worker-0", "worker", 0, "Never"),
+            ("mnist-worker-1", "worker", 1, "Never"),
+        ] {
+            let p = k.must_get("pod", pod)?;
+            let labels = &p["metadata"]["labels"];
+            assert_eq!(labels["training.kubeflow.org/job-name"], "mnist", "{pod}");
+            assert_eq!(labels["training.kubeflow.org/operator-name"], "tfjob-controller", "{pod}");
+            assert_eq!(labels["training.kubeflow.org/replica-type"], rtype, "{pod}");
+            assert_eq!(labels["training.kubeflow.org/replica-index"], index.to_string(), "{pod}");
+            let master = (pod == "mnist-worker-0").then_some("master");
+            assert_eq!(labels["training.kubeflow.org/job-role"].as_str(), master, "{pod}");
+            assert_eq!(p["spec"]["hostname"], pod);
+            assert_eq!(p["spec"]["subdomain"], "mnist");
+            assert_eq!(p["spec"]["restartPolicy"], restart, "{pod}");
+            ensure!(owned_by(&p, &uid), "{pod} is not owned by the job: {:#}", p["metadata"]);
+            let c = &p["spec"]["containers"][0];
+            assert_eq!(c["name"], "tensorflow");
+            assert_eq!(c["image"], "tfjob-runtime:latest");
+            let cfg = tf_config(&p)?;
+            let addr = |name: &str| format!("{name}.mnist.{ns}.svc:2222");
+            assert_eq!(
+                cfg,
+                json!({
+                    "cluster": {
+                        "ps": [addr("mnist-ps-0")],
+                        "worker": [addr("mnist-worker-0"), addr("mnist-worker-1")],
+                    },
+                    "task": {"type": rtype, "index": index},
+                    "environment": "cloud",
+                }),
+                "{pod}"
+            );
+            let token = c["env"]
+                .as_array()
+                .and_then(|env| env.iter().find(|e| e["name"] == "TFJOB_TOKEN"))
+                .ok_or_else(|| anyhow!("{pod} has no TFJOB_TOKEN"))?;
+            assert_eq!(
+                token["valueFrom"]["secretKeyRef"],
+                json!({"name": "mnist-token", "key": "token", "optional": false}),
+                "{pod}"
+            );
+        }
+
+        // The headless Service that names every replica.
+        let svc = k.must_get("service", "mnist")?;
+        assert_eq!(svc["spec"]["clusterIP"], "None");
+        assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
+        assert_eq!(
+            svc["spec"]["selector"],
+            json!({"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/operator-name": "tfjob-controller"})
+        );
+        assert_eq!(svc["spec"]["ports"][0]["name"], "tfjob-port");
+        assert_eq!(svc["spec"]["ports"][0]["port"], 2222);
+        ensure!(owned_by(&svc, &uid), "the Service is not owned by the job");
+
+        // The token Secret.
+        let secret = k.must_get("secret", "mnist-token")?;
+        ensure!(owned_by(&secret, &uid), "the Secret is not owned by the job");
+        let token = secret["data"]["token"].as_str().unwrap_or_default();
+        ensure!(token.len() >= 64, "token too short: {token:?}");
+
+        // Status before anything runs: Created, nothing active.
+        let st = k.wait_status("mnist", "Created", REACT, |s| condition_true(s, "Created"))?;
+        assert_eq!(condition(&st, "Created").unwrap()["reason"], "TFJobCreated");
+        ensure!(!condition_true(&st, "Running"), "{st:#}");
+        ensure!(st["startTime"].is_string(), "{st:#}");
+
+        // Events from the operator, as its chart ServiceAccount.
+        eventually("SuccessfulCreatePod events", REACT, || {
+            let evs: Value =
+                serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
+            let n = evs["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["reason"] == "SuccessfulCreatePod" && e["regarding"]["name"] == "mnist")
+                .count();
+            Ok((n == 3).then_some(()))
+        })?;
+
+        // The Lease is the chart's (named after the release), held by this operator.
+        let lease = k.must_get("lease", RELEASE)?;
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+        ensure!(holder.starts_with("op-0_"), "lease holder {holder:?}");
+        assert_eq!(account.env_value("TFJOB_LEASE_NAME"), Some(RELEASE));
+        assert_eq!(account.env_value("TFJOB_NAMESPACE"), Some(ns.as_str()));
+
+        // Deleting the TFJob with no operator running: the garbage collector removes every owned
+        // object by its owner reference.
+        op.kill();
+        k.set_pod("mnist-worker-0", PodState::RUNNING)?;
+        cp.kubectl_ok(["delete", "tfjob", "mnist", "-n", &ns, "--wait=false"])?;
+        eventually(
+            "the garbage collector removes the job's pods, Service and Secret",
+            Duration::from_secs(60),
+            || {
+                let left = [
+                    k.job_pods("mnist")?,
+                    k.names("services", "training.kubeflow.org/job-name=mnist")?,
+                    k.names("secrets", "training.kubeflow.org/job-name=mnist")?,
+                ]
+                .concat();
+                Ok(left.is_empty().then_some(()))
+            },
+        )?;
+        ensure!(k.get("tfjob", "mnist")?.is_none());
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+/// One scenario per restart policy, all in one namespace under one operator.
+#[test]
+fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-restart")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        for (name, policy, backoff) in [
+            ("never", "Never", None),
+            ("exitcode", "ExitCode", None),
+            ("onfailure", "OnFailure", Some(3)),
+            ("always", "Always", None),
+        ] {
+            let rp = match backoff {
+                Some(b) => json!({"backoffLimit": b}),
+                None => json!({}),
+            };
+            create_job(&k, &tfjob(name, &[("Worker", 2, policy)], rp))?;
+        }
+        // Worker 1 runs, worker 0 stays Pending (so that the job is Running through worker 1
+        // only, and a failure of worker 1 leaves nothing running).
+        for name in ["never", "exitcode", "onfailure", "always"] {
+            let pods = [format!("{name}-worker-0"), format!("{name}-worker-1")];
+            k.wait_pods(name, &[&pods[0], &pods[1]], REACT)?;
+            let st = k.wait_status(name, "Created", REACT, |s| condition_true(s, "Created"))?;
+            ensure!(!condition_true(&st, "Running"), "Running before any pod runs: {st:#}");
+            k.set_pod(&pods[1], PodState::RUNNING)?;
+            let st = k.wait_status(name, "Running with 1 active", REACT, |s| {
+                condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1
+            })?;
+            assert_eq!(condition(&st, "Running").unwrap()["reason"], "TFJobRunning");
+        }
+
+        // Never: a failed worker fails the job; cleanPodPolicy Running deletes the pending
+        // worker 0 and keeps the failed worker 1.
+        k.set_pod("never-worker-1", PodState::failed(1))?;
+        let st = k.wait_status("never", "Failed", REACT, |s| condition_true(s, "Failed"))?;
+        let failed = condition(&st, "Failed").unwrap();
+        assert_eq!(failed["reason"], "TFJobFailed", "{st:#}");
+        ensure!(failed["message"].as_str().unwrap_or_default().contains("1 Worker replica(s) failed"), "{st:#}");
+        assert_eq!(condition(&st, "Running").unwrap()["status"], "False", "{st:#}");
+        ensure!(!condition_true(&st, "Succeeded"), "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "failed"), 1, "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "active"), 0, "{st:#}");
+        ensure!(st["completionTime"].is_string(), "{st:#}");
+        k.wait_pods("never", &["never-worker-1"], REACT)?;
+        assert_eq!(k.must_get("pod", "never-worker-1")?["status"]["phase"], "Failed");
+
+        // ExitCode: 137 (killed) is retryable: the pod is recreated; 2 is not: the job fails.
+        let before = k.uid("pod", "exitcode-worker-1")?;
+        k.set_pod("exitcode-worker-1", PodState::failed(137))?;
+        let recreated = eventually("exitcode-worker-1 is recreated", REACT, || {
+            Ok(k.get("pod", "exitcode-worker-1")?.filter(|p| p["metadata"]["uid"] != before.as_str()))
+        })?;
+        ensure!(recreated["status"]["phase"] == "Pending", "{:#}", recreated["status"]);
+        let st = k.wait_status("exitcode", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
+        let restarting = condition(&st, "Restarting").unwrap();
+        assert_eq!(restarting["reason"], "TFJobRestarting");
+        ensure!(restarting["message"].as_str().unwrap_or_default().contains("1 Worker replica(s) failed"), "{st:#}");
+        ensure!(condition(&st, "Running").is_none(), "Restarting replaces Running: {st:#}");
+        assert_eq!(replica_count(&st, "Worker", "recreated"), 1, "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "active"), 0, "{st:#}");
+        ensure!(!condition_true(&st, "Failed"), "{st:#}");
+        k.set_pod("exitcode-worker-1", PodState::RUNNING)?;
+        let st = k.wait_status("exitcode", "Running again", REACT, |s| condition_true(s, "Running"))?;
+        ensure!(condition(&st, "Restarting").is_none(), "Running replaces Restarting: {st:#}");
+        assert_eq!(replica_count(&st, "Worker", "active"), 1, "{st:#}");
+        k.set_pod("exitcode-worker-1", PodState::failed(2))?;
+        let st = k.wait_status("exitcode", "Failed", REACT, |s| condition_true(s, "Failed"))?;
+        assert_eq!(replica_count(&st, "Worker", "failed"), 1, "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "recreated"), 1, "{st:#}");
+        assert_eq!(k.uid("pod", "exitcode-worker-1")?, recreated["metadata"]["uid"].as_str().unwrap());
+
+        // OnFailure (backoffLimit 3): in-place restarts (the kubelet's) count; a failed pod is
+        // recreated; more restarts than the limit fail the job.
+        let uid0 = k.uid("pod", "onfailure-worker-1")?;
+        k.set_pod("onfailure-worker-1", PodState::restarted(1, 1))?;
+        k.set_pod("onfailure-worker-1", PodState::failed(1))?;
+        eventually("onfailure-worker-1 is recreated", REACT, || {
+            Ok(k.get("pod", "onfailure-worker-1")?.filter(|p| p["metadata"]["uid"] != uid0.as_str()))
+        })?;
+        let st = k.wait_status("onfailure", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
+        assert_eq!(replica_count(&st, "Worker", "recreated"), 1, "{st:#}");
+        k.set_pod("onfailure-worker-1", PodState::RUNNING)?;
+        k.wait_status("onfailure", "Running again", REACT, |s| {
+            condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1
+        })?;
+        // 1 recreation + 2 in-place restarts = 3: within the limit.
+        k.set_pod("onfailure-worker-0", PodState::restarted(2, 1))?;
+        let st = k.wait_status("onfailure", "2 active", REACT, |s| replica_count(s, "Worker", "active") == 2)?;
+        ensure!(condition_true(&st, "Running") && !condition_true(&st, "Failed"), "{st:#}");
+        // One more: 4 > 3.
+        k.set_pod("onfailure-worker-0", PodState::restarted(3, 1))?;
+        let st = k.wait_status("onfailure", "Failed (backoff limit)", REACT, |s| condition_true(s, "Failed"))?;
+        let msg = condition(&st, "Failed").unwrap()["message"].as_str().unwrap_or_default().to_string();
+        ensure!(msg.contains("backoff limit"), "{msg}");
+        // Both pods were running: cleanPodPolicy Running deletes both.
+        k.wait_pods("onfailure", &[], REACT)?;
+
+        // Always: even a failed pod with exit code 0 runs again; worker 0 succeeding ends the job
+        // with Succeeded (and never Failed).
+        let uid1 = k.uid("pod", "always-worker-1")?;
+        k.set_pod("always-worker-1", PodState::failed(0))?;
+        eventually("always-worker-1 is recreated", REACT, || {
+            Ok(k.get("pod", "always-worker-1")?.filter(|p| p["metadata"]["uid"] != uid1.as_str()))
+        })?;
+        k.wait_status("always", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
+        k.set_pod("always-worker-1", PodState::RUNNING)?;
+        k.wait_status("always", "Running again", REACT, |s| condition_true(s, "Running"))?;
+        k.set_pod("always-worker-0", PodState::SUCCEEDED)?;
+        let st = k.wait_status("always", "Succeeded", REACT, |s| condition_true(s, "Succeeded"))?;
+        assert_eq!(condition(&st, "Succeeded").unwrap()["reason"], "TFJobSucceeded");
+        assert_eq!(condition(&st, "Running").unwrap()["status"], "False", "{st:#}");
+        ensure!(!condition_true(&st, "Failed"), "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "succeeded"), 1, "{st:#}");
+        ensure!(st["completionTime"].is_string(), "{st:#}");
+        // cleanPodPolicy Running: the still running worker 1 goes, the succeeded worker 0 stays.
+        k.wait_pods("always", &["always-worker-0"], REACT)?;
+
+        // Every restart was announced with a Warning event on its job.
+        let evs: Value =
+            serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
+        for job in ["exitcode", "onfailure", "always"] {
+            let found =
+                evs["items"].as_array().into_iter().flatten().any(|e| {
+                    e["regarding"]["name"] == job && e["reason"] == "TFJobRestarting" && e["type"] == "Warning"
+                });
+            ensure!(found, "no TFJobRestarting Warning event for {job}");
+        }
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn scaling_the_workers_adds_and_removes_pods() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-scale")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        create_job(&k, &tfjob("elastic", &[("PS", 1, "Never"), ("Worker", 2, "OnFailure")], json!({})))?;
+        k.wait_pods("elastic", &["elastic-ps-0", "elastic-worker-0", "elastic-worker-1"], REACT)?;
+        for p in ["elastic-ps-0", "elastic-worker-0", "elastic-worker-1"] {
+            k.set_pod(p, PodState::RUNNING)?;
+        }
+        k.wait_status("elastic", "2 workers active", REACT, |s| replica_count(s, "Worker", "active") == 2)?;
+        let uids: Vec<String> =
+            ["elastic-ps-0", "elastic-worker-0"].iter().map(|p| k.uid("pod", p)).collect::<Result<_>>()?;
+
+        k.patch_job("elastic", json!({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}}))?;
+        k.wait_pods("elastic", &["elastic-ps-0", "elastic-worker-0", "elastic-worker-1", "elastic-worker-2"], REACT)?;
+        let cfg = tf_config(&k.must_get("pod", "elastic-worker-2")?)?;
+        assert_eq!(cfg["cluster"]["worker"].as_array().map(Vec::len), Some(3), "{cfg}");
+        assert_eq!(cfg["cluster"]["worker"][2], format!("elastic-worker-2.elastic.{ns}.svc:2222"));
+        assert_eq!(cfg["task"], json!({"type": "worker", "index": 2}));
+        k.set_pod("elastic-worker-2", PodState::RUNNING)?;
+        k.wait_status("elastic", "3 workers active", REACT, |s| replica_count(s, "Worker", "active") == 3)?;
+
+        k.patch_job("elastic", json!({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 1}}}}))?;
+        k.wait_pods("elastic", &["elastic-ps-0", "elastic-worker-0"], REACT)?;
+        let st = k.wait_status("elastic", "1 worker active", REACT, |s| replica_count(s, "Worker", "active") == 1)?;
+        ensure!(condition_true(&st, "Running") && !condition_true(&st, "Failed"), "{st:#}");
+        assert_eq!(replica_count(&st, "PS", "active"), 1);
+        // The replicas that stay are the same pods.
+        let after: Vec<String> =
+            ["elastic-ps-0", "elastic-worker-0"].iter().map(|p| k.uid("pod", p)).collect::<Result<_>>()?;
+        assert_eq!(uids, after);
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn suspend_deletes_the_pods_and_resume_recreates_them() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-suspend")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        // Created suspended: no pod ever.
+        create_job(&k, &tfjob("later", &[("Worker", 2, "Never")], json!({"suspend": true})))?;
+        let st = k.wait_status("later", "Suspended", REACT, |s| condition_true(s, "Suspended"))?;
+        assert_eq!(condition(&st, "Suspended").unwrap()["reason"], "TFJobSuspended");
+        assert_eq!(k.job_pods("later")?, Vec::<String>::new());
+
+        create_job(&k, &tfjob("pausable", &[("Worker", 2, "Never")], json!({})))?;
+        k.wait_pods("pausable", &["pausable-worker-0", "pausable-worker-1"], REACT)?;
+        k.set_pod("pausable-worker-0", PodState::RUNNING)?;
+        k.set_pod("pausable-worker-1", PodState::RUNNING)?;
+        let st = k.wait_status("pausable", "Running", REACT, |s| {
+            condition_true(s, "Running") && replica_count(s, "Worker", "active") == 2
+        })?;
+        let started = timestamp(&st["startTime"])?;
+
+        k.patch_job("pausable", json!({"spec": {"runPolicy": {"suspend": true}}}))?;
+        k.wait_pods("pausable", &[], REACT)?;
+        let st = k.wait_status("pausable", "Suspended", REACT, |s| condition_true(s, "Suspended"))?;
+        assert_eq!(condition(&st, "Running").unwrap()["status"], "False", "{st:#}");
+        assert_eq!(replica_count(&st, "Worker", "active"), 0, "{st:#}");
+        ensure!(!condition_true(&st, "Failed") && !condition_true(&st, "Succeeded"), "{st:#}");
+        // The Service and the Secret (and so the token) stay.
+        let token = k.must_get("secret", "pausable-token")?["data"]["token"].clone();
+        ensure!(k.get("service", "pausable")?.is_some());
+
+        // startTime has second resolution: make the resume land in a later second.
+        std::thread::sleep(Duration::from_millis(1100));
+        k.patch_job("pausable", json!({"spec": {"runPolicy": {"suspend": false}}}))?;
+        k.wait_pods("pausable", &["pausable-worker-0", "pausable-worker-1"], REACT)?;
+        let st = k.wait_status("pausable", "resumed", REACT, |s| {
+            condition(s, "Suspended").is_some_and(|c| c["status"] == "False")
+        })?;
+        assert_eq!(condition(&st, "Suspended").unwrap()["reason"], "TFJobResumed");
+        ensure!(timestamp(&st["startTime"])? > started, "startTime not reset on resume: {st:#}");
+        assert_eq!(k.must_get("secret", "pausable-token")?["data"]["token"], token);
+        k.set_pod("pausable-worker-0", PodState::RUNNING)?;
+        k.wait_status("pausable", "Running again", REACT, |s| condition_true(s, "Running"))?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn active_deadline_fails_the_job_on_time() -> Result<()> {
+    const DEADLINE: i64 = 6;
+    let (cp, ns, _account, op) = setup("op-deadline")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        create_job(&k, &tfjob("bounded", &[("Worker", 1, "Never")], json!({"activeDeadlineSeconds": DEADLINE})))?;
+        k.wait_pods("bounded", &["bounded-worker-0"], REACT)?;
+        k.set_pod("bounded-worker-0", PodState::RUNNING)?;
+        let st = k.wait_status("bounded", "Running", REACT, |s| condition_true(s, "Running"))?;
+        let start = timestamp(&st["startTime"])?;
+        // From here on nothing changes: only the deadline can wake the operator up.
+        let st = k.wait_status("bounded", "Failed", Duration::from_secs(DEADLINE as u64 + 15), |s| {
+            condition_true(s, "Failed")
+        })?;
+        let seen = jiff::Timestamp::now();
+        let failed = condition(&st, "Failed").unwrap();
+        assert_eq!(failed["reason"], "TFJobFailed", "{st:#}");
+        let msg = failed["message"].as_str().unwrap_or_default();
+        ensure!(msg.contains("active longer than specified deadline"), "{msg}");
+        // Timestamps have second resolution: startTime may be up to 1 s before the real start.
+        let at = timestamp(&failed["lastTransitionTime"])?;
+        let after_start = at.duration_since(start).as_secs_f64();
+        ensure!(
+            (DEADLINE as f64..=DEADLINE as f64 + 2.0).contains(&after_start),
+            "Failed {after_start}s after startTime, the deadline is {DEADLINE}s: {st:#}"
+        );
+        let observed = seen.duration_since(start).as_secs_f64();
+        ensure!(observed <= DEADLINE as f64 + 3.0, "the failure was visible only {observed}s after startTime");
+        // cleanPodPolicy Running (the default): the running pod is deleted.
+        k.wait_pods("bounded", &[], REACT)?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn ttl_after_finished_deletes_the_job_and_its_objects() -> Result<()> {
+    const TTL: i64 = 4;
+    let (cp, ns, _account, op) = setup("op-ttl")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        create_job(
+            &k,
+            &tfjob(
+                "shortlived",
+                &[("Worker", 1, "Never")],
+                json!({"ttlSecondsAfterFinished": TTL, "cleanPodPolicy": "None"}),
+            ),
+        )?;
+        k.wait_pods("shortlived", &["shortlived-worker-0"], REACT)?;
+        k.set_pod("shortlived-worker-0", PodState::RUNNING)?;
+        k.wait_status("shortlived", "Running", REACT, |s| condition_true(s, "Running"))?;
+        k.set_pod("shortlived-worker-0", PodState::SUCCEEDED)?;
+        let st = k.wait_status("shortlived", "Succeeded", REACT, |s| condition_true(s, "Succeeded"))?;
+        let done = timestamp(&st["completionTime"])?;
+        // cleanPodPolicy None: the pod stays until the job goes.
+        assert_eq!(k.job_pods("shortlived")?, vec!["shortlived-worker-0".to_string()]);
+        eventually("the job is deleted", Duration::from_secs(TTL as u64 + 15), || {
+            Ok(k.get("tfjob", "shortlived")?.is_none().then_some(()))
+        })?;
+        let gone = jiff::Timestamp::now().duration_since(done).as_secs_f64();
+        ensure!(
+            (TTL as f64 - 1.0..=TTL as f64 + 3.0).contains(&gone),
+            "the job was deleted {gone}s after completionTime; ttlSecondsAfterFinished is {TTL}"
+        );
+        eventually("the garbage collector removes the pod, Service and Secret", Duration::from_secs(60), || {
+            let left = [
+                k.job_pods("shortlived")?,
+                k.names("services", "training.kubeflow.org/job-name=shortlived")?,
+                k.names("secrets", "training.kubeflow.org/job-name=shortlived")?,
+            ]
+            .concat();
+            Ok(left.is_empty().then_some(()))
+        })?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+fn events_by(cp: &ControlPlane, ns: &str, job: &str) -> Result<Vec<(String, String)>> {
+    let evs: Value = serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", ns, "-o", "json"])?)?;
+    Ok(evs["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == job)
+        .map(|e| {
+            (
+                e["reportingInstance"].as_str().unwrap_or_default().to_string(),
+                e["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+#[test]
+fn leader_election_only_the_leader_writes_and_killing_it_hands_over() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let ns = cp.create_namespace("op-leader")?;
+    let account = operator_account(cp, &ns)?;
+    let k = Cluster::new(cp, &ns);
+    let mut a = Operator::start(cp, &account, "op-a")?;
+    let mut b = Operator::start(cp, &account, "op-b")?;
+    let r = (|| -> Result<()> {
+        let holder = eventually("one operator holds the lease", REACT, || {
+            let lease = k.get("lease", RELEASE)?;
+            Ok(lease.and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from)))
+        })?;
+        let (leader, follower) = if holder.starts_with("op-a_") {
+            (&mut a, &mut b)
+        } else if holder.starts_with("op-b_") {
+            (&mut b, &mut a)
+        } else {
+            anyhow::bail!("unexpected lease holder {holder:?}");
+        };
+        leader.wait_ready(REACT)?;
+        let transitions = k.must_get("lease", RELEASE)?["spec"]["leaseTransitions"].as_i64().unwrap_or(0);
+
+        create_job(&k, &tfjob("first", &[("Worker", 2, "Never")], json!({})))?;
+        k.wait_pods("first", &["first-worker-0", "first-worker-1"], REACT)?;
+        k.set_pod("first-worker-0", PodState::RUNNING)?;
+        k.wait_status("first", "Running", REACT, |s| condition_true(s, "Running"))?;
+        // The follower is alive but not ready and has reconciled nothing; every event of the job
+        // comes from the leader.
+        ensure!(follower.is_running(), "{}", follower.log_tail(30));
+        assert_eq!(follower.readyz(), Some(503), "the follower must not be ready");
+        assert_eq!(follower.metric("tfjob_reconcile_duration_seconds_count")?, 0.0);
+        ensure!(leader.metric("tfjob_reconcile_duration_seconds_count")? > 0.0);
+        let evs = events_by(cp, &ns, "first")?;
+        ensure!(!evs.is_empty(), "no events for the job");
+        ensure!(evs.iter().all(|(by, _)| *by == leader.name), "events not all from {}: {evs:?}", leader.name);
+
+        // SIGKILL: the lease is not released; the follower takes it once it expires (15 s).
+        let killed = Instant::now();
+        leader.kill();
+        follower.wait_ready(Duration::from_secs(40))?;
+        let handover = killed.elapsed();
+        ensure!(handover <= Duration::from_secs(30), "handover took {handover:?}");
+        let lease = k.must_get("lease", RELEASE)?;
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+        ensure!(holder.starts_with(&format!("{}_", follower.name)), "lease holder {holder:?}");
+        assert_eq!(lease["spec"]["leaseTransitions"].as_i64(), Some(transitions + 1), "{lease:#}");
+
+        // The new leader serves: the old job moves on, a new job gets its pods.
+        k.set_pod("first-worker-0", PodState::SUCCEEDED)?;
+        k.wait_status("first", "Succeeded", REACT, |s| condition_true(s, "Succeeded"))?;
+        create_job(&k, &tfjob("second", &[("Worker", 1, "Never")], json!({})))?;
+        k.wait_pods("second", &["second-worker-0"], REACT)?;
+        let evs = events_by(cp, &ns, "second")?;
+        ensure!(
+            !evs.is_empty() && evs.iter().all(|(by, _)| *by == follower.name),
+            "events of the new job not all from {}: {evs:?}",
+            follower.name
+        );
+        ensure!(follower.metric("tfjob_reconcile_duration_seconds_count")? > 0.0);
+        Ok(())
+    })();
+    with_log(r, &[&a, &b])
+}
+
+#[test]
+fn an_invalid_job_that_passed_the_schema_does_not_stop_the_operator() -> Result<()> {
+    let (cp, ns, account, mut op) = setup("op-invalid")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        // Valid for the schema (any replica type key, a free-form template), invalid for the
+        // operator: an unknown replica type and a template without a `tensorflow` container.
+        let mut unknown_type = tfjob("unknown-type", &[("Worker", 1, "Never")], json!({}));
+        unknown_type["spec"]["tfReplicaSpecs"]["Launcher"] = unknown_type["spec"]["tfReplicaSpecs"]["Worker"].clone();
+        create_job(&k, &unknown_type)?;
+        let mut no_tf = tfjob("no-tensorflow", &[("Worker", 1, "Never")], json!({}));
+        no_tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = json!("main");
+        create_job(&k, &no_tf)?;
+        // A template whose containers are not even a list: it cannot be read as a TFJob.
+        let mut garbage = tfjob("garbage", &[("Worker", 1, "Never")], json!({}));
+        garbage["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json!("tensorflow");
+        create_job(&k, &garbage)?;
+
+        create_job(&k, &tfjob("good", &[("Worker", 1, "Never")], json!({})))?;
+        k.wait_pods("good", &["good-worker-0"], REACT)?;
+        k.set_pod("good-worker-0", PodState::RUNNING)?;
+        k.wait_status("good", "Running", REACT, |s| condition_true(s, "Running"))?;
+
+        for (job, field) in [
+            ("unknown-type", "spec.tfReplicaSpecs.Launcher"),
+            ("no-tensorflow", "must contain a container named \"tensorflow\""),
+            ("garbage", "spec.tfReplicaSpecs.Worker.template: is not a valid pod template"),
+        ] {
+            let st = k.wait_status(job, "Failed validation", REACT, |s| condition_true(s, "Failed"))?;
+            let c = condition(&st, "Failed").unwrap();
+            assert_eq!(c["reason"], "TFJobFailedValidation", "{job}: {st:#}");
+            let msg = c["message"].as_str().unwrap_or_default();
+            ensure!(msg.contains(field), "{job}: the message does not name {field}: {msg}");
+            assert_eq!(k.job_pods(job)?, Vec::<String>::new(), "{job}");
+        }
+
+        // A job created after the invalid ones is served too.
+        create_job(&k, &tfjob("after", &[("Worker", 1, "Never")], json!({})))?;
+        k.wait_pods("after", &["after-worker-0"], REACT)?;
+
+        // An operator that starts while the invalid jobs exist (its first LIST returns them)
+        // serves too.
+        op.terminate()?;
+        op = Operator::start_ready(cp, &account, "op-1")?;
+        create_job(&k, &tfjob("restarted", &[("Worker", 1, "Never")], json!({})))?;
+        k.wait_pods("restarted", &["restarted-worker-0"], REACT)?;
+        k.set_pod("after-worker-0", PodState::RUNNING)?;
+        k.wait_status("after", "Running", REACT, |s| condition_true(s, "Running"))?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
