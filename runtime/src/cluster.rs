@@ -85,13 +85,14 @@ impl ClusterSpec {
     }
     /// The task that initialises variables and decides when training ends:
     /// `chief:0`, else `master:0`, else `worker:0` (TensorFlow's rule).
+    ///
+    /// Task 0 even when the sparse form leaves it out (a dynamic worker sees
+    /// only itself and the ps tasks, and must not take itself for the chief).
     pub fn chief(&self) -> Option<TaskId> {
-        for job in ["chief", "master", "worker"] {
-            if let Some((i, _)) = self.jobs.get(job).and_then(|t| t.iter().next()) {
-                return Some(TaskId::new(job, *i));
-            }
-        }
-        None
+        ["chief", "master", "worker"]
+            .into_iter()
+            .find(|job| self.jobs.get(*job).is_some_and(|t| !t.is_empty()))
+            .map(|job| TaskId::new(job, 0))
     }
     /// Tasks that compute gradients: chief/master and workers.
     pub fn training_tasks(&self) -> Vec<TaskId> {
@@ -569,6 +570,8 @@ mod tests {
         assert_eq!(cfg(r#"{"cluster":{"master":["c:1"],"worker":["w:1"]}}"#), Some(TaskId::new("master", 0)));
         assert_eq!(cfg(r#"{"cluster":{"ps":["p:1"],"worker":["w:1","v:1"]}}"#), Some(TaskId::new("worker", 0)));
         assert_eq!(cfg(r#"{"cluster":{"ps":["p:1"]}}"#), None);
+        // The sparse form of a dynamic worker: worker 0 is the chief even when absent.
+        assert_eq!(cfg(r#"{"cluster":{"ps":["p:1"],"worker":{"3":"w:1"}}}"#), Some(TaskId::new("worker", 0)));
     }
 
     #[test]

@@ -71,7 +71,7 @@ fn every_example_succeeds() -> Result<()> {
         .collect::<Result<_, _>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     files.sort();
-    assert!(files.len() >= 5, "examples: {files:?}");
+    assert!(files.len() >= 6, "examples: {files:?}");
     for file in files {
         let name = file.file_stem().unwrap().to_string_lossy().to_string();
         let started = Instant::now();
@@ -80,7 +80,7 @@ fn every_example_succeeds() -> Result<()> {
         let status = status_yaml(&run_dir);
         assert!(status.contains("type: Succeeded"), "{name}: {status}");
         match name.as_str() {
-            "linreg-async" | "linreg-sync" | "backup-workers" => {
+            "linreg-async" | "linreg-sync" | "backup-workers" | "elastic-workers" => {
                 assert_linear(&run_dir, "worker-0");
                 assert!(report(&run_dir, "worker-0")["global_step"].as_i64().unwrap() >= 4000);
             }
