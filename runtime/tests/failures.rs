@@ -42,43 +42,42 @@ fn assert_converged(results: &[Finished], train_steps: i64) {
     }
 }
 
-/// kill -9 of a worker in sync training: the step waits for it, the
-/// restarted worker rejoins at the current step, training completes.
-#[test]
-fn worker_killed_and_restarted_rejoins_sync() {
+/// Starts 1 ps + 2 workers with `extra`, kills `victim` with SIGKILL once it
+/// logged global step 1000, restarts it, and checks the job completes and
+/// converges.
+fn kill_and_restart(extra: &[&str], train_steps: i64, victim: &str) -> Vec<Finished> {
     let ports = free_ports(3);
-    let args = linear_args(&ports, &["--sync_replicas", "--train_steps=6000"]);
+    let steps = format!("--train_steps={train_steps}");
+    let mut all = extra.to_vec();
+    all.push(&steps);
+    let args = linear_args(&ports, &all);
     let mut job = Job::new();
     job.spawn("ps0", &args("ps", 0), &[]);
     job.spawn("worker0", &args("worker", 0), &[]);
     job.spawn("worker1", &args("worker", 1), &[]);
-    job.wait_until(LIMIT, "worker1 at global step 1000", |j| j.logged_global_step("worker1") >= 1000);
-    job.kill("worker1");
+    job.wait_until(LIMIT, &format!("{victim} at global step 1000"), |j| j.logged_global_step(victim) >= 1000);
+    job.kill(victim);
     std::thread::sleep(Duration::from_millis(300));
-    job.restart("worker1");
+    job.restart(victim);
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);
-    assert_converged(&results, 6000);
-    let w1 = results.iter().find(|r| r.name == "worker1").unwrap();
-    assert_eq!(w1.stdout.lines().filter(|l| l.starts_with('{')).count(), 1, "the killed run printed no report");
+    assert_converged(&results, train_steps);
+    let killed = results.iter().find(|r| r.name == victim).unwrap();
+    assert_eq!(killed.stdout.lines().filter(|l| l.starts_with('{')).count(), 1, "the killed run printed no report");
+    results
+}
+
+/// kill -9 of a worker in sync training: the step waits for it, the
+/// restarted worker rejoins at the current step, training completes.
+#[test]
+fn worker_killed_and_restarted_rejoins_sync() {
+    kill_and_restart(&["--sync_replicas"], 6000, "worker1");
 }
 
 /// kill -9 of a worker in async training.
 #[test]
 fn worker_killed_and_restarted_rejoins_async() {
-    let ports = free_ports(3);
-    let args = linear_args(&ports, &["--train_steps=8000"]);
-    let mut job = Job::new();
-    job.spawn("ps0", &args("ps", 0), &[]);
-    job.spawn("worker0", &args("worker", 0), &[]);
-    job.spawn("worker1", &args("worker", 1), &[]);
-    job.wait_until(LIMIT, "worker1 at global step 1000", |j| j.logged_global_step("worker1") >= 1000);
-    job.kill("worker1");
-    std::thread::sleep(Duration::from_millis(300));
-    job.restart("worker1");
-    let results = job.wait_all(LIMIT);
-    assert_all_ok(&results);
-    assert_converged(&results, 8000);
+    kill_and_restart(&[], 8000, "worker1");
 }
 
 /// kill -9 of the ps in sync training: it restores the latest checkpoint,
@@ -117,19 +116,7 @@ fn ps_killed_restores_from_checkpoint() {
 /// initialised, resumes, and still ends training for everyone.
 #[test]
 fn chief_killed_and_restarted_resumes() {
-    let ports = free_ports(3);
-    let args = linear_args(&ports, &["--train_steps=8000"]);
-    let mut job = Job::new();
-    job.spawn("ps0", &args("ps", 0), &[]);
-    job.spawn("worker0", &args("worker", 0), &[]);
-    job.spawn("worker1", &args("worker", 1), &[]);
-    job.wait_until(LIMIT, "global step 1000", |j| j.logged_global_step("worker0") >= 1000);
-    job.kill("worker0");
-    std::thread::sleep(Duration::from_millis(300));
-    job.restart("worker0");
-    let results = job.wait_all(LIMIT);
-    assert_all_ok(&results);
-    assert_converged(&results, 8000);
+    let results = kill_and_restart(&[], 8000, "worker0");
     let chief = results.iter().find(|r| r.name == "worker0").unwrap();
     assert!(chief.stderr.contains("already initialised"), "{}", tail(&chief.stderr, 2000));
 }

@@ -353,12 +353,7 @@ impl ContainerBackend {
             self.finish_logs(logs, Duration::from_secs(2));
             let r = self.replicas.get_mut(&name).expect("present");
             let policy = r.planned.restart_policy.pod_restart_policy();
-            let restart = match policy {
-                "Always" => true,
-                "OnFailure" => code != 0,
-                _ => false,
-            };
-            if restart {
+            if super::restarts_in_place(&r.planned.restart_policy, code) {
                 r.restart_at = Some(now + r.backoff);
                 self.console.info(&format!(
                     "{short} exited with code {code}; restarting in place in {:.1}s (restartPolicy {policy})",
@@ -366,7 +361,7 @@ impl ContainerBackend {
                 ));
                 r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
             } else {
-                r.phase = if code == 0 { Phase::Succeeded } else { Phase::Failed };
+                r.phase = super::final_phase(code);
                 if code != 0 {
                     self.console.info(&format!("{short} failed with exit code {code}"));
                 }

@@ -65,6 +65,22 @@ pub trait Backend {
     fn shutdown(&mut self);
 }
 
+/// The kubelet's decision when the `tensorflow` container of a replica
+/// exits with `code`: restart it in place (pod restart policy `Always`, or
+/// `OnFailure` on a non-zero code), or let the pod end.
+pub fn restarts_in_place(policy: &crate::api::RestartPolicy, code: i32) -> bool {
+    match policy.pod_restart_policy() {
+        "Always" => true,
+        "OnFailure" => code != 0,
+        _ => false,
+    }
+}
+
+/// Phase of a pod whose container ended for good.
+pub fn final_phase(code: i32) -> status::Phase {
+    if code == 0 { status::Phase::Succeeded } else { status::Phase::Failed }
+}
+
 /// Options of `tfjob run`.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -274,3 +290,33 @@ fn write_status(run_dir: &Path, status: &TFJobStatus) {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::RestartPolicy;
+
+    #[test]
+    fn kubelet_restart_decisions() {
+        let cases = [
+            (RestartPolicy::Always, 0, true),
+            (RestartPolicy::Always, 1, true),
+            (RestartPolicy::OnFailure, 0, false),
+            (RestartPolicy::OnFailure, 137, true),
+            (RestartPolicy::Never, 1, false),
+            // ExitCode maps to a `Never` pod: the controller recreates it.
+            (RestartPolicy::ExitCode, 137, false),
+        ];
+        for (policy, code, want) in cases {
+            assert_eq!(restarts_in_place(&policy, code), want, "{policy:?} {code}");
+        }
+        assert_eq!(final_phase(0), status::Phase::Succeeded);
+        assert_eq!(final_phase(2), status::Phase::Failed);
+    }
+
+    #[test]
+    fn short_names() {
+        assert_eq!(short_name("linreg", "linreg-worker-1"), "worker-1");
+        assert_eq!(short_name("a", "b-ps-0"), "b-ps-0");
+    }
+}

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::api::{ReplicaType, RestartPolicy};
+use crate::api::ReplicaType;
 use crate::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
 use crate::status::{ObservedReplica, Phase};
 
@@ -197,12 +197,7 @@ impl Backend for ProcessBackend {
                     let code = exit_code_of(status);
                     r.child = None;
                     r.exit_code = Some(code);
-                    let restart = match r.planned.restart_policy.pod_restart_policy() {
-                        "Always" => true,
-                        "OnFailure" => code != 0,
-                        _ => false,
-                    };
-                    if restart {
+                    if super::restarts_in_place(&r.planned.restart_policy, code) {
                         // The kubelet restarts the container in place; the pod stays Running.
                         r.restart_at = Some(now + r.backoff);
                         r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
@@ -213,7 +208,7 @@ impl Backend for ProcessBackend {
                             r.planned.restart_policy.pod_restart_policy()
                         ));
                     } else {
-                        r.phase = if code == 0 { Phase::Succeeded } else { Phase::Failed };
+                        r.phase = super::final_phase(code);
                         if code != 0 {
                             self.console.info(&format!("{} failed with exit code {code}", short_name(&self.job, name)));
                         }
@@ -268,9 +263,4 @@ impl Drop for ProcessBackend {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Whether a restart policy restarts replicas in place (for messages).
-pub fn restarts_in_place(p: &RestartPolicy) -> bool {
-    matches!(p.pod_restart_policy(), "Always" | "OnFailure")
 }
