@@ -425,15 +425,7 @@ impl Backend for ContainerBackend {
         }
         self.replicas
             .iter()
-            .map(|(name, r)| ObservedReplica {
-                replica_type: r.planned.replica_type,
-                index: r.planned.index,
-                name: name.clone(),
-                phase: r.phase,
-                exit_code: r.exit_code,
-                restart_count: r.restart_count,
-                terminating: false,
-            })
+            .map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count))
             .collect()
     }
 

@@ -76,6 +76,19 @@ pub fn restarts_in_place(policy: &crate::api::RestartPolicy, code: i32) -> bool 
     }
 }
 
+/// What a backend reports for one of its replicas.
+pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit_code: Option<i32>, restart_count: i32) -> ObservedReplica {
+    ObservedReplica {
+        replica_type: planned.replica_type,
+        index: planned.index,
+        name: name.to_string(),
+        phase,
+        exit_code,
+        restart_count,
+        terminating: false,
+    }
+}
+
 /// Phase of a pod whose container ended for good.
 pub fn final_phase(code: i32) -> status::Phase {
     if code == 0 { status::Phase::Succeeded } else { status::Phase::Failed }

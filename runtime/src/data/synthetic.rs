@@ -53,23 +53,28 @@ pub fn synthetic_classification(
     let mut split = |n: usize| {
         let x = Array2::from_shape_simple_fn((n, input_dim), || rng.random::<f32>());
         let scores = (&x - 0.5f32).dot(&t);
-        let labels = scores
-            .axis_iter(Axis(0))
-            .map(|row| {
-                let mut best = 0;
-                for (j, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = j;
-                    }
-                }
-                best as u32
-            })
-            .collect();
+        let labels = argmax_rows(&scores);
         Dataset::new(x, Targets::Labels(labels)).expect("one label per input")
     };
     let train = split(train_examples);
     let test = split(test_examples);
     (train, test)
+}
+
+/// The index of the largest score of each row (the first one on ties).
+fn argmax_rows(scores: &Array2<f32>) -> Vec<u32> {
+    scores
+        .axis_iter(Axis(0))
+        .map(|row| {
+            let mut best = 0;
+            for (j, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = j;
+                }
+            }
+            best as u32
+        })
+        .collect()
 }
 
 /// Latent dimensions of [`synthetic_images`].
@@ -106,18 +111,7 @@ pub fn synthetic_images(
     let smean = scores.mean_axis(Axis(0)).expect("at least one example");
     scores -= &smean;
     scores /= &std.mapv(|s| if s > 0.0 { s } else { 1.0 });
-    let labels: Vec<u32> = scores
-        .axis_iter(Axis(0))
-        .map(|row| {
-            let mut best = 0;
-            for (j, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = j;
-                }
-            }
-            best as u32
-        })
-        .collect();
+    let labels = argmax_rows(&scores);
     let train_x = x.slice(ndarray::s![..train_examples, ..]).to_owned();
     let test_x = x.slice(ndarray::s![train_examples.., ..]).to_owned();
     let train = Dataset::new(train_x, Targets::Labels(labels[..train_examples].to_vec())).expect("one label per input");
