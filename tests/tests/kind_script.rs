@@ -1,0 +1,433 @@
+//! `tests/e2e/kind/` (the end-to-end script for a real kind cluster) cannot run on these machines:
+//! no kind node image can be pulled. These cheap checks keep it from rotting: the script is valid
+//! bash, the workflow and the kind config parse, every manifest the script applies exists and is a
+//! valid TFJob, every example is applied, the images it builds are the ones the chart and the
+//! manifests run, the labels it selects by are the operator's, and the operator's state machine
+//! does what the script waits for. Nothing here needs Docker, kind, kubectl or helm.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::jiff::Timestamp;
+use serde_yaml::Value;
+use tfjob_operator::api::{self, ReplicaType, TFJob, TFJobStatus};
+use tfjob_operator::plan;
+use tfjob_operator::status::{self, Action, Observation, ObservedReplica, Phase};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn kind_dir() -> PathBuf {
+    repo().join("tests/e2e/kind")
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn script() -> Result<String> {
+    read(&kind_dir().join("run.sh"))
+}
+
+fn yaml(path: &Path) -> Result<Value> {
+    serde_yaml::from_str(&read(path)?).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The value of the one `NAME=value` line of the script (quotes removed).
+fn assignment(script: &str, name: &str) -> Result<String> {
+    let prefix = format!("{name}=");
+    let values: Vec<&str> = script
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect();
+    ensure!(
+        values.len() == 1,
+        "run.sh: expected one line `{name}=...`, found {}",
+        values.len()
+    );
+    Ok(values[0].trim().trim_matches(['\'', '"']).to_string())
+}
+
+/// A manifest of the kind directory named by the script as `$here/<file>`.
+fn kind_manifest(script: &str, name: &str) -> Result<PathBuf> {
+    let value = assignment(script, name)?;
+    let file = value
+        .strip_prefix("$here/")
+        .with_context(|| format!("{name}={value}: expected $here/<file>"))?;
+    Ok(kind_dir().join(file))
+}
+
+fn example_files() -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    Ok(files)
+}
+
+/// The one valid TFJob of a manifest file.
+fn load_job(path: &Path) -> Result<TFJob> {
+    let mut jobs =
+        api::load_manifest(&read(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    ensure!(jobs.len() == 1, "{}: expected one TFJob", path.display());
+    jobs.remove(0)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Every TFJob manifest the script applies: the examples and the two of tests/e2e/kind/.
+fn applied_manifests(script: &str) -> Result<Vec<PathBuf>> {
+    let mut files = example_files()?;
+    files.push(kind_manifest(script, "RESTART_MANIFEST")?);
+    files.push(kind_manifest(script, "FAILURE_MANIFEST")?);
+    Ok(files)
+}
+
+#[test]
+fn the_script_is_valid_bash() -> Result<()> {
+    let path = kind_dir().join("run.sh");
+    let out = Command::new("bash").arg("-n").arg(&path).output()?;
+    ensure!(
+        out.status.success() && out.stderr.is_empty(),
+        "bash -n {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = script()?;
+    ensure!(
+        text.contains("set -Eeuo pipefail"),
+        "run.sh must stop at the first error"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_workflow_runs_the_script_with_pinned_tools_and_keeps_its_dump() -> Result<()> {
+    let path = repo().join(".github/workflows/e2e-kind.yml");
+    let wf = yaml(&path)?;
+    ensure!(wf.get("on").is_some(), "{}: no `on`", path.display());
+    let job = wf["jobs"]["kind"].clone();
+    ensure!(
+        job["runs-on"] == "ubuntu-latest",
+        "runs-on: {:?}",
+        job["runs-on"]
+    );
+    let env = &job["env"];
+    let kind = env["KIND_VERSION"].as_str().context("no KIND_VERSION")?;
+    ensure!(
+        kind.starts_with("v0.") && kind.split('.').count() == 3,
+        "KIND_VERSION {kind}: pin a kind release"
+    );
+    // The same helm as the test control plane.
+    let build = read(&repo().join("tests/controlplane/build.sh"))?;
+    let pinned = assignment(&build, "HELM_VERSION")?;
+    ensure!(
+        env["HELM_VERSION"].as_str() == Some(pinned.as_str()),
+        "HELM_VERSION {:?} in the workflow, {pinned} in tests/controlplane/build.sh",
+        env["HELM_VERSION"]
+    );
+    ensure!(
+        env["KUBECTL_VERSION"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("v1.")),
+        "KUBECTL_VERSION: {:?}",
+        env["KUBECTL_VERSION"]
+    );
+
+    let steps = job["steps"].as_sequence().context("no steps")?;
+    let run = steps
+        .iter()
+        .find(|s| {
+            s["run"]
+                .as_str()
+                .is_some_and(|r| r.trim() == "bash tests/e2e/kind/run.sh")
+        })
+        .context("no step runs `bash tests/e2e/kind/run.sh`")?;
+    let artifacts = run["env"]["ARTIFACTS_DIR"]
+        .as_str()
+        .context("the run step sets no ARTIFACTS_DIR")?;
+    let upload = steps
+        .iter()
+        .find(|s| {
+            s["uses"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("actions/upload-artifact@"))
+        })
+        .context("no upload-artifact step")?;
+    ensure!(
+        upload["if"] == "failure()",
+        "upload only on failure: {:?}",
+        upload["if"]
+    );
+    ensure!(
+        upload["with"]["path"].as_str() == Some(artifacts),
+        "the upload path {:?} is not the script's ARTIFACTS_DIR {artifacts}",
+        upload["with"]["path"]
+    );
+    ensure!(
+        script()?.contains("ARTIFACTS_DIR=${ARTIFACTS_DIR:-"),
+        "run.sh must honour ARTIFACTS_DIR"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_kind_config_parses() -> Result<()> {
+    let text = script()?;
+    ensure!(text.contains("--config \"$here/kind-config.yaml\""));
+    let config = yaml(&kind_dir().join("kind-config.yaml"))?;
+    ensure!(config["kind"] == "Cluster", "kind: {:?}", config["kind"]);
+    ensure!(config["apiVersion"] == "kind.x-k8s.io/v1alpha4");
+    let roles: Vec<&str> = config["nodes"]
+        .as_sequence()
+        .context("no nodes")?
+        .iter()
+        .filter_map(|n| n["role"].as_str())
+        .collect();
+    ensure!(
+        roles.contains(&"control-plane") && roles.contains(&"worker"),
+        "nodes: {roles:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_script_applies_every_example_and_only_files_that_exist() -> Result<()> {
+    let text = script()?;
+    let list = assignment(&text, "EXAMPLES")?;
+    let listed: Vec<&str> = list
+        .strip_prefix('(')
+        .and_then(|l| l.strip_suffix(')'))
+        .context("EXAMPLES=(...) on one line")?
+        .split_whitespace()
+        .collect();
+    let listed_set: BTreeSet<&str> = listed.iter().copied().collect();
+    ensure!(
+        listed_set.len() == listed.len(),
+        "EXAMPLES lists one twice: {listed:?}"
+    );
+    let present: BTreeSet<String> = example_files()?
+        .iter()
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    let listed_set: BTreeSet<String> = listed_set.into_iter().map(String::from).collect();
+    ensure!(
+        listed_set == present,
+        "EXAMPLES in run.sh {listed_set:?} must be exactly examples/*.yaml {present:?}"
+    );
+    // The script names each job by its manifest; the job names must be usable as given.
+    for path in applied_manifests(&text)? {
+        let job = load_job(&path)?;
+        ensure!(!job.name().is_empty(), "{}: no name", path.display());
+    }
+    for dockerfile in ["operator/Dockerfile", "runtime/Dockerfile"] {
+        ensure!(repo().join(dockerfile).is_file(), "no {dockerfile}");
+        ensure!(
+            text.contains(&format!("\"$repo/{dockerfile}\"")),
+            "run.sh does not build {dockerfile}"
+        );
+    }
+    ensure!(repo().join("charts/tfjob-operator/Chart.yaml").is_file());
+    ensure!(assignment(&text, "CHART")? == "$repo/charts/tfjob-operator");
+    Ok(())
+}
+
+#[test]
+fn the_images_it_builds_are_the_ones_the_chart_and_the_manifests_run() -> Result<()> {
+    let text = script()?;
+    let runtime_image = assignment(&text, "RUNTIME_IMAGE")?;
+    for path in applied_manifests(&text)? {
+        let doc = yaml(&path)?;
+        let specs = doc["spec"]["tfReplicaSpecs"]
+            .as_mapping()
+            .with_context(|| format!("{}: no tfReplicaSpecs", path.display()))?;
+        for (rtype, spec) in specs {
+            let rtype = rtype.as_str().unwrap_or("?");
+            let containers = spec["template"]["spec"]["containers"]
+                .as_sequence()
+                .with_context(|| format!("{}: {rtype} has no containers", path.display()))?;
+            for c in containers {
+                ensure!(
+                    c["image"].as_str() == Some(runtime_image.as_str()),
+                    "{} {rtype}: image {:?}, but run.sh builds and loads {runtime_image}",
+                    path.display(),
+                    c["image"]
+                );
+                // `:latest` without a pull policy means Always: the kubelet would pull from a
+                // registry instead of using the image `kind load` put on the node.
+                let policy = c["imagePullPolicy"].as_str();
+                ensure!(
+                    matches!(policy, Some("IfNotPresent" | "Never")),
+                    "{} {rtype}: imagePullPolicy {policy:?}: kind-loaded images need IfNotPresent",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    let values = yaml(&repo().join("charts/tfjob-operator/values.yaml"))?;
+    let repository = assignment(&text, "OPERATOR_REPOSITORY")?;
+    ensure!(
+        values["image"]["repository"].as_str() == Some(repository.as_str()),
+        "the chart's image.repository {:?} is not run.sh's {repository}",
+        values["image"]["repository"]
+    );
+    // The script builds the tag the chart renders by default (appVersion when tag is empty).
+    ensure!(
+        values["image"]["tag"] == "" && values["image"]["digest"] == "",
+        "image.tag/digest are set in values.yaml: run.sh builds <repository>:<appVersion>"
+    );
+    ensure!(
+        matches!(
+            values["image"]["pullPolicy"].as_str(),
+            Some("IfNotPresent" | "Never")
+        ),
+        "the chart's image.pullPolicy must let a kind-loaded image be used"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_labels_it_selects_by_are_the_operators() -> Result<()> {
+    let text = script()?;
+    for (name, want) in [
+        ("LABEL_JOB_NAME", plan::LABEL_JOB_NAME),
+        ("LABEL_OPERATOR_NAME", plan::LABEL_OPERATOR_NAME),
+        ("OPERATOR_NAME", plan::OPERATOR_NAME),
+        ("LABEL_JOB_ROLE", plan::LABEL_JOB_ROLE),
+    ] {
+        ensure!(
+            assignment(&text, name)? == want,
+            "{name} in run.sh is not {want}"
+        );
+    }
+    ensure!(api::secret_name("$JOB") == "$JOB-token");
+    ensure!(
+        text.contains("\"secret/$JOB-token\""),
+        "run.sh checks the job's Secret by name"
+    );
+    ensure!(
+        assignment(&text, "CRD")? == "tfjobs.kubeflow.org",
+        "the CRD the script waits for"
+    );
+    Ok(())
+}
+
+/// The operator's state machine does what the script waits for: a missing worker pod is
+/// created again, and exit code 1 under ExitCode fails the job with FAILURE_MESSAGE.
+#[test]
+fn the_operator_does_what_the_script_waits_for() -> Result<()> {
+    let text = script()?;
+    let observe = |job: &TFJob, replicas: &[ObservedReplica]| {
+        let status = TFJobStatus::default();
+        status::reconcile_status(&Observation {
+            namespace: "default",
+            name: job.name(),
+            spec: &job.spec,
+            status: &status,
+            replicas,
+            invalid: &[],
+            now: Timestamp::now(),
+        })
+    };
+    let replica = |job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit: Option<i32>| {
+        ObservedReplica {
+            replica_type: rtype,
+            index,
+            name: format!("{}-{}-{index}", job.name(), rtype.lower()),
+            phase,
+            exit_code: exit,
+            restart_count: 0,
+            terminating: false,
+        }
+    };
+
+    // worker-restart: sync training over 2 or more workers (so the steps wait for the deleted
+    // worker 1), and the operator creates worker 1 again when its pod is gone.
+    let path = kind_manifest(&text, "RESTART_MANIFEST")?;
+    let job = load_job(&path)?;
+    let specs = api::replica_specs(&job.spec);
+    let workers = specs.get(&ReplicaType::Worker).context("no Worker")?;
+    ensure!(
+        workers.replicas >= 2,
+        "{}: worker 1 must exist",
+        path.display()
+    );
+    let raw = read(&path)?;
+    ensure!(
+        raw.contains("--sync_replicas") && raw.contains("--model=linear"),
+        "{}: sync linear training",
+        path.display()
+    );
+    let mut seen: Vec<ObservedReplica> = specs
+        .iter()
+        .flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i)))
+        .map(|(t, i)| replica(&job, t, i, Phase::Running, None))
+        .collect();
+    seen.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
+    let out = observe(&job, &seen);
+    ensure!(
+        out.actions.contains(&Action::CreateReplica {
+            replica_type: ReplicaType::Worker,
+            index: 1
+        }),
+        "a deleted worker 1 is not created again: {:?}",
+        out.actions
+    );
+
+    // exitcode-failure: one worker, ExitCode; exit 1 is permanent.
+    let path = kind_manifest(&text, "FAILURE_MANIFEST")?;
+    let job = load_job(&path)?;
+    let specs = api::replica_specs(&job.spec);
+    ensure!(
+        specs.len() == 1
+            && specs
+                .get(&ReplicaType::Worker)
+                .is_some_and(|w| w.replicas == 1),
+        "{}: one Worker and nothing else",
+        path.display()
+    );
+    ensure!(
+        specs[&ReplicaType::Worker].restart_policy == api::RestartPolicy::ExitCode,
+        "{}: restartPolicy ExitCode",
+        path.display()
+    );
+    let out = observe(
+        &job,
+        &[replica(
+            &job,
+            ReplicaType::Worker,
+            0,
+            Phase::Failed,
+            Some(1),
+        )],
+    );
+    let failed = out
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == status::FAILED && c.status == "True")
+        .context("exit code 1 under ExitCode did not fail the job")?;
+    let message = failed.message.clone().unwrap_or_default();
+    let expected = assignment(&text, "FAILURE_MESSAGE")?;
+    ensure!(
+        message.contains(&expected),
+        "the Failed message {message:?} does not contain run.sh's FAILURE_MESSAGE {expected:?}"
+    );
+    ensure!(
+        !out.actions.iter().any(|a| matches!(
+            a,
+            Action::RecreateReplica { .. } | Action::CreateReplica { .. }
+        )),
+        "a permanent failure must not be recreated: {:?}",
+        out.actions
+    );
+    Ok(())
+}
