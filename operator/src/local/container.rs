@@ -3,10 +3,14 @@
 //! the same DNS names as in Kubernetes minus the namespace
 //! (`<job>-<type>-<index>.<job>`, and `<job>-<type>-<index>`, as network
 //! aliases). It talks to Docker or to podman's API service through the
-//! Docker-compatible API (bollard), and plays the kubelet like the process
-//! backend: restarts the same container in place under `Always` and
-//! `OnFailure` (with a growing back-off), reports phases and exit codes, and
-//! removes every container and the network at the end.
+//! Docker-compatible API (bollard).
+//!
+//! Two layers: [`ContainerKubelet`] plays the kubelet for containers (runs a
+//! pod's container, restarts it in place under `Always` and `OnFailure` with
+//! a growing back-off, captures every line of its output, reports phases,
+//! exit codes, restart counts and times, removes everything at the end); the
+//! test suite's node agent runs the pods of a real API server with it.
+//! [`ContainerBackend`] is the `tfjob run` backend on top of it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
@@ -17,7 +21,8 @@ use bollard::Docker;
 use bollard::errors::Error as EngineError;
 use bollard::models::{ContainerCreateBody, ContainerStateStatusEnum, EndpointSettings, HostConfig, NetworkCreateRequest, NetworkingConfig};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, KillContainerOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
 };
 use futures::StreamExt as _;
 use k8s_openapi::jiff::Timestamp;
@@ -41,6 +46,23 @@ const HOW_TO_START: &str = "start Docker, or `podman system service --time=0 uni
 
 /// How often container states are inspected.
 const POLL: Duration = Duration::from_millis(250);
+
+/// The first restart back-off; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Errors of the container engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("no container engine reachable at {tried}: {HOW_TO_START}")]
+    NoEngine { tried: String },
+    #[error("cannot start the container client: {0}")]
+    Client(String),
+    #[error("cannot create network {network}: {reason}")]
+    Network { network: String, reason: String },
+    #[error("{pod}: {reason}")]
+    Pod { pod: String, reason: String },
+}
 
 /// Where an engine may listen: `DOCKER_HOST` when set, else Docker's and
 /// podman's usual sockets.
@@ -74,7 +96,7 @@ async fn connect_one(host: &str) -> Result<Docker, String> {
 
 /// The first engine that answers `/_ping`, or the error naming where it
 /// looked and how to start one.
-async fn connect(candidates: &[String]) -> Result<Docker, RunError> {
+async fn connect(candidates: &[String]) -> Result<Docker, ContainerError> {
     let mut tried = Vec::new();
     for host in candidates {
         match connect_one(host).await {
@@ -82,8 +104,488 @@ async fn connect(candidates: &[String]) -> Result<Docker, RunError> {
             Err(e) => tried.push(format!("{host} ({e})")),
         }
     }
-    Err(RunError::Backend(format!("no container engine reachable at {}: {HOW_TO_START}", tried.join(", "))))
+    Err(ContainerError::NoEngine { tried: tried.join(", ") })
 }
+
+fn random_suffix() -> String {
+    format!("{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+fn is_not_found(e: &EngineError) -> bool {
+    matches!(e, EngineError::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A file or directory of the host seen inside a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    pub host_path: String,
+    pub container_path: String,
+    pub read_only: bool,
+}
+
+/// The one container of a pod, as the kubelet runs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodContainer {
+    /// Name in log lines and messages (`worker-1`).
+    pub log_name: String,
+    pub image: String,
+    /// Kubernetes `command` (replaces the image's entrypoint) and `args`
+    /// (replace the image's command).
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub hostname: String,
+    /// DNS names of the container on the network.
+    pub aliases: Vec<String>,
+    pub labels: Vec<(String, String)>,
+    /// The pod's restart policy: `Always`, `OnFailure` or `Never`.
+    pub restart_policy: String,
+    pub mounts: Vec<BindMount>,
+    /// Extra `/etc/hosts` entries, `name:address`.
+    pub extra_hosts: Vec<String>,
+}
+
+/// What the kubelet reports about one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodState {
+    pub phase: Phase,
+    /// The container runs now.
+    pub running: bool,
+    /// Exit code of the last run that ended.
+    pub exit_code: Option<i32>,
+    pub restart_count: i32,
+    /// The engine's container name.
+    pub container: String,
+    /// RFC 3339 times of the current or last run.
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+}
+
+/// Where a pod's output and the kubelet's messages go.
+pub trait PodOutput: Send + Sync {
+    /// One line of a pod's output (stdout and stderr), in order, none lost.
+    fn line(&self, log_name: &str, line: &str);
+    /// A message of the kubelet (restarts, failures).
+    fn info(&self, message: &str);
+}
+
+/// How far a container's log has been shown: the timestamp of the last line
+/// and how many lines carried exactly that timestamp.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct LogCursor {
+    last: Option<Timestamp>,
+    at_last: usize,
+}
+
+impl LogCursor {
+    /// Whether a line with this timestamp is new; advances past it if so.
+    /// A log read again from an earlier second repeats lines: those are not
+    /// new.
+    fn advance(&mut self, stamp: Timestamp, seen_at_stamp: &mut usize) -> bool {
+        match self.last {
+            Some(last) if stamp < last => false,
+            Some(last) if stamp == last => {
+                *seen_at_stamp += 1;
+                if *seen_at_stamp > self.at_last {
+                    self.at_last = *seen_at_stamp;
+                    true
+                } else {
+                    false
+                }
+            }
+            _ => {
+                self.last = Some(stamp);
+                self.at_last = 1;
+                *seen_at_stamp = 1;
+                true
+            }
+        }
+    }
+}
+
+/// Splits a log line read with timestamps into its time and text.
+fn split_stamp(text: &str) -> (Option<Timestamp>, &str) {
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    match text.split_once(' ') {
+        Some((s, rest)) => match Timestamp::from_str(s) {
+            Ok(t) => (Some(t), rest),
+            Err(_) => (None, text),
+        },
+        None => match Timestamp::from_str(text) {
+            Ok(t) => (Some(t), ""),
+            Err(_) => (None, text),
+        },
+    }
+}
+
+/// Reads a container's log (following it or not) from the cursor on and
+/// hands every new line to `output`.
+async fn read_log(docker: Docker, container: String, follow: bool, cursor: Arc<Mutex<LogCursor>>, output: Arc<dyn PodOutput>, log_name: String) {
+    let since = cursor.lock().unwrap_or_else(|p| p.into_inner()).last.map(|t| t.as_second() as i32).unwrap_or(0);
+    let options = LogsOptionsBuilder::new().follow(follow).stdout(true).stderr(true).timestamps(true).since(since).build();
+    let mut stream = docker.logs(&container, Some(options));
+    // Lines repeated from the cursor's second are skipped by counting.
+    let mut seen_at_stamp = 0usize;
+    let mut emit = |raw: &[u8]| {
+        let text = String::from_utf8_lossy(raw);
+        let (stamp, line) = split_stamp(&text);
+        if let Some(t) = stamp {
+            let mut c = cursor.lock().unwrap_or_else(|p| p.into_inner());
+            if !c.advance(t, &mut seen_at_stamp) {
+                return;
+            }
+        }
+        output.line(&log_name, line);
+    };
+    // Partial lines of stdout and stderr.
+    let mut pending: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else { break };
+        let (slot, bytes) = match chunk {
+            bollard::container::LogOutput::StdErr { message } => (1, message),
+            bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => (0, message),
+            bollard::container::LogOutput::StdIn { .. } => continue,
+        };
+        let buf = &mut pending[slot];
+        buf.extend_from_slice(&bytes);
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            emit(&line[..line.len() - 1]);
+        }
+    }
+    for buf in &pending {
+        if !buf.is_empty() {
+            emit(buf);
+        }
+    }
+}
+
+struct Pod {
+    spec: PodContainer,
+    container: String,
+    state: PodState,
+    restart_at: Option<Instant>,
+    backoff: Duration,
+    /// The task following the log while the container runs.
+    follow: Option<JoinHandle<()>>,
+    cursor: Arc<Mutex<LogCursor>>,
+}
+
+/// Plays the kubelet for pods of one container each, on one network of a
+/// Docker-compatible engine (see the module documentation).
+pub struct ContainerKubelet {
+    rt: Runtime,
+    docker: Docker,
+    /// The network; `None` once removed.
+    network: Option<String>,
+    output: Arc<dyn PodOutput>,
+    pods: BTreeMap<String, Pod>,
+    next_poll: Instant,
+}
+
+impl ContainerKubelet {
+    /// Connects to the engine (see [`engine_candidates`]) and creates a
+    /// network `<network_prefix>-<random>` labelled with `labels`.
+    pub fn connect(network_prefix: &str, labels: &[(String, String)], output: Arc<dyn PodOutput>) -> Result<Self, ContainerError> {
+        Self::connect_to(&engine_candidates(), network_prefix, labels, output)
+    }
+
+    /// [`connect`](Self::connect) to the first engine of `hosts` that answers
+    /// (`unix://...`, `tcp://...`).
+    pub fn connect_to(hosts: &[String], network_prefix: &str, labels: &[(String, String)], output: Arc<dyn PodOutput>) -> Result<Self, ContainerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| ContainerError::Client(e.to_string()))?;
+        let docker = rt.block_on(connect(hosts))?;
+        let network = format!("{network_prefix}-{}", random_suffix());
+        let request = NetworkCreateRequest {
+            name: network.clone(),
+            driver: Some("bridge".into()),
+            labels: Some(labels.iter().cloned().collect()),
+            ..Default::default()
+        };
+        rt.block_on(docker.create_network(request))
+            .map_err(|e| ContainerError::Network { network: network.clone(), reason: e.to_string() })?;
+        Ok(ContainerKubelet { rt, docker, network: Some(network), output, pods: BTreeMap::new(), next_poll: Instant::now() })
+    }
+
+    /// The network's name (while it exists).
+    pub fn network(&self) -> Option<&str> {
+        self.network.as_deref()
+    }
+
+    /// The network's gateway address: how containers reach the host.
+    pub fn gateway(&self) -> Option<String> {
+        let network = self.network.as_deref()?;
+        let info = self.rt.block_on(self.docker.inspect_network(network, None)).ok()?;
+        info.ipam?.config?.into_iter().find_map(|c| c.gateway).filter(|g| !g.is_empty())
+    }
+
+    /// The engine's container of a pod.
+    pub fn container_of(&self, pod: &str) -> Option<&str> {
+        self.pods.get(pod).map(|p| p.container.as_str())
+    }
+
+    /// The pods the kubelet runs (or ran and still reports).
+    pub fn pods(&self) -> impl Iterator<Item = &str> {
+        self.pods.keys().map(String::as_str)
+    }
+
+    fn pull(&self, image: &str) -> Result<(), String> {
+        self.rt.block_on(async {
+            let mut pull = self.docker.create_image(Some(CreateImageOptionsBuilder::new().from_image(image).build()), None, None);
+            while let Some(step) = pull.next().await {
+                step.map_err(|e| format!("cannot pull image {image}: {e}"))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn create(&self, spec: &PodContainer, container: &str) -> Result<(), String> {
+        let network = self.network.clone().ok_or("the network is gone")?;
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            hostname: Some(spec.hostname.clone()).filter(|h| !h.is_empty()),
+            // Kubernetes: `command` replaces the entrypoint, `args` the image's command.
+            entrypoint: (!spec.command.is_empty()).then(|| spec.command.clone()),
+            cmd: (!spec.args.is_empty() || !spec.command.is_empty()).then(|| spec.args.clone()),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(spec.labels.iter().cloned().collect()),
+            host_config: Some(HostConfig {
+                network_mode: Some(network.clone()),
+                binds: (!spec.mounts.is_empty()).then(|| {
+                    spec.mounts
+                        .iter()
+                        .map(|m| format!("{}:{}:{}", m.host_path, m.container_path, if m.read_only { "ro" } else { "rw" }))
+                        .collect()
+                }),
+                extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
+                ..Default::default()
+            }),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(network, EndpointSettings { aliases: Some(spec.aliases.clone()), ..Default::default() })])),
+            }),
+            ..Default::default()
+        };
+        let options = || Some(CreateContainerOptionsBuilder::new().name(container).build());
+        match self.rt.block_on(self.docker.create_container(options(), body.clone())) {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => {
+                self.output.info(&format!("{}: image {} is not present; pulling it", spec.log_name, spec.image));
+                self.pull(&spec.image)?;
+                self.rt
+                    .block_on(self.docker.create_container(options(), body))
+                    .map(|_| ())
+                    .map_err(|e| format!("cannot create container from {}: {e}", spec.image))
+            }
+            Err(e) => Err(format!("cannot create container from {}: {e}", spec.image)),
+        }
+    }
+
+    /// Starts a pod's (existing) container and follows its log.
+    fn start_container(&self, pod: &mut Pod) -> Result<(), String> {
+        self.rt
+            .block_on(self.docker.start_container(&pod.container, None))
+            .map_err(|e| format!("cannot start container {}: {e}", pod.container))?;
+        pod.state.running = true;
+        pod.state.phase = Phase::Running;
+        pod.follow = Some(self.rt.spawn(read_log(
+            self.docker.clone(),
+            pod.container.clone(),
+            true,
+            pod.cursor.clone(),
+            self.output.clone(),
+            pod.spec.log_name.clone(),
+        )));
+        Ok(())
+    }
+
+    /// Delivers the last lines of a container that exited: the follow
+    /// stream may end (or be cut) before the engine has handed them over, so
+    /// the log is read once more, without following, from the cursor on.
+    fn drain_log(&self, pod: &mut Pod) {
+        if let Some(follow) = pod.follow.take() {
+            let abort = follow.abort_handle();
+            if self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(500), follow).await }).is_err() {
+                abort.abort();
+            }
+        }
+        let read = read_log(self.docker.clone(), pod.container.clone(), false, pod.cursor.clone(), self.output.clone(), pod.spec.log_name.clone());
+        if self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), read).await }).is_err() {
+            self.output.info(&format!("{}: the end of the log of container {} could not be read within 10s", pod.spec.log_name, pod.container));
+        }
+    }
+
+    /// Creates and starts the container of a pod.
+    pub fn run_pod(&mut self, pod: &str, spec: PodContainer) -> Result<(), ContainerError> {
+        let fail = |reason: String| ContainerError::Pod { pod: spec.log_name.clone(), reason };
+        if self.pods.contains_key(pod) {
+            return Err(fail("runs already".into()));
+        }
+        let container = format!("{pod}-{}", random_suffix());
+        self.create(&spec, &container).map_err(fail)?;
+        let mut p = Pod {
+            container: container.clone(),
+            state: PodState {
+                phase: Phase::Pending,
+                running: false,
+                exit_code: None,
+                restart_count: 0,
+                container,
+                started_at: None,
+                finished_at: None,
+            },
+            spec,
+            restart_at: None,
+            backoff: FIRST_BACKOFF,
+            follow: None,
+            cursor: Arc::new(Mutex::new(LogCursor::default())),
+        };
+        if let Err(reason) = self.start_container(&mut p) {
+            self.remove_containers(vec![p], 0);
+            return Err(ContainerError::Pod { pod: pod.to_string(), reason });
+        }
+        self.pods.insert(pod.to_string(), p);
+        Ok(())
+    }
+
+    /// Sends a signal to a pod's container (as an outside failure would).
+    pub fn kill_pod(&self, pod: &str, signal: &str) -> Result<(), ContainerError> {
+        let p = self.pods.get(pod).ok_or_else(|| ContainerError::Pod { pod: pod.into(), reason: "no such pod".into() })?;
+        self.rt
+            .block_on(self.docker.kill_container(&p.container, Some(KillContainerOptionsBuilder::new().signal(signal).build())))
+            .map_err(|e| ContainerError::Pod { pod: pod.into(), reason: format!("cannot kill container {}: {e}", p.container) })
+    }
+
+    /// Stops (grace `grace_secs`, then killed) and removes a pod's
+    /// container, and forgets the pod.
+    pub fn delete_pod(&mut self, pod: &str, grace_secs: i32) {
+        if let Some(p) = self.pods.remove(pod) {
+            self.remove_containers(vec![p], grace_secs);
+        }
+    }
+
+    /// Stops (grace `grace_secs`, then killed) and removes containers, with
+    /// every line of their logs delivered.
+    fn remove_containers(&self, mut pods: Vec<Pod>, grace_secs: i32) {
+        let docker = &self.docker;
+        let names: Vec<String> = pods.iter().map(|p| p.container.clone()).collect();
+        self.rt.block_on(futures::future::join_all(names.iter().map(|c| async move {
+            let _ = docker.stop_container(c, Some(StopContainerOptionsBuilder::new().t(grace_secs).build())).await;
+        })));
+        for p in &mut pods {
+            if p.state.running || p.follow.is_some() {
+                self.drain_log(p);
+            }
+        }
+        self.rt.block_on(futures::future::join_all(names.iter().map(|c| async move {
+            let opts = RemoveContainerOptionsBuilder::new().force(true).build();
+            if let Err(e) = docker.remove_container(c, Some(opts)).await
+                && !is_not_found(&e)
+            {
+                self.output.info(&format!("cannot remove container {c}: {e}"));
+            }
+        })));
+    }
+
+    /// Looks at the containers that run; records exits (with the whole log
+    /// read) and schedules restarts.
+    fn poll(&mut self, now: Instant) {
+        let running: Vec<(String, String)> = self.pods.iter().filter(|(_, p)| p.state.running).map(|(n, p)| (n.clone(), p.container.clone())).collect();
+        let docker = &self.docker;
+        let states = self.rt.block_on(futures::future::join_all(running.iter().map(|(_, c)| docker.inspect_container(c, None))));
+        for ((name, container), state) in running.into_iter().zip(states) {
+            let mut p = self.pods.remove(&name).expect("present");
+            let log_name = p.spec.log_name.clone();
+            match state {
+                Ok(info) => {
+                    let st = info.state.unwrap_or_default();
+                    p.state.started_at = st.started_at.clone().filter(|s| !s.is_empty() && !s.starts_with("0001"));
+                    if matches!(st.status, Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD)) {
+                        let code = st.exit_code.unwrap_or(255) as i32;
+                        p.state.finished_at = st.finished_at.clone().filter(|s| !s.is_empty() && !s.starts_with("0001"));
+                        p.state.running = false;
+                        p.state.exit_code = Some(code);
+                        self.drain_log(&mut p);
+                        if super::restarts_in_place(&p.spec.restart_policy, code) {
+                            p.restart_at = Some(now + p.backoff);
+                            self.output.info(&format!(
+                                "{log_name} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
+                                p.backoff.as_secs_f64(),
+                                p.spec.restart_policy
+                            ));
+                            p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
+                        } else {
+                            p.state.phase = super::final_phase(code);
+                            if code != 0 {
+                                self.output.info(&format!("{log_name} failed with exit code {code}"));
+                            }
+                        }
+                    }
+                }
+                Err(e) if is_not_found(&e) => {
+                    self.output.info(&format!("{log_name}: container {container} disappeared"));
+                    p.state.running = false;
+                    p.state.phase = Phase::Failed;
+                    p.state.exit_code = Some(p.state.exit_code.unwrap_or(137));
+                    if let Some(f) = p.follow.take() {
+                        f.abort();
+                    }
+                }
+                Err(_) => {}
+            }
+            self.pods.insert(name, p);
+        }
+    }
+
+    /// The pods as they are now; restarts containers in place when due.
+    pub fn observe(&mut self) -> Vec<(String, PodState)> {
+        let now = Instant::now();
+        if now >= self.next_poll {
+            self.poll(now);
+            self.next_poll = Instant::now() + POLL;
+        }
+        let due: Vec<String> = self.pods.iter().filter(|(_, p)| p.restart_at.is_some_and(|t| t <= now)).map(|(n, _)| n.clone()).collect();
+        for name in due {
+            let mut p = self.pods.remove(&name).expect("present");
+            p.restart_at = None;
+            match self.start_container(&mut p) {
+                Ok(()) => p.state.restart_count += 1,
+                Err(e) => {
+                    self.output.info(&format!("{}: {e}", p.spec.log_name));
+                    p.state.phase = Phase::Failed;
+                }
+            }
+            self.pods.insert(name, p);
+        }
+        self.pods.iter().map(|(n, p)| (n.clone(), p.state.clone())).collect()
+    }
+
+    /// Removes every container and the network.
+    pub fn shutdown(&mut self) {
+        let pods: Vec<Pod> = std::mem::take(&mut self.pods).into_values().collect();
+        if !pods.is_empty() {
+            self.remove_containers(pods, 3);
+        }
+        if let Some(network) = self.network.take()
+            && let Err(e) = self.rt.block_on(self.docker.remove_network(&network))
+            && !is_not_found(&e)
+        {
+            self.output.info(&format!("cannot remove network {network}: {e}"));
+        }
+    }
+}
+
+impl Drop for ContainerKubelet {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The `tfjob run` backend.
 
 /// The image of each replica type's `tensorflow` container.
 fn images_of(job: &TFJob) -> BTreeMap<ReplicaType, String> {
@@ -97,40 +599,24 @@ fn images_of(job: &TFJob) -> BTreeMap<ReplicaType, String> {
         .collect()
 }
 
-fn random_suffix() -> String {
-    format!("{:06x}", rand::random::<u32>() & 0xff_ffff)
-}
+/// Console output for the kubelet.
+struct ToConsole(Arc<Console>);
 
-fn is_not_found(e: &EngineError) -> bool {
-    matches!(e, EngineError::DockerResponseServerError { status_code: 404, .. })
-}
-
-struct Replica {
-    planned: PlannedReplica,
-    container: String,
-    phase: Phase,
-    exit_code: Option<i32>,
-    restart_count: i32,
-    /// The container runs (as last seen or started).
-    running: bool,
-    restart_at: Option<Instant>,
-    backoff: Duration,
-    logs: Option<JoinHandle<()>>,
-    /// Timestamp of the last log line shown: a restarted container's log
-    /// starts again from the beginning, and older lines are skipped.
-    last_log: Arc<Mutex<Option<Timestamp>>>,
+impl PodOutput for ToConsole {
+    fn line(&self, log_name: &str, line: &str) {
+        self.0.log_line(log_name, line);
+    }
+    fn info(&self, message: &str) {
+        self.0.info(message);
+    }
 }
 
 pub struct ContainerBackend {
     job: String,
-    console: Arc<Console>,
-    rt: Runtime,
-    docker: Docker,
-    /// The per-job network; `None` once removed.
-    network: Option<String>,
+    kubelet: ContainerKubelet,
     images: BTreeMap<ReplicaType, String>,
-    replicas: BTreeMap<String, Replica>,
-    next_poll: Instant,
+    /// The planned replica of each pod.
+    planned: BTreeMap<String, PlannedReplica>,
 }
 
 impl ContainerBackend {
@@ -138,235 +624,41 @@ impl ContainerBackend {
     /// job's network.
     pub fn new(job: &TFJob, console: Arc<Console>) -> Result<Self, RunError> {
         let name = job.name().to_string();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(|e| RunError::Backend(format!("cannot start the container client: {e}")))?;
-        let docker = rt.block_on(connect(&engine_candidates()))?;
-        let network = format!("tfjob-{name}-{}", random_suffix());
-        let request = NetworkCreateRequest {
-            name: network.clone(),
-            driver: Some("bridge".into()),
-            labels: Some(HashMap::from([(LABEL_JOB.to_string(), name.clone())])),
-            ..Default::default()
-        };
-        rt.block_on(docker.create_network(request))
-            .map_err(|e| RunError::Backend(format!("cannot create network {network}: {e}")))?;
-        console.info(&format!("container network {network}"));
-        Ok(ContainerBackend {
-            job: name,
-            console,
-            rt,
-            docker,
-            network: Some(network),
-            images: images_of(job),
-            replicas: BTreeMap::new(),
-            next_poll: Instant::now(),
-        })
+        let labels = [(LABEL_JOB.to_string(), name.clone())];
+        let kubelet = ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone())))
+            .map_err(|e| RunError::Backend(e.to_string()))?;
+        console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
+        Ok(ContainerBackend { job: name, kubelet, images: images_of(job), planned: BTreeMap::new() })
     }
 
     /// The container name of a running pod (for tests and messages).
     pub fn container_of(&self, pod: &str) -> Option<&str> {
-        self.replicas.get(pod).map(|r| r.container.as_str())
+        self.kubelet.container_of(pod)
     }
 
-    fn create(&self, planned: &PlannedReplica, token: &str, container: &str) -> Result<(), RunError> {
+    /// The pod's container for a planned replica.
+    fn pod_container(&self, planned: &PlannedReplica, token: &str) -> Result<PodContainer, String> {
         let short = short_name(&self.job, &planned.pod_name);
-        let fail = |reason: String| RunError::Start { replica: short.clone(), reason };
         let image = self
             .images
             .get(&planned.replica_type)
-            .ok_or_else(|| fail("the `tensorflow` container has no `image`; the container backend runs each replica from its image".into()))?
+            .ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?
             .clone();
-        let network = self.network.clone().ok_or_else(|| fail("the job's network is gone".into()))?;
-        let mut env: Vec<String> = planned.env.iter().filter(|(k, _)| k != ENV_TOKEN).map(|(k, v)| format!("{k}={v}")).collect();
-        env.push(format!("{ENV_TOKEN}={token}"));
-        let labels = HashMap::from([(LABEL_JOB.to_string(), self.job.clone()), (LABEL_REPLICA.to_string(), short.clone())]);
-        let aliases = vec![format!("{}.{}", planned.pod_name, self.job), planned.pod_name.clone()];
-        let body = ContainerCreateBody {
-            image: Some(image.clone()),
-            hostname: Some(planned.pod_name.clone()),
-            // Kubernetes: `command` replaces the entrypoint, `args` the image's command.
-            entrypoint: (!planned.command.is_empty()).then(|| planned.command.clone()),
-            cmd: (!planned.args.is_empty() || !planned.command.is_empty()).then(|| planned.args.clone()),
-            env: Some(env),
-            labels: Some(labels),
-            host_config: Some(HostConfig { network_mode: Some(network.clone()), ..Default::default() }),
-            networking_config: Some(NetworkingConfig {
-                endpoints_config: Some(HashMap::from([(network, EndpointSettings { aliases: Some(aliases), ..Default::default() })])),
-            }),
-            ..Default::default()
-        };
-        let options = || Some(CreateContainerOptionsBuilder::new().name(container).build());
-        match self.rt.block_on(self.docker.create_container(options(), body.clone())) {
-            Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => {
-                self.console.info(&format!("{short}: image {image} is not present; pulling it"));
-                self.rt.block_on(async {
-                    let mut pull = self.docker.create_image(Some(CreateImageOptionsBuilder::new().from_image(&image).build()), None, None);
-                    while let Some(step) = pull.next().await {
-                        step.map_err(|e| fail(format!("cannot pull image {image}: {e}")))?;
-                    }
-                    self.docker
-                        .create_container(options(), body)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| fail(format!("cannot create container from {image}: {e}")))
-                })
-            }
-            Err(e) => Err(fail(format!("cannot create container from {image}: {e}"))),
-        }
-    }
-
-    /// Starts an existing container and streams its log into the console.
-    fn run(&self, replica: &mut Replica) -> Result<(), RunError> {
-        let short = short_name(&self.job, &replica.planned.pod_name);
-        self.rt
-            .block_on(self.docker.start_container(&replica.container, None))
-            .map_err(|e| RunError::Start { replica: short.clone(), reason: format!("cannot start container {}: {e}", replica.container) })?;
-        replica.running = true;
-        replica.logs = Some(self.follow_logs(&replica.container, short, replica.last_log.clone()));
-        Ok(())
-    }
-
-    fn follow_logs(&self, container: &str, short: String, last: Arc<Mutex<Option<Timestamp>>>) -> JoinHandle<()> {
-        let docker = self.docker.clone();
-        let console = self.console.clone();
-        let container = container.to_string();
-        self.rt.spawn(async move {
-            let emit = |raw: &[u8]| {
-                let text = String::from_utf8_lossy(raw);
-                let text = text.strip_suffix('\r').unwrap_or(&text);
-                let (stamp, line) = match text.split_once(' ') {
-                    Some((s, rest)) => match Timestamp::from_str(s) {
-                        Ok(t) => (Some(t), rest),
-                        Err(_) => (None, text),
-                    },
-                    None => match Timestamp::from_str(text) {
-                        Ok(t) => (Some(t), ""),
-                        Err(_) => (None, text),
-                    },
-                };
-                if let Some(t) = stamp {
-                    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-                    if last.is_some_and(|l| t <= l) {
-                        return;
-                    }
-                    *last = Some(t);
-                }
-                console.log_line(&short, line);
-            };
-            // Following ends when the container exits, possibly before its
-            // last lines were read: one more read (without following)
-            // delivers them; the timestamps skip what was shown already.
-            for follow in [true, false] {
-            let since = last.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.as_second() as i32).unwrap_or(0);
-            let options = LogsOptionsBuilder::new().follow(follow).stdout(true).stderr(true).timestamps(true).since(since).build();
-            let mut stream = docker.logs(&container, Some(options));
-            // Partial lines of stdout and stderr.
-            let mut pending: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
-            while let Some(chunk) = stream.next().await {
-                let Ok(chunk) = chunk else { break };
-                let (slot, bytes) = match chunk {
-                    bollard::container::LogOutput::StdErr { message } => (1, message),
-                    bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => (0, message),
-                    bollard::container::LogOutput::StdIn { .. } => continue,
-                };
-                let buf = &mut pending[slot];
-                buf.extend_from_slice(&bytes);
-                while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buf.drain(..=pos).collect();
-                    emit(&line[..line.len() - 1]);
-                }
-            }
-            for buf in &pending {
-                if !buf.is_empty() {
-                    emit(buf);
-                }
-            }
-            }
+        let mut env: Vec<(String, String)> = planned.env.iter().filter(|(k, _)| k != ENV_TOKEN).cloned().collect();
+        env.push((ENV_TOKEN.to_string(), token.to_string()));
+        Ok(PodContainer {
+            log_name: short.clone(),
+            image,
+            command: planned.command.clone(),
+            args: planned.args.clone(),
+            env,
+            hostname: planned.pod_name.clone(),
+            aliases: vec![format!("{}.{}", planned.pod_name, self.job), planned.pod_name.clone()],
+            labels: vec![(LABEL_JOB.to_string(), self.job.clone()), (LABEL_REPLICA.to_string(), short)],
+            restart_policy: planned.restart_policy.pod_restart_policy().to_string(),
+            mounts: Vec::new(),
+            extra_hosts: Vec::new(),
         })
-    }
-
-    /// Lets a log stream of an exited container deliver its last lines.
-    fn finish_logs(&self, handle: Option<JoinHandle<()>>, wait: Duration) {
-        if let Some(h) = handle {
-            let abort = h.abort_handle();
-            if self.rt.block_on(async { tokio::time::timeout(wait, h).await }).is_err() {
-                abort.abort();
-            }
-        }
-    }
-
-    /// Stops (grace `grace_secs`, then killed) and removes containers.
-    fn remove_containers(&self, containers: Vec<(String, Option<JoinHandle<()>>)>, grace_secs: i32) {
-        let docker = &self.docker;
-        let names: Vec<String> = containers.iter().map(|(c, _)| c.clone()).collect();
-        self.rt.block_on(futures::future::join_all(names.iter().map(|c| async move {
-            let _ = docker.stop_container(c, Some(StopContainerOptionsBuilder::new().t(grace_secs).build())).await;
-        })));
-        for (_, logs) in containers {
-            self.finish_logs(logs, Duration::from_secs(1));
-        }
-        self.rt.block_on(futures::future::join_all(names.iter().map(|c| async move {
-            let opts = RemoveContainerOptionsBuilder::new().force(true).build();
-            if let Err(e) = docker.remove_container(c, Some(opts)).await
-                && !is_not_found(&e)
-            {
-                self.console.info(&format!("cannot remove container {c}: {e}"));
-            }
-        })));
-    }
-
-    /// Looks at the containers that run; records exits and schedules restarts.
-    fn poll(&mut self, now: Instant) {
-        let running: Vec<(String, String)> = self.replicas.iter().filter(|(_, r)| r.running).map(|(n, r)| (n.clone(), r.container.clone())).collect();
-        let docker = &self.docker;
-        let states = self.rt.block_on(futures::future::join_all(running.iter().map(|(_, c)| docker.inspect_container(c, None))));
-        for ((name, container), state) in running.into_iter().zip(states) {
-            let short = short_name(&self.job, &name);
-            let code = match state {
-                Ok(info) => {
-                    let st = info.state.unwrap_or_default();
-                    match st.status {
-                        Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD) => st.exit_code.unwrap_or(255) as i32,
-                        _ => continue,
-                    }
-                }
-                Err(e) if is_not_found(&e) => {
-                    self.console.info(&format!("{short}: container {container} disappeared"));
-                    let r = self.replicas.get_mut(&name).expect("present");
-                    r.running = false;
-                    r.phase = Phase::Failed;
-                    r.exit_code = Some(r.exit_code.unwrap_or(137));
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            let logs = {
-                let r = self.replicas.get_mut(&name).expect("present");
-                r.running = false;
-                r.exit_code = Some(code);
-                r.logs.take()
-            };
-            self.finish_logs(logs, Duration::from_secs(2));
-            let r = self.replicas.get_mut(&name).expect("present");
-            let policy = r.planned.restart_policy.pod_restart_policy();
-            if super::restarts_in_place(&r.planned.restart_policy, code) {
-                r.restart_at = Some(now + r.backoff);
-                self.console.info(&format!(
-                    "{short} exited with code {code}; restarting in place in {:.1}s (restartPolicy {policy})",
-                    r.backoff.as_secs_f64()
-                ));
-                r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
-            } else {
-                r.phase = super::final_phase(code);
-                if code != 0 {
-                    self.console.info(&format!("{short} failed with exit code {code}"));
-                }
-            }
-        }
     }
 }
 
@@ -376,78 +668,32 @@ impl Backend for ContainerBackend {
     }
 
     fn start(&mut self, replica: &PlannedReplica, token: &str) -> Result<(), RunError> {
-        let container = format!("{}-{}", replica.pod_name, random_suffix());
-        self.create(replica, token, &container)?;
-        let mut r = Replica {
-            planned: replica.clone(),
-            container: container.clone(),
-            phase: Phase::Running,
-            exit_code: None,
-            restart_count: 0,
-            running: false,
-            restart_at: None,
-            backoff: Duration::from_millis(500),
-            logs: None,
-            last_log: Arc::new(Mutex::new(None)),
-        };
-        if let Err(e) = self.run(&mut r) {
-            self.remove_containers(vec![(container, None)], 0);
-            return Err(e);
-        }
-        self.replicas.insert(replica.pod_name.clone(), r);
+        let short = short_name(&self.job, &replica.pod_name);
+        let spec = self.pod_container(replica, token).map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
+        self.kubelet.run_pod(&replica.pod_name, spec).map_err(|e| RunError::Start { replica: short, reason: e.to_string() })?;
+        self.planned.insert(replica.pod_name.clone(), replica.clone());
         Ok(())
     }
 
     fn delete(&mut self, name: &str) {
-        if let Some(mut r) = self.replicas.remove(name) {
-            self.remove_containers(vec![(r.container.clone(), r.logs.take())], 3);
-        }
+        self.kubelet.delete_pod(name, 3);
+        self.planned.remove(name);
     }
 
     fn observe(&mut self) -> Vec<ObservedReplica> {
-        let now = Instant::now();
-        if now >= self.next_poll {
-            self.poll(now);
-            self.next_poll = Instant::now() + POLL;
-        }
-        let due: Vec<String> = self.replicas.iter().filter(|(_, r)| r.restart_at.is_some_and(|t| t <= now)).map(|(n, _)| n.clone()).collect();
-        for name in due {
-            let mut r = self.replicas.remove(&name).expect("present");
-            r.restart_at = None;
-            match self.run(&mut r) {
-                Ok(()) => r.restart_count += 1,
-                Err(e) => {
-                    self.console.info(&e.to_string());
-                    r.phase = Phase::Failed;
-                }
-            }
-            self.replicas.insert(name, r);
-        }
-        self.replicas
-            .iter()
-            .map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count))
+        self.kubelet
+            .observe()
+            .into_iter()
+            .filter_map(|(name, st)| {
+                let planned = self.planned.get(&name)?;
+                Some(super::observed(&name, planned, st.phase, st.exit_code, st.restart_count))
+            })
             .collect()
     }
 
     fn shutdown(&mut self) {
-        let replicas = std::mem::take(&mut self.replicas);
-        let containers: Vec<(String, Option<JoinHandle<()>>)> = replicas.into_values().map(|mut r| (r.container.clone(), r.logs.take())).collect();
-        if !containers.is_empty() {
-            self.remove_containers(containers, 3);
-        }
-        if let Some(network) = self.network.take() {
-            if let Err(e) = self.rt.block_on(self.docker.remove_network(&network))
-                && !is_not_found(&e)
-            {
-                self.console.info(&format!("cannot remove network {network}: {e}"));
-            }
-        }
-    }
-}
-
-impl Drop for ContainerBackend {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.kubelet.shutdown();
+        self.planned.clear();
     }
 }
 
@@ -493,5 +739,34 @@ spec:
         let c = engine_candidates();
         assert_eq!(c.first().map(String::as_str), Some("unix:///var/run/docker.sock"));
         assert_eq!(c.last().map(String::as_str), Some("unix:///run/podman/podman.sock"));
+    }
+
+    #[test]
+    fn log_cursor_skips_what_was_shown_and_nothing_else() {
+        let t = |s: &str| Timestamp::from_str(s).unwrap();
+        let mut c = LogCursor::default();
+        // First read: three lines, two with the same timestamp.
+        let mut seen = 0;
+        assert!(c.advance(t("2026-11-21T10:00:00.1Z"), &mut seen));
+        assert!(c.advance(t("2026-11-21T10:00:00.2Z"), &mut seen));
+        assert!(c.advance(t("2026-11-21T10:00:00.2Z"), &mut seen));
+        // A second read from the start of that second repeats them, then
+        // brings one more line at the same time and a later one.
+        let mut seen = 0;
+        assert!(!c.advance(t("2026-11-21T10:00:00.1Z"), &mut seen));
+        assert!(!c.advance(t("2026-11-21T10:00:00.2Z"), &mut seen));
+        assert!(!c.advance(t("2026-11-21T10:00:00.2Z"), &mut seen));
+        assert!(c.advance(t("2026-11-21T10:00:00.2Z"), &mut seen));
+        assert!(c.advance(t("2026-11-21T10:00:01Z"), &mut seen));
+        assert_eq!(c.at_last, 1);
+    }
+
+    #[test]
+    fn log_lines_split_into_time_and_text() {
+        let (t, text) = split_stamp("2026-11-21T10:00:00.123456789Z {\"W\": 2.0}\r");
+        assert_eq!(t, Some(Timestamp::from_str("2026-11-21T10:00:00.123456789Z").unwrap()));
+        assert_eq!(text, "{\"W\": 2.0}");
+        assert_eq!(split_stamp("no stamp here"), (None, "no stamp here"));
+        assert_eq!(split_stamp("2026-11-21T10:00:00Z").1, "");
     }
 }

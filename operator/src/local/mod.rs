@@ -65,11 +65,11 @@ pub trait Backend {
     fn shutdown(&mut self);
 }
 
-/// The kubelet's decision when the `tensorflow` container of a replica
-/// exits with `code`: restart it in place (pod restart policy `Always`, or
-/// `OnFailure` on a non-zero code), or let the pod end.
-pub fn restarts_in_place(policy: &crate::api::RestartPolicy, code: i32) -> bool {
-    match policy.pod_restart_policy() {
+/// The kubelet's decision when the container of a pod with this restart
+/// policy (`Always`, `OnFailure`, `Never`) exits with `code`: restart it in
+/// place (`Always`, or `OnFailure` on a non-zero code), or let the pod end.
+pub fn restarts_in_place(pod_restart_policy: &str, code: i32) -> bool {
+    match pod_restart_policy {
         "Always" => true,
         "OnFailure" => code != 0,
         _ => false,
@@ -321,7 +321,7 @@ mod tests {
             (RestartPolicy::ExitCode, 137, false),
         ];
         for (policy, code, want) in cases {
-            assert_eq!(restarts_in_place(&policy, code), want, "{policy:?} {code}");
+            assert_eq!(restarts_in_place(policy.pod_restart_policy(), code), want, "{policy:?} {code}");
         }
         assert_eq!(final_phase(0), status::Phase::Succeeded);
         assert_eq!(final_phase(2), status::Phase::Failed);

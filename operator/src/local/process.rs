@@ -197,7 +197,7 @@ impl Backend for ProcessBackend {
                     let code = exit_code_of(status);
                     r.child = None;
                     r.exit_code = Some(code);
-                    if super::restarts_in_place(&r.planned.restart_policy, code) {
+                    if super::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
                         // The kubelet restarts the container in place; the pod stays Running.
                         r.restart_at = Some(now + r.backoff);
                         r.backoff = (r.backoff * 2).min(Duration::from_secs(10));

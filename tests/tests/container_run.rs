@@ -1,0 +1,174 @@
+//! `tfjob run --backend container`: the replicas of a job as containers of the offline images
+//! (`tests/images/build-offline.sh`) on a per-job network, through podman's Docker-compatible
+//! API (`podman system service`) as a Docker client sees it. The sync linear example trains to
+//! convergence with every line of every log kept; a killed worker container is restarted in
+//! place under `OnFailure` and the job succeeds; nothing of a job is left afterwards; without
+//! an engine `tfjob run` says so and how to start one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde_json::Value;
+use tfjob_tests::operator::tfjob_binary;
+use tfjob_tests::podman::{Podman, PodmanService, build_images, release_bin_dir};
+
+/// Label the container backend puts on every container and network of a job.
+const LABEL_JOB: &str = "io.tfjob.job";
+const LABEL_REPLICA: &str = "io.tfjob.replica";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// The offline images, built once, and one API service for every test of this binary.
+fn engine() -> Result<&'static PodmanService> {
+    static ENGINE: OnceLock<std::result::Result<PodmanService, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            (|| -> Result<PodmanService> {
+                let images = build_images(&release_bin_dir()?)?;
+                eprint!("{}", images.log);
+                PodmanService::start()
+            })()
+            .map_err(|e| format!("{e:#}"))
+        })
+        .as_ref()
+        .map_err(|e| anyhow!("{e}"))
+}
+
+/// `tfjob run --backend container` with the podman environment and `DOCKER_HOST`.
+fn tfjob_run(docker_host: &str, manifest: &Path, run_dir: &Path) -> Result<Command> {
+    let podman = Podman::setup()?;
+    let mut cmd = Command::new(tfjob_binary()?);
+    cmd.args(["run", "--backend", "container", "--quiet", "--run-dir"])
+        .arg(run_dir)
+        .arg(manifest)
+        .envs(podman.env().iter().map(|(k, v)| (k, v)))
+        .env("DOCKER_HOST", docker_host)
+        .stdin(Stdio::null());
+    Ok(cmd)
+}
+
+fn text(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The final JSON report of a replica, from its saved log.
+fn report(run_dir: &Path, replica: &str) -> Result<Value> {
+    let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
+    let line = log.lines().rev().find(|l| l.starts_with('{')).ok_or_else(|| anyhow!("{replica}: no final report in its log:\n{log}"))?;
+    serde_json::from_str(line).with_context(|| format!("{replica}: {line}"))
+}
+
+fn assert_linear(run_dir: &Path, replica: &str) -> Result<()> {
+    let r = report(run_dir, replica)?;
+    let (w, b) = (r["W"].as_f64().unwrap_or(f64::NAN), r["b"].as_f64().unwrap_or(f64::NAN));
+    ensure!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{replica}: W = {w}, b = {b}");
+    Ok(())
+}
+
+/// Containers and networks of a job still known to the engine.
+fn leftovers(job: &str) -> Result<Vec<String>> {
+    let podman = Podman::setup()?;
+    let filter = format!("label={LABEL_JOB}={job}");
+    let mut out = Vec::new();
+    for what in [vec!["ps", "-a"], vec!["network", "ls"]] {
+        let mut args: Vec<&str> = what.clone();
+        args.extend(["--filter", &filter, "--format", "{{.Name}}"]);
+        let listed = podman.run_ok(args)?;
+        out.extend(listed.lines().filter(|l| !l.trim().is_empty()).map(|l| format!("{} {l}", what[0])));
+    }
+    Ok(out)
+}
+
+/// The line-per-step log of the runtime shows every step the worker reports; a log that lost
+/// its tail has no final report, one that lost its middle misses `global_step` lines.
+fn logged_steps(run_dir: &Path, replica: &str) -> Vec<i64> {
+    let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("local_step=")).and_then(|s| s.parse().ok()))
+        .collect()
+}
+
+#[test]
+fn sync_example_trains_in_containers_and_leaves_nothing() -> Result<()> {
+    let engine = engine()?;
+    let run_dir = tempfile::tempdir()?;
+    let started = Instant::now();
+    let out = tfjob_run(&engine.docker_host(), &repo_root().join("examples/linreg-sync.yaml"), run_dir.path())?.output()?;
+    ensure!(out.status.success(), "tfjob run failed: {}", text(&out));
+    let status = std::fs::read_to_string(run_dir.path().join("status.yaml"))?;
+    ensure!(status.contains("type: Succeeded"), "{status}");
+    for worker in ["worker-0", "worker-1"] {
+        assert_linear(run_dir.path(), worker)?;
+        // --log_every_steps=500 over 4,000 global steps: every progress line of the worker is
+        // there, in order (no lines lost in the middle of a container's log).
+        let steps = logged_steps(run_dir.path(), worker);
+        ensure!(steps.len() >= 3 && steps.windows(2).all(|w| w[0] < w[1]), "{worker}: progress lines {steps:?}");
+    }
+    ensure!(report(run_dir.path(), "worker-0")?["global_step"].as_i64().unwrap_or(0) >= 4000);
+    let ps_log = std::fs::read_to_string(run_dir.path().join("ps-0.log"))?;
+    ensure!(!ps_log.trim().is_empty(), "the ps container's log is empty");
+    let left = leftovers("linreg-sync")?;
+    ensure!(left.is_empty(), "left behind: {left:?}");
+    eprintln!("linreg-sync in containers: succeeded in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The job of the kind scenario that loses a worker mid-run: sync linear regression, long
+/// enough to kill a worker container while it trains.
+const KILL_JOB: &str = "tests/e2e/kind/worker-restart.yaml";
+const KILL_JOB_NAME: &str = "worker-restart";
+
+#[test]
+fn killed_worker_container_is_restarted_and_the_job_succeeds() -> Result<()> {
+    let engine = engine()?;
+    let podman = Podman::setup()?;
+    let dir = tempfile::tempdir()?;
+    let manifest = repo_root().join(KILL_JOB);
+    let run_dir = dir.path().join("run");
+    let mut child = tfjob_run(&engine.docker_host(), &manifest, &run_dir)?.stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    // Once worker-1 trains, kill its container as a crash would (SIGKILL: exit code 137).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let victim = loop {
+        if !logged_steps(&run_dir, "worker-1").is_empty() {
+            let filter = format!("label={LABEL_REPLICA}=worker-1");
+            let names = podman.run_ok(["ps", "--filter", &format!("label={LABEL_JOB}={KILL_JOB_NAME}"), "--filter", &filter, "--format", "{{.Names}}"])?;
+            if let Some(name) = names.lines().find(|l| !l.trim().is_empty()) {
+                break name.trim().to_string();
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("tfjob run ended ({status}) before worker-1 was killed");
+        }
+        ensure!(Instant::now() < deadline, "worker-1 never trained");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    podman.run_ok(["kill", "--signal", "KILL", &victim])?;
+    let status = child.wait()?;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut stderr)?;
+    ensure!(status.success(), "tfjob run: {status}\n{stderr}");
+    ensure!(stderr.contains("worker-1 exited with code 137; restarting in place"), "{stderr}");
+    let status_yaml = std::fs::read_to_string(run_dir.join("status.yaml"))?;
+    ensure!(status_yaml.contains("type: Succeeded"), "{status_yaml}");
+    assert_linear(&run_dir, "worker-0")?;
+    let left = leftovers(KILL_JOB_NAME)?;
+    ensure!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
+#[test]
+fn without_an_engine_it_says_how_to_start_one() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("no-engine.sock");
+    let out = tfjob_run(&format!("unix://{}", socket.display()), &repo_root().join("examples/linreg-sync.yaml"), &dir.path().join("run"))?.output()?;
+    ensure!(out.status.code() == Some(2), "exit status {:?}: {}", out.status.code(), text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(stderr.contains("no container engine reachable") && stderr.contains(&socket.display().to_string()), "{stderr}");
+    ensure!(stderr.contains("podman system service") && stderr.contains("DOCKER_HOST"), "says how to start one: {stderr}");
+    Ok(())
+}
