@@ -215,8 +215,9 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
             "v1",
             "Service",
         ));
-        for pod in &objects.pods {
-            values.push(with_kind(to_value(serde_json::to_value(pod))?, "v1", "Pod"));
+        for pod in objects.pods {
+            let pod = serde_json::to_value(pod.into_pod());
+            values.push(with_kind(to_value(pod)?, "v1", "Pod"));
         }
         if let Some(pg) = objects.pod_group {
             values.push(pg);

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::{self, TFJob, TFJobStatus};
-use crate::plan::{self, ClusterDns, GangScheduler, PlanOptions};
+use crate::plan::{self, GangScheduler, PlanOptions};
 use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase};
 
 /// Field manager of every server-side apply.
@@ -399,34 +399,29 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     });
 
     let mut job_deleted = false;
+    // Planned at the first pod to create, once per reconcile: the cluster spec is written once
+    // and each pod's TF_CONFIG only when that pod is sent.
+    let mut planner: Option<plan::PodPlanner> = None;
     for action in &outcome.actions {
         match action {
             Action::CreateReplica {
                 replica_type,
                 index,
             } => {
-                let dns = ClusterDns {
-                    job: name.clone(),
-                    namespace: ns.clone(),
-                    cluster_domain: ctx.opts.cluster_domain.clone(),
-                };
-                // Only this replica is planned: a 1,000-worker job does not build 1,000
-                // TF_CONFIGs to (re)create one pod.
-                if let Some(r) =
-                    plan::plan_replica(&name, &defaulted.spec, &dns, *replica_type, *index)
-                {
-                    let r = &r;
-                    let pod = plan::build_pod(&defaulted, r, &ctx.opts);
+                let planner =
+                    planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
+                if let Some(planned) = planner.pod(*replica_type, *index) {
+                    let pod_name = planned.name().to_string();
                     pods_api
                         .patch(
-                            &r.pod_name,
+                            &pod_name,
                             &PatchParams::apply(FIELD_MANAGER).force(),
-                            &Patch::Apply(&pod),
+                            &Patch::Apply(planned.into_pod()),
                         )
                         .await
-                        .map_err(kerr(format!("create pod {}", r.pod_name)))?;
-                    let msg = format!("Created pod: {}", r.pod_name);
-                    let related = Some(pod_ref(job, &r.pod_name));
+                        .map_err(kerr(format!("create pod {pod_name}")))?;
+                    let msg = format!("Created pod: {pod_name}");
+                    let related = Some(pod_ref(job, &pod_name));
                     publish(
                         ctx,
                         job,

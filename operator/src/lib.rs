@@ -2,7 +2,8 @@
 //!
 //! - [`api`]: the `TFJob` custom resource (`kubeflow.org/v1`), defaulting and validation.
 //! - [`plan`]: pure planning: the replicas, pods, Service, Secret and `TF_CONFIG` of a job
-//!   (entry point for every backend: [`plan::plan_replicas`]).
+//!   (entry points: [`plan::ReplicaPlanner`] for every backend, [`plan::PodPlanner`] for the
+//!   controller).
 //! - [`status`]: pure state machine: observed replicas in, new status and actions out
 //!   (entry point: [`status::reconcile_status`]).
 //! - [`kube`]: the Kubernetes controller that executes plans and status actions.

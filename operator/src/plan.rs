@@ -2,19 +2,28 @@
 //! (pods, one headless Service, a token Secret, an optional PodGroup) that run them.
 //!
 //! Nothing here does I/O. The two layers are:
-//! - [`plan_replicas`]: backend-neutral; every replica with its `tensorflow` container's
-//!   command, args, env and `TF_CONFIG`, with addresses from a caller-supplied [`AddressBook`].
-//!   The local backend uses `127.0.0.1:<port>`; the cluster uses [`ClusterDns`].
-//! - [`desired_objects`]: the Kubernetes objects the controller applies for a job.
+//! - [`ReplicaPlanner`] (and [`plan_replicas`]): backend-neutral; every replica with its
+//!   `tensorflow` container's command, args, env and `TF_CONFIG`, with addresses from a
+//!   caller-supplied [`AddressBook`]. The local backend uses `127.0.0.1:<port>`; the cluster
+//!   uses [`ClusterDns`].
+//! - [`PodPlanner`] (and [`desired_objects`]): the Kubernetes objects the controller applies
+//!   for a job.
+//!
+//! A planning pass is linear in the number of replicas: the cluster spec is written once and
+//! shared ([`TfConfig`]); a pod's `TF_CONFIG` text, which lists every replica, is written only
+//! when the pod is sent ([`PlannedPod::into_pod`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::Arc;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort,
+    Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort,
     ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::api::{
@@ -111,14 +120,7 @@ pub struct PlannedReplica {
 /// The `tfjob-port` of a replica set (port named `tfjob-port` on the `tensorflow` container,
 /// default 2222).
 pub fn replica_port(rs: &ReplicaSpec) -> i32 {
-    rs.template
-        .spec
-        .as_ref()
-        .and_then(|s| {
-            s.containers
-                .iter()
-                .find(|c| c.name == DEFAULT_CONTAINER_NAME)
-        })
+    tensorflow_container(rs)
         .and_then(|c| c.ports.as_ref())
         .and_then(|ps| {
             ps.iter()
@@ -139,142 +141,269 @@ pub fn is_distributed(spec: &TFJobSpec) -> bool {
 }
 
 /// Whether replica (`rtype`, `index`) carries `job-role: master`: the chief/master, or worker 0
-/// when there is no chief/master.
-pub fn is_master_role(spec: &TFJobSpec, rtype: ReplicaType, index: i32) -> bool {
-    let specs = api::replica_specs(spec);
-    if specs.keys().any(|t| t.is_chief()) {
+/// when the job has no chief/master.
+fn master_role(has_chief: bool, rtype: ReplicaType, index: i32) -> bool {
+    if has_chief {
         rtype.is_chief()
     } else {
         rtype == ReplicaType::Worker && index == 0
     }
 }
 
-/// Builds the `TF_CONFIG` of one replica: compact JSON with sorted keys,
-/// `{"cluster":{...},"environment":"cloud","task":{"index":N,"type":"..."}}`.
+/// The `tensorflow` container of a replica set's template.
+fn tensorflow_container(rs: &ReplicaSpec) -> Option<&Container> {
+    rs.template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == DEFAULT_CONTAINER_NAME)
+}
+
+/// Appends the compact JSON of `value` (a string or a list of strings: it cannot fail).
+fn push_json<T: Serialize + ?Sized>(out: &mut String, value: &T) {
+    out.push_str(&serde_json::to_string(value).unwrap_or_default());
+}
+
+/// The `cluster` object of a job's `TF_CONFIG`, written once per planning pass and shared by
+/// the [`TfConfig`] of every replica: a 10,000-address cluster spec is built once, not once per
+/// replica.
+#[derive(Debug, PartialEq, Eq)]
+struct ClusterJson {
+    /// Compact JSON, keys sorted: `{"ps":["<address>",...],"worker":[...]}`. Every replica type
+    /// with at least one replica appears (evaluator included).
+    json: String,
+    /// Where the `ps` list (`[...]`) stands in `json`: sparse worker configs reuse it.
+    ps: Option<Range<usize>>,
+    /// `enableDynamicWorker`: workers and ps get a sparse cluster.
+    dynamic: bool,
+}
+
+impl ClusterJson {
+    fn new(addresses: &BTreeMap<ReplicaType, Vec<String>>, dynamic: bool) -> ClusterJson {
+        // Keys in the order of their JSON names, as serde_json writes a sorted map.
+        let mut lists: Vec<(&str, &[String])> = addresses
+            .iter()
+            .filter(|(_, list)| !list.is_empty())
+            .map(|(t, list)| (t.lower(), list.as_slice()))
+            .collect();
+        lists.sort_by_key(|(name, _)| *name);
+        let mut json = String::from("{");
+        let mut ps = None;
+        for (i, (name, list)) in lists.into_iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            push_json(&mut json, name);
+            json.push(':');
+            let start = json.len();
+            push_json(&mut json, list);
+            if name == ReplicaType::PS.lower() {
+                ps = Some(start..json.len());
+            }
+        }
+        json.push('}');
+        ClusterJson { json, ps, dynamic }
+    }
+}
+
+/// The `TF_CONFIG` of one replica before it is written out: the job's shared cluster spec and
+/// the replica's task. [`TfConfig::render`] writes what TensorFlow reads, compact JSON with
+/// sorted keys: `{"cluster":{...},"environment":"cloud","task":{"index":N,"type":"..."}}`.
 ///
-/// Every replica type with at least one replica appears in `cluster` (evaluator included). With
-/// `enableDynamicWorker` the cluster is sparse: a worker sees all ps and itself
+/// With `enableDynamicWorker` the cluster is sparse: a worker sees all ps and itself
 /// (`"worker":{"<index>":"<address>"}`), a ps sees itself; the chief, master and evaluator
 /// (unlike Kubeflow, issue 1763) see the full cluster so that they stay usable.
-pub fn tf_config(
-    spec: &TFJobSpec,
-    rtype: ReplicaType,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TfConfig {
+    cluster: Arc<ClusterJson>,
+    replica_type: ReplicaType,
     index: i32,
-    addresses: &dyn AddressBook,
-) -> String {
-    let specs = api::replica_specs(spec);
-    let mut full: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
-    for (t, rs) in &specs {
-        if rs.replicas <= 0 {
-            continue;
+    /// The replica's own address when its cluster is sparse.
+    sparse_self: Option<String>,
+}
+
+impl TfConfig {
+    /// The JSON text: the value of the `TF_CONFIG` environment variable.
+    pub fn render(&self) -> String {
+        let cluster = &self.cluster;
+        let ps = cluster
+            .ps
+            .clone()
+            .filter(|_| self.replica_type == ReplicaType::Worker)
+            .map(|r| &cluster.json[r]);
+        let cluster_len = match &self.sparse_self {
+            None => cluster.json.len(),
+            Some(own) => ps.map_or(0, str::len) + own.len() + 32,
+        };
+        let mut out = String::with_capacity(cluster_len + 80);
+        out.push_str(r#"{"cluster":"#);
+        match &self.sparse_self {
+            None => out.push_str(&cluster.json),
+            Some(own) => {
+                out.push('{');
+                if let Some(ps) = ps {
+                    out.push_str(r#""ps":"#);
+                    out.push_str(ps);
+                    out.push(',');
+                }
+                push_json(&mut out, self.replica_type.lower());
+                out.push_str(":{");
+                push_json(&mut out, &self.index.to_string());
+                out.push(':');
+                push_json(&mut out, own);
+                out.push_str("}}");
+            }
         }
-        let port = replica_port(rs);
-        full.insert(
-            t.lower(),
-            (0..rs.replicas)
-                .map(|i| addresses.address(*t, i, port))
-                .collect(),
-        );
+        out.push_str(r#","environment":"cloud","task":{"index":"#);
+        out.push_str(&self.index.to_string());
+        out.push_str(r#","type":"#);
+        push_json(&mut out, self.replica_type.lower());
+        out.push_str("}}");
+        out
     }
-    let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
-    let cluster: Value = if dynamic && matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
-        let own_port = specs
-            .get(&rtype)
-            .map(|rs| replica_port(rs))
-            .unwrap_or(DEFAULT_PORT);
-        let mut own = serde_json::Map::new();
-        own.insert(
-            index.to_string(),
-            json!(addresses.address(rtype, index, own_port)),
-        );
-        let mut m = serde_json::Map::new();
-        if rtype == ReplicaType::Worker
-            && let Some(ps) = full.get("ps")
-        {
-            m.insert("ps".into(), json!(ps));
+}
+
+/// One planning pass over the replicas of a job: every address is resolved and the cluster spec
+/// written once, after which each replica costs only its own fields (a 10,000-replica job is
+/// planned in linear time). Backend-neutral: the local backends start replicas from
+/// [`ReplicaPlanner::replica`], the controller builds pods through [`PodPlanner`].
+pub struct ReplicaPlanner<'a> {
+    job_name: &'a str,
+    specs: BTreeMap<ReplicaType, &'a ReplicaSpec>,
+    addresses: BTreeMap<ReplicaType, Vec<String>>,
+    /// `None` for a one-replica job (no `TF_CONFIG`).
+    cluster: Option<Arc<ClusterJson>>,
+    has_chief: bool,
+}
+
+/// What every view of one replica (a [`PlannedReplica`], a [`PlannedPod`]) is built from.
+struct Slot<'p> {
+    spec: &'p ReplicaSpec,
+    address: &'p str,
+    tf_config: Option<TfConfig>,
+    is_master_role: bool,
+}
+
+impl<'a> ReplicaPlanner<'a> {
+    /// Plans job `job_name` with addresses from `addresses` (asked once per replica, here).
+    pub fn new(job_name: &'a str, spec: &'a TFJobSpec, addresses: &dyn AddressBook) -> Self {
+        let specs = api::replica_specs(spec);
+        let resolved: BTreeMap<ReplicaType, Vec<String>> = specs
+            .iter()
+            .map(|(&t, rs)| {
+                let port = replica_port(rs);
+                let list = (0..rs.replicas.max(0))
+                    .map(|i| addresses.address(t, i, port))
+                    .collect();
+                (t, list)
+            })
+            .collect();
+        let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
+        let cluster = is_distributed(spec).then(|| Arc::new(ClusterJson::new(&resolved, dynamic)));
+        let has_chief = specs.keys().any(|t| t.is_chief());
+        ReplicaPlanner {
+            job_name,
+            specs,
+            addresses: resolved,
+            cluster,
+            has_chief,
         }
-        m.insert(rtype.lower().into(), Value::Object(own));
-        Value::Object(m)
-    } else {
-        json!(full)
-    };
-    let cfg = json!({
-        "cluster": cluster,
-        "task": {"type": rtype.lower(), "index": index},
-        "environment": "cloud",
-    });
-    // serde_json's Map is a BTreeMap (no preserve_order feature): keys come out sorted.
-    serde_json::to_string(&cfg).unwrap_or_default()
+    }
+
+    /// Name of the job.
+    pub fn job_name(&self) -> &'a str {
+        self.job_name
+    }
+
+    /// Every replica as (type, index) in plan order: type order (Chief, Master, PS, Worker,
+    /// Evaluator), then index. Unknown replica types are skipped (validation rejects them).
+    pub fn replica_ids(&self) -> impl Iterator<Item = (ReplicaType, i32)> + '_ {
+        self.specs
+            .iter()
+            .flat_map(|(&t, rs)| (0..rs.replicas.max(0)).map(move |i| (t, i)))
+    }
+
+    fn slot(&self, rtype: ReplicaType, index: i32) -> Option<Slot<'_>> {
+        let spec = *self.specs.get(&rtype)?;
+        let address = self
+            .addresses
+            .get(&rtype)?
+            .get(usize::try_from(index).ok()?)?;
+        let tf_config = self.cluster.as_ref().map(|cluster| TfConfig {
+            cluster: Arc::clone(cluster),
+            replica_type: rtype,
+            index,
+            sparse_self: (cluster.dynamic
+                && matches!(rtype, ReplicaType::Worker | ReplicaType::PS))
+            .then(|| address.clone()),
+        });
+        Some(Slot {
+            spec,
+            address,
+            tf_config,
+            is_master_role: master_role(self.has_chief, rtype, index),
+        })
+    }
+
+    /// The `TF_CONFIG` of replica (`rtype`, `index`): `None` for a one-replica job or when the
+    /// job has no such replica.
+    pub fn tf_config(&self, rtype: ReplicaType, index: i32) -> Option<TfConfig> {
+        self.slot(rtype, index)?.tf_config
+    }
+
+    /// Replica (`rtype`, `index`) with what a backend needs to start it, its `TF_CONFIG`
+    /// written out; `None` when the job has no such replica.
+    pub fn replica(&self, rtype: ReplicaType, index: i32) -> Option<PlannedReplica> {
+        let slot = self.slot(rtype, index)?;
+        let container = tensorflow_container(slot.spec);
+        let tf_config = slot.tf_config.as_ref().map(TfConfig::render);
+        let mut env: Vec<(String, String)> = container
+            .and_then(|c| c.env.as_ref())
+            .map(|env| {
+                env.iter()
+                    .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
+                    .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(cfg) = &tf_config {
+            env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
+        }
+        Some(PlannedReplica {
+            replica_type: rtype,
+            index,
+            pod_name: pod_name(self.job_name, rtype, index),
+            restart_policy: slot.spec.restart_policy.clone(),
+            port: replica_port(slot.spec),
+            address: slot.address.to_string(),
+            command: container
+                .and_then(|c| c.command.clone())
+                .unwrap_or_default(),
+            args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
+            env,
+            tf_config,
+            is_master_role: slot.is_master_role,
+        })
+    }
 }
 
 /// Lists every replica of a job with what a backend needs to run it: its name, the `tensorflow`
 /// container's command/args/literal env, and its `TF_CONFIG` built from `addresses`.
 ///
-/// This is the backend-neutral entry point: the Kubernetes controller, `tfjob render` and the
-/// local process backend all start from it. Replicas come in type order (Chief, Master, PS,
-/// Worker, Evaluator), then by index. Unknown replica types are skipped (validation rejects
-/// them). `TFJOB_TOKEN` is not included: each backend passes the token its own way.
+/// Replicas come in [`ReplicaPlanner::replica_ids`] order. `TFJOB_TOKEN` is not included: each
+/// backend passes the token its own way. Every `TF_CONFIG` is written out: for a large job,
+/// plan with a [`ReplicaPlanner`] and take the replicas one at a time.
 pub fn plan_replicas(
     job_name: &str,
     spec: &TFJobSpec,
     addresses: &dyn AddressBook,
 ) -> Vec<PlannedReplica> {
-    api::replica_specs(spec)
-        .into_iter()
-        .flat_map(|(rtype, rs)| (0..rs.replicas.max(0)).map(move |i| (rtype, i)))
-        .filter_map(|(rtype, index)| plan_replica(job_name, spec, addresses, rtype, index))
+    let planner = ReplicaPlanner::new(job_name, spec, addresses);
+    planner
+        .replica_ids()
+        .filter_map(|(t, i)| planner.replica(t, i))
         .collect()
-}
-
-/// One replica of [`plan_replicas`], without planning the others (a backend that (re)creates a
-/// single replica of a large job needs only its own `TF_CONFIG`). `None` when the job has no
-/// such replica.
-pub fn plan_replica(
-    job_name: &str,
-    spec: &TFJobSpec,
-    addresses: &dyn AddressBook,
-    rtype: ReplicaType,
-    index: i32,
-) -> Option<PlannedReplica> {
-    let specs = api::replica_specs(spec);
-    let rs = specs.get(&rtype)?;
-    if index < 0 || index >= rs.replicas {
-        return None;
-    }
-    let port = replica_port(rs);
-    let container = rs.template.spec.as_ref().and_then(|s| {
-        s.containers
-            .iter()
-            .find(|c| c.name == DEFAULT_CONTAINER_NAME)
-    });
-    let tf_config = is_distributed(spec).then(|| tf_config(spec, rtype, index, addresses));
-    let mut env: Vec<(String, String)> = container
-        .and_then(|c| c.env.as_ref())
-        .map(|env| {
-            env.iter()
-                .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
-                .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(cfg) = &tf_config {
-        env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
-    }
-    Some(PlannedReplica {
-        replica_type: rtype,
-        index,
-        pod_name: pod_name(job_name, rtype, index),
-        restart_policy: rs.restart_policy.clone(),
-        port,
-        address: addresses.address(rtype, index, port),
-        command: container
-            .and_then(|c| c.command.clone())
-            .unwrap_or_default(),
-        args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
-        env,
-        tf_config,
-        is_master_role: is_master_role(spec, rtype, index),
-    })
 }
 
 /// Gang scheduling through a PodGroup.
@@ -322,8 +451,8 @@ pub struct DesiredObjects {
     pub secret: Secret,
     /// The headless Service.
     pub service: Service,
-    /// One pod per replica, in [`plan_replicas`] order.
-    pub pods: Vec<Pod>,
+    /// One pod per replica, in [`ReplicaPlanner::replica_ids`] order.
+    pub pods: Vec<PlannedPod>,
     /// The PodGroup when gang scheduling is configured.
     pub pod_group: Option<Value>,
 }
@@ -419,87 +548,158 @@ pub fn build_service(job: &TFJob) -> Service {
     }
 }
 
-/// The pod of one planned replica.
-pub fn build_pod(job: &TFJob, replica: &PlannedReplica, opts: &PlanOptions) -> Pod {
-    let rs = api::replica_specs(&job.spec)
-        .get(&replica.replica_type)
-        .map(|rs| (*rs).clone())
-        .unwrap_or_default();
-    let template = rs.template;
-    let mut labels = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
-    labels.extend(job_labels(job.name()));
-    labels.insert(
-        LABEL_REPLICA_TYPE.into(),
-        replica.replica_type.lower().into(),
-    );
-    labels.insert(LABEL_REPLICA_INDEX.into(), replica.index.to_string());
-    if replica.is_master_role {
-        labels.insert(LABEL_JOB_ROLE.into(), "master".into());
+/// A pod of the plan, complete but for the text of its `TF_CONFIG`. That text lists every
+/// replica's address, so the pods of a 10,000-replica job written out at once would hold
+/// gigabytes; [`PlannedPod::into_pod`] writes it when the pod is sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedPod {
+    /// The pod; the `TF_CONFIG` variable of its `tensorflow` container has no value yet.
+    pod: Pod,
+    tf_config: Option<TfConfig>,
+}
+
+impl PlannedPod {
+    /// Name of the pod.
+    pub fn name(&self) -> &str {
+        self.pod.metadata.name.as_deref().unwrap_or_default()
     }
-    let mut metadata = meta(job, replica.pod_name.clone(), labels);
-    metadata.annotations = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone());
-    let mut spec: PodSpec = template.spec.unwrap_or_default();
-    spec.hostname = Some(replica.pod_name.clone());
-    spec.subdomain = Some(job.name().to_string());
-    spec.restart_policy = Some(replica.restart_policy.pod_restart_policy().to_string());
-    if let Some(gang) = &opts.gang_scheduler {
-        spec.scheduler_name = Some(gang.scheduler_name().to_string());
-        match gang {
-            GangScheduler::Volcano => {
-                metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(
-                        "scheduling.k8s.io/group-name".into(),
+
+    /// The pod's `TF_CONFIG` (`None` for a one-replica job).
+    pub fn tf_config(&self) -> Option<&TfConfig> {
+        self.tf_config.as_ref()
+    }
+
+    /// The pod to apply, with its `TF_CONFIG` written out.
+    pub fn into_pod(mut self) -> Pod {
+        if let Some(cfg) = &self.tf_config {
+            let vars = self
+                .pod
+                .spec
+                .iter_mut()
+                .flat_map(|s| s.containers.iter_mut())
+                .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
+                .flat_map(|c| c.env.iter_mut().flatten())
+                .filter(|e| e.name == ENV_TF_CONFIG);
+            for var in vars {
+                var.value = Some(cfg.render());
+            }
+        }
+        self.pod
+    }
+}
+
+/// One planning pass over the pods of a (defaulted) job, with addresses from [`ClusterDns`]:
+/// the controller plans once per reconcile and builds each pod it creates from it.
+pub struct PodPlanner<'a> {
+    job: &'a TFJob,
+    opts: &'a PlanOptions,
+    replicas: ReplicaPlanner<'a>,
+}
+
+impl<'a> PodPlanner<'a> {
+    /// Plans `job` (resolves every address, writes the cluster spec).
+    pub fn new(job: &'a TFJob, opts: &'a PlanOptions) -> Self {
+        let dns = ClusterDns {
+            job: job.name().to_string(),
+            namespace: namespace(job),
+            cluster_domain: opts.cluster_domain.clone(),
+        };
+        PodPlanner {
+            job,
+            opts,
+            replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns),
+        }
+    }
+
+    /// Every pod of the job, in [`ReplicaPlanner::replica_ids`] order.
+    pub fn pods(&self) -> impl Iterator<Item = PlannedPod> + '_ {
+        self.replicas
+            .replica_ids()
+            .filter_map(|(t, i)| self.pod(t, i))
+    }
+
+    /// The pod of replica (`rtype`, `index`); `None` when the job has no such replica.
+    pub fn pod(&self, rtype: ReplicaType, index: i32) -> Option<PlannedPod> {
+        let (job, opts) = (self.job, self.opts);
+        let slot = self.replicas.slot(rtype, index)?;
+        let name = pod_name(job.name(), rtype, index);
+        let template = &slot.spec.template;
+        let mut labels = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        labels.extend(job_labels(job.name()));
+        labels.insert(LABEL_REPLICA_TYPE.into(), rtype.lower().into());
+        labels.insert(LABEL_REPLICA_INDEX.into(), index.to_string());
+        if slot.is_master_role {
+            labels.insert(LABEL_JOB_ROLE.into(), "master".into());
+        }
+        let mut metadata = meta(job, name.clone(), labels);
+        metadata.annotations = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone());
+        let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
+        spec.hostname = Some(name);
+        spec.subdomain = Some(job.name().to_string());
+        spec.restart_policy = Some(slot.spec.restart_policy.pod_restart_policy().to_string());
+        if let Some(gang) = &opts.gang_scheduler {
+            spec.scheduler_name = Some(gang.scheduler_name().to_string());
+            match gang {
+                GangScheduler::Volcano => {
+                    metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(
+                            "scheduling.k8s.io/group-name".into(),
+                            job.name().to_string(),
+                        );
+                }
+                GangScheduler::SchedulerPlugins(_) => {
+                    metadata.labels.get_or_insert_with(BTreeMap::new).insert(
+                        "scheduling.x-k8s.io/pod-group".into(),
                         job.name().to_string(),
                     );
-            }
-            GangScheduler::SchedulerPlugins(_) => {
-                metadata.labels.get_or_insert_with(BTreeMap::new).insert(
-                    "scheduling.x-k8s.io/pod-group".into(),
-                    job.name().to_string(),
-                );
+                }
             }
         }
-    }
-    for c in spec
-        .containers
-        .iter_mut()
-        .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
-    {
-        let env = c.env.get_or_insert_with(Vec::new);
-        env.retain(|e| e.name != ENV_TF_CONFIG && e.name != ENV_TOKEN);
-        if let Some(cfg) = &replica.tf_config {
+        for c in spec
+            .containers
+            .iter_mut()
+            .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
+        {
+            let env = c.env.get_or_insert_with(Vec::new);
+            env.retain(|e| e.name != ENV_TF_CONFIG && e.name != ENV_TOKEN);
+            if slot.tf_config.is_some() {
+                // Its value is written by `PlannedPod::into_pod`.
+                env.push(EnvVar {
+                    name: ENV_TF_CONFIG.into(),
+                    value: None,
+                    value_from: None,
+                });
+            }
             env.push(EnvVar {
-                name: ENV_TF_CONFIG.into(),
-                value: Some(cfg.clone()),
-                value_from: None,
+                name: ENV_TOKEN.into(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: api::secret_name(job.name()),
+                        key: SECRET_TOKEN_KEY.into(),
+                        optional: Some(false),
+                    }),
+                    ..Default::default()
+                }),
             });
         }
-        env.push(EnvVar {
-            name: ENV_TOKEN.into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: api::secret_name(job.name()),
-                    key: SECRET_TOKEN_KEY.into(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-        });
-    }
-    Pod {
-        metadata,
-        spec: Some(spec),
-        status: None,
+        Some(PlannedPod {
+            pod: Pod {
+                metadata,
+                spec: Some(spec),
+                status: None,
+            },
+            tf_config: slot.tf_config,
+        })
     }
 }
 
@@ -561,15 +761,7 @@ pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
 /// All objects the controller applies for a (defaulted, valid) job: Secret, headless Service,
 /// one pod per replica and, with a gang scheduler, a PodGroup.
 pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredObjects {
-    let dns = ClusterDns {
-        job: job.name().to_string(),
-        namespace: namespace(job),
-        cluster_domain: opts.cluster_domain.clone(),
-    };
-    let pods = plan_replicas(job.name(), &job.spec, &dns)
-        .iter()
-        .map(|r| build_pod(job, r, opts))
-        .collect();
+    let pods = PodPlanner::new(job, opts).pods().collect();
     DesiredObjects {
         secret: build_secret(job, token),
         service: build_service(job),
@@ -610,6 +802,11 @@ mod tests {
             ));
         }
         job(&y)
+    }
+
+    /// The pods of a plan as the controller sends them.
+    fn rendered(pods: &[PlannedPod]) -> Vec<Pod> {
+        pods.iter().cloned().map(PlannedPod::into_pod).collect()
     }
 
     fn cfg_of(j: &TFJob, name: &str) -> Option<String> {
@@ -685,6 +882,138 @@ mod tests {
         for (j, name, expected) in cases {
             assert_eq!(cfg_of(j, name).as_deref(), expected, "{name}");
         }
+    }
+
+    /// The straightforward `TF_CONFIG` of one replica: every address looked up, the whole
+    /// document built as a `serde_json::Value` and serialised. The planners must write exactly
+    /// this.
+    fn reference_tf_config(
+        spec: &TFJobSpec,
+        rtype: ReplicaType,
+        index: i32,
+        addresses: &dyn AddressBook,
+    ) -> String {
+        let specs = api::replica_specs(spec);
+        let mut full: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+        for (t, rs) in &specs {
+            if rs.replicas <= 0 {
+                continue;
+            }
+            let port = replica_port(rs);
+            let list = (0..rs.replicas).map(|i| addresses.address(*t, i, port));
+            full.insert(t.lower(), list.collect());
+        }
+        let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
+        let cluster = if dynamic && matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
+            let port = specs.get(&rtype).map(|rs| replica_port(rs)).unwrap();
+            let own = json!({ index.to_string(): addresses.address(rtype, index, port) });
+            let mut m = serde_json::Map::new();
+            if rtype == ReplicaType::Worker
+                && let Some(ps) = full.get("ps")
+            {
+                m.insert("ps".into(), json!(ps));
+            }
+            m.insert(rtype.lower().into(), own);
+            Value::Object(m)
+        } else {
+            json!(full)
+        };
+        let cfg = json!({
+            "cluster": cluster,
+            "task": {"type": rtype.lower(), "index": index},
+            "environment": "cloud",
+        });
+        serde_json::to_string(&cfg).unwrap()
+    }
+
+    #[test]
+    fn fast_tf_config_equals_the_straightforward_one() {
+        let dynamic = "  enableDynamicWorker: true\n";
+        let ports = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: ports, namespace: team-a}
+spec:
+  enableDynamicWorker: true
+  tfReplicaSpecs:
+    PS:
+      replicas: 2
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img, ports: [{name: tfjob-port, containerPort: 3333}]}]
+    Worker:
+      replicas: 3
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img, ports: [{name: tfjob-port, containerPort: 4444}]}]
+    Evaluator:
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img}]
+"#;
+        let jobs = [
+            mnist("", &[("PS", 1), ("Worker", 2)]),
+            mnist(
+                "",
+                &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)],
+            ),
+            mnist(
+                dynamic,
+                &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)],
+            ),
+            mnist(dynamic, &[("Master", 1), ("Worker", 3)]),
+            mnist(dynamic, &[("PS", 2), ("Worker", 0)]),
+            mnist("", &[("Worker", 1)]),
+            mnist("", &[("Worker", 40)]),
+            job(ports),
+        ];
+        let local =
+            |t: ReplicaType, i: i32, port: i32| format!("127.0.0.1:{}", port + 100 * t as i32 + i);
+        // Characters JSON escapes: both paths must escape them alike.
+        let odd = |t: ReplicaType, i: i32, port: i32| {
+            format!("h\"{}\\{i}\u{e9}\n\u{1}:{port}", t.lower())
+        };
+        let mut checked = 0;
+        for j in &jobs {
+            let dns = ClusterDns {
+                job: j.name().to_string(),
+                namespace: namespace(j),
+                cluster_domain: Some("cluster.local".into()),
+            };
+            let books: [&dyn AddressBook; 3] = [&dns, &local, &odd];
+            for book in books {
+                let planner = ReplicaPlanner::new(j.name(), &j.spec, book);
+                for (t, i) in planner.replica_ids() {
+                    let want =
+                        is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, book));
+                    let fast = planner.tf_config(t, i).map(|c| c.render());
+                    assert_eq!(fast, want, "{} {t} {i}", j.name());
+                    assert_eq!(planner.replica(t, i).unwrap().tf_config, want);
+                    checked += 1;
+                }
+            }
+            // The controller's pods carry the same text once written out.
+            let opts = PlanOptions {
+                cluster_domain: Some("cluster.local".into()),
+                gang_scheduler: None,
+            };
+            let planner = PodPlanner::new(j, &opts);
+            for (t, i) in planner.replicas.replica_ids() {
+                let pod = planner.pod(t, i).unwrap().into_pod();
+                let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+                let cfg = env.iter().find(|e| e.name == ENV_TF_CONFIG);
+                let want =
+                    is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, &dns));
+                assert_eq!(
+                    cfg.and_then(|e| e.value.clone()),
+                    want,
+                    "{} {t} {i}",
+                    j.name()
+                );
+            }
+        }
+        assert_eq!(checked, 3 * (3 + 7 + 7 + 4 + 2 + 1 + 40 + 6));
     }
 
     #[test]
@@ -774,8 +1103,9 @@ spec:
 "#;
         let j = job(y);
         let d = desired_objects(&j, "tok", &PlanOptions::default());
-        assert_eq!(d.pods.len(), 2);
-        let chief = &d.pods[0];
+        let pods = rendered(&d.pods);
+        assert_eq!(pods.len(), 2);
+        let chief = &pods[0];
         let m = &chief.metadata;
         assert_eq!(m.name.as_deref(), Some("mnist-chief-0"));
         let labels = m.labels.clone().unwrap();
@@ -826,7 +1156,7 @@ spec:
             (sel.name.as_str(), sel.key.as_str()),
             ("mnist-token", "token")
         );
-        let worker = &d.pods[1];
+        let worker = &pods[1];
         let wl = worker.metadata.labels.clone().unwrap();
         assert!(!wl.contains_key(LABEL_JOB_ROLE));
         let ws = worker.spec.as_ref().unwrap();
@@ -866,7 +1196,7 @@ spec:
             pg["spec"],
             json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"})
         );
-        let p = &d.pods[0];
+        let p = &rendered(&d.pods)[0];
         assert_eq!(
             p.spec.as_ref().unwrap().scheduler_name.as_deref(),
             Some("volcano")
@@ -891,18 +1221,19 @@ spec:
             pg["spec"],
             json!({"minMember": 2, "scheduleTimeoutSeconds": 30})
         );
+        let pods = rendered(&d.pods);
         assert_eq!(
-            d.pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"],
+            pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"],
             "mnist"
         );
         assert_eq!(
-            d.pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(),
+            pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(),
             Some("scheduler-plugins-scheduler")
         );
     }
 
     #[test]
-    fn plan_replica_matches_plan_replicas() {
+    fn planner_replica_matches_plan_replicas() {
         let j = mnist("", &[("Master", 1), ("PS", 2), ("Worker", 3)]);
         let dns = ClusterDns {
             job: "mnist".into(),
@@ -911,14 +1242,14 @@ spec:
         };
         let all = plan_replicas("mnist", &j.spec, &dns);
         assert_eq!(all.len(), 6);
+        let planner = ReplicaPlanner::new("mnist", &j.spec, &dns);
         for r in &all {
-            assert_eq!(
-                plan_replica("mnist", &j.spec, &dns, r.replica_type, r.index).as_ref(),
-                Some(r)
-            );
+            assert_eq!(planner.replica(r.replica_type, r.index).as_ref(), Some(r));
         }
-        assert!(plan_replica("mnist", &j.spec, &dns, ReplicaType::Worker, 3).is_none());
-        assert!(plan_replica("mnist", &j.spec, &dns, ReplicaType::Chief, 0).is_none());
+        assert!(planner.replica(ReplicaType::Worker, 3).is_none());
+        assert!(planner.replica(ReplicaType::Worker, -1).is_none());
+        assert!(planner.replica(ReplicaType::Chief, 0).is_none());
+        assert!(planner.tf_config(ReplicaType::Chief, 0).is_none());
         assert_eq!(
             all[0].tf_config.as_deref(),
             Some(

@@ -7,7 +7,7 @@
 //! transition emits an Event. It uses no client: a Kubernetes, container or process backend
 //! feeds it plain observations and executes the returned [`Action`]s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -391,6 +391,14 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
     let mut to_recreate: Vec<&ObservedReplica> = Vec::new();
     let mut in_place_restarts: i64 = 0;
     let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
+    // Observed replicas by (type, index), in observation order: one pass, not one per index.
+    let mut observed: HashMap<(ReplicaType, i32), Vec<&ObservedReplica>> = HashMap::new();
+    for r in obs.replicas {
+        observed
+            .entry((r.replica_type, r.index))
+            .or_default()
+            .push(r);
+    }
     for (&rtype, rs) in &specs {
         let prev = m.status.replica_statuses.get(rtype.as_str());
         let mut st = ReplicaStatus {
@@ -399,11 +407,7 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
             ..Default::default()
         };
         for index in 0..rs.replicas.max(0) {
-            let here: Vec<&ObservedReplica> = obs
-                .replicas
-                .iter()
-                .filter(|r| r.replica_type == rtype && r.index == index)
-                .collect();
+            let here = observed.get(&(rtype, index)).map_or(&[][..], Vec::as_slice);
             if here.is_empty() {
                 m.actions.push(Action::CreateReplica {
                     replica_type: rtype,

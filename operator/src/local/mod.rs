@@ -222,17 +222,16 @@ pub fn run_job(job: TFJob, backend: &mut dyn Backend, console: Arc<Console>, run
             let outcome = status::reconcile_status(&obs);
             let mut requeue = opts.resync;
             let mut delete_job = false;
+            // Planned at the first replica to start, once per pass (the cluster spec is written once).
+            let mut planner: Option<plan::ReplicaPlanner> = None;
             for action in &outcome.actions {
                 match action {
-                    Action::CreateReplica { replica_type, index } => {
-                        if let Err(e) = start_replica(backend, &name, &job, *replica_type, *index, &token, &console) {
-                            backend.shutdown();
-                            return Err(e);
+                    Action::CreateReplica { replica_type, index } | Action::RecreateReplica { replica_type, index, .. } => {
+                        if let Action::RecreateReplica { name: pod, .. } = action {
+                            backend.delete(pod);
                         }
-                    }
-                    Action::RecreateReplica { name: pod, replica_type, index } => {
-                        backend.delete(pod);
-                        if let Err(e) = start_replica(backend, &name, &job, *replica_type, *index, &token, &console) {
+                        let planner = planner.get_or_insert_with(|| replica_planner(&name, &job, &*backend));
+                        if let Err(e) = start_replica(backend, planner, *replica_type, *index, &token, &console) {
                             backend.shutdown();
                             return Err(e);
                         }
@@ -263,24 +262,29 @@ pub fn run_job(job: TFJob, backend: &mut dyn Backend, console: Arc<Console>, run
     Ok(result)
 }
 
-fn start_replica(
-    backend: &mut dyn Backend,
-    job_name: &str,
-    job: &TFJob,
-    rtype: ReplicaType,
-    index: i32,
-    token: &str,
-    console: &Console,
-) -> Result<(), RunError> {
+/// Plans `job` with the backend's addresses.
+fn replica_planner<'a>(job_name: &'a str, job: &'a TFJob, backend: &dyn Backend) -> plan::ReplicaPlanner<'a> {
     struct ByBackend<'a>(&'a dyn Backend);
     impl AddressBook for ByBackend<'_> {
         fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
             self.0.address(rtype, index, port)
         }
     }
-    let replica = plan::plan_replica(job_name, &job.spec, &ByBackend(backend), rtype, index)
+    plan::ReplicaPlanner::new(job_name, &job.spec, &ByBackend(backend))
+}
+
+fn start_replica(
+    backend: &mut dyn Backend,
+    planner: &plan::ReplicaPlanner,
+    rtype: ReplicaType,
+    index: i32,
+    token: &str,
+    console: &Console,
+) -> Result<(), RunError> {
+    let replica = planner
+        .replica(rtype, index)
         .ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
-    console.info(&format!("starting {}", short_name(job_name, &replica.pod_name)));
+    console.info(&format!("starting {}", short_name(planner.job_name(), &replica.pod_name)));
     backend.start(&replica, token)
 }
 
