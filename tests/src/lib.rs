@@ -4,8 +4,10 @@
 //!   helm) built from pinned Go modules, for tests against a real Kubernetes API.
 //! - [`chart`]: the Helm chart `charts/tfjob-operator` rendered with that helm, e.g. the exact
 //!   RBAC the chart grants the operator.
+//! - [`node_agent`]: the kubelet of the test control plane: its pods as podman containers.
 
 pub mod chart;
 pub mod controlplane;
+pub mod node_agent;
 pub mod operator;
 pub mod podman;

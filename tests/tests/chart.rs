@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject,
@@ -139,6 +140,7 @@ struct Rendered {
     roles: Vec<Role>,
     role_bindings: Vec<RoleBinding>,
     service_monitors: Vec<Value>,
+    leases: Vec<Lease>,
     /// (kind, namespace, name) of every document, in order.
     objects: Vec<(String, Option<String>, String)>,
 }
@@ -234,6 +236,7 @@ fn parse(yaml: &str) -> Result<Rendered> {
             ("rbac.authorization.k8s.io/v1", "Role") => r.roles.push(typed(&doc)?),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => r.role_bindings.push(typed(&doc)?),
             ("monitoring.coreos.com/v1", "ServiceMonitor") => r.service_monitors.push(doc.clone()),
+            ("coordination.k8s.io/v1", "Lease") => r.leases.push(typed(&doc)?),
             (api, kind) => bail!("unexpected object {api} {kind} {name}"),
         }
         // Namespaced objects name their namespace explicitly (kubectl apply of `helm template`
@@ -511,6 +514,7 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
         "RoleBinding",
         "Service",
         "Deployment",
+        "Lease",
     ]
     .into();
     assert_eq!(r.kinds(), want, "{:?}", r.objects);
@@ -647,6 +651,12 @@ fn default_rbac_is_exactly_the_operators_api_calls() -> Result<()> {
         Some(lease_grants(&env["TFJOB_LEASE_NAME"]))
     );
     assert_eq!(r.roles.len(), 1, "only the leases Role in cluster mode");
+    // The Lease itself is part of the release (helm uninstall removes it), without a holder.
+    assert_eq!(r.leases.len(), 1);
+    let lease = &r.leases[0];
+    assert_eq!(lease.metadata.name.as_deref(), Some(env["TFJOB_LEASE_NAME"].as_str()));
+    assert_eq!(lease.metadata.namespace.as_deref(), Some(RELEASE_NS));
+    assert!(lease.spec.is_none(), "the operator owns the spec: {lease:?}");
     Ok(())
 }
 
@@ -720,7 +730,7 @@ fn several_replicas_need_leader_election() -> Result<()> {
     let r = render(cp, &[("leaderElection.enabled", "false")])?;
     assert_eq!(env_of(r.deployment())["TFJOB_LEADER_ELECT"], "false");
     assert_eq!(leader_election_grants(&r)?, None);
-    assert!(r.roles.is_empty() && r.role_bindings.is_empty());
+    assert!(r.roles.is_empty() && r.role_bindings.is_empty() && r.leases.is_empty());
     Ok(())
 }
 
@@ -1243,7 +1253,8 @@ fn helm_install_in_cluster_mode_is_accepted_under_the_restricted_pod_security_st
             "Role",
             "RoleBinding",
             "Service",
-            "Deployment"
+            "Deployment",
+            "Lease"
         ]
         .into()
     );

@@ -424,7 +424,9 @@ impl ContainerKubelet {
         if self.pods.contains_key(pod) {
             return Err(fail("runs already".into()));
         }
-        let container = format!("{pod}-{}", random_suffix());
+        // Engine names allow [a-zA-Z0-9][a-zA-Z0-9_.-]*; pod keys may hold `/`.
+        let base: String = pod.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') { c } else { '_' }).collect();
+        let container = format!("{base}-{}", random_suffix());
         self.create(&spec, &container).map_err(fail)?;
         let mut p = Pod {
             container: container.clone(),

@@ -1,0 +1,279 @@
+//! The whole story on the test control plane: `helm install` the chart (the operator runs from
+//! the chart's Deployment, its pod run by the node agent with a service-account token and the
+//! API server reachable from the container network), `kubectl apply` every example (the
+//! runtime containers find each other by DNS and train; each TFJob reaches `Succeeded`; the
+//! linear ones converge), a worker container killed mid-run (restarted in place, the job still
+//! succeeds), an `ExitCode` failure with code 1 (the job fails with the message), `kubectl
+//! delete tfjob` (every pod, Service and Secret of the job gone), `helm uninstall` (nothing of
+//! the operator left). Prints a timeline of each job.
+//!
+//! No kubelet can run here; [`NodeAgent`] plays it with podman containers (see its module). The
+//! same scenario for a real kind cluster is `tests/e2e/kind/run.sh`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde_json::Value;
+use tfjob_tests::controlplane::ControlPlane;
+use tfjob_tests::node_agent::NodeAgent;
+use tfjob_tests::operator::eventually;
+use tfjob_tests::podman::{OPERATOR_IMAGE, Podman, PodmanService, build_images, release_bin_dir};
+
+const RELEASE: &str = "tfjob-operator";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Milestones of one job, printed at the end.
+struct Timeline {
+    job: String,
+    start: Instant,
+    marks: Vec<(String, Duration)>,
+}
+
+impl Timeline {
+    fn new(job: &str) -> Timeline {
+        Timeline { job: job.into(), start: Instant::now(), marks: Vec::new() }
+    }
+    fn mark(&mut self, what: &str) {
+        self.marks.push((what.into(), self.start.elapsed()));
+    }
+    fn mark_at(&mut self, what: &str, at: Instant) {
+        self.marks.push((what.into(), at.saturating_duration_since(self.start)));
+    }
+    fn print(&mut self) {
+        self.marks.sort_by_key(|(_, d)| *d);
+        let marks: Vec<String> = self.marks.iter().map(|(w, d)| format!("{w} {:.1}s", d.as_secs_f64())).collect();
+        eprintln!("timeline {}: {}", self.job, marks.join(" | "));
+    }
+}
+
+struct Scene<'a> {
+    cp: &'a ControlPlane,
+    ns: String,
+    agent: NodeAgent,
+}
+
+impl Scene<'_> {
+    fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["-n", &self.ns]);
+        self.cp.kubectl_ok(all)
+    }
+
+    fn json(&self, args: &[&str]) -> Result<Value> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&all)?).context("kubectl JSON")
+    }
+
+    /// Pods of a job: (name, phase, restart count of the `tensorflow` container).
+    fn job_pods(&self, job: &str) -> Result<Vec<(String, String, i64)>> {
+        let list = self.json(&["get", "pods", "-l", &format!("training.kubeflow.org/job-name={job}")])?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                let restarts = p["status"]["containerStatuses"].as_array().and_then(|cs| cs.first()).and_then(|c| c["restartCount"].as_i64()).unwrap_or(0);
+                (p["metadata"]["name"].as_str().unwrap_or("").to_string(), p["status"]["phase"].as_str().unwrap_or("").to_string(), restarts)
+            })
+            .collect())
+    }
+
+    /// The condition of type `kind` with status True, if the job has it: (reason, message).
+    fn condition(&self, job: &str, kind: &str) -> Result<Option<(String, String)>> {
+        let j = self.json(&["get", "tfjob", job])?;
+        Ok(j["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == kind && c["status"] == "True").map(|c| {
+            (c["reason"].as_str().unwrap_or("").to_string(), c["message"].as_str().unwrap_or("").to_string())
+        }))
+    }
+
+    /// Applies a manifest and follows the job to an end (`Succeeded` or `Failed`), marking the
+    /// timeline; `during` runs on every look while the job runs (it returns true once done).
+    fn run_job(&self, job: &str, manifest: &str, mut during: impl FnMut(&Scene, &[(String, String, i64)]) -> Result<bool>) -> Result<(Timeline, String)> {
+        let mut tl = Timeline::new(job);
+        self.cp.kubectl_stdin(["apply", "-n", &self.ns, "-f", "-"], manifest)?;
+        tl.mark("applied");
+        let (mut created, mut running, mut done) = (false, false, false);
+        let deadline = Instant::now() + Duration::from_secs(240);
+        let end = loop {
+            let pods = self.job_pods(job)?;
+            if !created && !pods.is_empty() {
+                tl.mark("pods created");
+                created = true;
+            }
+            if !running && !pods.is_empty() && pods.iter().all(|(_, phase, _)| phase == "Running") {
+                tl.mark("all running");
+                running = true;
+            }
+            if !done {
+                done = during(self, &pods)?;
+            }
+            if self.condition(job, "Succeeded")?.is_some() {
+                tl.mark("succeeded");
+                break "Succeeded".to_string();
+            }
+            if self.condition(job, "Failed")?.is_some() {
+                tl.mark("failed");
+                break "Failed".to_string();
+            }
+            if Instant::now() > deadline {
+                bail!("{job} did not finish in 240s; pods {pods:?}; status {}", self.json(&["get", "tfjob", job])?["status"]);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        };
+        if let Some(at) = self.agent.first_step(&self.ns, &format!("{job}-")) {
+            tl.mark_at("first step", at);
+        }
+        Ok((tl, end))
+    }
+
+    /// Deletes the job and waits until nothing of it is left.
+    fn delete_job(&self, job: &str, tl: &mut Timeline) -> Result<()> {
+        self.kubectl(&["delete", "tfjob", job, "--wait=false"])?;
+        let selector = format!("training.kubeflow.org/job-name={job}");
+        eventually(&format!("pods, Services and Secrets of {job} are gone"), Duration::from_secs(90), || {
+            let left = self.kubectl(&["get", "pods,services,secrets", "-l", &selector, "-o", "name"])?;
+            Ok(left.trim().is_empty().then_some(()))
+        })?;
+        tl.mark("cleaned");
+        Ok(())
+    }
+
+    /// The final JSON report of a pod, from its log.
+    fn report(&self, pod: &str) -> Result<Value> {
+        let log = self.agent.pod_log(&self.ns, pod);
+        let line = log.lines().rev().find(|l| l.starts_with('{')).ok_or_else(|| anyhow!("{pod}: no final report in\n{log}"))?;
+        serde_json::from_str(line).with_context(|| format!("{pod}: {line}"))
+    }
+
+    fn assert_linear(&self, pod: &str) -> Result<()> {
+        let r = self.report(pod)?;
+        let (w, b) = (r["W"].as_f64().unwrap_or(f64::NAN), r["b"].as_f64().unwrap_or(f64::NAN));
+        ensure!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{pod}: W = {w}, b = {b}");
+        Ok(())
+    }
+}
+
+fn examples() -> Result<Vec<(String, String)>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("examples"))?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    files.into_iter().map(|f| Ok((f.file_stem().unwrap_or_default().to_string_lossy().into_owned(), std::fs::read_to_string(&f)?))).collect()
+}
+
+/// The jobs of the kind scenario (`tests/e2e/kind/`): sync linear regression long enough to
+/// lose a worker mid-run, and a worker that exits 1 under the `ExitCode` policy.
+const KILL_JOB: &str = "tests/e2e/kind/worker-restart.yaml";
+const EXIT_ONE_JOB: &str = "tests/e2e/kind/exitcode-failure.yaml";
+
+fn manifest(path: &str) -> Result<String> {
+    std::fs::read_to_string(repo_root().join(path)).with_context(|| format!("reading {path}"))
+}
+
+#[test]
+fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
+    let started = Instant::now();
+    let images = build_images(&release_bin_dir()?)?;
+    eprint!("{}", images.log);
+    let service = PodmanService::start()?;
+    let cp = ControlPlane::shared()?;
+    let ns = cp.create_namespace("e2e")?;
+    let agent = NodeAgent::start(cp, &[&ns], &service.docker_host())?;
+    let scene = Scene { cp, ns: ns.clone(), agent };
+    eprintln!("control plane, images, node agent ready in {:.1}s", started.elapsed().as_secs_f64());
+
+    // helm install: the operator runs from the chart's Deployment.
+    let (repo, tag) = OPERATOR_IMAGE.rsplit_once(':').expect("image:tag");
+    let chart = repo_root().join("charts/tfjob-operator");
+    let chart = chart.display().to_string();
+    let t = Instant::now();
+    let set = [format!("watchNamespace={ns}"), format!("image.repository={repo}"), format!("image.tag={tag}"), "image.pullPolicy=Never".to_string()];
+    let mut args = vec!["install", RELEASE, &chart, "-n", &ns];
+    for s in &set {
+        args.extend(["--set", s]);
+    }
+    let out = cp.helm_ok(args)?;
+    ensure!(out.contains("STATUS: deployed"), "{out}");
+    cp.kubectl_ok(["wait", "--for=condition=Established", "crd/tfjobs.kubeflow.org", "--timeout=60s"])?;
+    let operator_pod = eventually("the operator's pod runs", Duration::from_secs(90), || {
+        let pods = scene.json(&["get", "pods", "-l", "app.kubernetes.io/name=tfjob-operator"])?;
+        Ok(pods["items"].as_array().into_iter().flatten().find(|p| p["status"]["phase"] == "Running").and_then(|p| p["metadata"]["name"].as_str().map(String::from)))
+    })?;
+    // It leads (its Lease names it) once it talks to the API server from its container.
+    eventually("the operator holds its Lease", Duration::from_secs(90), || {
+        let lease = scene.json(&["get", "lease", RELEASE]).ok();
+        Ok(lease.and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from)).filter(|h| h.contains(&operator_pod)))
+    })
+    .with_context(|| format!("operator log:\n{}", scene.agent.pod_log(&ns, &operator_pod)))?;
+    eprintln!("helm install: operator pod {operator_pod} leads after {:.1}s", t.elapsed().as_secs_f64());
+
+    // Every example, one after the other.
+    for (name, manifest) in examples()? {
+        let (mut tl, end) = scene.run_job(&name, &manifest, |_, _| Ok(true))?;
+        ensure!(end == "Succeeded", "{name}: {end}: {:?}\nworker-0 log:\n{}", scene.condition(&name, "Failed")?, scene.agent.pod_log(&ns, &format!("{name}-worker-0")));
+        match name.as_str() {
+            "linreg-async" | "linreg-sync" | "backup-workers" | "elastic-workers" => scene.assert_linear(&format!("{name}-worker-0"))?,
+            "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
+            "chief-evaluator" => ensure!(scene.report(&format!("{name}-chief-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
+            _ => {}
+        }
+        scene.delete_job(&name, &mut tl)?;
+        tl.print();
+    }
+
+    // A worker container killed mid-run: restarted in place (OnFailure), the job succeeds.
+    let mut killed_at = None;
+    let (mut tl, end) = scene.run_job("worker-restart", &manifest(KILL_JOB)?, |s, pods| {
+        let log = s.agent.pod_log(&s.ns, "worker-restart-worker-1");
+        if killed_at.is_none() && log.contains("local_step=") && pods.iter().any(|(n, p, _)| n == "worker-restart-worker-1" && p == "Running") {
+            s.agent.kill(&s.ns, "worker-restart-worker-1", "KILL")?;
+            killed_at = Some(Instant::now());
+        }
+        Ok(killed_at.is_some())
+    })?;
+    let killed = killed_at.is_some();
+    if let Some(at) = killed_at {
+        tl.mark_at("worker-1 killed", at);
+    }
+    ensure!(killed, "worker-1 was never killed");
+    ensure!(end == "Succeeded", "worker-restart: {end}: {:?}", scene.condition("worker-restart", "Failed")?);
+    let pods = scene.job_pods("worker-restart")?;
+    ensure!(pods.iter().any(|(n, _, r)| n == "worker-restart-worker-1" && *r >= 1), "worker-1 restarted in place: {pods:?}");
+    scene.assert_linear("worker-restart-worker-0")?;
+    scene.delete_job("worker-restart", &mut tl)?;
+    tl.print();
+
+    // ExitCode policy, exit code 1: permanent, the job fails with the message.
+    let (mut tl, end) = scene.run_job("exitcode-failure", &manifest(EXIT_ONE_JOB)?, |_, _| Ok(true))?;
+    ensure!(end == "Failed", "exitcode-failure: {end}");
+    let (reason, message) = scene.condition("exitcode-failure", "Failed")?.unwrap_or_default();
+    ensure!(message.contains("1 Worker replica(s) failed"), "{reason}: {message}");
+    let pods = scene.job_pods("exitcode-failure")?;
+    ensure!(pods.iter().any(|(_, phase, _)| phase == "Failed"), "{pods:?}");
+    ensure!(scene.agent.pod_log(&ns, "exitcode-failure-worker-0").contains("127.0.0.1:1"), "the worker said why");
+    scene.delete_job("exitcode-failure", &mut tl)?;
+    tl.print();
+
+    // helm uninstall: nothing of the operator is left, its Lease included (the CRD stays:
+    // helm keeps crds/).
+    cp.helm_ok(["uninstall", RELEASE, "-n", &ns, "--wait", "--timeout", "90s"])?;
+    eventually("nothing of the release is left", Duration::from_secs(90), || {
+        let left = scene.kubectl(&["get", "deployments,replicasets,pods,serviceaccounts,services,roles,rolebindings", "-l", "app.kubernetes.io/instance=tfjob-operator", "-o", "name"])?;
+        let cluster = cp.kubectl_ok(["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=tfjob-operator", "-o", "name"])?;
+        // The operator's Lease is part of the release.
+        let lease = cp.kubectl(["get", "lease", RELEASE, "-n", &ns])?;
+        let lease_gone = !lease.status.success() && String::from_utf8_lossy(&lease.stderr).contains("NotFound");
+        Ok((left.trim().is_empty() && cluster.trim().is_empty() && lease_gone).then_some(()))
+    })?;
+    let Scene { mut agent, .. } = scene;
+    agent.stop()?;
+    let podman = Podman::setup()?;
+    let left = podman.run_ok(["ps", "-a", "--filter", &format!("network={}", agent.network()), "--format", "{{.Names}}"]).unwrap_or_default();
+    ensure!(left.trim().is_empty(), "containers left: {left}");
+    eprintln!("end to end in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
