@@ -457,9 +457,9 @@ run_worker_restart
 run_exit_code_failure
 
 # ---------------------------------------------------------------------------------------------
-# 7. helm uninstall: nothing of the release is left. The CRD stays (Helm never deletes CRDs it
-#    installed from crds/), and so does the leader-election Lease, which the operator creates at
-#    run time (it is not an object of the release).
+# 7. helm uninstall: nothing of the release is left, the leader-election Lease included (the
+#    chart renders it; the operator only takes it). The CRD stays (Helm never deletes CRDs it
+#    installed from crds/).
 
 begin_subject "helm release $RELEASE_NAMESPACE/$RELEASE"
 helm get manifest "$RELEASE" -n "$RELEASE_NAMESPACE" >"$work/release.yaml"
