@@ -30,7 +30,7 @@ fn accumulate(c: &mut Criterion) {
         let buf = received(offset);
         // Vec<u8> from the global allocator is at least 8-byte aligned, so offset 0 is aligned.
         let bytes = &buf[offset..];
-        assert_eq!(bytes.as_ptr() as usize % 4 == 0, offset == 0);
+        assert_eq!((bytes.as_ptr() as usize).is_multiple_of(4), offset == 0);
         let mut dst = vec![0.0f32; FLOATS_PER_MIB];
         g.bench_function(format!("add_f32_from_le/{name}"), |b| {
             b.iter(|| tensor::add_f32_from_le(black_box(&mut dst), black_box(bytes)))

@@ -127,6 +127,18 @@ impl TokenAttach {
     }
 }
 
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        self.check(request)
+    }
+}
+
+impl tonic::service::Interceptor for TokenAttach {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        self.attach(request)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,17 +161,5 @@ mod tests {
         assert!(TokenCheck::new(None).check(with(None)).is_ok());
         let attached = TokenAttach::new(Some("s3cret")).unwrap().attach(Request::new(())).unwrap();
         assert!(check.check(attached).is_ok());
-    }
-}
-
-impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        self.check(request)
-    }
-}
-
-impl tonic::service::Interceptor for TokenAttach {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        self.attach(request)
     }
 }

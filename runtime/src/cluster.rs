@@ -427,7 +427,8 @@ mod tests {
 
     #[test]
     fn good_inputs() {
-        let cases: Vec<(&str, ClusterFlags, Option<&str>, &str, u32, Vec<&str>)> = vec![
+        type Case = (&'static str, ClusterFlags, Option<&'static str>, &'static str, u32, Vec<&'static str>);
+        let cases: Vec<Case> = vec![
             (
                 "dense TF_CONFIG",
                 ClusterFlags::default(),

@@ -51,7 +51,7 @@ enum Command {
         bind: IpAddr,
     },
     /// Submits work to a task, like `tf.Session("grpc://host:port")`.
-    Client(ClientArgs),
+    Client(Box<ClientArgs>),
     /// Checkpoints written with --checkpoint_dir.
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
@@ -353,7 +353,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async move {
         match cli.command {
             Some(Command::Server { port, bind }) => run_server(SocketAddr::new(bind, port)).await,
-            Some(Command::Client(args)) => run_client(args).await,
+            Some(Command::Client(args)) => run_client(*args).await,
             Some(Command::Checkpoint(CheckpointCommand::Inspect { dir })) => match tfjob_runtime::checkpoint::inspect(&dir) {
                 Ok(text) => {
                     print!("{text}");
@@ -414,11 +414,10 @@ async fn run_task(args: TaskArgs) -> u8 {
         let mut config = PsConfig::new(cluster.task.index as usize, cluster.cluster.num_tasks("ps"), cluster.cluster.chief());
         config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
         let store = Arc::new(ParameterStore::new(config));
-        if let Some(dir) = &settings.checkpoints.directory {
-            if let Err(e) = restore(&store, dir, &cluster) {
+        if let Some(dir) = &settings.checkpoints.directory
+            && let Err(e) = restore(&store, dir, &cluster) {
                 return fail(e.0, e.1);
             }
-        }
         Some((store.clone(), PsService::new(store)))
     } else {
         None

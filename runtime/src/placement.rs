@@ -89,7 +89,7 @@ pub fn place(
         let bytes = elements * 4;
         let rows = v.shape.first().copied().unwrap_or(1);
         let threshold = partition_threshold_bytes.max(1);
-        let parts = if num_ps > 1 && bytes > threshold && v.shape.len() >= 1 && rows >= 2 {
+        let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 {
             bytes.div_ceil(threshold).min(num_ps).min(rows)
         } else {
             1

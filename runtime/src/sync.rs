@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn unaligned_bytes_accumulate() {
         let mut acc = SyncAccumulator::new(&[3], 1, 0);
-        let mut buf = vec![0u8; 13];
+        let mut buf = [0u8; 13];
         buf[1..13].copy_from_slice(&le(&[1.0, 2.0, 3.0]));
         assert!(acc.add(0, "w", &[(0..3, &buf[1..13])]));
         let mut got = vec![];

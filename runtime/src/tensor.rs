@@ -146,7 +146,7 @@ pub fn check_part(part: &TensorPart, expected_shape: &[usize]) -> Result<std::op
             got: part.shape.clone(),
         });
     }
-    if part.content.len() % 4 != 0 {
+    if !part.content.len().is_multiple_of(4) {
         return Err(TensorError::RaggedBytes { name: part.name.clone(), len: part.content.len(), elem: 4 });
     }
     let total: usize = expected_shape.iter().product();
