@@ -56,6 +56,14 @@ impl ClientError {
     }
 }
 
+/// HTTP/2 settings shared by every client and server of a job. The largest
+/// frame a peer may send us: big enough for a whole tensor part (h2's default,
+/// 16 KiB, cuts a 318 KB MLP push into 20 frames, each its own write, loopback
+/// packet and wake-up on both ends).
+pub const H2_MAX_FRAME_BYTES: u32 = 4 << 20;
+pub const H2_STREAM_WINDOW_BYTES: u32 = 8 << 20;
+pub const H2_CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
+
 /// Opens a lazily connecting channel to `host:port` with explicit message
 /// limits and TCP_NODELAY.
 pub fn channel(address: &str, connect_timeout: Duration, credentials: &Credentials) -> Result<Channel, ClientError> {
@@ -66,8 +74,9 @@ pub fn channel(address: &str, connect_timeout: Duration, credentials: &Credentia
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true)
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(16 << 20));
+        .initial_stream_window_size(Some(H2_STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(H2_CONNECTION_WINDOW_BYTES))
+        .max_frame_size(Some(H2_MAX_FRAME_BYTES));
     if let Some(tls) = &credentials.tls {
         let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
         let config = tls.client_config(host).map_err(|reason| ClientError::Address { address: address.into(), reason })?;
@@ -170,6 +179,28 @@ pub struct Pulled {
     pub bytes: u64,
 }
 
+/// Calls PullVariables and collects every reply.
+async fn receive_pull(c: &mut PsGrpc, req: proto::PullVariablesRequest, wait: Duration) -> Result<Vec<proto::PullVariablesReply>, Status> {
+    let mut stream = c.pull_variables(deadline(req, wait + CALL_DEADLINE)).await?.into_inner();
+    let mut replies = Vec::new();
+    while let Some(r) = stream.message().await? {
+        replies.push(r);
+    }
+    Ok(replies)
+}
+
+/// What every ps replied to one [`PsSet::push_pull`].
+#[derive(Debug, Clone)]
+pub struct Stepped {
+    /// Each ps's reply to the push, in ps order.
+    pub pushed: Vec<proto::PushGradientsReply>,
+    /// The values pulled after the push.
+    pub pulled: Pulled,
+    /// When the last ps's first reply arrived (push applied, barrier passed),
+    /// from the start of the call.
+    pub first_reply: Duration,
+}
+
 /// The parameter servers of a job, seen from one task.
 pub struct PsSet {
     pub task: TaskId,
@@ -256,7 +287,7 @@ impl PsSet {
                 .collect();
             let req = proto::HandshakeRequest {
                 task: self.task_proto(),
-                config: (!observer).then(|| self.config.clone()),
+                config: (!observer).then_some(self.config),
                 variables,
                 placement_fingerprint: self.placement.fingerprint(),
                 num_ps: self.num_ps() as u32,
@@ -278,7 +309,7 @@ impl PsSet {
         let calls = (0..self.num_ps()).map(|ps| {
             let mut messages = vec![proto::InitVariablesRequest {
                 task: self.task_proto(),
-                config: Some(self.config.clone()),
+                config: Some(self.config),
                 placement_fingerprint: self.placement.fingerprint(),
                 part: None,
                 step,
@@ -300,6 +331,16 @@ impl PsSet {
         Ok(replies.iter().any(|r| r.already_initialized))
     }
 
+    fn pull_request(&self, min_step: i64, wait_initialized: bool, wait: Duration) -> proto::PullVariablesRequest {
+        proto::PullVariablesRequest {
+            task: self.task_proto(),
+            names: vec![],
+            min_step,
+            wait_initialized,
+            wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
+        }
+    }
+
     /// Pulls every variable from every ps into `params` (which must have the
     /// variables' shapes), waiting until ps `i` reaches `min_steps[i]` (0: no
     /// wait). `wait` bounds how long one server-side wait lasts.
@@ -311,28 +352,20 @@ impl PsSet {
         wait: Duration,
     ) -> Result<Pulled, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
-            let req = proto::PullVariablesRequest {
-                task: self.task_proto(),
-                names: vec![],
-                min_step: min_steps.get(ps).copied().unwrap_or(0),
-                wait_initialized,
-                wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
-            };
+            let req = self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait);
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "pull from", move || {
                 let mut c = client.clone();
-                let req = req.clone();
-                async move {
-                    let mut stream = c.pull_variables(deadline(req, wait + CALL_DEADLINE)).await?.into_inner();
-                    let mut replies = Vec::new();
-                    while let Some(r) = stream.message().await? {
-                        replies.push(r);
-                    }
-                    Ok(replies)
-                }
+                async move { receive_pull(&mut c, req, wait).await }
             })
         });
         let per_ps = try_join_all(calls).await?;
+        self.absorb(params, per_ps)
+    }
+
+    /// Takes in what every ps replied to a pull: writes the values into
+    /// `params` and sums up steps, `done`, waits and bytes.
+    fn absorb(&self, params: &mut [ArrayD<f32>], per_ps: Vec<Vec<proto::PullVariablesReply>>) -> Result<Pulled, ClientError> {
         let mut steps = Vec::with_capacity(per_ps.len());
         let mut done = false;
         let mut waited = Duration::ZERO;
@@ -380,34 +413,102 @@ impl PsSet {
         Ok(())
     }
 
+    /// The messages of one push to ps `ps`: its shards of the gradients as
+    /// parts, tagged with the step and the push id.
+    fn push_messages(&self, ps: usize, step: i64, push_id: u64, gradients: &[ArrayD<f32>]) -> Vec<proto::PushGradientsRequest> {
+        let mut messages = Vec::new();
+        for (vi, s) in &self.shards[ps] {
+            let all = gradients[*vi].as_slice().expect("standard layout");
+            let bytes: Bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
+            for p in tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes) {
+                let task = if messages.is_empty() { self.task_proto() } else { None };
+                messages.push(proto::PushGradientsRequest { task, step, push_id, part: Some(p) });
+            }
+        }
+        if messages.is_empty() {
+            // A ps without variables still counts the push (its step
+            // advances with the others').
+            messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: None });
+        }
+        messages
+    }
+
     /// Pushes gradients to every ps concurrently, each tagged with the step
     /// of the values pulled from that ps.
     pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
         // One id for this push on every ps; a retry resends the same id.
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         let calls = (0..self.num_ps()).map(|ps| {
-            let step = steps[ps];
-            let mut messages = Vec::new();
-            for (vi, s) in &self.shards[ps] {
-                let all = gradients[*vi].as_slice().expect("standard layout");
-                let bytes: Bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
-                for p in tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes) {
-                    messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: Some(p) });
-                }
-            }
-            if messages.is_empty() {
-                // A ps without variables still counts the push (its step
-                // advances with the others').
-                messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: None });
-            }
+            let messages = self.push_messages(ps, steps[ps], push_id, gradients);
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "push to", move || {
                 let mut c = client.clone();
-                let stream = tokio_stream::iter(messages.clone());
+                let stream = tokio_stream::iter(messages);
                 async move { c.push_gradients(deadline(stream, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
             })
         });
         try_join_all(calls).await
+    }
+
+    /// One training step against every ps concurrently, one call per ps:
+    /// pushes the gradients (tagged with the step of the values pulled from
+    /// that ps) to each ps `i` with `push_to[i]`, then pulls the variables
+    /// into `params` once ps `i` reaches `min_steps[i]` (0: at once). Same
+    /// semantics as [`push`](Self::push) followed by [`pull`](Self::pull),
+    /// one round trip fewer. A ps not pushed to is only pulled from; its
+    /// push reply is `accepted: false` with the step pulled.
+    pub async fn push_pull(
+        &self,
+        steps: &[i64],
+        push_to: &[bool],
+        gradients: &[ArrayD<f32>],
+        params: &mut [ArrayD<f32>],
+        min_steps: &[i64],
+        wait: Duration,
+    ) -> Result<Stepped, ClientError> {
+        let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let calls = (0..self.num_ps()).map(|ps| {
+            let request = self.pull_request(min_steps[ps], false, wait);
+            let messages: Option<Vec<proto::PushPullRequest>> = push_to[ps].then(|| {
+                let mut pull = Some(proto::PullVariablesRequest { task: None, ..request.clone() });
+                self.push_messages(ps, steps[ps], push_id, gradients)
+                    .into_iter()
+                    .map(|push| proto::PushPullRequest { push: Some(push), pull: pull.take() })
+                    .collect()
+            });
+            let client = self.clients[ps].clone();
+            without_retry(ps, &self.addresses[ps], "push to and pull from", move || {
+                let mut c = client.clone();
+                async move {
+                    let Some(messages) = messages else {
+                        let replies = receive_pull(&mut c, request, wait).await?;
+                        let (step, done) = (replies.first().map_or(0, |r| r.step), replies.iter().any(|r| r.done));
+                        return Ok((proto::PushGradientsReply { accepted: false, stale: false, step, done }, start.elapsed(), replies));
+                    };
+                    let mut stream = c.push_pull(deadline(tokio_stream::iter(messages), wait + CALL_DEADLINE)).await?.into_inner();
+                    let mut pushed = None;
+                    let mut first_reply = None;
+                    let mut replies = Vec::new();
+                    while let Some(r) = stream.message().await? {
+                        first_reply = first_reply.or_else(|| Some(start.elapsed()));
+                        pushed = pushed.or(r.push);
+                        replies.extend(r.pull);
+                    }
+                    let pushed = pushed.ok_or_else(|| Status::internal("PushPull: the reply says nothing of the push"))?;
+                    Ok((pushed, first_reply.unwrap_or_default(), replies))
+                }
+            })
+        });
+        let mut pushed = Vec::with_capacity(self.num_ps());
+        let mut first_reply = Duration::ZERO;
+        let mut per_ps = Vec::with_capacity(self.num_ps());
+        for (p, first, replies) in try_join_all(calls).await? {
+            pushed.push(p);
+            first_reply = first_reply.max(first);
+            per_ps.push(replies);
+        }
+        Ok(Stepped { pushed, pulled: self.absorb(params, per_ps)?, first_reply })
     }
 
     /// Tells every ps that training is over (chief only).

@@ -132,6 +132,12 @@ struct State {
     scratch: Vec<f32>,
 }
 
+/// A variable's name, wire shape and encoded values.
+pub type Encoded = (String, Vec<i64>, Bytes);
+
+/// Parts of one variable's gradient: element range and little-endian bytes.
+type Ranges<'a> = Vec<(Range<usize>, &'a [u8])>;
+
 pub struct ParameterStore {
     config: PsConfig,
     state: Mutex<State>,
@@ -256,7 +262,7 @@ impl ParameterStore {
                 match (&ours.config, &theirs.config) {
                     (_, _) if observer => Ok(()),
                     (None, Some(c)) => {
-                        ours.config = Some(c.clone());
+                        ours.config = Some(*c);
                         Ok(())
                     }
                     (Some(a), Some(b)) if a != b => Err(StoreError::FailedPrecondition(format!(
@@ -279,7 +285,7 @@ impl ParameterStore {
         let config = if req.observer {
             None
         } else {
-            let c = req.config.clone().ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
+            let c = req.config.ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
             check_training_config(&c)?;
             Some(c)
         };
@@ -310,7 +316,7 @@ impl ParameterStore {
         let first = messages.first().ok_or_else(|| StoreError::InvalidArgument("empty InitVariables stream".into()))?;
         let task = task_of(&first.task, "task")?;
         self.check_chief(&task, "initialise variables")?;
-        let config = first.config.clone().ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
+        let config = first.config.ok_or_else(|| StoreError::InvalidArgument("config: missing".into()))?;
         let (mode, optimizer) = check_training_config(&config)?;
         if first.step < 0 {
             return Err(StoreError::InvalidArgument(format!("step: {} is negative", first.step)));
@@ -348,7 +354,7 @@ impl ParameterStore {
         if state.progress.initialized {
             return Ok(proto::InitVariablesReply { already_initialized: true, step: state.progress.step });
         }
-        Self::agree(&mut state, Agreement { fingerprint: first.placement_fingerprint, variables: specs, config: Some(config.clone()) }, false)?;
+        Self::agree(&mut state, Agreement { fingerprint: first.placement_fingerprint, variables: specs, config: Some(config) }, false)?;
         let sizes: Vec<usize> = vars.iter().map(|v| v.values.len()).collect();
         state.by_name = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
         state.vars = vars;
@@ -374,7 +380,7 @@ impl ParameterStore {
     /// Encoded values of the named variables (all when `names` is empty), and
     /// the step they belong to. The bytes are shared, not copied, between
     /// pulls of the same step.
-    pub fn snapshot(&self, names: &[String]) -> Result<(Progress, Vec<(String, Vec<i64>, Bytes)>), StoreError> {
+    pub fn snapshot(&self, names: &[String]) -> Result<(Progress, Vec<Encoded>), StoreError> {
         let mut state = self.lock();
         if !state.progress.initialized {
             return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
@@ -401,8 +407,8 @@ impl ParameterStore {
 
     /// Checks every part of a push against the stored variables and groups
     /// them by variable, requiring each variable to be covered exactly once.
-    fn group_parts<'a>(state: &State, parts: &'a [TensorPart]) -> Result<Vec<(usize, Vec<(Range<usize>, &'a [u8])>)>, StoreError> {
-        let mut groups: BTreeMap<usize, Vec<(Range<usize>, &'a [u8])>> = BTreeMap::new();
+    fn group_parts<'a>(state: &State, parts: &'a [TensorPart]) -> Result<Vec<(usize, Ranges<'a>)>, StoreError> {
+        let mut groups: BTreeMap<usize, Ranges<'a>> = BTreeMap::new();
         for p in parts {
             let &i = state
                 .by_name
@@ -658,7 +664,7 @@ impl ParameterStore {
         if state.optimizer.is_some() || !state.progress.initialized {
             return Ok(());
         }
-        let Some(config) = state.agreement.as_ref().and_then(|a| a.config.clone()) else { return Ok(()) };
+        let Some(config) = state.agreement.as_ref().and_then(|a| a.config) else { return Ok(()) };
         let (mode, optimizer) = check_training_config(&config)?;
         for v in &mut state.vars {
             let fresh = optimizer.new_slots(v.values.len());
@@ -731,7 +737,7 @@ impl ParameterStore {
                 .iter()
                 .map(|v| proto::VariableStats { name: v.name.clone(), shape: tensor::wire_shape(&v.shape), bytes: v.values.len() as u64 * 4 })
                 .collect(),
-            config: state.agreement.as_ref().and_then(|a| a.config.clone()),
+            config: state.agreement.as_ref().and_then(|a| a.config),
             live_tasks: state.leases.keys().cloned().collect(),
             replicas_to_aggregate: state.accumulator.as_ref().map_or(0, |a| a.required() as u32),
         }
@@ -786,6 +792,91 @@ impl PsService {
 }
 
 type PullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PullVariablesReply, Status>> + Send>>;
+type PushPullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PushPullReply, Status>> + Send>>;
+
+impl PsService {
+    /// Collects one push (its parts) from a stream and applies it, all or
+    /// nothing. The parts stay the received buffers: nothing is copied before
+    /// the store reads them.
+    async fn receive_push(
+        &self,
+        stream: impl futures::Stream<Item = Result<proto::PushGradientsRequest, Status>>,
+    ) -> Result<(TaskId, proto::PushGradientsReply), Status> {
+        let mut stream = std::pin::pin!(stream);
+        let limit = self.store.max_push_bytes();
+        let mut parts = Vec::new();
+        let mut header: Option<(Option<proto::TaskId>, i64, u64)> = None;
+        let mut bytes = 0usize;
+        while let Some(m) = stream.next().await {
+            let m = m?;
+            match &header {
+                None => header = Some((m.task, m.step, m.push_id)),
+                Some((_, step, _)) if *step != m.step => {
+                    return Err(Status::invalid_argument(format!(
+                        "step: one push carries two steps ({step} and {})",
+                        m.step
+                    )));
+                }
+                _ => {}
+            }
+            if let Some(p) = m.part {
+                bytes += p.content.len();
+                if bytes > limit {
+                    return Err(Status::invalid_argument(format!("push carries more than {limit} bytes: more than this ps holds")));
+                }
+                parts.push(p);
+            }
+        }
+        let (task, step, push_id) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
+        let task = task_of(&task, "task")?;
+        let reply = self.store.push(&task, step, push_id, &parts)?;
+        if reply.done {
+            self.store.release(&task);
+        }
+        Ok((task, reply))
+    }
+
+    /// The replies of one pull: waits for `min_step` (the sync barrier) or
+    /// initialisation when asked, then the variables' parts, at least one
+    /// message. `task` is the caller (its lease is renewed).
+    async fn pull(&self, req: &proto::PullVariablesRequest, task: Option<&TaskId>) -> Result<Vec<proto::PullVariablesReply>, Status> {
+        let limit = match req.wait_timeout_ms {
+            0 => self.default_wait,
+            ms => Duration::from_millis(ms as u64),
+        };
+        if let Some(t) = task {
+            self.store.touch(t);
+        }
+        let wait_start = std::time::Instant::now();
+        if req.wait_initialized || req.min_step > 0 {
+            self.wait_for(limit, |p| p.initialized && p.step >= req.min_step).await?;
+        }
+        let waited_micros = wait_start.elapsed().as_micros() as u64;
+        let progress = self.store.progress();
+        if progress.done && !progress.initialized {
+            if let Some(t) = task {
+                self.store.release(t);
+            }
+            return Ok(vec![proto::PullVariablesReply { step: progress.step, done: true, part: None, waited_micros }]);
+        }
+        let (progress, tensors) = self.store.snapshot(&req.names)?;
+        if progress.done
+            && let Some(t) = task {
+                self.store.release(t);
+            }
+        let part_bytes = self.part_bytes;
+        let mut replies: Vec<proto::PullVariablesReply> = tensors
+            .into_iter()
+            .flat_map(|(name, shape, bytes)| tensor::split_into_parts(&name, &shape, bytes, part_bytes))
+            .map(|part| proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part), waited_micros })
+            .collect();
+        if replies.is_empty() {
+            replies.push(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None, waited_micros });
+        }
+        Ok(replies)
+    }
+}
+
 
 #[tonic::async_trait]
 impl ParameterServer for PsService {
@@ -815,81 +906,32 @@ impl ParameterServer for PsService {
 
     async fn pull_variables(&self, request: Request<proto::PullVariablesRequest>) -> Result<Response<PullStream>, Status> {
         let req = request.into_inner();
-        let limit = match req.wait_timeout_ms {
-            0 => self.default_wait,
-            ms => Duration::from_millis(ms as u64),
-        };
         let task = req.task.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index });
-        if let Some(t) = &task {
-            self.store.touch(t);
-        }
-        let wait_start = std::time::Instant::now();
-        if req.wait_initialized || req.min_step > 0 {
-            self.wait_for(limit, |p| p.initialized && p.step >= req.min_step).await?;
-        }
-        let waited_micros = wait_start.elapsed().as_micros() as u64;
-        let progress = self.store.progress();
-        if progress.done && !progress.initialized {
-            if let Some(t) = &task {
-                self.store.release(t);
-            }
-            let done = proto::PullVariablesReply { step: progress.step, done: true, part: None, waited_micros };
-            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(done)]))));
-        }
-        let (progress, tensors) = self.store.snapshot(&req.names)?;
-        if progress.done {
-            if let Some(t) = &task {
-                self.store.release(t);
-            }
-        }
-        let part_bytes = self.part_bytes;
-        let mut replies: Vec<Result<proto::PullVariablesReply, Status>> = tensors
-            .into_iter()
-            .flat_map(|(name, shape, bytes)| tensor::split_into_parts(&name, &shape, bytes, part_bytes))
-            .map(|part| Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part), waited_micros }))
-            .collect();
-        if replies.is_empty() {
-            replies.push(Ok(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None, waited_micros }));
-        }
-        Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
+        let replies = self.pull(&req, task.as_ref()).await?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(replies.into_iter().map(Ok)))))
     }
 
     async fn push_gradients(
         &self,
         request: Request<Streaming<proto::PushGradientsRequest>>,
     ) -> Result<Response<proto::PushGradientsReply>, Status> {
-        let mut stream = request.into_inner();
-        let limit = self.store.max_push_bytes();
-        let mut parts = Vec::new();
-        let mut header: Option<(Option<proto::TaskId>, i64, u64)> = None;
-        let mut bytes = 0usize;
-        while let Some(m) = stream.next().await {
-            let m = m?;
-            match &header {
-                None => header = Some((m.task.clone(), m.step, m.push_id)),
-                Some((_, step, _)) if *step != m.step => {
-                    return Err(Status::invalid_argument(format!(
-                        "step: one push carries two steps ({step} and {})",
-                        m.step
-                    )));
-                }
-                _ => {}
-            }
-            if let Some(p) = m.part {
-                bytes += p.content.len();
-                if bytes > limit {
-                    return Err(Status::invalid_argument(format!("push carries more than {limit} bytes: more than this ps holds")));
-                }
-                parts.push(p);
-            }
-        }
-        let (task, step, push_id) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
-        let task = task_of(&task, "task")?;
-        let reply = self.store.push(&task, step, push_id, &parts)?;
-        if reply.done {
-            self.store.release(&task);
-        }
+        let (_, reply) = self.receive_push(request.into_inner()).await?;
         Ok(Response::new(reply))
+    }
+
+    type PushPullStream = PushPullStream;
+
+    async fn push_pull(&self, request: Request<Streaming<proto::PushPullRequest>>) -> Result<Response<PushPullStream>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream.next().await.ok_or_else(|| Status::invalid_argument("empty PushPull stream"))??;
+        let pull = first.pull.ok_or_else(|| Status::invalid_argument("pull: missing in the first PushPull message"))?;
+        let pushes = futures::stream::iter([Ok(first.push)]).chain(stream.map(|m| m.map(|m| m.push)));
+        let pushes = pushes.map(|m| m.and_then(|p| p.ok_or_else(|| Status::invalid_argument("push: missing in a PushPull message"))));
+        let (task, pushed) = self.receive_push(pushes).await?;
+        let replies = self.pull(&pull, Some(&task)).await?;
+        let mut push = Some(pushed);
+        let replies = replies.into_iter().map(move |r| Ok(proto::PushPullReply { push: push.take(), pull: Some(r) }));
+        Ok(Response::new(Box::pin(tokio_stream::iter(replies))))
     }
 
     async fn stats(&self, _request: Request<proto::StatsRequest>) -> Result<Response<proto::StatsReply>, Status> {
@@ -1043,7 +1085,8 @@ mod tests {
         for mode in [UpdateMode::Async, UpdateMode::Sync] {
             let s = store(mode, 1);
             let good_b = part("b", &[1], 0, &[1.0]);
-            let cases: Vec<(&str, i64, Vec<TensorPart>, fn(&StoreError) -> bool)> = vec![
+            type Case = (&'static str, i64, Vec<TensorPart>, fn(&StoreError) -> bool);
+            let cases: Vec<Case> = vec![
                 ("unknown variable", 0, vec![part("nope", &[1], 0, &[1.0])], |e| matches!(e, StoreError::NotFound(_))),
                 ("wrong shape", 0, vec![part("w", &[1, 3], 0, &[1.0, 1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
                 (
@@ -1167,7 +1210,7 @@ mod tests {
         cfg.total_num_replicas = 0;
         let hs = |i: u32| proto::HandshakeRequest {
             task: tid("worker", i),
-            config: Some(cfg.clone()),
+            config: Some(cfg),
             variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1] }],
             placement_fingerprint: 7,
             num_ps: 1,
@@ -1178,7 +1221,7 @@ mod tests {
         }
         let init = vec![proto::InitVariablesRequest {
             task: tid("worker", 0),
-            config: Some(cfg.clone()),
+            config: Some(cfg),
             placement_fingerprint: 7,
             part: Some(part("b", &[1], 0, &[0.0])),
             step: 0,

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Credentials, TokenCheck};
+use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
 use crate::proto::{
     self, parameter_server_server::ParameterServerServer, run_session_request::Fetch, session_event::Event,
     worker_server::{Worker, WorkerServer},
@@ -111,9 +113,9 @@ pub async fn serve(
         )
     });
     let mut builder = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(16 << 20));
+        .initial_stream_window_size(Some(H2_STREAM_WINDOW_BYTES))
+        .initial_connection_window_size(Some(H2_CONNECTION_WINDOW_BYTES))
+        .max_frame_size(Some(H2_MAX_FRAME_BYTES));
     if let Some(tls) = &credentials.tls {
         let config = tls.server_config().map_err(std::io::Error::other)?;
         builder = builder.tls_config(config).map_err(std::io::Error::other)?;
@@ -128,6 +130,10 @@ pub async fn serve(
         reporter.set_service_status("tfjob.runtime.v1.ParameterServer", tonic_health::ServingStatus::Serving).await;
     }
     let router = builder.add_service(health).add_service(worker).add_optional_service(ps);
-    let incoming = TcpListenerStream::new(listener);
+    // tonic ignores the builder's `tcp_nodelay` for an incoming stream it did
+    // not bind itself: set it on every accepted connection here, or Nagle's
+    // algorithm holds back small replies (up to a delayed ACK, 40 ms) and
+    // every request/response step pays for it.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Ok(tokio::spawn(async move { router.serve_with_incoming_shutdown(incoming, shutdown).await }))
 }

@@ -403,11 +403,10 @@ impl Summaries {
     }
 
     fn close(self) {
-        if let Some(w) = self.writer {
-            if let Err(e) = w.close() {
+        if let Some(w) = self.writer
+            && let Err(e) = w.close() {
                 tracing::warn!("TensorBoard events: {e}");
             }
-        }
     }
 }
 
@@ -467,7 +466,14 @@ pub async fn run_worker(
     let mut global_step = pulled.steps[0];
     let loop_start = Instant::now();
     loop {
-        if pulled.done || pulled.steps[0] >= train_steps {
+        // Sync: every ps counts its own steps, and with backup workers one
+        // ps can still be completing a step that another has completed
+        // (each aggregates whichever gradients came first). A worker goes on
+        // until every ps reached the last step, pushing only to those that
+        // have not: no ps stops an update short, none goes past, and no
+        // worker leaves a step that still needs its gradients.
+        let reached: Vec<bool> = pulled.steps.iter().map(|&s| s >= train_steps).collect();
+        if pulled.done || if settings.sync_replicas { reached.iter().all(|&r| r) } else { reached[0] } {
             break;
         }
         let t0 = Instant::now();
@@ -476,10 +482,19 @@ pub async fn run_worker(
         last_loss = lg.loss;
         let t1 = Instant::now();
         metrics.compute_seconds.add((t1 - t0).as_secs_f64());
-        let pushed = ps.push(&pulled.steps, &lg.gradients).await;
-        metrics.push_seconds.add(t1.elapsed().as_secs_f64());
-        let replies = match pushed {
+        // Push this step's gradients and pull the next values in one call per
+        // ps. Sync: the pull waits until every ps pushed to applied this step
+        // (each ps counts its own steps).
+        let push_to: Vec<bool> = reached.iter().map(|&r| !(r && settings.sync_replicas)).collect();
+        let min_steps: Vec<i64> =
+            pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if settings.sync_replicas && pushed { s + 1 } else { 0 }).collect();
+        let stepped = ps.push_pull(&pulled.steps, &push_to, &lg.gradients, &mut params, &min_steps, settings.step_timeout).await;
+        let call_time = t1.elapsed();
+        let crate::client::Stepped { pushed: replies, pulled: next, first_reply } = match stepped {
             Ok(r) => r,
+            Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
+                return Err(TrainError::StepTimeout { step: min_steps[0], waited: settings.step_timeout });
+            }
             Err(e) if needs_recovery(&e) => {
                 recoveries += 1;
                 if recoveries > 100 {
@@ -491,11 +506,18 @@ pub async fn run_worker(
             }
             Err(e) => return Err(e.into()),
         };
+        // One call does both: until the first reply it is the push (and the
+        // barrier's wait, reported apart), then the pull.
+        metrics.wait_seconds.add(next.waited.as_secs_f64());
+        metrics.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
+        metrics.pull_seconds.add(call_time.saturating_sub(first_reply).as_secs_f64());
+        metrics.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
+        pulled = next;
         local_steps += 1;
         metrics.local_steps.fetch_add(1, Ordering::Relaxed);
         metrics.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum(), Ordering::Relaxed);
         metrics.last_loss.set(last_loss as f64);
-        let done = replies.iter().any(|r| r.done);
+        let done = pulled.done || replies.iter().any(|r| r.done);
         if replies.iter().any(|r| r.stale) {
             stale += 1;
             metrics.stale_pushes.fetch_add(1, Ordering::Relaxed);
@@ -503,7 +525,7 @@ pub async fn run_worker(
         global_step = global_step.max(replies[0].step);
         metrics.global_step.store(global_step.max(0) as u64, Ordering::Relaxed);
         status.set(TaskState::Training, local_steps, global_step, "training");
-        if settings.log_every_steps > 0 && local_steps % settings.log_every_steps == 0 {
+        if settings.log_every_steps > 0 && local_steps.is_multiple_of(settings.log_every_steps) {
             tracing::info!(
                 "{task}: local_step={local_steps} global_step={global_step} loss={last_loss:.4}{}",
                 summary_line(model, &params)
@@ -516,31 +538,6 @@ pub async fn run_worker(
         if done {
             break;
         }
-        // Sync: wait until every ps applied this step (each ps counts its own steps).
-        let min_steps: Vec<i64> = pulled.steps.iter().map(|s| if settings.sync_replicas { s + 1 } else { 0 }).collect();
-        let t2 = Instant::now();
-        let next = ps.pull(&mut params, &min_steps, false, settings.step_timeout).await;
-        let pull_time = t2.elapsed();
-        pulled = match next {
-            Ok(p) => {
-                metrics.wait_seconds.add(p.waited.as_secs_f64());
-                metrics.pull_seconds.add(pull_time.saturating_sub(p.waited).as_secs_f64());
-                metrics.bytes_received.fetch_add(p.bytes, Ordering::Relaxed);
-                p
-            }
-            Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
-                return Err(TrainError::StepTimeout { step: min_steps[0], waited: settings.step_timeout });
-            }
-            Err(e) if needs_recovery(&e) => {
-                recoveries += 1;
-                if recoveries > 100 {
-                    return Err(TrainError::TooManyRecoveries(recoveries));
-                }
-                tracing::warn!("{task}: {e}; rejoining the parameter servers");
-                join(&ps, &mut params, model, settings, is_chief, &chief).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
         // Checkpoints are named by the step of the values just pulled: in
         // sync training every ps holds exactly that step now.
         if let Some(c) = &mut checkpointer {
@@ -554,11 +551,10 @@ pub async fn run_worker(
     let train_secs = loop_start.elapsed().as_secs_f64();
     let eval = workload.eval.as_ref().map(|b| model.evaluate(&params, b));
     if is_chief {
-        if let Some(c) = &mut checkpointer {
-            if global_step > c.last_step {
+        if let Some(c) = &mut checkpointer
+            && global_step > c.last_step {
                 c.save(&ps, global_step, &metrics).await?;
             }
-        }
         if let Some(m) = &eval {
             let mut scalars = vec![("eval/loss", m.loss)];
             if let Some(a) = m.accuracy {

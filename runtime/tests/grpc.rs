@@ -95,6 +95,35 @@ async fn token_is_required_and_refusals_change_nothing() {
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
 }
 
+/// PushPull: one call applies the push and brings back the values after it;
+/// a ps not pushed to is only pulled from; a push without the token changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_pull_applies_then_returns_the_new_values() {
+    let good = Credentials { token: Some("right-token".into()), tls: None };
+    let server = start(&good).await;
+    let chief = ps_set(server.addr, &good, 0);
+    chief.handshake(false).await.unwrap();
+    chief.init(&initial(), 0).await.unwrap();
+    let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+    let mut params = vec![ndarray::ArrayD::zeros(vec![4, 3]), ndarray::ArrayD::zeros(vec![3])];
+    let stepped = chief.push_pull(&[0], &[true], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap();
+    assert!(stepped.pushed[0].accepted);
+    assert_eq!((stepped.pushed[0].step, stepped.pulled.steps[0]), (1, 1));
+    assert_eq!(params[1].as_slice().unwrap(), &[0.0, 1.0, 2.0]);
+    assert_eq!(params[0].as_slice().unwrap(), server.store.values("w").unwrap().as_slice());
+    // Pull only: nothing applied, the same values.
+    let stepped = chief.push_pull(&[1], &[false], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap();
+    assert!(!stepped.pushed[0].accepted);
+    assert_eq!(stepped.pulled.steps[0], 1);
+    assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
+    let intruder = ps_set(server.addr, &Credentials::default(), 1);
+    let err = intruder.push_pull(&[1], &[true], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
+    assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
+    assert_eq!(server.store.progress().step, 1);
+}
+
 /// TLS with a CA, per-task certificates; a plaintext client cannot talk to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_between_tasks() {
