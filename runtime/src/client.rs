@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use futures::future::try_join_all;
 use ndarray::ArrayD;
 use tonic::codegen::InterceptedService;
@@ -16,7 +15,7 @@ use crate::auth::{Credentials, TokenAttach};
 use crate::cluster::TaskId;
 use crate::placement::{Placement, Shard};
 use crate::proto::{self, parameter_server_client::ParameterServerClient, TensorPart};
-use crate::tensor::{self, f32_to_bytes, MAX_MESSAGE_BYTES};
+use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -316,9 +315,8 @@ impl PsSet {
             }];
             for (vi, s) in &self.shards[ps] {
                 let all = values[*vi].as_slice().expect("standard layout");
-                let bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
-                let parts = tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes);
-                messages.extend(parts.map(|p| proto::InitVariablesRequest { part: Some(p), ..Default::default() }));
+                let parts = tensor::encode_parts(&s.stored_name, &tensor::wire_shape(&s.shape), &all[self.element_range(*vi, s)], self.part_bytes);
+                messages.extend(parts.into_iter().map(|p| proto::InitVariablesRequest { part: Some(p), ..Default::default() }));
             }
             let client = self.clients[ps].clone();
             with_retry(ps, &self.addresses[ps], "initialise", self.patience, move || {
@@ -419,8 +417,7 @@ impl PsSet {
         let mut messages = Vec::new();
         for (vi, s) in &self.shards[ps] {
             let all = gradients[*vi].as_slice().expect("standard layout");
-            let bytes: Bytes = f32_to_bytes(&all[self.element_range(*vi, s)]);
-            for p in tensor::split_into_parts(&s.stored_name, &tensor::wire_shape(&s.shape), bytes, self.part_bytes) {
+            for p in tensor::encode_parts(&s.stored_name, &tensor::wire_shape(&s.shape), &all[self.element_range(*vi, s)], self.part_bytes) {
                 let task = if messages.is_empty() { self.task_proto() } else { None };
                 messages.push(proto::PushGradientsRequest { task, step, push_id, part: Some(p) });
             }

@@ -11,7 +11,6 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
@@ -21,7 +20,7 @@ use crate::cluster::TaskId;
 use crate::optimizer::{Optimizer, Slots};
 use crate::proto::{self, parameter_server_server::ParameterServer, TensorPart, UpdateMode};
 use crate::sync::{StepCheck, SyncAccumulator};
-use crate::tensor::{self, f32_to_bytes, PartAssembler};
+use crate::tensor::{self, PartAssembler};
 
 /// Why the store refused a request; each maps to one gRPC status code.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -98,9 +97,10 @@ struct StoredVar {
     shape: Vec<usize>,
     values: Vec<f32>,
     slots: Slots,
-    /// Encoded values of the current step, shared by every pull until the
-    /// next update (all workers of a sync step pull the same bytes).
-    encoded: Option<Bytes>,
+    /// Encoded values of the current step as parts (and the part size they
+    /// were cut at), shared by every pull until the next update (all workers
+    /// of a sync step pull the same bytes).
+    encoded: Option<(usize, Vec<TensorPart>)>,
 }
 
 /// The view that workers and the chief must agree on.
@@ -131,9 +131,6 @@ struct State {
     elastic: bool,
     scratch: Vec<f32>,
 }
-
-/// A variable's name, wire shape and encoded values.
-pub type Encoded = (String, Vec<i64>, Bytes);
 
 /// Parts of one variable's gradient: element range and little-endian bytes.
 type Ranges<'a> = Vec<(Range<usize>, &'a [u8])>;
@@ -377,10 +374,10 @@ impl ParameterStore {
         Ok(proto::InitVariablesReply { already_initialized: false, step: p.step })
     }
 
-    /// Encoded values of the named variables (all when `names` is empty), and
-    /// the step they belong to. The bytes are shared, not copied, between
-    /// pulls of the same step.
-    pub fn snapshot(&self, names: &[String]) -> Result<(Progress, Vec<Encoded>), StoreError> {
+    /// Encoded values of the named variables (all when `names` is empty), as
+    /// parts of at most `part_bytes`, and the step they belong to. The bytes
+    /// are shared, not copied, between pulls of the same step.
+    pub fn snapshot(&self, names: &[String], part_bytes: usize) -> Result<(Progress, Vec<TensorPart>), StoreError> {
         let mut state = self.lock();
         if !state.progress.initialized {
             return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
@@ -397,9 +394,12 @@ impl ParameterStore {
         let mut sent = 0u64;
         for i in indices {
             let v = &mut state.vars[i];
-            let bytes = v.encoded.get_or_insert_with(|| f32_to_bytes(&v.values)).clone();
-            sent += bytes.len() as u64;
-            out.push((v.name.clone(), tensor::wire_shape(&v.shape), bytes));
+            if v.encoded.as_ref().is_none_or(|(size, _)| *size != part_bytes) {
+                v.encoded = Some((part_bytes, tensor::encode_parts(&v.name, &tensor::wire_shape(&v.shape), &v.values, part_bytes)));
+            }
+            let parts = &v.encoded.as_ref().expect("just encoded").1;
+            sent += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
+            out.extend(parts.iter().cloned());
         }
         state.counters.bytes_sent += sent;
         Ok((state.progress, out))
@@ -482,10 +482,9 @@ impl ParameterStore {
                     v.slots.updates += 1;
                     let t = v.slots.updates;
                     for (range, bytes) in group {
-                        let scratch = &mut state.scratch;
-                        scratch.resize(range.len(), 0.0);
-                        tensor::copy_f32_from_le(scratch, bytes);
-                        optimizer.apply(&mut v.values, &mut v.slots, range, scratch, t);
+                        // Applied straight from the received bytes when aligned.
+                        let grad = tensor::f32_view(bytes, &mut state.scratch);
+                        optimizer.apply(&mut v.values, &mut v.slots, range, grad, t);
                     }
                     v.encoded = None;
                 }
@@ -859,15 +858,13 @@ impl PsService {
             }
             return Ok(vec![proto::PullVariablesReply { step: progress.step, done: true, part: None, waited_micros }]);
         }
-        let (progress, tensors) = self.store.snapshot(&req.names)?;
+        let (progress, parts) = self.store.snapshot(&req.names, self.part_bytes)?;
         if progress.done
             && let Some(t) = task {
                 self.store.release(t);
             }
-        let part_bytes = self.part_bytes;
-        let mut replies: Vec<proto::PullVariablesReply> = tensors
+        let mut replies: Vec<proto::PullVariablesReply> = parts
             .into_iter()
-            .flat_map(|(name, shape, bytes)| tensor::split_into_parts(&name, &shape, bytes, part_bytes))
             .map(|part| proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part), waited_micros })
             .collect();
         if replies.is_empty() {
@@ -972,6 +969,8 @@ impl ParameterServer for PsService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::f32_to_bytes;
+    use bytes::Bytes;
     use crate::proto::DataType;
 
     fn tid(job: &str, i: u32) -> Option<proto::TaskId> {
@@ -1128,15 +1127,17 @@ mod tests {
     #[test]
     fn pulls() {
         let s = store(UpdateMode::Async, 1);
-        let (p, t) = s.snapshot(&[]).unwrap();
+        let (p, t) = s.snapshot(&[], 8).unwrap();
         assert_eq!(p.step, 0);
-        assert_eq!(t.iter().map(|(n, _, _)| n.as_str()).collect::<Vec<_>>(), vec!["b", "w"]);
+        // w = [1, 2, 3] in parts of 2 elements.
+        assert_eq!(t.iter().map(|p| (p.name.as_str(), p.offset)).collect::<Vec<_>>(), vec![("b", 0), ("w", 0), ("w", 2)]);
+        assert_eq!(t[2].content, f32_to_bytes(&[3.0]));
         // Same step: the same bytes are shared, not re-encoded.
-        let (_, t2) = s.snapshot(&["w".into()]).unwrap();
-        assert_eq!(t[1].2.as_ptr(), t2[0].2.as_ptr());
-        assert!(matches!(s.snapshot(&["nope".into()]), Err(StoreError::NotFound(_))));
+        let (_, t2) = s.snapshot(&["w".into()], 8).unwrap();
+        assert_eq!(t[1].content.as_ptr(), t2[0].content.as_ptr());
+        assert!(matches!(s.snapshot(&["nope".into()], 8), Err(StoreError::NotFound(_))));
         let fresh = ParameterStore::new(PsConfig::new(0, 1, None));
-        assert!(matches!(fresh.snapshot(&[]), Err(StoreError::FailedPrecondition(_))));
+        assert!(matches!(fresh.snapshot(&[], 8), Err(StoreError::FailedPrecondition(_))));
         assert!(matches!(fresh.push(&TaskId::new("worker", 0), 0, 0, &[]), Err(StoreError::FailedPrecondition(_))));
     }
 

@@ -86,6 +86,17 @@ pub fn copy_f32_from_le(dst: &mut [f32], bytes: &[u8]) {
     }
 }
 
+/// Little-endian f32 bytes as values: the received bytes themselves when
+/// they are aligned (no copy), else a copy in `scratch`.
+pub fn f32_view<'a>(bytes: &'a [u8], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    if let Some(values) = aligned_f32(bytes) {
+        return values;
+    }
+    scratch.resize(bytes.len() / 4, 0.0);
+    copy_f32_from_le(scratch, bytes);
+    scratch
+}
+
 /// `dst[i] += element i` for little-endian f32 bytes: gradient accumulation
 /// straight from received bytes.
 pub fn add_f32_from_le(dst: &mut [f32], bytes: &[u8]) {
@@ -129,6 +140,25 @@ pub fn split_into_parts(
             content: content.slice(start..end),
         }
     })
+}
+
+/// Encodes f32 values straight into parts of at most `part_bytes` content
+/// bytes (as [`split_into_parts`] cuts them), each part its own buffer of
+/// part size: no buffer of the whole tensor is made (for a 100 MB tensor that
+/// would be a fresh mmap, page faults and zeroing on every call).
+pub fn encode_parts(name: &str, shape: &[i64], values: &[f32], part_bytes: usize) -> Vec<TensorPart> {
+    let per_part = (part_bytes / 4).max(1);
+    let part = |offset: usize, chunk: &[f32]| TensorPart {
+        name: name.to_string(),
+        dtype: DataType::DtFloat as i32,
+        shape: shape.to_vec(),
+        offset: offset as u64,
+        content: f32_to_bytes(chunk),
+    };
+    if values.is_empty() {
+        return vec![part(0, values)];
+    }
+    values.chunks(per_part).enumerate().map(|(i, chunk)| part(i * per_part, chunk)).collect()
 }
 
 /// Checks a received part against the expected shape of its tensor and
@@ -252,6 +282,8 @@ mod tests {
             let mut out = vec![0.0; values.len()];
             copy_f32_from_le(&mut out, slice);
             assert_eq!(out, values, "shift {shift}");
+            let mut scratch = Vec::new();
+            assert_eq!(f32_view(slice, &mut scratch), &values[..], "shift {shift}");
             let mut acc = vec![1.0; values.len()];
             add_f32_from_le(&mut acc, slice);
             let want: Vec<f32> = values.iter().map(|v| v + 1.0).collect();
@@ -263,6 +295,16 @@ mod tests {
     fn encode_is_little_endian() {
         let b = f32_to_bytes(&[1.0, -2.5]);
         assert_eq!(&b[..], &le(&[1.0, -2.5])[..]);
+    }
+
+    #[test]
+    fn encode_parts_cuts_like_split_into_parts() {
+        for (n, part_bytes) in [(0usize, 8usize), (1, 8), (10, 8), (10, 12), (1001, 400), (5, 3)] {
+            let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let shape = [n as i64];
+            let split: Vec<_> = split_into_parts("v", &shape, f32_to_bytes(&values), part_bytes).collect();
+            assert_eq!(encode_parts("v", &shape, &values, part_bytes), split, "n={n} part_bytes={part_bytes}");
+        }
     }
 
     #[test]
