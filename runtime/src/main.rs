@@ -346,6 +346,7 @@ fn print_report(report: &impl serde::Serialize) {
 }
 
 fn main() -> ExitCode {
+    tfjob_runtime::tune_allocator();
     let cli = Cli::parse();
     let format = cli.task.log_format.clone();
     init_logging(&format);

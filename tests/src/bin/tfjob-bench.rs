@@ -382,6 +382,8 @@ fn tcp_send_child(args: &[String]) -> Result<()> {
 // ---------------------------------------------------------------- 2. ps bandwidth
 
 fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()> {
+    // The ps and its client run in this process: with the allocator settings of tfjob-runtime.
+    tfjob_runtime::tune_allocator();
     let sizes: Vec<(usize, &str, usize)> =
         if opts.quick { vec![(1 << 16, "64K", 3), (1 << 18, "256K", 3)] } else { vec![(1_000_000, "1M", 15), (25_000_000, "25M", 5)] };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
