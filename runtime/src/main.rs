@@ -415,6 +415,7 @@ async fn run_task(args: TaskArgs) -> u8 {
         let mut config = PsConfig::new(cluster.task.index as usize, cluster.cluster.num_tasks("ps"), cluster.cluster.chief());
         config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
         let store = Arc::new(ParameterStore::new(config));
+        store.expect(&cluster.cluster.training_tasks());
         if let Some(dir) = &settings.checkpoints.directory
             && let Err(e) = restore(&store, dir, &cluster) {
                 return fail(e.0, e.1);

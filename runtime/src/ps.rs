@@ -695,6 +695,20 @@ impl ParameterStore {
         Ok(proto::ShutdownReply { step: p.step })
     }
 
+    /// Training tasks of the cluster spec (the chief aside): the ps waits for
+    /// them too when training ends, not only for those that joined. A worker
+    /// that starts late (a short job can end before it connects) then still
+    /// finds the ps and is told training is over, instead of retrying an
+    /// address nobody serves any more. Bounded by the grace period like the rest.
+    pub fn expect(&self, tasks: &[TaskId]) {
+        let mut state = self.lock();
+        for t in tasks {
+            if Some(t) != self.config.chief.as_ref() && !state.progress.done {
+                state.pending.insert(t.to_string());
+            }
+        }
+    }
+
     /// A task left, or was told training is over: the ps no longer waits for it.
     pub fn release(&self, task: &TaskId) {
         self.lock().pending.remove(&task.to_string());
@@ -1122,6 +1136,16 @@ mod tests {
                 assert_eq!(s.progress().step, 0, "{mode:?} {name}");
             }
         }
+    }
+
+    #[test]
+    fn listed_tasks_are_waited_for_even_before_they_join() {
+        let s = store(UpdateMode::Async, 1);
+        s.expect(&[TaskId::new("worker", 0), TaskId::new("worker", 1)]);
+        // The chief (worker:0 here) is not waited for; worker:1 is, until it is told.
+        assert_eq!(s.pending(), vec!["worker:1".to_string()]);
+        s.release(&TaskId::new("worker", 1));
+        assert!(s.pending().is_empty());
     }
 
     #[test]
