@@ -11,3 +11,4 @@ pub mod controlplane;
 pub mod node_agent;
 pub mod operator;
 pub mod podman;
+pub mod report;

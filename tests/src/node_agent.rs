@@ -68,12 +68,11 @@ enum Request {
 
 /// Every line of every pod, in files `<dir>/<namespace>_<pod>.log` (appended across restarts,
 /// as `kubectl logs` and `--previous` together would show them), and the time each pod's
-/// first line mentioning `global_step` was seen.
+/// first line mentioning `global_step` was seen. The kubelet's messages go to stderr.
 struct Logs {
     dir: PathBuf,
     files: Mutex<HashMap<String, File>>,
     first_step: Mutex<BTreeMap<String, Instant>>,
-    messages: Mutex<Vec<String>>,
 }
 
 impl Logs {
@@ -100,7 +99,6 @@ impl PodOutput for Logs {
 
     fn info(&self, message: &str) {
         eprintln!("node-agent: {message}");
-        self.messages.lock().unwrap_or_else(|p| p.into_inner()).push(message.to_string());
     }
 }
 
@@ -119,16 +117,14 @@ impl NodeAgent {
     /// Starts serving the pods of `namespaces` on `cp`, with the podman API service at
     /// `docker_host` (`unix://...`).
     pub fn start(cp: &ControlPlane, namespaces: &[&str], docker_host: &str) -> Result<NodeAgent> {
-        let podman = Podman::setup()?;
+        Podman::setup()?;
         let dir = tempfile::Builder::new().prefix("tfjob-node-agent.").tempdir().context("agent directory")?;
         let logs = Arc::new(Logs {
             dir: dir.path().join("logs"),
             files: Mutex::new(HashMap::new()),
             first_step: Mutex::new(BTreeMap::new()),
-            messages: Mutex::new(Vec::new()),
         });
         fs::create_dir_all(&logs.dir)?;
-        let _ = podman;
         let labels = [(LABEL.to_string(), std::process::id().to_string())];
         let kubelet = ContainerKubelet::connect_to(&[docker_host.to_string()], "tfjob-node", &labels, logs.clone()).map_err(|e| anyhow!("{e}"))?;
         let network = kubelet.network().unwrap_or_default().to_string();
@@ -288,10 +284,8 @@ fn freebind_listener(ip: Ipv4Addr) -> io::Result<TcpListener> {
         }
         let listener = TcpListener::from_raw_fd(fd);
         let one: libc::c_int = 1;
-        for opt in [libc::IP_FREEBIND] {
-            if libc::setsockopt(fd, libc::IPPROTO_IP, opt, (&one as *const libc::c_int).cast(), size_of::<libc::c_int>() as libc::socklen_t) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        if libc::setsockopt(fd, libc::IPPROTO_IP, libc::IP_FREEBIND, (&one as *const libc::c_int).cast(), size_of::<libc::c_int>() as libc::socklen_t) != 0 {
+            return Err(io::Error::last_os_error());
         }
         let addr = SocketAddrV4::new(ip, 0);
         let sin = libc::sockaddr_in {

@@ -5,23 +5,20 @@
 //! place under `OnFailure` and the job succeeds; nothing of a job is left afterwards; without
 //! an engine `tfjob run` says so and how to start one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
 use serde_json::Value;
-use tfjob_tests::operator::tfjob_binary;
+use tfjob_tests::operator::{repo_root, tfjob_binary};
 use tfjob_tests::podman::{Podman, PodmanService, build_images, release_bin_dir};
+use tfjob_tests::report::{ensure_linear, final_report};
 
 /// Label the container backend puts on every container and network of a job.
 const LABEL_JOB: &str = "io.tfjob.job";
 const LABEL_REPLICA: &str = "io.tfjob.replica";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
-}
 
 /// The offline images, built once, and one API service for every test of this binary.
 fn engine() -> Result<&'static PodmanService> {
@@ -58,16 +55,11 @@ fn text(out: &Output) -> String {
 
 /// The final JSON report of a replica, from its saved log.
 fn report(run_dir: &Path, replica: &str) -> Result<Value> {
-    let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
-    let line = log.lines().rev().find(|l| l.starts_with('{')).ok_or_else(|| anyhow!("{replica}: no final report in its log:\n{log}"))?;
-    serde_json::from_str(line).with_context(|| format!("{replica}: {line}"))
+    final_report(&std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default(), replica)
 }
 
 fn assert_linear(run_dir: &Path, replica: &str) -> Result<()> {
-    let r = report(run_dir, replica)?;
-    let (w, b) = (r["W"].as_f64().unwrap_or(f64::NAN), r["b"].as_f64().unwrap_or(f64::NAN));
-    ensure!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{replica}: W = {w}, b = {b}");
-    Ok(())
+    ensure_linear(&report(run_dir, replica)?, replica)
 }
 
 /// Containers and networks of a job still known to the engine.
@@ -77,7 +69,9 @@ fn leftovers(job: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for what in [vec!["ps", "-a"], vec!["network", "ls"]] {
         let mut args: Vec<&str> = what.clone();
-        args.extend(["--filter", &filter, "--format", "{{.Name}}"]);
+        // `podman ps` names its field `Names`, `podman network ls` `Name`.
+        let format = if what[0] == "ps" { "{{.Names}}" } else { "{{.Name}}" };
+        args.extend(["--filter", &filter, "--format", format]);
         let listed = podman.run_ok(args)?;
         out.extend(listed.lines().filter(|l| !l.trim().is_empty()).map(|l| format!("{} {l}", what[0])));
     }

@@ -10,21 +10,18 @@
 //! No kubelet can run here; [`NodeAgent`] plays it with podman containers (see its module). The
 //! same scenario for a real kind cluster is `tests/e2e/kind/run.sh`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use tfjob_tests::controlplane::ControlPlane;
-use tfjob_tests::node_agent::NodeAgent;
-use tfjob_tests::operator::eventually;
-use tfjob_tests::podman::{OPERATOR_IMAGE, Podman, PodmanService, build_images, release_bin_dir};
+use tfjob_tests::node_agent::{LABEL_POD, NodeAgent};
+use tfjob_tests::operator::{eventually, repo_root};
+use tfjob_tests::podman::{LABEL, OPERATOR_IMAGE, Podman, PodmanService, build_images, release_bin_dir};
+use tfjob_tests::report::{ensure_linear, final_report};
 
 const RELEASE: &str = "tfjob-operator";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
-}
 
 /// Milestones of one job, printed at the end.
 struct Timeline {
@@ -145,16 +142,11 @@ impl Scene<'_> {
 
     /// The final JSON report of a pod, from its log.
     fn report(&self, pod: &str) -> Result<Value> {
-        let log = self.agent.pod_log(&self.ns, pod);
-        let line = log.lines().rev().find(|l| l.starts_with('{')).ok_or_else(|| anyhow!("{pod}: no final report in\n{log}"))?;
-        serde_json::from_str(line).with_context(|| format!("{pod}: {line}"))
+        final_report(&self.agent.pod_log(&self.ns, pod), pod)
     }
 
     fn assert_linear(&self, pod: &str) -> Result<()> {
-        let r = self.report(pod)?;
-        let (w, b) = (r["W"].as_f64().unwrap_or(f64::NAN), r["b"].as_f64().unwrap_or(f64::NAN));
-        ensure!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{pod}: W = {w}, b = {b}");
-        Ok(())
+        ensure_linear(&self.report(pod)?, pod)
     }
 }
 
@@ -272,7 +264,9 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     let Scene { mut agent, .. } = scene;
     agent.stop()?;
     let podman = Podman::setup()?;
-    let left = podman.run_ok(["ps", "-a", "--filter", &format!("network={}", agent.network()), "--format", "{{.Names}}"]).unwrap_or_default();
+    // Every container the agent ran carries its pod label and this process's test label.
+    let filters = [format!("label={LABEL}={}", std::process::id()), format!("label={LABEL_POD}")];
+    let left = podman.run_ok(["ps", "-a", "--filter", &filters[0], "--filter", &filters[1], "--format", "{{.Names}}"])?;
     ensure!(left.trim().is_empty(), "containers left: {left}");
     eprintln!("end to end in {:.1}s", started.elapsed().as_secs_f64());
     Ok(())

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
-}
+use tfjob_tests::operator::repo_root;
+use tfjob_tests::report::{ensure_linear, final_report};
 
 /// The `tfjob` that `tests/run.sh` built (`<target>/release`), else the one
 /// of this test's profile. `tfjob run` finds `tfjob-runtime` next to it.
@@ -48,9 +47,7 @@ fn text(out: &Output) -> String {
 
 /// The final JSON report a replica printed, from its saved log.
 fn report(run_dir: &Path, replica: &str) -> Value {
-    let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
-    let line = log.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{replica}: no report in\n{log}"));
-    serde_json::from_str(line).unwrap()
+    final_report(&std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default(), replica).unwrap()
 }
 
 fn status_yaml(run_dir: &Path) -> String {
@@ -58,9 +55,7 @@ fn status_yaml(run_dir: &Path) -> String {
 }
 
 fn assert_linear(run_dir: &Path, replica: &str) {
-    let r = report(run_dir, replica);
-    let (w, b) = (r["W"].as_f64().unwrap(), r["b"].as_f64().unwrap());
-    assert!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{replica}: W = {w}, b = {b}");
+    ensure_linear(&report(run_dir, replica), replica).unwrap();
 }
 
 #[test]

@@ -262,7 +262,7 @@ async fn read_log(docker: Docker, container: String, follow: bool, cursor: Arc<M
 
 struct Pod {
     spec: PodContainer,
-    container: String,
+    /// Its engine container's name is `state.container`.
     state: PodState,
     restart_at: Option<Instant>,
     backoff: Duration,
@@ -325,7 +325,7 @@ impl ContainerKubelet {
 
     /// The engine's container of a pod.
     pub fn container_of(&self, pod: &str) -> Option<&str> {
-        self.pods.get(pod).map(|p| p.container.as_str())
+        self.pods.get(pod).map(|p| p.state.container.as_str())
     }
 
     /// The pods the kubelet runs (or ran and still reports).
@@ -387,13 +387,13 @@ impl ContainerKubelet {
     /// Starts a pod's (existing) container and follows its log.
     fn start_container(&self, pod: &mut Pod) -> Result<(), String> {
         self.rt
-            .block_on(self.docker.start_container(&pod.container, None))
-            .map_err(|e| format!("cannot start container {}: {e}", pod.container))?;
+            .block_on(self.docker.start_container(&pod.state.container, None))
+            .map_err(|e| format!("cannot start container {}: {e}", pod.state.container))?;
         pod.state.running = true;
         pod.state.phase = Phase::Running;
         pod.follow = Some(self.rt.spawn(read_log(
             self.docker.clone(),
-            pod.container.clone(),
+            pod.state.container.clone(),
             true,
             pod.cursor.clone(),
             self.output.clone(),
@@ -412,9 +412,9 @@ impl ContainerKubelet {
                 abort.abort();
             }
         }
-        let read = read_log(self.docker.clone(), pod.container.clone(), false, pod.cursor.clone(), self.output.clone(), pod.spec.log_name.clone());
+        let read = read_log(self.docker.clone(), pod.state.container.clone(), false, pod.cursor.clone(), self.output.clone(), pod.spec.log_name.clone());
         if self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), read).await }).is_err() {
-            self.output.info(&format!("{}: the end of the log of container {} could not be read within 10s", pod.spec.log_name, pod.container));
+            self.output.info(&format!("{}: the end of the log of container {} could not be read within 10s", pod.spec.log_name, pod.state.container));
         }
     }
 
@@ -429,7 +429,6 @@ impl ContainerKubelet {
         let container = format!("{base}-{}", random_suffix());
         self.create(&spec, &container).map_err(fail)?;
         let mut p = Pod {
-            container: container.clone(),
             state: PodState {
                 phase: Phase::Pending,
                 running: false,
@@ -457,8 +456,8 @@ impl ContainerKubelet {
     pub fn kill_pod(&self, pod: &str, signal: &str) -> Result<(), ContainerError> {
         let p = self.pods.get(pod).ok_or_else(|| ContainerError::Pod { pod: pod.into(), reason: "no such pod".into() })?;
         self.rt
-            .block_on(self.docker.kill_container(&p.container, Some(KillContainerOptionsBuilder::new().signal(signal).build())))
-            .map_err(|e| ContainerError::Pod { pod: pod.into(), reason: format!("cannot kill container {}: {e}", p.container) })
+            .block_on(self.docker.kill_container(&p.state.container, Some(KillContainerOptionsBuilder::new().signal(signal).build())))
+            .map_err(|e| ContainerError::Pod { pod: pod.into(), reason: format!("cannot kill container {}: {e}", p.state.container) })
     }
 
     /// Stops (grace `grace_secs`, then killed) and removes a pod's
@@ -473,7 +472,7 @@ impl ContainerKubelet {
     /// every line of their logs delivered.
     fn remove_containers(&self, mut pods: Vec<Pod>, grace_secs: i32) {
         let docker = &self.docker;
-        let names: Vec<String> = pods.iter().map(|p| p.container.clone()).collect();
+        let names: Vec<String> = pods.iter().map(|p| p.state.container.clone()).collect();
         self.rt.block_on(futures::future::join_all(names.iter().map(|c| async move {
             let _ = docker.stop_container(c, Some(StopContainerOptionsBuilder::new().t(grace_secs).build())).await;
         })));
@@ -495,7 +494,7 @@ impl ContainerKubelet {
     /// Looks at the containers that run; records exits (with the whole log
     /// read) and schedules restarts.
     fn poll(&mut self, now: Instant) {
-        let running: Vec<(String, String)> = self.pods.iter().filter(|(_, p)| p.state.running).map(|(n, p)| (n.clone(), p.container.clone())).collect();
+        let running: Vec<(String, String)> = self.pods.iter().filter(|(_, p)| p.state.running).map(|(n, p)| (n.clone(), p.state.container.clone())).collect();
         let docker = &self.docker;
         let states = self.rt.block_on(futures::future::join_all(running.iter().map(|(_, c)| docker.inspect_container(c, None))));
         for ((name, container), state) in running.into_iter().zip(states) {
