@@ -14,9 +14,11 @@ echo "== toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'no go'
 echo "== test control plane"
 bash tests/controlplane/build.sh
 
-# Release binaries first: the end-to-end tests run them (and train real models).
+# Every test binary and every program the end-to-end tests run (they train
+# real models, so release). `cargo test` builds each package's binaries with
+# the same features as its tests, so the dependencies compile once, not twice.
 echo "== build"
-cargo build --release --workspace --bins
+cargo test --release --workspace --no-run
 
 echo "== tests"
 cargo test --release --workspace --no-fail-fast -- --test-threads=2
