@@ -88,15 +88,29 @@ impl TokenCheck {
     }
 
     pub fn check<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
-        let Some(expected) = &self.expected else { return Ok(request) };
         let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
-        // Constant time in the token's content (length differences are not secret).
-        if given.len() == expected.len() && bool::from(given.ct_eq(expected)) {
+        if self.accepts(given) {
             Ok(request)
         } else {
-            UNAUTHENTICATED.note(if given.is_empty() { "no token" } else { "wrong token" });
             Err(Status::unauthenticated("missing or wrong job token (authorization: Bearer $TFJOB_TOKEN)"))
         }
+    }
+
+    /// Checks a bare token (the tensor channel's hello carries no header).
+    pub fn check_token(&self, token: &str) -> bool {
+        let given = if token.is_empty() { Vec::new() } else { format!("Bearer {token}").into_bytes() };
+        self.accepts(&given)
+    }
+
+    /// `given`: the whole `authorization` value.
+    fn accepts(&self, given: &[u8]) -> bool {
+        let Some(expected) = &self.expected else { return true };
+        // Constant time in the token's content (length differences are not secret).
+        let ok = given.len() == expected.len() && bool::from(given.ct_eq(expected));
+        if !ok {
+            UNAUTHENTICATED.note(if given.is_empty() { "no token" } else { "wrong token" });
+        }
+        ok
     }
 }
 
@@ -159,6 +173,11 @@ mod tests {
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
         }
         assert!(TokenCheck::new(None).check(with(None)).is_ok());
+        assert!(check.check_token("s3cret"));
+        for bad in ["", "s3creT", "s3cret2", "Bearer s3cret"] {
+            assert!(!check.check_token(bad), "{bad:?}");
+        }
+        assert!(TokenCheck::new(None).check_token(""));
         let attached = TokenAttach::new(Some("s3cret")).unwrap().attach(Request::new(())).unwrap();
         assert!(check.check(attached).is_ok());
     }

@@ -12,6 +12,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, IntoRequest, Request, Status};
 
 use crate::auth::{Credentials, TokenAttach};
+use crate::channel::ChannelClient;
 use crate::cluster::TaskId;
 use crate::placement::{Placement, Shard};
 use crate::proto::{self, parameter_server_client::ParameterServerClient, TensorPart};
@@ -215,6 +216,78 @@ pub struct PsSet {
     /// Ids of this task's pushes: microseconds since the epoch at start,
     /// then +1 per push, so they keep increasing across restarts.
     next_push_id: AtomicU64,
+    /// The tensor channel to each ps ([`crate::channel`]): pulls and pushes
+    /// go there instead of gRPC when `use_channel`.
+    channels: Vec<ChannelClient>,
+    use_channel: bool,
+    tls: bool,
+}
+
+/// What one ps answered on the tensor channel.
+struct ChannelAnswer {
+    push: Option<proto::PushGradientsReply>,
+    step: i64,
+    done: bool,
+    waited: Duration,
+    bytes: u64,
+    first_reply: Duration,
+}
+
+/// The pull half of a tensor channel request: destinations, the step to
+/// wait for on each ps, whether to wait for initialisation, how long.
+struct ChannelPull<'a> {
+    params: &'a mut [ArrayD<f32>],
+    min_steps: &'a [i64],
+    wait_initialized: bool,
+    wait: Duration,
+}
+
+/// The push half: the step of each ps's values, which ps to push to, the
+/// gradients, the push id.
+#[derive(Clone, Copy)]
+struct ChannelPush<'a> {
+    steps: &'a [i64],
+    push_to: &'a [bool],
+    gradients: &'a [ArrayD<f32>],
+    push_id: u64,
+}
+
+/// A pull from ps `ps` must bring every element of each of its shards
+/// (`covered[k]`: elements received for `shards[k]`).
+fn check_covered(ps: usize, shards: &[(usize, Shard)], covered: &[usize]) -> Result<(), ClientError> {
+    for ((_, s), &got) in shards.iter().zip(covered) {
+        if got != s.num_elements() {
+            return Err(ClientError::Protocol(format!("ps:{ps} sent {got} of the {} elements of {:?}", s.num_elements(), s.stored_name)));
+        }
+    }
+    Ok(())
+}
+
+/// Cuts the variables into the slices each ps's shards cover: for ps `p`,
+/// one slice per entry of `shards[p]`, in that order. `ranges[p][k]` is the
+/// element range of that shard in variable `shards_var[p][k]`. The ranges of
+/// one variable must not overlap (the placement's shards never do).
+fn shard_slices<'a>(params: &'a mut [ArrayD<f32>], shard_vars: &[Vec<(usize, std::ops::Range<usize>)>]) -> Vec<Vec<&'a mut [f32]>> {
+    let mut out: Vec<Vec<Option<&'a mut [f32]>>> = shard_vars.iter().map(|l| l.iter().map(|_| None).collect()).collect();
+    let mut by_var: Vec<Vec<(usize, usize, std::ops::Range<usize>)>> = vec![Vec::new(); params.len()];
+    for (ps, list) in shard_vars.iter().enumerate() {
+        for (k, (vi, range)) in list.iter().enumerate() {
+            by_var[*vi].push((ps, k, range.clone()));
+        }
+    }
+    for (vi, p) in params.iter_mut().enumerate() {
+        let mut rest: &'a mut [f32] = p.as_slice_mut().expect("standard layout");
+        let mut consumed = 0;
+        by_var[vi].sort_by_key(|(_, _, r)| r.start);
+        for (ps, k, r) in std::mem::take(&mut by_var[vi]) {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - consumed);
+            let (mine, tail) = tail.split_at_mut(r.len());
+            out[ps][k] = Some(mine);
+            rest = tail;
+            consumed = r.end;
+        }
+    }
+    out.into_iter().map(|l| l.into_iter().map(|s| s.expect("every shard has its slice")).collect()).collect()
 }
 
 impl PsSet {
@@ -251,7 +324,105 @@ impl PsSet {
             patience,
             part_bytes: tensor::DEFAULT_PART_BYTES,
             next_push_id: AtomicU64::new(SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)),
+            channels: addresses.iter().map(|a| ChannelClient::new(a, credentials.token.as_deref(), Duration::from_secs(5))).collect(),
+            use_channel: credentials.tls.is_none(),
+            tls: credentials.tls.is_some(),
         })
+    }
+
+    /// Pulls and pushes over the tensor channel (the default without TLS)
+    /// or over gRPC. With TLS they always go over gRPC.
+    pub fn set_tensor_channel(&mut self, on: bool) {
+        self.use_channel = on && !self.tls;
+    }
+
+    pub fn uses_tensor_channel(&self) -> bool {
+        self.use_channel
+    }
+
+    /// One request per ps on the tensor channel, concurrently: the push
+    /// (to the ps it names) and the pull, either or both. Each ps's values
+    /// are read straight into `pull.params`.
+    async fn on_channel(&self, what: &'static str, push: Option<ChannelPush<'_>>, pull: Option<ChannelPull<'_>>) -> Result<Vec<ChannelAnswer>, ClientError> {
+        let start = Instant::now();
+        let n = self.num_ps();
+        let wants_pull = pull.is_some();
+        let (destinations, pull_args) = match pull {
+            Some(p) => {
+                let shard_vars: Vec<Vec<_>> =
+                    self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
+                (shard_slices(p.params, &shard_vars), Some((p.min_steps, p.wait_initialized, p.wait)))
+            }
+            None => ((0..n).map(|_| Vec::new()).collect(), None),
+        };
+        let calls = destinations.into_iter().enumerate().map(|(ps, mut destinations)| {
+            let push_here = push.filter(|p| p.push_to[ps]);
+            let request = proto::TensorChannelRequest {
+                push: push_here.map(|p| proto::PushGradientsRequest { task: self.task_proto(), step: p.steps[ps], push_id: p.push_id, part: None }),
+                push_parts: Vec::new(),
+                pull: pull_args.map(|(min_steps, wait_initialized, wait)| {
+                    self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
+                }),
+            };
+            let mut contents = Vec::new();
+            if let Some(p) = push_here {
+                for (vi, s) in &self.shards[ps] {
+                    let all = p.gradients[*vi].as_slice().expect("standard layout");
+                    let values = &all[self.element_range(*vi, s)];
+                    contents.extend(crate::channel::raw_parts(&s.stored_name, &tensor::wire_shape(&s.shape), values, self.part_bytes));
+                }
+            }
+            let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
+            let shards = &self.shards[ps];
+            let locate = move |p: &proto::RawTensorPart| {
+                let k = shards
+                    .binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name))
+                    .map_err(|_| format!("ps:{ps} sent unknown variable {:?}", p.name))?;
+                let header = tensor::PartHeader {
+                    name: &p.name,
+                    dtype: p.dtype,
+                    shape: &p.shape,
+                    offset: p.offset,
+                    content_len: usize::try_from(p.content_length).unwrap_or(usize::MAX),
+                };
+                let range = tensor::check_part_header(&header, &shards[k].1.shape).map_err(|e| format!("ps:{ps}: {e}"))?;
+                Ok((k, range))
+            };
+            let channel = &self.channels[ps];
+            let address = &self.addresses[ps];
+            async move {
+                let (reply, arrived) =
+                    without_retry(ps, address, what, || channel.exchange(request, contents, &mut destinations, &locate, timeout)).await?;
+                let mut covered = vec![0usize; shards.len()];
+                let mut bytes = 0;
+                for p in &reply.parts {
+                    let k = shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).expect("located above");
+                    covered[k] += p.content_length as usize / 4;
+                    bytes += p.content_length;
+                }
+                if wants_pull && !(reply.parts.is_empty() && reply.done) {
+                    check_covered(ps, shards, &covered)?;
+                }
+                Ok(ChannelAnswer {
+                    push: reply.push,
+                    step: reply.step,
+                    done: reply.done,
+                    waited: Duration::from_micros(reply.waited_micros),
+                    bytes,
+                    first_reply: arrived.saturating_duration_since(start),
+                })
+            }
+        });
+        try_join_all(calls).await
+    }
+
+    fn pulled_from(answers: &[ChannelAnswer]) -> Pulled {
+        Pulled {
+            steps: answers.iter().map(|a| a.step).collect(),
+            done: answers.iter().any(|a| a.done),
+            waited: answers.iter().map(|a| a.waited).max().unwrap_or_default(),
+            bytes: answers.iter().map(|a| a.bytes).sum(),
+        }
     }
 
     pub fn num_ps(&self) -> usize {
@@ -349,6 +520,10 @@ impl PsSet {
         wait_initialized: bool,
         wait: Duration,
     ) -> Result<Pulled, ClientError> {
+        if self.use_channel {
+            let pull = ChannelPull { params, min_steps, wait_initialized, wait };
+            return Ok(Self::pulled_from(&self.on_channel("pull from", None, Some(pull)).await?));
+        }
         let calls = (0..self.num_ps()).map(|ps| {
             let req = self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait);
             let client = self.clients[ps].clone();
@@ -398,17 +573,7 @@ impl PsSet {
             tensor::copy_f32_from_le(&mut dst[base + range.start..base + range.end], &part.content);
             covered[k] += range.len();
         }
-        for (k, (_, s)) in self.shards[ps].iter().enumerate() {
-            if covered[k] != s.num_elements() {
-                return Err(ClientError::Protocol(format!(
-                    "ps:{ps} sent {} of the {} elements of {:?}",
-                    covered[k],
-                    s.num_elements(),
-                    s.stored_name
-                )));
-            }
-        }
-        Ok(())
+        check_covered(ps, &self.shards[ps], &covered)
     }
 
     /// The messages of one push to ps `ps`: its shards of the gradients as
@@ -435,6 +600,15 @@ impl PsSet {
     pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
         // One id for this push on every ps; a retry resends the same id.
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
+        if self.use_channel {
+            let push_to = vec![true; self.num_ps()];
+            let push = ChannelPush { steps, push_to: &push_to, gradients, push_id };
+            let answers = self.on_channel("push to", Some(push), None).await?;
+            return answers
+                .into_iter()
+                .map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into())))
+                .collect();
+        }
         let calls = (0..self.num_ps()).map(|ps| {
             let messages = self.push_messages(ps, steps[ps], push_id, gradients);
             let client = self.clients[ps].clone();
@@ -464,6 +638,22 @@ impl PsSet {
         wait: Duration,
     ) -> Result<Stepped, ClientError> {
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
+        if self.use_channel {
+            let push = ChannelPush { steps, push_to, gradients, push_id };
+            let pull = ChannelPull { params, min_steps, wait_initialized: false, wait };
+            let answers = self.on_channel("push to and pull from", Some(push), Some(pull)).await?;
+            let mut pushed = Vec::with_capacity(answers.len());
+            for (ps, a) in answers.iter().enumerate() {
+                pushed.push(match (push_to[ps], a.push) {
+                    (true, Some(p)) => p,
+                    (true, None) => return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push"))),
+                    // Only pulled from, as over gRPC.
+                    (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
+                });
+            }
+            let first_reply = answers.iter().map(|a| a.first_reply).max().unwrap_or_default();
+            return Ok(Stepped { pushed, pulled: Self::pulled_from(&answers), first_reply });
+        }
         let start = Instant::now();
         let calls = (0..self.num_ps()).map(|ps| {
             let request = self.pull_request(min_steps[ps], false, wait);
@@ -572,5 +762,45 @@ impl PsSet {
             })
         });
         try_join_all(calls).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each shard's slice is exactly its element range of its variable,
+    /// whatever the order of ps and shards.
+    #[test]
+    fn shard_slices_cover_each_range_once() {
+        type Case = (Vec<usize>, Vec<Vec<(usize, std::ops::Range<usize>)>>);
+        let cases: Vec<Case> = vec![
+            // one variable, one ps
+            (vec![6], vec![vec![(0, 0..6)]]),
+            // one variable cut over two ps
+            (vec![6], vec![vec![(0, 0..4)], vec![(0, 4..6)]]),
+            // listed out of order, over three ps, one ps with two variables
+            (vec![9, 2], vec![vec![(0, 6..9), (1, 0..2)], vec![(0, 0..3)], vec![(0, 3..6)]]),
+            // a ps with nothing, an empty variable
+            (vec![3, 0], vec![vec![], vec![(1, 0..0), (0, 0..3)]]),
+        ];
+        for (sizes, shard_vars) in cases {
+            let mut params: Vec<ArrayD<f32>> = sizes.iter().map(|&n| ArrayD::zeros(vec![n])).collect();
+            let slices = shard_slices(&mut params, &shard_vars);
+            for (ps, list) in slices.into_iter().enumerate() {
+                assert_eq!(list.len(), shard_vars[ps].len());
+                for (k, slice) in list.into_iter().enumerate() {
+                    let (vi, range) = &shard_vars[ps][k];
+                    assert_eq!(slice.len(), range.len(), "ps {ps} shard {k}");
+                    for (j, x) in slice.iter_mut().enumerate() {
+                        *x = (*vi * 100 + range.start + j) as f32;
+                    }
+                }
+            }
+            for (vi, p) in params.iter().enumerate() {
+                let want: Vec<f32> = (0..sizes[vi]).map(|i| (vi * 100 + i) as f32).collect();
+                assert_eq!(p.as_slice().unwrap(), want.as_slice(), "variable {vi}: every element written once, in place");
+            }
+        }
     }
 }

@@ -10,6 +10,7 @@ pub mod proto {
 }
 
 pub mod auth;
+pub mod channel;
 pub mod checkpoint;
 pub mod client;
 pub mod cluster;

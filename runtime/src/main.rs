@@ -206,6 +206,12 @@ struct TaskArgs {
     /// After the chief ends training, how long a ps waits for the other tasks to notice.
     #[arg(long = "shutdown_grace_secs", visible_alias = "shutdown-grace-secs", default_value_t = 30)]
     shutdown_grace_secs: u64,
+    /// Pulls and pushes over the tensor channel (raw TCP on the ps's port,
+    /// no copies beyond the kernel's) instead of gRPC. Ignored with TLS
+    /// (always gRPC).
+    #[arg(long = "tensor_channel", visible_alias = "tensor-channel", default_value = "true", num_args = 0..=1,
+          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+    tensor_channel: bool,
     /// Variables larger than this are partitioned over several ps tasks.
     #[arg(long = "partition_threshold_bytes", visible_alias = "partition-threshold-bytes",
           default_value_t = tfjob_runtime::placement::DEFAULT_PARTITION_THRESHOLD_BYTES)]
@@ -285,6 +291,7 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         step_timeout: Duration::from_secs(a.step_timeout_secs),
         eval_interval: Duration::from_secs_f64(a.eval_interval_secs),
         partition_threshold_bytes: a.partition_threshold_bytes,
+        tensor_channel: a.tensor_channel,
         seed: m.seed,
         checkpoints,
         log_dir: a.log_dir.clone(),

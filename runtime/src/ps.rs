@@ -841,12 +841,49 @@ impl PsService {
             }
         }
         let (task, step, push_id) = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
-        let task = task_of(&task, "task")?;
-        let reply = self.store.push(&task, step, push_id, &parts)?;
+        self.apply_push(&task, step, push_id, &parts)
+    }
+
+    /// Applies one received push: its task, step and id, and its parts.
+    fn apply_push(&self, task: &Option<proto::TaskId>, step: i64, push_id: u64, parts: &[TensorPart]) -> Result<(TaskId, proto::PushGradientsReply), Status> {
+        let task = task_of(task, "task")?;
+        let reply = self.store.push(&task, step, push_id, parts)?;
         if reply.done {
             self.store.release(&task);
         }
         Ok((task, reply))
+    }
+
+    /// Most gradient bytes one push may carry.
+    pub fn max_push_bytes(&self) -> usize {
+        self.store.max_push_bytes()
+    }
+
+    /// One request of the tensor channel ([`crate::channel`]): the push
+    /// (header and received parts) when there is one, then the pull when
+    /// there is one, with the semantics of PushGradients, PullVariables and
+    /// PushPull.
+    pub async fn exchange(
+        &self,
+        push: Option<proto::PushGradientsRequest>,
+        parts: &[TensorPart],
+        pull: Option<proto::PullVariablesRequest>,
+    ) -> Result<(Option<proto::PushGradientsReply>, Vec<proto::PullVariablesReply>), Status> {
+        if push.is_none() && !parts.is_empty() {
+            return Err(Status::invalid_argument("push_parts without a push"));
+        }
+        let pushed = match push {
+            Some(p) => Some(self.apply_push(&p.task, p.step, p.push_id, parts)?),
+            None => None,
+        };
+        let Some(pull) = pull else { return Ok((pushed.map(|(_, r)| r), Vec::new())) };
+        // As in PushPull: a pull without a task is the pusher's.
+        let task = match (&pull.task, &pushed) {
+            (None, Some((t, _))) => Some(t.clone()),
+            (t, _) => t.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index }),
+        };
+        let replies = self.pull(&pull, task.as_ref()).await?;
+        Ok((pushed.map(|(_, r)| r), replies))
     }
 
     /// The replies of one pull: waits for `min_step` (the sync barrier) or

@@ -5,14 +5,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Credentials, TokenCheck};
+use crate::channel;
 use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
 use crate::proto::{
     self, parameter_server_server::ParameterServerServer, run_session_request::Fetch, session_event::Event,
@@ -104,6 +104,8 @@ pub async fn serve(
         WorkerServer::new(worker).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
         check.clone(),
     );
+    // Without TLS the ps's port also serves the tensor channel.
+    let channel_ps = ps.clone().filter(|_| credentials.tls.is_none());
     let ps = ps.map(|svc| {
         InterceptedService::new(
             ParameterServerServer::new(svc)
@@ -130,10 +132,60 @@ pub async fn serve(
         reporter.set_service_status("tfjob.runtime.v1.ParameterServer", tonic_health::ServingStatus::Serving).await;
     }
     let router = builder.add_service(health).add_service(worker).add_optional_service(ps);
-    // tonic ignores the builder's `tcp_nodelay` for an incoming stream it did
-    // not bind itself: set it on every accepted connection here, or Nagle's
-    // algorithm holds back small replies (up to a delayed ACK, 40 ms) and
-    // every request/response step pays for it.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Ok(tokio::spawn(async move { router.serve_with_incoming_shutdown(incoming, shutdown).await }))
+    let (stop_tx, stop) = watch::channel(false);
+    let (to_grpc, incoming) = mpsc::channel(64);
+    tokio::spawn(accept_loop(listener, to_grpc, channel_ps.map(|svc| (svc, check)), stop));
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    Ok(tokio::spawn(async move { router.serve_with_incoming_shutdown(ReceiverStream::new(incoming), shutdown).await }))
+}
+
+/// Accepts connections until the server stops: tensor channel connections
+/// (when `channel` is given) are served here, every other one goes to the
+/// gRPC server.
+async fn accept_loop(
+    listener: TcpListener,
+    to_grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    channel: Option<(PsService, TokenCheck)>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => return,
+            _ = to_grpc.closed() => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of file descriptors and the like: wait, do not spin.
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // tonic ignores the builder's `tcp_nodelay` for connections it did
+        // not accept itself: set it here, or Nagle's algorithm holds back
+        // small replies (up to a delayed ACK, 40 ms) and every step pays.
+        let _ = stream.set_nodelay(true);
+        let Some((service, check)) = &channel else {
+            if to_grpc.send(Ok(stream)).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let (service, check, to_grpc, stop) = (service.clone(), check.clone(), to_grpc.clone(), stop.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(channel::OPENING_TIMEOUT, channel::is_tensor_channel(&stream)).await {
+                Ok(Ok(true)) => channel::serve_connection(stream, service, check, stop).await,
+                Ok(Ok(false)) => {
+                    let _ = to_grpc.send(Ok(stream)).await;
+                }
+                // Closed or silent before saying anything (a TCP probe).
+                Ok(Err(_)) | Err(_) => {}
+            }
+        });
+    }
 }

@@ -164,27 +164,44 @@ pub fn encode_parts(name: &str, shape: &[i64], values: &[f32], part_bytes: usize
 /// Checks a received part against the expected shape of its tensor and
 /// returns the element range it covers.
 pub fn check_part(part: &TensorPart, expected_shape: &[usize]) -> Result<std::ops::Range<usize>, TensorError> {
+    let header = PartHeader { name: &part.name, dtype: part.dtype, shape: &part.shape, offset: part.offset, content_len: part.content.len() };
+    check_part_header(&header, expected_shape)
+}
+
+/// What [`check_part`] looks at: a part without its content (the tensor
+/// channel reads the content only once the header is checked).
+#[derive(Debug, Clone, Copy)]
+pub struct PartHeader<'a> {
+    pub name: &'a str,
+    pub dtype: i32,
+    pub shape: &'a [i64],
+    pub offset: u64,
+    pub content_len: usize,
+}
+
+/// [`check_part`] on a header.
+pub fn check_part_header(part: &PartHeader<'_>, expected_shape: &[usize]) -> Result<std::ops::Range<usize>, TensorError> {
     if part.dtype != DataType::DtFloat as i32 {
-        return Err(TensorError::UnsupportedDtype { name: part.name.clone(), dtype: part.dtype });
+        return Err(TensorError::UnsupportedDtype { name: part.name.into(), dtype: part.dtype });
     }
     if part.shape.len() != expected_shape.len()
         || part.shape.iter().zip(expected_shape).any(|(&a, &b)| a < 0 || a as u64 != b as u64)
     {
         return Err(TensorError::ShapeMismatch {
-            name: part.name.clone(),
+            name: part.name.into(),
             expected: expected_shape.to_vec(),
-            got: part.shape.clone(),
+            got: part.shape.to_vec(),
         });
     }
-    if !part.content.len().is_multiple_of(4) {
-        return Err(TensorError::RaggedBytes { name: part.name.clone(), len: part.content.len(), elem: 4 });
+    if !part.content_len.is_multiple_of(4) {
+        return Err(TensorError::RaggedBytes { name: part.name.into(), len: part.content_len, elem: 4 });
     }
     let total: usize = expected_shape.iter().product();
-    let count = part.content.len() / 4;
+    let count = part.content_len / 4;
     let start = usize::try_from(part.offset).ok().filter(|s| s.checked_add(count).is_some_and(|e| e <= total));
     match start {
         Some(s) => Ok(s..s + count),
-        None => Err(TensorError::PartOutOfRange { name: part.name.clone(), offset: part.offset, count, total }),
+        None => Err(TensorError::PartOutOfRange { name: part.name.into(), offset: part.offset, count, total }),
     }
 }
 

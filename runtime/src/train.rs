@@ -74,6 +74,8 @@ pub struct TrainSettings {
     pub step_timeout: Duration,
     pub eval_interval: Duration,
     pub partition_threshold_bytes: usize,
+    /// Pulls and pushes over the tensor channel rather than gRPC (without TLS).
+    pub tensor_channel: bool,
     pub seed: u64,
     pub checkpoints: CheckpointSettings,
     /// TensorBoard event files (chief and evaluator).
@@ -95,6 +97,7 @@ impl Default for TrainSettings {
             step_timeout: Duration::from_secs(300),
             eval_interval: Duration::from_secs(5),
             partition_threshold_bytes: placement::DEFAULT_PARTITION_THRESHOLD_BYTES,
+            tensor_channel: true,
             seed: 1,
             checkpoints: CheckpointSettings { keep: 5, ..Default::default() },
             log_dir: None,
@@ -244,7 +247,7 @@ fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, 
     let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
     let variables = specs.iter().map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone() }).collect();
-    Ok(PsSet::new(
+    let mut ps = PsSet::new(
         cluster.task.clone(),
         &ps_addresses,
         credentials,
@@ -252,7 +255,9 @@ fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, 
         placement,
         training_config(cluster, settings)?,
         settings.connect_timeout,
-    )?)
+    )?;
+    ps.set_tensor_channel(settings.tensor_channel);
+    Ok(ps)
 }
 
 /// Waits until the chief has initialised the variables, logging while it

@@ -68,7 +68,7 @@ fn initial() -> Vec<ndarray::ArrayD<f32>> {
 }
 
 /// A call without the token, or with a wrong one, is refused with
-/// UNAUTHENTICATED and changes nothing.
+/// UNAUTHENTICATED and changes nothing, over gRPC and the tensor channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_is_required_and_refusals_change_nothing() {
     let good = Credentials { token: Some("right-token".into()), tls: None };
@@ -76,8 +76,13 @@ async fn token_is_required_and_refusals_change_nothing() {
     let chief = ps_set(server.addr, &good, 0);
     chief.handshake(false).await.unwrap();
     chief.init(&initial(), 0).await.unwrap();
-    for bad in [Credentials::default(), Credentials { token: Some("wrong-token".into()), tls: None }] {
-        let intruder = ps_set(server.addr, &bad, 1);
+    let bad = [Credentials::default(), Credentials { token: Some("wrong-token".into()), tls: None }];
+    for (bad, channel) in bad.iter().flat_map(|b| [(b, true), (b, false)]) {
+        let mut intruder = ps_set(server.addr, bad, 1);
+        intruder.set_tensor_channel(channel);
+        let mut params = initial();
+        let err = intruder.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap_err();
+        assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "channel {channel}: {err}");
         let err = intruder.handshake(false).await.unwrap_err();
         assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
         let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 100.0f32), ndarray::ArrayD::from_elem(vec![3], 100.0f32)];
@@ -97,12 +102,20 @@ async fn token_is_required_and_refusals_change_nothing() {
 
 /// PushPull: one call applies the push and brings back the values after it;
 /// a ps not pushed to is only pulled from; a push without the token changes
-/// nothing.
+/// nothing. Over the tensor channel and over gRPC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_pull_applies_then_returns_the_new_values() {
+    for channel in [true, false] {
+        push_pull_case(channel).await;
+    }
+}
+
+async fn push_pull_case(channel: bool) {
     let good = Credentials { token: Some("right-token".into()), tls: None };
     let server = start(&good).await;
-    let chief = ps_set(server.addr, &good, 0);
+    let mut chief = ps_set(server.addr, &good, 0);
+    chief.set_tensor_channel(channel);
+    assert_eq!(chief.uses_tensor_channel(), channel);
     chief.handshake(false).await.unwrap();
     chief.init(&initial(), 0).await.unwrap();
     let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
@@ -117,7 +130,8 @@ async fn push_pull_applies_then_returns_the_new_values() {
     assert!(!stepped.pushed[0].accepted);
     assert_eq!(stepped.pulled.steps[0], 1);
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
-    let intruder = ps_set(server.addr, &Credentials::default(), 1);
+    let mut intruder = ps_set(server.addr, &Credentials::default(), 1);
+    intruder.set_tensor_channel(channel);
     let err = intruder.push_pull(&[1], &[true], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap_err();
     assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
@@ -150,9 +164,18 @@ async fn tls_between_tasks() {
     let mut params = initial();
     chief.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap();
     assert_eq!(params, initial());
+    assert!(!chief.uses_tensor_channel(), "with TLS the tensor channel is off");
     let plain = ps_set(server.addr, &Credentials { token: Some("t".into()), tls: None }, 1);
     let err = tokio::time::timeout(Duration::from_secs(20), plain.stats()).await.expect("fails, not hangs").unwrap_err();
     assert!(err.code() != Some(tonic::Code::Ok), "{err}");
+    // Nor does the tensor channel open a way around TLS.
+    let mut params = initial();
+    let err = tokio::time::timeout(Duration::from_secs(20), plain.pull(&mut params, &[], false, Duration::from_secs(1)))
+        .await
+        .expect("fails, not hangs")
+        .unwrap_err();
+    assert!(err.code() != Some(tonic::Code::Ok), "{err}");
+    assert_eq!(params, initial());
 }
 
 /// One defect, so that the push is malformed whatever else is random.
@@ -244,4 +267,135 @@ fn malformed_messages_never_crash_or_change_anything() {
         chief.push(&[0], &grads).await.unwrap();
     });
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
+}
+
+/// One request on a fresh tensor channel connection, by hand: the raw
+/// contents follow the request frame. Returns the reply to the request.
+fn channel_request(addr: SocketAddr, token: &str, request: &proto::TensorChannelRequest, contents: &[u8]) -> proto::TensorChannelReply {
+    use prost::Message;
+    use std::io::{Read, Write};
+    fn frame(m: &impl Message) -> Vec<u8> {
+        let mut out = (m.encoded_len() as u32).to_le_bytes().to_vec();
+        m.encode(&mut out).unwrap();
+        out
+    }
+    fn read_reply(s: &mut std::net::TcpStream) -> proto::TensorChannelReply {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut buf = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut buf).unwrap();
+        proto::TensorChannelReply::decode(&buf[..]).unwrap()
+    }
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"TFJOBTC1").unwrap();
+    s.write_all(&frame(&proto::TensorChannelHello { token: token.into() })).unwrap();
+    let hello = read_reply(&mut s);
+    assert_eq!(hello.code, 0, "{}", hello.message);
+    s.write_all(&frame(request)).unwrap();
+    s.write_all(contents).unwrap();
+    read_reply(&mut s)
+}
+
+/// The ps's one port serves gRPC and the tensor channel side by side; silent,
+/// truncated and garbage connections are dropped without disturbing either;
+/// malformed pushes on the channel are refused as over gRPC and change
+/// nothing; values pulled either way are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_port_serves_grpc_and_the_tensor_channel() {
+    use tokio::io::AsyncWriteExt;
+    let creds = Credentials { token: Some("tok".into()), tls: None };
+    let server = start(&creds).await;
+    // A connection that says nothing, one that closes at once, one that
+    // stops inside the magic, one with a giant frame, one with junk.
+    let _silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    drop(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+    let mut cut = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    cut.write_all(b"TFJ").await.unwrap();
+    drop(cut);
+    for junk in [&b"TFJOBTC1\xff\xff\xff\xff"[..], &b"TFJOBTC1\x03\x00\x00\x00\xff\xff\xff"[..]] {
+        let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        s.write_all(junk).await.unwrap();
+    }
+    let mut chief = ps_set(server.addr, &creds, 0);
+    chief.handshake(false).await.unwrap();
+    chief.init(&initial(), 0).await.unwrap();
+    let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+    let mut over_channel = vec![ndarray::ArrayD::zeros(vec![4, 3]), ndarray::ArrayD::zeros(vec![3])];
+    let mut over_grpc = over_channel.clone();
+    for step in 0..4i64 {
+        chief.set_tensor_channel(step % 2 == 0);
+        chief.push(&[step], &grads).await.unwrap();
+        chief.set_tensor_channel(true);
+        let a = chief.pull(&mut over_channel, &[], false, Duration::from_secs(1)).await.unwrap();
+        chief.set_tensor_channel(false);
+        let b = chief.pull(&mut over_grpc, &[], false, Duration::from_secs(1)).await.unwrap();
+        assert_eq!((a.steps[0], b.steps[0], a.bytes, b.bytes), (step + 1, step + 1, 60, 60));
+        assert_eq!(over_channel, over_grpc);
+        assert_eq!(over_channel[1].as_slice().unwrap(), server.store.values("b").unwrap().as_slice());
+    }
+    assert_eq!(server.store.values("b").unwrap(), vec![-3.0, -2.0, -1.0]);
+
+    // Malformed pushes, by hand on the channel: refused, nothing changes.
+    let before = (server.store.values("w").unwrap(), server.store.values("b").unwrap(), server.store.progress().step);
+    let junk = [7u8; 16];
+    let defects = [
+        Defect::UnknownName("zz".into()),
+        Defect::WrongShape(vec![4]),
+        Defect::WrongDtype(2),
+        Defect::RaggedBytes(5),
+        Defect::OffsetPastEnd(9),
+        Defect::FutureStep(99),
+        Defect::NegativeStep(-1),
+        Defect::Partial,
+        Defect::NoTask,
+        Defect::Overlap,
+    ];
+    for d in &defects {
+        let messages = malformed(d, &junk);
+        let mut headers = Vec::new();
+        let mut contents = Vec::new();
+        for m in &messages {
+            let p = m.part.as_ref().unwrap();
+            headers.push(proto::RawTensorPart {
+                name: p.name.clone(),
+                dtype: p.dtype,
+                shape: p.shape.clone(),
+                offset: p.offset,
+                content_length: p.content.len() as u64,
+            });
+            contents.extend_from_slice(&p.content);
+        }
+        let first = &messages[0];
+        let request = proto::TensorChannelRequest {
+            push: Some(proto::PushGradientsRequest { task: first.task.clone(), step: first.step, push_id: 0, part: None }),
+            push_parts: headers,
+            pull: None,
+        };
+        let reply = tokio::task::spawn_blocking({
+            let addr = server.addr;
+            move || channel_request(addr, "tok", &request, &contents)
+        })
+        .await
+        .unwrap();
+        let code = tonic::Code::from(reply.code);
+        assert!(matches!(code, tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::FailedPrecondition), "{d:?}: {code:?}");
+    }
+    // A push larger than the ps holds is refused before its contents are read.
+    let huge = proto::TensorChannelRequest {
+        push: Some(proto::PushGradientsRequest { task: Some(proto::TaskId { job: "worker".into(), index: 1 }), step: 0, push_id: 0, part: None }),
+        push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
+        pull: None,
+    };
+    let addr = server.addr;
+    let reply = tokio::task::spawn_blocking(move || channel_request(addr, "tok", &huge, &[])).await.unwrap();
+    assert_eq!(tonic::Code::from(reply.code), tonic::Code::InvalidArgument, "{}", reply.message);
+    assert_eq!((server.store.values("w").unwrap(), server.store.values("b").unwrap(), server.store.progress().step), before);
+    // Still serving on both.
+    for channel in [true, false] {
+        chief.set_tensor_channel(channel);
+        let mut params = initial();
+        chief.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(params, over_grpc);
+    }
 }

@@ -34,7 +34,11 @@ const TF_MLP_1PS1W_ASYNC: f64 = 29_355.0;
 const TF_MLP_1PS2W_ASYNC: f64 = 37_626.0;
 const TF_MLP_1PS2W_SYNC: f64 = 35_341.0;
 const TF_MLP_2PS2W_ASYNC: f64 = 28_887.0;
-const TF_MLP_ACCURACY: f64 = 0.675;
+/// TF's held-out accuracy after 2,000 global steps (lr 0.5), per configuration:
+/// single process, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async.
+const TF_MLP_ACCURACY: [f64; 5] = [0.675, 0.675, 0.671, 0.679, 0.666];
+/// How far our accuracy may be from TF's in the same configuration.
+const ACCURACY_TOLERANCE: f64 = 0.02;
 
 /// One line of the result table.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -387,35 +391,34 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
     let sizes: Vec<(usize, &str, usize)> =
         if opts.quick { vec![(1 << 16, "64K", 3), (1 << 18, "256K", 3)] } else { vec![(1_000_000, "1M", 15), (25_000_000, "25M", 5)] };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // The tensor channel (what training uses without TLS), then gRPC (what
+    // it uses with TLS) for comparison, in the same run.
     for (n, label, reps) in sizes {
-        let (pull, push) = rt.block_on(ps_bandwidth_one(n, reps))?;
-        let gate = label == "25M";
-        let target = if gate { ">= 0.6 x loopback" } else { "" };
-        report.row(
-            "ps",
-            &format!("pull of a {label}-float variable (1 ps)"),
-            pull,
-            "MB/s",
-            Some(("loopback TCP 1 stream", loopback)),
-            None,
-            target,
-            gate.then_some(pull >= 0.6 * loopback),
-        );
-        report.row(
-            "ps",
-            &format!("push of a {label}-float gradient (1 ps)"),
-            push,
-            "MB/s",
-            Some(("loopback TCP 1 stream", loopback)),
-            None,
-            target,
-            gate.then_some(push >= 0.6 * loopback),
-        );
+        for channel in [true, false] {
+            let (pull, push) = rt.block_on(ps_bandwidth_one(n, reps, channel))?;
+            let gate = label == "25M" && channel;
+            let target = if gate { ">= 0.6 x loopback" } else { "" };
+            let via = if channel { "" } else { ", gRPC" };
+            for (what, rate) in [(format!("pull of a {label}-float variable (1 ps{via})"), pull), (format!("push of a {label}-float gradient (1 ps{via})"), push)] {
+                report.row(
+                    "ps",
+                    &what,
+                    rate,
+                    "MB/s",
+                    Some(("loopback TCP 1 stream", loopback)),
+                    None,
+                    target,
+                    gate.then_some(rate >= 0.6 * loopback),
+                );
+            }
+        }
     }
     Ok(())
 }
 
-async fn ps_bandwidth_one(n: usize, reps: usize) -> Result<(f64, f64)> {
+/// Pull and push bandwidth (MB/s, medians of `reps`) of one `n`-float
+/// variable on an in-process ps, over the tensor channel or over gRPC.
+async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result<(f64, f64)> {
     use tfjob_runtime::auth::Credentials;
     use tfjob_runtime::client::{ModelVariable, PsSet};
     use tfjob_runtime::cluster::TaskId;
@@ -445,7 +448,8 @@ async fn ps_bandwidth_one(n: usize, reps: usize) -> Result<(f64, f64)> {
         total_num_replicas: 0,
         elastic: false,
     };
-    let ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vars, placement, config, Duration::from_secs(10))?;
+    let mut ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vars, placement, config, Duration::from_secs(10))?;
+    ps.set_tensor_channel(tensor_channel);
     ps.handshake(false).await?;
     let init = ndarray::ArrayD::from_elem(vec![n], 1.0f32);
     ps.init(std::slice::from_ref(&init), 0).await?;
@@ -767,23 +771,32 @@ fn mlp(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
             let mut a = strs(&["--model=mlp", "--hidden_units=100", "--batch_size=100", "--learning_rate=0.5", "--weight_init=normal", "--log_every_steps=0"]);
             a.push(format!("--train_steps={steps}"));
             a.push(format!("--data_dir={}", dir.display()));
+            // Every configuration of TF's table, each against its own figure.
             let (v, _) = run_single(opts, bin, "mlp-accuracy-single", &a)?;
             let single_acc = v["accuracy"].as_f64().unwrap_or(f64::NAN);
-            a.push("--sync_replicas=false".into());
-            let run = run_cluster(opts, bin, "mlp-accuracy-1ps2w-async", 1, 2, &a)?;
-            let dist_acc = run.chief()["accuracy"].as_f64().unwrap_or(f64::NAN);
-            let target = TF_MLP_ACCURACY - 0.05;
-            report.row(
-                "mlp",
-                &format!("held-out accuracy, 1ps+2w async, {steps} steps"),
-                dist_acc,
-                "",
-                Some(("ours single process", single_acc)),
-                Some(TF_MLP_ACCURACY),
-                ">= TF - 0.05",
-                (!opts.quick).then_some(dist_acc >= target),
-            );
-            details.push(json!({ "config": "accuracy", "data_dir": dir, "single": v, "workers": run.workers }));
+            let mut runs = vec![json!({ "config": "single", "report": v })];
+            let mut accuracies = vec![("single process", single_acc, TF_MLP_ACCURACY[0])];
+            let configs = [("1ps+1w async", 1, 1, false), ("1ps+2w async", 1, 2, false), ("1ps+2w sync", 1, 2, true), ("2ps+2w async", 2, 2, false)];
+            for (i, (label, nps, nw, sync)) in configs.into_iter().enumerate() {
+                let mut a = a.clone();
+                a.push(format!("--sync_replicas={sync}"));
+                let run = run_cluster(opts, bin, &format!("mlp-accuracy-{}", label.replace([' ', '+'], "-")), nps, nw, &a)?;
+                accuracies.push((label, run.chief()["accuracy"].as_f64().unwrap_or(f64::NAN), TF_MLP_ACCURACY[i + 1]));
+                runs.push(json!({ "config": label, "workers": run.workers }));
+            }
+            for (label, acc, tf) in accuracies {
+                report.row(
+                    "mlp",
+                    &format!("held-out accuracy, {label}, {steps} steps"),
+                    acc,
+                    "",
+                    (label != "single process").then_some(("ours single process", single_acc)),
+                    Some(tf),
+                    "within 0.02 of TF",
+                    (!opts.quick).then_some((acc - tf).abs() <= ACCURACY_TOLERANCE),
+                );
+            }
+            details.push(json!({ "config": "accuracy", "data_dir": dir, "runs": runs }));
         }
         None => println!("          (accuracy comparison skipped: no reference data; pass --data-dir)"),
     }
