@@ -110,16 +110,27 @@ pub async fn read_frame<M: Message + Default>(r: &mut (impl AsyncRead + Unpin)) 
     Ok(M::decode(&buf[..])?)
 }
 
-/// Reads exactly `len` bytes into a buffer of its own (no zeroing first).
-async fn read_content(r: &mut (impl AsyncRead + Unpin), len: usize) -> std::io::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(len);
+/// Most bytes of receive buffers a connection keeps for its next push.
+pub const MAX_POOLED_BYTES: usize = 256 << 20;
+
+/// Reads exactly `len` bytes into `buf` (emptied first; no zeroing).
+async fn read_content_into(r: &mut (impl AsyncRead + Unpin), len: usize, mut buf: BytesMut) -> std::io::Result<Bytes> {
+    use bytes::BufMut;
+    buf.clear();
+    buf.reserve(len);
     while buf.len() < len {
-        // The capacity is exactly `len`: a read never takes bytes of what follows.
-        if r.read_buf(&mut buf).await? == 0 {
+        // Never more than `len`: what follows belongs to the next part.
+        let remaining = len - buf.len();
+        let mut room = (&mut buf).limit(remaining);
+        if r.read_buf(&mut room).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
     Ok(buf.freeze())
+}
+
+async fn read_content(r: &mut (impl AsyncRead + Unpin), len: usize) -> std::io::Result<Bytes> {
+    read_content_into(r, len, BytesMut::new()).await
 }
 
 /// Reads little-endian f32 contents straight into `dst`.
@@ -161,17 +172,6 @@ async fn write_message<'a>(
         w.write_all(&c).await?;
     }
     Ok(())
-}
-
-/// The header of a part whose content travels raw.
-pub fn raw_header(part: &TensorPart) -> RawTensorPart {
-    RawTensorPart {
-        name: part.name.clone(),
-        dtype: part.dtype,
-        shape: part.shape.clone(),
-        offset: part.offset,
-        content_length: part.content.len() as u64,
-    }
 }
 
 /// Headers of `values` cut into parts of at most `part_bytes` (as
@@ -229,6 +229,8 @@ async fn serve_inner(
         return Ok(());
     }
     stream.write_all(&encode_frame(&TensorChannelReply::default())).await?;
+    // The buffers of the last push, for the next one (the store keeps none).
+    let mut pool: Vec<BytesMut> = Vec::new();
     loop {
         let request: TensorChannelRequest = tokio::select! {
             r = read_frame(stream) => r?,
@@ -243,28 +245,38 @@ async fn serve_inner(
         }
         let mut parts = Vec::with_capacity(request.push_parts.len());
         for h in &request.push_parts {
-            let content = read_content(stream, h.content_length as usize).await?;
+            let content = read_content_into(stream, h.content_length as usize, pool.pop().unwrap_or_default()).await?;
             parts.push(TensorPart { name: h.name.clone(), dtype: h.dtype, shape: h.shape.clone(), offset: h.offset, content });
         }
-        match service.exchange(request.push, &parts, request.pull).await {
+        let answer = service.exchange(request.push, &parts, request.pull).await;
+        let mut pooled: usize = pool.iter().map(|b| b.capacity()).sum();
+        for p in parts {
+            if let Ok(buf) = p.content.try_into_mut()
+                && pooled + buf.capacity() <= MAX_POOLED_BYTES
+            {
+                pooled += buf.capacity();
+                pool.push(buf);
+            }
+        }
+        match answer {
             Err(status) => stream.write_all(&encode_frame(&error_reply(&status))).await?,
             Ok((push, pulled)) => {
                 let mut reply = TensorChannelReply { push, ..Default::default() };
-                if let Some(first) = pulled.first() {
-                    reply.step = first.step;
-                    reply.done = first.done;
-                    reply.waited_micros = first.waited_micros;
+                let mut contents: Vec<&[f32]> = Vec::new();
+                if let Some(pulled) = &pulled {
+                    reply.step = pulled.step;
+                    reply.done = pulled.done;
+                    reply.waited_micros = pulled.waited_micros;
+                    // Written from the variables themselves (shared, not
+                    // locked: an update meanwhile works on a copy).
+                    for v in pulled.values.iter().flatten() {
+                        for (header, chunk) in raw_parts(&v.name, &v.shape, &v.values, service.part_bytes()) {
+                            reply.parts.push(header);
+                            contents.push(chunk);
+                        }
+                    }
                 }
-                let contents: Vec<Bytes> = pulled
-                    .into_iter()
-                    .filter_map(|r| r.part)
-                    .map(|p| {
-                        reply.parts.push(raw_header(&p));
-                        p.content
-                    })
-                    .collect();
-                let contents = contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..]));
-                write_message(stream.get_mut(), &reply, contents).await?;
+                write_message(stream.get_mut(), &reply, contents.iter().map(|c| le_bytes(c))).await?;
             }
         }
     }
@@ -455,6 +467,13 @@ mod tests {
         assert_eq!(r, b"next");
         let mut r = &wire[..];
         let content = read_content(&mut r, 12).await.unwrap();
+        assert_eq!(&content[..], &wire[..12]);
+        assert_eq!(r, b"next");
+        // Into a reused buffer larger than the content: still exactly 12.
+        let mut r = &wire[..];
+        let mut big = BytesMut::with_capacity(1 << 10);
+        big.extend_from_slice(b"stale bytes");
+        let content = read_content_into(&mut r, 12, big).await.unwrap();
         assert_eq!(&content[..], &wire[..12]);
         assert_eq!(r, b"next");
         assert!(read_content(&mut &wire[..5], 12).await.is_err());

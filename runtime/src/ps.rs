@@ -95,12 +95,36 @@ pub struct Counters {
 struct StoredVar {
     name: String,
     shape: Vec<usize>,
-    values: Vec<f32>,
+    /// Shared with the tensor channel's pulls in flight, which write it to
+    /// their sockets without the lock; an update while one does copies it
+    /// first (`Arc::make_mut`), otherwise it is changed in place.
+    values: Arc<Vec<f32>>,
     slots: Slots,
     /// Encoded values of the current step as parts (and the part size they
     /// were cut at), shared by every pull until the next update (all workers
     /// of a sync step pull the same bytes).
     encoded: Option<(usize, Vec<TensorPart>)>,
+    /// The parts of an earlier step, whose buffers the next encoding reuses
+    /// when no pull holds them any more (a fresh 100 MB of buffers per
+    /// update is page faults and zeroing every time).
+    spare: Vec<TensorPart>,
+}
+
+impl StoredVar {
+    /// The values changed: the encoded parts are stale.
+    fn changed(&mut self) {
+        if let Some((_, parts)) = self.encoded.take() {
+            self.spare = parts;
+        }
+    }
+}
+
+/// A variable's current values as a pull of the tensor channel takes them.
+#[derive(Debug, Clone)]
+pub struct SharedVariable {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub values: Arc<Vec<f32>>,
 }
 
 /// The view that workers and the chief must agree on.
@@ -340,7 +364,7 @@ impl ParameterStore {
         let mut vars = Vec::new();
         for (name, asm) in assemblers {
             let (shape, values) = asm.finish()?;
-            vars.push(StoredVar { slots: optimizer.new_slots(values.len()), name, shape, values, encoded: None });
+            vars.push(StoredVar { slots: optimizer.new_slots(values.len()), name, shape, values: Arc::new(values), encoded: None, spare: Vec::new() });
         }
         let specs: Vec<proto::VariableSpec> = vars
             .iter()
@@ -382,20 +406,15 @@ impl ParameterStore {
         if !state.progress.initialized {
             return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
         }
-        let indices: Vec<usize> = if names.is_empty() {
-            (0..state.vars.len()).collect()
-        } else {
-            names
-                .iter()
-                .map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps"))))
-                .collect::<Result<_, _>>()?
-        };
+        let indices = Self::indices(&state, names)?;
         let mut out = Vec::with_capacity(indices.len());
         let mut sent = 0u64;
         for i in indices {
             let v = &mut state.vars[i];
             if v.encoded.as_ref().is_none_or(|(size, _)| *size != part_bytes) {
-                v.encoded = Some((part_bytes, tensor::encode_parts(&v.name, &tensor::wire_shape(&v.shape), &v.values, part_bytes)));
+                let spare = std::mem::take(&mut v.spare);
+                let parts = tensor::encode_parts_reusing(&v.name, &tensor::wire_shape(&v.shape), &v.values, part_bytes, spare);
+                v.encoded = Some((part_bytes, parts));
             }
             let parts = &v.encoded.as_ref().expect("just encoded").1;
             sent += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
@@ -403,6 +422,35 @@ impl ParameterStore {
         }
         state.counters.bytes_sent += sent;
         Ok((state.progress, out))
+    }
+
+    /// The named variables (all when `names` is empty) as they are, shared
+    /// rather than encoded: for the tensor channel, which writes them raw.
+    pub fn shared_snapshot(&self, names: &[String]) -> Result<(Progress, Vec<SharedVariable>), StoreError> {
+        let mut state = self.lock();
+        if !state.progress.initialized {
+            return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
+        }
+        let indices = Self::indices(&state, names)?;
+        let out: Vec<SharedVariable> = indices
+            .into_iter()
+            .map(|i| {
+                let v = &state.vars[i];
+                SharedVariable { name: v.name.clone(), shape: tensor::wire_shape(&v.shape), values: v.values.clone() }
+            })
+            .collect();
+        state.counters.bytes_sent += out.iter().map(|v| v.values.len() as u64 * 4).sum::<u64>();
+        Ok((state.progress, out))
+    }
+
+    fn indices(state: &State, names: &[String]) -> Result<Vec<usize>, StoreError> {
+        if names.is_empty() {
+            return Ok((0..state.vars.len()).collect());
+        }
+        names
+            .iter()
+            .map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps"))))
+            .collect()
     }
 
     /// Checks every part of a push against the stored variables and groups
@@ -484,9 +532,9 @@ impl ParameterStore {
                     for (range, bytes) in group {
                         // Applied straight from the received bytes when aligned.
                         let grad = tensor::f32_view(bytes, &mut state.scratch);
-                        optimizer.apply(&mut v.values, &mut v.slots, range, grad, t);
+                        optimizer.apply(Arc::make_mut(&mut v.values).as_mut_slice(), &mut v.slots, range, grad, t);
                     }
-                    v.encoded = None;
+                    v.changed();
                 }
                 state.progress.step += 1;
                 state.counters.pushes_applied += 1;
@@ -530,8 +578,8 @@ impl ParameterStore {
         let vars = &mut state.vars;
         acc.finish_step(|i, avg| {
             let v = &mut vars[i];
-            optimizer.apply_all(&mut v.values, &mut v.slots, avg);
-            v.encoded = None;
+            optimizer.apply_all(Arc::make_mut(&mut v.values).as_mut_slice(), &mut v.slots, avg);
+            v.changed();
         });
         state.progress.step = acc.step();
         state.counters.pushes_applied += 1;
@@ -599,7 +647,7 @@ impl ParameterStore {
             }
             let mut data = checkpoint::ShardData::default();
             for v in &state.vars {
-                data.variables.push((v.name.clone(), v.shape.clone(), v.values.clone()));
+                data.variables.push((v.name.clone(), v.shape.clone(), v.values.to_vec()));
                 for (k, slot) in [&v.slots.first, &v.slots.second].into_iter().enumerate() {
                     if !slot.is_empty() {
                         data.slots.push((format!("{}:slot{k}", v.name), v.shape.clone(), slot.clone()));
@@ -636,9 +684,10 @@ impl ParameterStore {
             vars.push(StoredVar {
                 name: name.clone(),
                 shape: shape.clone(),
-                values: values.clone(),
+                values: Arc::new(values.clone()),
                 slots: Slots { first: slot(0), second: slot(1), updates },
                 encoded: None,
+                spare: Vec::new(),
             });
         }
         vars.sort_by(|a, b| a.name.cmp(&b.name));
@@ -759,7 +808,7 @@ impl ParameterStore {
     /// Values of a variable, for tests and checkpoints.
     pub fn values(&self, name: &str) -> Option<Vec<f32>> {
         let state = self.lock();
-        state.by_name.get(name).map(|&i| state.vars[i].values.clone())
+        state.by_name.get(name).map(|&i| state.vars[i].values.to_vec())
     }
 
     /// Most bytes a push may carry: every variable of this ps once, plus
@@ -802,6 +851,16 @@ impl PsService {
             }
         }
     }
+}
+
+/// What a pull brings: the step and end of training, the barrier's wait,
+/// and the values (parts or shared variables).
+#[derive(Debug)]
+pub struct Pulled<T> {
+    pub step: i64,
+    pub done: bool,
+    pub waited_micros: u64,
+    pub values: Option<T>,
 }
 
 type PullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PullVariablesReply, Status>> + Send>>;
@@ -854,6 +913,11 @@ impl PsService {
         Ok((task, reply))
     }
 
+    /// The size of the parts pulls are cut into.
+    pub fn part_bytes(&self) -> usize {
+        self.part_bytes
+    }
+
     /// Most gradient bytes one push may carry.
     pub fn max_push_bytes(&self) -> usize {
         self.store.max_push_bytes()
@@ -868,7 +932,7 @@ impl PsService {
         push: Option<proto::PushGradientsRequest>,
         parts: &[TensorPart],
         pull: Option<proto::PullVariablesRequest>,
-    ) -> Result<(Option<proto::PushGradientsReply>, Vec<proto::PullVariablesReply>), Status> {
+    ) -> Result<(Option<proto::PushGradientsReply>, Option<Pulled<Vec<SharedVariable>>>), Status> {
         if push.is_none() && !parts.is_empty() {
             return Err(Status::invalid_argument("push_parts without a push"));
         }
@@ -876,20 +940,44 @@ impl PsService {
             Some(p) => Some(self.apply_push(&p.task, p.step, p.push_id, parts)?),
             None => None,
         };
-        let Some(pull) = pull else { return Ok((pushed.map(|(_, r)| r), Vec::new())) };
+        let Some(pull) = pull else { return Ok((pushed.map(|(_, r)| r), None)) };
         // As in PushPull: a pull without a task is the pusher's.
         let task = match (&pull.task, &pushed) {
             (None, Some((t, _))) => Some(t.clone()),
             (t, _) => t.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index }),
         };
-        let replies = self.pull(&pull, task.as_ref()).await?;
-        Ok((pushed.map(|(_, r)| r), replies))
+        let pulled = self.pull_with(&pull, task.as_ref(), |store| store.shared_snapshot(&pull.names)).await?;
+        Ok((pushed.map(|(_, r)| r), Some(pulled)))
     }
 
     /// The replies of one pull: waits for `min_step` (the sync barrier) or
     /// initialisation when asked, then the variables' parts, at least one
     /// message. `task` is the caller (its lease is renewed).
     async fn pull(&self, req: &proto::PullVariablesRequest, task: Option<&TaskId>) -> Result<Vec<proto::PullVariablesReply>, Status> {
+        let pulled = self.pull_with(req, task, |store| store.snapshot(&req.names, self.part_bytes)).await?;
+        let (step, done, waited_micros) = (pulled.step, pulled.done, pulled.waited_micros);
+        let mut replies: Vec<proto::PullVariablesReply> = pulled
+            .values
+            .unwrap_or_default()
+            .into_iter()
+            .map(|part| proto::PullVariablesReply { step, done, part: Some(part), waited_micros })
+            .collect();
+        if replies.is_empty() {
+            replies.push(proto::PullVariablesReply { step, done, part: None, waited_micros });
+        }
+        Ok(replies)
+    }
+
+    /// A pull: waits for `min_step` (the sync barrier) or initialisation
+    /// when asked, then takes the values with `take` (none when training
+    /// ended before anything was initialised). `task` is the caller (its
+    /// lease is renewed; released when training is over).
+    async fn pull_with<T>(
+        &self,
+        req: &proto::PullVariablesRequest,
+        task: Option<&TaskId>,
+        take: impl FnOnce(&ParameterStore) -> Result<(Progress, T), StoreError>,
+    ) -> Result<Pulled<T>, Status> {
         let limit = match req.wait_timeout_ms {
             0 => self.default_wait,
             ms => Duration::from_millis(ms as u64),
@@ -907,21 +995,14 @@ impl PsService {
             if let Some(t) = task {
                 self.store.release(t);
             }
-            return Ok(vec![proto::PullVariablesReply { step: progress.step, done: true, part: None, waited_micros }]);
+            return Ok(Pulled { step: progress.step, done: true, waited_micros, values: None });
         }
-        let (progress, parts) = self.store.snapshot(&req.names, self.part_bytes)?;
+        let (progress, values) = take(&self.store)?;
         if progress.done
             && let Some(t) = task {
                 self.store.release(t);
             }
-        let mut replies: Vec<proto::PullVariablesReply> = parts
-            .into_iter()
-            .map(|part| proto::PullVariablesReply { step: progress.step, done: progress.done, part: Some(part), waited_micros })
-            .collect();
-        if replies.is_empty() {
-            replies.push(proto::PullVariablesReply { step: progress.step, done: progress.done, part: None, waited_micros });
-        }
-        Ok(replies)
+        Ok(Pulled { step: progress.step, done: progress.done, waited_micros, values: Some(values) })
     }
 }
 
@@ -1185,6 +1266,32 @@ mod tests {
         assert!(s.pending().is_empty());
     }
 
+    /// A tensor channel pull keeps the values of its step while it sends
+    /// them: an update meanwhile works on a copy; with no pull holding
+    /// them, the update is in place.
+    #[test]
+    fn shared_pulls_keep_the_values_of_their_step() {
+        let s = store(UpdateMode::Async, 1);
+        let worker = TaskId::new("worker", 0);
+        let grads = || vec![part("w", &[3], 0, &[1.0, 1.0, 1.0]), part("b", &[1], 0, &[1.0])];
+        let (p, shared) = s.shared_snapshot(&[]).unwrap();
+        assert_eq!(p.step, 0);
+        assert_eq!(shared.iter().map(|v| (v.name.as_str(), v.shape.clone())).collect::<Vec<_>>(), vec![("b", vec![1]), ("w", vec![3])]);
+        assert_eq!(*shared[1].values, vec![1.0, 2.0, 3.0]);
+        s.push(&worker, 0, 0, &grads()).unwrap();
+        assert_eq!(*shared[1].values, vec![1.0, 2.0, 3.0], "the pull in flight still sends step 0");
+        let now = s.values("w").unwrap();
+        assert_ne!(now, vec![1.0, 2.0, 3.0]);
+        let (p, again) = s.shared_snapshot(&["w".into()]).unwrap();
+        assert_eq!((p.step, again[0].values.to_vec()), (1, now));
+        let address = again[0].values.as_ptr();
+        drop((shared, again));
+        s.push(&worker, 1, 0, &grads()).unwrap();
+        let (_, last) = s.shared_snapshot(&["w".into()]).unwrap();
+        assert_eq!(last[0].values.as_ptr(), address, "nobody held it: updated in place");
+        assert!(matches!(s.shared_snapshot(&["nope".into()]), Err(StoreError::NotFound(_))));
+    }
+
     #[test]
     fn pulls() {
         let s = store(UpdateMode::Async, 1);
@@ -1199,6 +1306,7 @@ mod tests {
         assert!(matches!(s.snapshot(&["nope".into()], 8), Err(StoreError::NotFound(_))));
         let fresh = ParameterStore::new(PsConfig::new(0, 1, None));
         assert!(matches!(fresh.snapshot(&[], 8), Err(StoreError::FailedPrecondition(_))));
+        assert!(matches!(fresh.shared_snapshot(&[]), Err(StoreError::FailedPrecondition(_))));
         assert!(matches!(fresh.push(&TaskId::new("worker", 0), 0, 0, &[]), Err(StoreError::FailedPrecondition(_))));
     }
 

@@ -147,13 +147,24 @@ pub fn split_into_parts(
 /// part size: no buffer of the whole tensor is made (for a 100 MB tensor that
 /// would be a fresh mmap, page faults and zeroing on every call).
 pub fn encode_parts(name: &str, shape: &[i64], values: &[f32], part_bytes: usize) -> Vec<TensorPart> {
+    encode_parts_reusing(name, shape, values, part_bytes, Vec::new())
+}
+
+/// [`encode_parts`], writing into the buffers of `spare` (parts encoded
+/// earlier) where nothing else holds them any more.
+pub fn encode_parts_reusing(name: &str, shape: &[i64], values: &[f32], part_bytes: usize, spare: Vec<TensorPart>) -> Vec<TensorPart> {
     let per_part = (part_bytes / 4).max(1);
-    let part = |offset: usize, chunk: &[f32]| TensorPart {
-        name: name.to_string(),
-        dtype: DataType::DtFloat as i32,
-        shape: shape.to_vec(),
-        offset: offset as u64,
-        content: f32_to_bytes(chunk),
+    let mut buffers = spare.into_iter().filter_map(|p| p.content.try_into_mut().ok());
+    let mut part = |offset: usize, chunk: &[f32]| {
+        let mut buf = buffers.next().unwrap_or_default();
+        buf.clear();
+        buf.reserve(chunk.len() * 4);
+        if cfg!(target_endian = "little") {
+            buf.extend_from_slice(bytemuck::cast_slice(chunk));
+        } else {
+            chunk.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+        }
+        TensorPart { name: name.to_string(), dtype: DataType::DtFloat as i32, shape: shape.to_vec(), offset: offset as u64, content: buf.freeze() }
     };
     if values.is_empty() {
         return vec![part(0, values)];
@@ -321,6 +332,29 @@ mod tests {
             let shape = [n as i64];
             let split: Vec<_> = split_into_parts("v", &shape, f32_to_bytes(&values), part_bytes).collect();
             assert_eq!(encode_parts("v", &shape, &values, part_bytes), split, "n={n} part_bytes={part_bytes}");
+        }
+    }
+
+    /// Re-encoding into spare parts gives the same parts, in the spare
+    /// buffers where nothing else holds them, in new ones where a pull does.
+    #[test]
+    fn encoding_reuses_spare_buffers_nobody_holds() {
+        let shape = [10i64];
+        let old: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let new: Vec<f32> = (0..10).map(|i| -(i as f32)).collect();
+        for held in [false, true] {
+            let spare = encode_parts("v", &shape, &old, 16);
+            let addresses: Vec<*const u8> = spare.iter().map(|p| p.content.as_ptr()).collect();
+            let in_flight: Vec<Bytes> = if held { spare.iter().map(|p| p.content.clone()).collect() } else { vec![] };
+            let parts = encode_parts_reusing("v", &shape, &new, 16, spare);
+            assert_eq!(parts, encode_parts("v", &shape, &new, 16));
+            for (p, a) in parts.iter().zip(&addresses) {
+                assert_eq!(p.content.as_ptr() == *a, !held, "held by a pull: {held}");
+            }
+            // What a pull in flight holds is untouched.
+            for (b, p) in in_flight.iter().zip(encode_parts("v", &shape, &old, 16)) {
+                assert_eq!(b, &p.content);
+            }
         }
     }
 
