@@ -1052,8 +1052,9 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
 
 /// Bars without text (no system fonts needed): for each configuration, ours (blue) next to the
 /// TensorFlow reference (grey), with the target as a red tick. Left panel: MLP examples/s
-/// (single, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async); right panel: linear
-/// regression steps/s (single, 1ps+2w async, 1ps+2w sync). BENCHMARKS.md carries the legend.
+/// (single, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async); middle: linear regression
+/// global steps/s (1ps+2w async, 1ps+2w sync); right: ps bandwidth for 25M floats (tensor
+/// channel pull, push; gRPC pull, push; loopback TCP in grey). BENCHMARKS.md carries the legend.
 fn plot(rows: &[Row], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
@@ -1064,14 +1065,16 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
         (pick("mlp", "1ps+2w sync"), 2.0),
         (pick("mlp", "2ps+2w async"), 2.0),
     ];
+    // The single process's millions of steps/s are in the table: next to
+    // them the distributed bars would be flat on the axis.
     let lin: Vec<(Option<&Row>, Option<f64>)> = vec![
-        (pick("linear", "single process: steps/s"), None),
         (pick("linear", "1ps+2w async: global"), Some(6_700.0)),
         (pick("linear", "1ps+2w sync: global"), Some(3_000.0)),
     ];
-    let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (left, right) = root.split_horizontally(760);
+    let (left, rest) = root.split_horizontally(700);
+    let (right, ps_area) = rest.split_horizontally(300);
     let panel = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, bars: Vec<(f64, f64, Option<f64>)>| -> Result<()> {
         let (w, h) = area.dim_in_pixel();
         let (w, h) = (w as i32, h as i32);
@@ -1110,6 +1113,21 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
     panel(
         &right,
         lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect(),
+    )?;
+    // PS bandwidth, 25M floats: tensor channel pull and push (target tick at
+    // 0.6 x loopback), gRPC pull and push, and the loopback baseline in grey.
+    let ours = |prefix: &str| pick("ps", prefix).map_or(f64::NAN, |r| r.ours);
+    let loopback = pick("ps", "pull of a 25M").and_then(|r| r.baseline).unwrap_or(f64::NAN);
+    let target = loopback.is_finite().then_some(0.6 * loopback);
+    panel(
+        &ps_area,
+        vec![
+            (ours("pull of a 25M-float variable (1 ps)"), f64::NAN, target),
+            (ours("push of a 25M-float gradient (1 ps)"), f64::NAN, target),
+            (ours("pull of a 25M-float variable (1 ps, gRPC)"), f64::NAN, None),
+            (ours("push of a 25M-float gradient (1 ps, gRPC)"), f64::NAN, None),
+            (f64::NAN, loopback, None),
+        ],
     )?;
     root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     Ok(())
