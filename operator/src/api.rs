@@ -530,7 +530,7 @@ fn join_errors(errors: &[FieldError]) -> String {
 pub enum ManifestError {
     /// The text is not YAML/JSON.
     #[error("not valid YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_saphyr::Error),
     /// The document is not a TFJob.
     #[error("document {index}: expected apiVersion kubeflow.org/v1 and kind TFJob, found {found}")]
     NotATFJob {
@@ -1132,13 +1132,12 @@ pub type LoadedJob = Result<TFJob, ManifestError>;
 /// Documents that are not TFJobs are reported as errors; empty documents are skipped.
 pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
     let mut out = Vec::new();
-    for (index, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(de)?;
-        if value.is_null() {
+    // Empty documents (`---` alone, comments only) are skipped by the parser and here.
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(text)?;
+    for (index, json) in documents.into_iter().enumerate() {
+        if json.is_null() {
             continue;
         }
-        let json: serde_json::Value = serde_json::to_value(&value)
-            .map_err(|e| <serde_yaml::Error as serde::de::Error>::custom(e.to_string()))?;
         let api_version = json
             .get("apiVersion")
             .and_then(|v| v.as_str())
@@ -1163,6 +1162,17 @@ pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
     Ok(out)
 }
 
+/// YAML text of a value as `tfjob` writes it (`tfjob crd`, `tfjob render`, `status.yaml`): block
+/// style, multi-line strings as literal blocks, every other string on one line (no folded `>-`
+/// scalars, so a line of the output can be searched for a whole message), and strings that
+/// YAML 1.1 readers such as kubectl would take for booleans or numbers quoted.
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, serde_saphyr::SerializeError> {
+    let mut options = serde_saphyr::SerializerOptions::default();
+    // Multi-line strings stay literal blocks (`|`); no single-line string is long enough to fold.
+    options.folded_wrap_chars = usize::MAX;
+    serde_saphyr::to_string_with_options(value, options)
+}
+
 impl TFJob {
     /// The job's name (empty when unset).
     pub fn name(&self) -> &str {
@@ -1181,7 +1191,7 @@ mod tests {
     use kube::CustomResourceExt;
 
     fn job(yaml: &str) -> serde_json::Value {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     const VALID: &str = r#"
@@ -1611,5 +1621,69 @@ spec:
         assert_eq!(rp["properties"]["cleanPodPolicy"]["default"], "Running");
         assert_eq!(crd["spec"]["names"]["plural"], "tfjobs");
         assert_eq!(crd["spec"]["scope"], "Namespaced");
+    }
+
+    /// The YAML library (serde-saphyr) as manifests use it: several documents, empty ones and
+    /// comment-only ones skipped, quoted numbers and booleans kept as strings, and a syntax
+    /// error reported with its position.
+    #[test]
+    fn manifests_load_as_yaml_streams() {
+        let job = |name: &str| {
+            format!(
+                "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: {name}}}\nspec:\n  \
+                 tfReplicaSpecs:\n    Worker:\n      template:\n        spec:\n          \
+                 containers: [{{name: tensorflow, image: img, args: ['on', \"yes\", '1']}}]\n"
+            )
+        };
+        let cases: Vec<(String, Vec<&str>)> = vec![
+            (job("a"), vec!["a"]),
+            (
+                format!("---\n{}---\n# only a comment\n---\n{}", job("a"), job("b")),
+                vec!["a", "b"],
+            ),
+            ("# nothing but a comment\n".into(), vec![]),
+            ("".into(), vec![]),
+        ];
+        for (text, names) in cases {
+            let jobs: Vec<TFJob> = load_manifest(&text)
+                .unwrap_or_else(|e| panic!("{text}: {e}"))
+                .into_iter()
+                .map(|j| j.unwrap())
+                .collect();
+            assert_eq!(
+                jobs.iter().map(TFJob::name).collect::<Vec<_>>(),
+                names,
+                "{text}"
+            );
+            for j in &jobs {
+                let args = &j.spec.tf_replica_specs["Worker"]
+                    .template
+                    .spec
+                    .as_ref()
+                    .unwrap()
+                    .containers[0]
+                    .args;
+                assert_eq!(
+                    args.as_deref(),
+                    Some(&["on".to_string(), "yes".into(), "1".into()][..])
+                );
+            }
+        }
+        let err = load_manifest("kind: TFJob\nmetadata: {name: [\n").unwrap_err();
+        assert!(matches!(err, ManifestError::Yaml(_)), "{err}");
+        assert!(err.to_string().contains("line"), "{err}");
+        // What `tfjob render` writes reads back the same, strings that look like other types
+        // included.
+        let value =
+            serde_json::json!({"a": "on", "b": "1", "c": "null", "d": "", "e": "x: y", "f": 1.5});
+        let text = to_yaml(&value).unwrap();
+        assert_eq!(
+            serde_saphyr::from_str::<serde_json::Value>(&text).unwrap(),
+            value,
+            "{text}"
+        );
+        let long = "x ".repeat(100);
+        assert_eq!(to_yaml(&long).unwrap().lines().count(), 1);
+        assert_eq!(to_yaml(&"a\nb").unwrap(), "|-\n  a\n  b\n");
     }
 }

@@ -818,7 +818,7 @@ mod tests {
     use crate::api::parse_and_validate;
 
     fn job(yaml: &str) -> TFJob {
-        parse_and_validate(serde_yaml::from_str(yaml).unwrap()).unwrap()
+        parse_and_validate(serde_saphyr::from_str(yaml).unwrap()).unwrap()
     }
 
     fn mnist(extra_spec: &str, types: &[(&str, i32)]) -> TFJob {

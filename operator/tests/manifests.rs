@@ -46,9 +46,7 @@ fn check_render(path: &Path) {
         .into_iter()
         .map(|j| j.unwrap())
         .collect();
-    let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&out)
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&out).unwrap();
     let pods: Vec<_> = docs.iter().filter(|d| d["kind"] == "Pod").collect();
     let expected_pods: i32 = jobs
         .iter()
@@ -224,10 +222,20 @@ fn cli_render_and_crd() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains(
-        r#"{"cluster":{"ps":["linear-ps-0.linear.team.svc.cluster.local:2222"],"worker":["linear-worker-0.linear.team.svc.cluster.local:2222","linear-worker-1.linear.team.svc.cluster.local:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#
-    ), "{text}");
-    assert!(text.contains("publishNotReadyAddresses: true"));
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let pod = docs
+        .iter()
+        .find(|d| d["kind"] == "Pod" && d["metadata"]["name"] == "linear-worker-1")
+        .unwrap_or_else(|| panic!("no pod linear-worker-1 in\n{text}"));
+    let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+    let tf_config = env.iter().find(|e| e["name"] == "TF_CONFIG").unwrap();
+    assert_eq!(
+        tf_config["value"],
+        r#"{"cluster":{"ps":["linear-ps-0.linear.team.svc.cluster.local:2222"],"worker":["linear-worker-0.linear.team.svc.cluster.local:2222","linear-worker-1.linear.team.svc.cluster.local:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#,
+        "{text}"
+    );
+    let service = docs.iter().find(|d| d["kind"] == "Service").unwrap();
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true, "{text}");
 
     let out = tfjob().arg("crd").output().unwrap();
     assert!(out.status.success());

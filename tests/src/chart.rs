@@ -122,22 +122,16 @@ pub fn apply_rbac(
     })
 }
 
-/// The documents of a multi-document YAML stream (empty documents skipped).
-pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
-    use serde::Deserialize;
-    let mut docs = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
-        let v = serde_yaml::Value::deserialize(de).with_context(|| format!("YAML document {i}"))?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+/// The documents of a multi-document YAML stream, as JSON values (empty documents skipped).
+pub fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(yaml).context("parsing a YAML stream")?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
 fn service_account_name(manifest: &str) -> Result<String> {
     let docs = documents(manifest)?;
-    let sas: Vec<&serde_yaml::Value> = docs
+    let sas: Vec<&serde_json::Value> = docs
         .iter()
         .filter(|d| d["kind"].as_str() == Some("ServiceAccount"))
         .collect();

@@ -153,14 +153,7 @@ pub fn operator_rbac(cp: &ControlPlane, namespace: &str) -> Result<String> {
 
 /// The YAML documents of a multi-document manifest, as JSON values (empty documents skipped).
 pub fn yaml_documents(manifest: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(manifest) {
-        let v: Value = serde::Deserialize::deserialize(doc).context("parsing YAML")?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    crate::chart::documents(manifest)
 }
 
 /// How the chart configures one environment variable of the operator container.

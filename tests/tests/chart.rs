@@ -212,7 +212,6 @@ fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T> {
 fn parse(yaml: &str) -> Result<Rendered> {
     let mut r = Rendered::default();
     for doc in chart::documents(yaml)? {
-        let doc: Value = serde_json::to_value(&doc)?;
         let kind = doc["kind"]
             .as_str()
             .context("document without kind")?
@@ -375,7 +374,7 @@ fn leader_election_grants(r: &Rendered) -> Result<Option<BTreeSet<Grant>>> {
 
 fn chart_app_version() -> Result<String> {
     let text = std::fs::read_to_string(chart_dir().join("Chart.yaml"))?;
-    let v: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let v: Value = serde_saphyr::from_str(&text)?;
     Ok(v["appVersion"]
         .as_str()
         .context("Chart.yaml has no appVersion")?

@@ -188,7 +188,7 @@ fn dynamic_workers_train_in_every_shape() -> Result<()> {
     ];
     for (name, replicas, extra, chief) in cases {
         let dir = tempfile::tempdir()?;
-        let mut args: Vec<String> = serde_yaml::from_str(extra)?;
+        let mut args: Vec<String> = serde_saphyr::from_str(extra)?;
         args.extend(["--model=linear", "--learning_rate=0.01", "--num_epochs=60", "--log_every_steps=500"].map(String::from));
         let args = serde_json::to_string(&args)?;
         let cmd = r#"["tfjob-runtime"]"#;

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::jiff::Timestamp;
-use serde_yaml::Value;
+use serde_json::Value;
 use tfjob_operator::api::{self, ReplicaType, TFJob, TFJobStatus};
 use tfjob_operator::plan;
 use tfjob_operator::status::{self, Action, Observation, ObservedReplica, Phase};
@@ -37,7 +37,7 @@ fn script() -> Result<String> {
 }
 
 fn yaml(path: &Path) -> Result<Value> {
-    serde_yaml::from_str(&read(path)?).with_context(|| format!("parsing {}", path.display()))
+    serde_saphyr::from_str(&read(path)?).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// The value of the one `NAME=value` line of the script (quotes removed).
@@ -193,7 +193,7 @@ fn the_workflow_runs_the_script_with_pinned_tools_and_keeps_its_dump() -> Result
         env["KUBECTL_VERSION"]
     );
 
-    let steps = job["steps"].as_sequence().context("no steps")?;
+    let steps = job["steps"].as_array().context("no steps")?;
     let run = steps
         .iter()
         .find(|s| {
@@ -238,7 +238,7 @@ fn the_kind_config_parses() -> Result<()> {
     ensure!(config["kind"] == "Cluster", "kind: {:?}", config["kind"]);
     ensure!(config["apiVersion"] == "kind.x-k8s.io/v1alpha4");
     let roles: Vec<&str> = config["nodes"]
-        .as_sequence()
+        .as_array()
         .context("no nodes")?
         .iter()
         .filter_map(|n| n["role"].as_str())
@@ -298,12 +298,12 @@ fn the_images_it_builds_are_the_ones_the_chart_and_the_manifests_run() -> Result
     for path in applied_manifests(&text)? {
         let doc = yaml(&path)?;
         let specs = doc["spec"]["tfReplicaSpecs"]
-            .as_mapping()
+            .as_object()
             .with_context(|| format!("{}: no tfReplicaSpecs", path.display()))?;
         for (rtype, spec) in specs {
-            let rtype = rtype.as_str().unwrap_or("?");
+            let rtype = rtype.as_str();
             let containers = spec["template"]["spec"]["containers"]
-                .as_sequence()
+                .as_array()
                 .with_context(|| format!("{}: {rtype} has no containers", path.display()))?;
             for c in containers {
                 ensure!(

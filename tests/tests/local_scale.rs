@@ -16,18 +16,18 @@ use tfjob_tests::operator::{eventually, repo_root};
 /// replica marked with `marker` in its environment.
 fn long_linreg_async(marker: &str) -> Result<String> {
     let text = std::fs::read_to_string(repo_root().join("examples/linreg-async.yaml"))?;
-    let mut job: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let mut job: Value = serde_saphyr::from_str(&text)?;
     for rtype in ["PS", "Worker"] {
         let container = &mut job["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0];
-        let args = container["args"].as_sequence_mut().context("the example's args")?;
+        let args = container["args"].as_array_mut().context("the example's args")?;
         for arg in args.iter_mut() {
             if arg.as_str().is_some_and(|a| a.starts_with("--train_steps=")) {
                 *arg = "--train_steps=1000000000".into();
             }
         }
-        container["env"] = serde_yaml::from_str(&format!("[{{name: TFJOB_TEST_MARK, value: {marker}}}]"))?;
+        container["env"] = serde_saphyr::from_str(&format!("[{{name: TFJOB_TEST_MARK, value: {marker}}}]"))?;
     }
-    Ok(serde_yaml::to_string(&job)?)
+    Ok(serde_saphyr::to_string(&job)?)
 }
 
 fn ids(tasks: &[(&str, i64)]) -> Vec<(String, i64)> {
@@ -118,7 +118,7 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(marked_replicas(&marker).keys().cloned().collect::<Vec<_>>(), ids(&[("ps", 0), ("worker", 0)]));
-        let status: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(run_dir.join("status.yaml"))?)?;
+        let status: Value = serde_saphyr::from_str(&std::fs::read_to_string(run_dir.join("status.yaml"))?)?;
         assert_eq!(status["status"]["replicaStatuses"]["Worker"]["replicas"].as_i64(), Some(1), "{status:?}");
         Ok(())
     })();

@@ -372,7 +372,7 @@ mod tests {
             let (t, n) = t.split_once('=').unwrap();
             y.push_str(&format!("    {t}: {{replicas: {n}, template: {{spec: {{containers: [{{name: tensorflow, image: x}}]}}}}}}\n"));
         }
-        api::parse_and_validate(serde_yaml::from_str(&y).unwrap()).unwrap()
+        api::parse_and_validate(serde_saphyr::from_str(&y).unwrap()).unwrap()
     }
 
     fn workers(j: &TFJob) -> i32 {

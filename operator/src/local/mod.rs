@@ -385,7 +385,7 @@ fn terminal(status: &TFJobStatus) -> Option<(bool, String, String)> {
 
 /// Writes the status as YAML (the TFJob's `status` as the cluster would show it).
 fn write_status(run_dir: &Path, status: &TFJobStatus) {
-    let yaml = serde_yaml::to_string(&serde_json::json!({ "status": status })).unwrap_or_default();
+    let yaml = crate::api::to_yaml(&serde_json::json!({ "status": status })).unwrap_or_default();
     let tmp = run_dir.join(".status.yaml.tmp");
     if std::fs::write(&tmp, yaml).is_ok() {
         let _ = std::fs::rename(&tmp, run_dir.join("status.yaml"));

@@ -858,7 +858,7 @@ fn job_yaml(name: &str, replicas: usize) -> String {
 }
 
 fn parse_job(name: &str, replicas: usize) -> Result<tfjob_operator::api::TFJob> {
-    let doc: serde_json::Value = serde_yaml::from_str(&job_yaml(name, replicas))?;
+    let doc: serde_json::Value = serde_saphyr::from_str(&job_yaml(name, replicas))?;
     tfjob_operator::api::parse_and_validate(doc).map_err(|e| anyhow::anyhow!("{e:?}"))
 }
 
