@@ -528,9 +528,9 @@ fn join_errors(errors: &[FieldError]) -> String {
 /// Errors of loading a manifest.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    /// The text is not YAML/JSON.
+    /// The text is not YAML/JSON (boxed: the parser's error is large).
     #[error("not valid YAML: {0}")]
-    Yaml(#[from] serde_saphyr::Error),
+    Yaml(Box<serde_saphyr::Error>),
     /// The document is not a TFJob.
     #[error("document {index}: expected apiVersion kubeflow.org/v1 and kind TFJob, found {found}")]
     NotATFJob {
@@ -547,6 +547,12 @@ pub enum ManifestError {
         /// Every problem found.
         errors: ValidationErrors,
     },
+}
+
+impl From<serde_saphyr::Error> for ManifestError {
+    fn from(e: serde_saphyr::Error) -> Self {
+        ManifestError::Yaml(Box::new(e))
+    }
 }
 
 /// Maximum length of a DNS label.

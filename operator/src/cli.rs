@@ -1,4 +1,5 @@
-//! The `tfjob` command: `crd`, `validate`, `render`, `operator`, `run` and `scale`.
+//! The `tfjob` command: `crd`, `validate`, `render`, `operator`, `run`, `scale`, `status`,
+//! `logs` and `completions`. Commands whose output is data take `-o yaml|json`.
 //!
 //! Each subcommand is a variant of [`Command`] with its own argument struct and a function that
 //! runs it; adding a subcommand means adding a variant and a match arm in [`run`].
@@ -7,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use kube::CustomResourceExt;
 
 use crate::api::{self, ManifestError, TFJob};
@@ -29,11 +30,12 @@ pub struct Cli {
 /// Subcommands of `tfjob`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print the TFJob CustomResourceDefinition as YAML.
-    Crd,
+    /// Print the TFJob CustomResourceDefinition (YAML, or `-o json`).
+    Crd(CrdArgs),
     /// Validate TFJob manifests; report every problem, exit non-zero if any.
     Validate(ValidateArgs),
-    /// Print, as YAML, the objects the controller would create for a manifest.
+    /// Print the objects the controller would create for a manifest (YAML, or `-o json`: a
+    /// `List`).
     Render(RenderArgs),
     /// Run the Kubernetes controller.
     Operator(crate::kube::OperatorArgs),
@@ -42,6 +44,80 @@ pub enum Command {
     Run(RunArgs),
     /// Scale the workers of a running `tfjob run`: `tfjob scale RUN_DIR_OR_JOB_NAME Worker=N`.
     Scale(ScaleArgs),
+    /// Print the status of a `tfjob run` (its run directory, or a job's latest run).
+    Status(StatusArgs),
+    /// Print the replicas' logs of a `tfjob run`; `-f` follows them until the run ends.
+    Logs(LogsArgs),
+    /// Print a shell completion script: `tfjob completions bash > /etc/bash_completion.d/tfjob`,
+    /// `tfjob completions zsh > "${fpath[1]}/_tfjob"`, `tfjob completions fish >
+    /// ~/.config/fish/completions/tfjob.fish`.
+    Completions(CompletionsArgs),
+}
+
+/// How a command prints data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// YAML.
+    Yaml,
+    /// JSON (indented).
+    Json,
+}
+
+impl Output {
+    /// `value` in this format, ending with a newline.
+    pub fn format<T: serde::Serialize>(self, value: &T) -> Result<String, CliError> {
+        let text = match self {
+            Output::Yaml => api::to_yaml(value).map_err(|e| CliError::Output(e.to_string()))?,
+            Output::Json => {
+                serde_json::to_string_pretty(value).map_err(|e| CliError::Output(e.to_string()))?
+            }
+        };
+        Ok(if text.ends_with('\n') {
+            text
+        } else {
+            text + "\n"
+        })
+    }
+}
+
+/// Arguments of `tfjob crd`.
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "yaml")]
+    pub output: Output,
+}
+
+/// Arguments of `tfjob status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The run: its run directory, or the name of its TFJob for the latest run of that job.
+    #[arg(value_name = "RUN_DIR_OR_JOB_NAME")]
+    pub run: String,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "yaml")]
+    pub output: Output,
+}
+
+/// Arguments of `tfjob logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The run: its run directory, or the name of its TFJob for the latest run of that job.
+    #[arg(value_name = "RUN_DIR_OR_JOB_NAME")]
+    pub run: String,
+    /// One replica (`worker-0`, `ps-1`, ...); every replica, each line prefixed, when absent.
+    pub replica: Option<String>,
+    /// Keep printing new lines until the run ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+/// Arguments of `tfjob completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Arguments of `tfjob scale`.
@@ -89,6 +165,10 @@ pub struct ValidateArgs {
     /// Manifest files (YAML, possibly several documents each; `-` for stdin).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// Print the result as data (one entry per file: `file`, `valid`, `problems`) instead of
+    /// lines; the exit code is the same.
+    #[arg(long, short = 'o', value_enum)]
+    pub output: Option<Output>,
 }
 
 /// Arguments of `tfjob render`.
@@ -105,6 +185,9 @@ pub struct RenderArgs {
     /// Gang scheduler (`volcano` or a scheduler-plugins scheduler name).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value = "yaml")]
+    pub output: Output,
 }
 
 /// Errors of the CLI.
@@ -154,41 +237,69 @@ pub fn crd_yaml() -> String {
     out
 }
 
+/// The validation of one file, as `tfjob validate -o json|yaml` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileValidation {
+    /// The file as given.
+    pub file: String,
+    /// Whether it holds TFJobs and they are all valid.
+    pub valid: bool,
+    /// Every problem, one line each (as `tfjob validate` prints them).
+    pub problems: Vec<String>,
+}
+
 /// Validates the files; returns one line per problem (empty when everything is valid).
 pub fn validate_files(files: &[PathBuf]) -> Vec<String> {
-    let mut problems = Vec::new();
-    for path in files {
-        let shown = path.display().to_string();
-        let text = match read(path) {
-            Ok(t) => t,
-            Err(e) => {
-                problems.push(e.to_string());
-                continue;
+    validate_each(files)
+        .into_iter()
+        .flat_map(|f| f.problems)
+        .collect()
+}
+
+/// Validates each file.
+pub fn validate_each(files: &[PathBuf]) -> Vec<FileValidation> {
+    files
+        .iter()
+        .map(|path| {
+            let problems = validate_file(path);
+            FileValidation {
+                file: path.display().to_string(),
+                valid: problems.is_empty(),
+                problems,
             }
-        };
-        match api::load_manifest(&text) {
-            Err(e) => problems.push(format!("{shown}: {e}")),
-            Ok(docs) if docs.is_empty() => problems.push(CliError::Empty(shown).to_string()),
-            Ok(docs) => {
-                for doc in docs {
-                    match doc {
-                        Ok(_) => {}
-                        Err(ManifestError::Invalid { name, errors }) => {
-                            for e in errors.0 {
-                                problems.push(format!("{shown}: TFJob {name}: {e}"));
-                            }
-                        }
-                        Err(e) => problems.push(format!("{shown}: {e}")),
-                    }
+        })
+        .collect()
+}
+
+fn validate_file(path: &Path) -> Vec<String> {
+    let shown = path.display().to_string();
+    let text = match read(path) {
+        Ok(t) => t,
+        Err(e) => return vec![e.to_string()],
+    };
+    let docs = match api::load_manifest(&text) {
+        Err(e) => return vec![format!("{shown}: {e}")],
+        Ok(docs) if docs.is_empty() => return vec![CliError::Empty(shown).to_string()],
+        Ok(docs) => docs,
+    };
+    let mut problems = Vec::new();
+    for doc in docs {
+        match doc {
+            Ok(_) => {}
+            Err(ManifestError::Invalid { name, errors }) => {
+                for e in errors.0 {
+                    problems.push(format!("{shown}: TFJob {name}: {e}"));
                 }
             }
+            Err(e) => problems.push(format!("{shown}: {e}")),
         }
     }
     problems
 }
 
 /// Renders the objects the controller would create for every TFJob in `text`, as multi-document
-/// YAML. The token is random, as in the cluster.
+/// YAML (or, with `-o json`, a `v1` `List` as `kubectl get -o json` prints several objects).
+/// The token is random, as in the cluster.
 pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, CliError> {
     let docs = api::load_manifest(text).map_err(|source| CliError::Manifest {
         path: path.to_string(),
@@ -204,7 +315,7 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
             .as_deref()
             .and_then(GangScheduler::from_setting),
     };
-    let mut out = String::new();
+    let mut all: Vec<serde_json::Value> = Vec::new();
     for doc in docs {
         let mut job = doc.map_err(|source| CliError::Manifest {
             path: path.to_string(),
@@ -235,10 +346,16 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
         if let Some(pg) = objects.pod_group {
             values.push(pg);
         }
-        for v in values {
-            out.push_str("---\n");
-            out.push_str(&crate::api::to_yaml(&v).map_err(|e| CliError::Output(e.to_string()))?);
-        }
+        all.extend(values);
+    }
+    if args.output == Output::Json {
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": all});
+        return Output::Json.format(&list);
+    }
+    let mut out = String::new();
+    for v in all {
+        out.push_str("---\n");
+        out.push_str(&Output::Yaml.format(&v)?);
     }
     Ok(out)
 }
@@ -279,9 +396,20 @@ fn scale(args: &ScaleArgs) -> ExitCode {
 /// Runs the command line.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Crd => {
-            print!("{}", crd_yaml());
-            ExitCode::SUCCESS
+        Command::Crd(args) => match args.output {
+            Output::Yaml => print_out(Ok(crd_yaml())),
+            Output::Json => print_out(Output::Json.format(&TFJob::crd())),
+        },
+        Command::Validate(ValidateArgs {
+            files,
+            output: Some(output),
+        }) => {
+            let results = validate_each(&files);
+            let valid = results.iter().all(|r| r.valid);
+            match print_out(output.format(&results)) {
+                ExitCode::SUCCESS if valid => ExitCode::SUCCESS,
+                _ => ExitCode::FAILURE,
+            }
         }
         Command::Validate(args) => {
             let problems = validate_files(&args.files);
@@ -298,24 +426,10 @@ pub fn run(cli: Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Command::Render(args) => {
-            let result = read(&args.file)
-                .and_then(|text| render_text(&text, &args.file.display().to_string(), &args));
-            match result {
-                Ok(yaml) => {
-                    let mut stdout = std::io::stdout().lock();
-                    if let Err(e) = stdout.write_all(yaml.as_bytes()) {
-                        eprintln!("error: {}", CliError::Output(e.to_string()));
-                        return ExitCode::FAILURE;
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Render(args) => print_out(
+            read(&args.file)
+                .and_then(|text| render_text(&text, &args.file.display().to_string(), &args)),
+        ),
         Command::Operator(args) => crate::kube::run_operator(args),
         Command::Run(args) => {
             let opts = crate::local::RunOptions {
@@ -333,5 +447,56 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Scale(args) => scale(&args),
+        Command::Status(args) => print_out(run_status(&args.run, args.output)),
+        Command::Logs(args) => {
+            let mut stdout = std::io::stdout().lock();
+            match crate::local::logs::show(
+                &args.run,
+                args.replica.as_deref(),
+                args.follow,
+                &mut stdout,
+            ) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tfjob logs: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Completions(args) => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "tfjob", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
+}
+
+/// Writes a command's output to stdout, or its error to stderr (exit code 1).
+fn print_out(text: Result<String, CliError>) -> ExitCode {
+    let written = text.and_then(|t| {
+        std::io::stdout()
+            .lock()
+            .write_all(t.as_bytes())
+            .map_err(|e| CliError::Output(e.to_string()))
+    });
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The status of a `tfjob run` (`status.yaml` of its run directory) in `output`'s format: the
+/// job's conditions, replica counts and times, as `kubectl get tfjob -o yaml` shows `status`.
+pub fn run_status(run: &str, output: Output) -> Result<String, CliError> {
+    use crate::local::control;
+    let dir = control::resolve_run_dir(run, &control::runs_root())
+        .map_err(|e| CliError::Output(e.to_string()))?;
+    let path = dir.join("status.yaml");
+    let text = read(&path)?;
+    let status: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| CliError::Output(format!("{}: {e}", path.display())))?;
+    output.format(&status)
 }

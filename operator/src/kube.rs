@@ -3,10 +3,9 @@
 //! server-side apply, writes status through the status subresource, emits Events, and serves
 //! `/metrics`, `/healthz` and `/readyz`. Leader election uses a `coordination.k8s.io` Lease.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -20,13 +19,12 @@ use kube::api::{
 };
 use kube::runtime::controller::{Action as CtrlAction, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::{self, TFJob, TFJobStatus};
+use crate::metrics::{JobEvent, Metrics};
 use crate::plan::{self, GangScheduler, PlanOptions};
 use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase};
 
@@ -79,101 +77,6 @@ fn kerr(op: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-/// Prometheus metrics of the operator.
-#[derive(Default)]
-pub struct Metrics {
-    reconciles: AtomicU64,
-    restarts: AtomicU64,
-    duration_buckets: [AtomicU64; BUCKETS.len()],
-    duration_sum_micros: AtomicU64,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
-    store: Mutex<Option<Store<TFJob>>>,
-}
-
-const BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
-
-impl Metrics {
-    fn observe(&self, d: Duration) {
-        self.reconciles.fetch_add(1, Ordering::Relaxed);
-        self.duration_sum_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-        let secs = d.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                self.duration_buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn error(&self, category: &'static str) {
-        if let Ok(mut m) = self.errors.lock() {
-            *m.entry(category).or_default() += 1;
-        }
-    }
-
-    /// The metrics in Prometheus text format.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        out.push_str(
-            "# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n",
-        );
-        let mut phases: BTreeMap<String, u64> = [
-            "Created",
-            "Running",
-            "Restarting",
-            "Succeeded",
-            "Suspended",
-            "Failed",
-        ]
-        .iter()
-        .map(|p| (p.to_string(), 0))
-        .collect();
-        if let Ok(store) = self.store.lock()
-            && let Some(store) = store.as_ref()
-        {
-            for job in store.state() {
-                let status = job.status.clone().unwrap_or_default();
-                *phases
-                    .entry(status::job_phase(&status).to_string())
-                    .or_default() += 1;
-            }
-        }
-        for (p, n) in phases {
-            out.push_str(&format!("tfjob_jobs{{phase=\"{p}\"}} {n}\n"));
-        }
-        let count = self.reconciles.load(Ordering::Relaxed);
-        out.push_str("# HELP tfjob_reconcile_duration_seconds Duration of reconciliations.\n# TYPE tfjob_reconcile_duration_seconds histogram\n");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            out.push_str(&format!(
-                "tfjob_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}\n",
-                self.duration_buckets[i].load(Ordering::Relaxed)
-            ));
-        }
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"
-        ));
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_sum {}\n",
-            self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        ));
-        out.push_str(&format!("tfjob_reconcile_duration_seconds_count {count}\n"));
-        out.push_str("# HELP tfjob_restarts_total Replicas recreated after a failure.\n# TYPE tfjob_restarts_total counter\n");
-        out.push_str(&format!(
-            "tfjob_restarts_total {}\n",
-            self.restarts.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP tfjob_reconcile_errors_total Reconciliation errors by category.\n# TYPE tfjob_reconcile_errors_total counter\n");
-        if let Ok(m) = self.errors.lock() {
-            for (c, n) in m.iter() {
-                out.push_str(&format!(
-                    "tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"
-                ));
-            }
-        }
-        out
-    }
 }
 
 /// Shared state of the reconciler.
@@ -325,7 +228,7 @@ async fn publish(
 pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction, Error> {
     let started = Instant::now();
     let result = reconcile_inner(&job, &ctx).await;
-    ctx.metrics.observe(started.elapsed());
+    ctx.metrics.reconciled(started.elapsed());
     result
 }
 
@@ -456,7 +359,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
             }
             Action::DeleteReplica { name: pod } | Action::RecreateReplica { name: pod, .. } => {
                 if matches!(action, Action::RecreateReplica { .. }) {
-                    ctx.metrics.restarts.fetch_add(1, Ordering::Relaxed);
+                    ctx.metrics.replica_recreated();
                 }
                 match pods_api.delete(pod, &DeleteParams::default()).await {
                     Ok(_) => {
@@ -489,6 +392,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                     Err(e) if is_status(&e, 404) => {}
                     Err(e) => return Err(kerr("delete job")(e)),
                 }
+                ctx.metrics.job(&ns, JobEvent::Deleted);
                 job_deleted = true;
             }
         }
@@ -529,6 +433,9 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 return Ok(CtrlAction::requeue(Duration::from_millis(200)));
             }
             Err(e) => return Err(kerr("patch status")(e)),
+        }
+        for event in crate::metrics::job_events(&old_status, &outcome.status) {
+            ctx.metrics.job(&ns, event);
         }
     }
     for (kind, reason, message) in job_events {
@@ -608,10 +515,24 @@ pub struct OperatorArgs {
     pub lease_name: String,
 }
 
+/// Whether log lines get terminal colours: only when stderr is a terminal and `NO_COLOR`
+/// (no-color.org) is unset or empty. Under `kubectl logs`, a file or a pipe, plain text.
+pub fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 fn init_logging(args: &OperatorArgs) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let colours = log_colours(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colours);
     let _ = if args.log_format == "json" {
         builder.json().try_init()
     } else {
@@ -704,6 +625,10 @@ pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<(), O
 }
 
 async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        "tfjob operator starting"
+    );
     let client = Client::try_default()
         .await
         .map_err(OperatorError::Connect)?;
@@ -724,7 +649,11 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
             source,
         })?;
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz, /readyz");
-    let server = tokio::spawn(serve_http(listener, ctx.metrics.clone(), ready.clone()));
+    let server = tokio::spawn(crate::metrics::serve(
+        listener,
+        ctx.metrics.clone(),
+        ready.clone(),
+    ));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -774,9 +703,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     }
 
     let controller = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
-    if let Ok(mut s) = ctx.metrics.store.lock() {
-        *s = Some(controller.store());
-    }
+    ctx.metrics.watch_jobs(controller.store());
     let stop = wait_stop();
     let lost = async move {
         match lost_leadership {
@@ -842,56 +769,6 @@ pub fn build_controller(
         .owns(api::<Service>(&client, namespace), owned.clone())
         .owns(api::<Secret>(&client, namespace), owned)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (code, body, ctype) = http_response(path, &metrics, ready.load(Ordering::SeqCst));
-            let resp = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
-}
-
-/// Status line, body and content type for a path of the health/metrics server.
-pub fn http_response(
-    path: &str,
-    metrics: &Metrics,
-    ready: bool,
-) -> (&'static str, String, &'static str) {
-    match path {
-        "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
-        "/healthz" => ("200 OK", "ok\n".into(), "text/plain"),
-        "/readyz" if ready => ("200 OK", "ok\n".into(), "text/plain"),
-        "/readyz" => (
-            "503 Service Unavailable",
-            "not ready\n".into(),
-            "text/plain",
-        ),
-        _ => ("404 Not Found", "not found\n".into(), "text/plain"),
-    }
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease.
@@ -1020,6 +897,25 @@ impl LeaderElector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        let cases: [(bool, Option<&OsStr>, bool); 5] = [
+            (true, None, true),
+            (true, Some(OsStr::new("")), true),
+            (true, Some(OsStr::new("1")), false),
+            (false, None, false),
+            (false, Some(OsStr::new("")), false),
+        ];
+        for (terminal, no_color, want) in cases {
+            assert_eq!(
+                log_colours(terminal, no_color),
+                want,
+                "{terminal} {no_color:?}"
+            );
+        }
+    }
 
     #[test]
     fn status_writes_are_conditional_on_the_version_they_were_computed_from() {

@@ -7,11 +7,13 @@
 //! - [`status`]: pure state machine: observed replicas in, new status and actions out
 //!   (entry point: [`status::reconcile_status`]).
 //! - [`kube`]: the Kubernetes controller that executes plans and status actions.
+//! - [`metrics`]: the controller's Prometheus metrics and HTTP endpoints.
 //! - [`cli`]: the `tfjob` command.
 
 pub mod api;
 pub mod cli;
 pub mod kube;
 pub mod local;
+pub mod metrics;
 pub mod plan;
 pub mod status;

@@ -577,16 +577,58 @@ async fn metrics_and_health() {
     h.set_pod("x-worker-0", "Failed", Some(1), 0);
     h.reconcile("x").await;
     let text = h.ctx.metrics.render();
+    let samples = exposition(&text);
+    let sample = |name: &str, labels: &str| {
+        samples
+            .iter()
+            .find(|(n, l, _)| n == name && l == labels)
+            .map(|(_, _, v)| *v)
+            .unwrap_or_else(|| panic!("no sample {name}{{{labels}}} in\n{text}"))
+    };
+    assert_eq!(sample("tfjob_reconcile_duration_seconds_count", ""), 2.0);
+    assert_eq!(sample("tfjob_restarts_total", ""), 1.0);
+    assert_eq!(sample("tfjob_jobs", r#"phase="Running""#), 0.0);
+    // Kubeflow's counters: the job was created, then restarted its worker.
+    let kubeflow = r#"job_namespace="ns",framework="tensorflow""#;
+    assert_eq!(sample("training_operator_jobs_created_total", kubeflow), 1.0);
+    assert_eq!(sample("training_operator_jobs_restarted_total", kubeflow), 1.0);
+    // Reconciling again from the same observation counts nothing twice.
+    h.reconcile("x").await;
+    let text = h.ctx.metrics.render();
     assert!(
-        text.contains("tfjob_reconcile_duration_seconds_count 2"),
+        text.contains(&format!("training_operator_jobs_created_total{{{kubeflow}}} 1\n")),
         "{text}"
     );
-    assert!(text.contains("tfjob_restarts_total 1"), "{text}");
-    assert!(text.contains("tfjob_jobs{phase=\"Running\"} 0"), "{text}");
-    let (code, _, _) = tfjob_operator::kube::http_response("/readyz", &h.ctx.metrics, false);
-    assert_eq!(code, "503 Service Unavailable");
-    let (code, body, _) = tfjob_operator::kube::http_response("/healthz", &h.ctx.metrics, false);
-    assert_eq!((code, body.as_str()), ("200 OK", "ok\n"));
+}
+
+/// The samples of an OpenMetrics text exposition: (name, labels as written, value). Checks the
+/// format on the way: every sample's family has a TYPE line before it, values are numbers, and
+/// the text ends with `# EOF`.
+fn exposition(text: &str) -> Vec<(String, String, f64)> {
+    assert!(text.ends_with("# EOF\n"), "no # EOF at the end:\n{text}");
+    let mut families: Vec<String> = Vec::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            families.push(rest.split(' ').next().unwrap().to_string());
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample without a value");
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => (n, l.strip_suffix('}').expect("unclosed labels")),
+            None => (series, ""),
+        };
+        assert!(
+            families.iter().any(|f| name.starts_with(f.as_str())),
+            "{name} has no TYPE line before it"
+        );
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line:?}"));
+        samples.push((name.to_string(), labels.to_string(), value));
+    }
+    samples
 }
 
 #[tokio::test]
@@ -648,29 +690,76 @@ async fn leader_election_on_a_lease() {
 
 #[tokio::test]
 async fn health_and_metrics_over_http() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let metrics = Arc::new(tfjob_operator::kube::Metrics::default());
-    let ready = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let metrics = Arc::new(tfjob_operator::metrics::Metrics::default());
+    metrics.job("team", tfjob_operator::metrics::JobEvent::Succeeded);
+    let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(tfjob_operator::kube::serve_http(listener, metrics, ready));
-    for (path, status, needle) in [
-        ("/healthz", "200 OK", "ok"),
-        ("/readyz", "200 OK", "ok"),
-        ("/metrics", "200 OK", "tfjob_reconcile_errors_total"),
-        ("/nope", "404 Not Found", "not found"),
-    ] {
-        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-        sock.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut resp = String::new();
-        sock.read_to_string(&mut resp).await.unwrap();
+    let server = tokio::spawn(tfjob_operator::metrics::serve(
+        listener,
+        metrics,
+        ready.clone(),
+    ));
+    // One keep-alive connection for every request; the first one arrives in two pieces (a
+    // server that answers after one read would see half a request).
+    let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (read, mut write) = sock.into_split();
+    let mut read = BufReader::new(read);
+    write.write_all(b"GET /readyz HTTP/1.1\r\nHo").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut steps = vec![("", "/readyz", 503, "not ready")];
+    steps.extend([
+        ("GET /readyz", "/readyz", 200, "ok"),
+        ("GET /healthz", "/healthz", 200, "ok"),
+        ("GET /metrics", "/metrics", 200, "training_operator_jobs_successful_total"),
+        ("GET /nope", "/nope", 404, ""),
+    ]);
+    for (i, (request, path, status, needle)) in steps.into_iter().enumerate() {
+        if i == 0 {
+            write.write_all(b"st: x\r\n\r\n").await.unwrap();
+        } else {
+            ready.store(true, Ordering::SeqCst);
+            write
+                .write_all(format!("{request} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut status_line = String::new();
+        read.read_line(&mut status_line).await.unwrap();
         assert!(
-            resp.starts_with(&format!("HTTP/1.1 {status}")),
-            "{path}: {resp}"
+            status_line.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path}: {status_line}"
         );
-        assert!(resp.contains(needle), "{path}: {resp}");
+        let mut length = 0;
+        let mut content_type = String::new();
+        loop {
+            let mut header = String::new();
+            read.read_line(&mut header).await.unwrap();
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let (name, value) = header.split_once(": ").unwrap();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.parse().unwrap(),
+                "content-type" => content_type = value.to_string(),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; length];
+        read.read_exact(&mut body).await.unwrap();
+        let body = String::from_utf8(body).unwrap();
+        assert!(body.contains(needle), "{path}: {body}");
+        if path == "/metrics" {
+            assert_eq!(content_type, tfjob_operator::metrics::CONTENT_TYPE);
+            let samples = exposition(&body);
+            assert!(samples.iter().any(|(n, l, v)| n
+                == "training_operator_jobs_successful_total"
+                && l == r#"job_namespace="team",framework="tensorflow""#
+                && *v == 1.0));
+        }
     }
     server.abort();
 }

@@ -33,6 +33,7 @@ fn render_args() -> RenderArgs {
         namespace: "default".into(),
         cluster_domain: None,
         gang_scheduler: None,
+        output: cli::Output::Yaml,
     }
 }
 
@@ -276,4 +277,218 @@ fn operator_flags_have_env_fallbacks_and_fail_clearly_without_a_cluster() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot connect to Kubernetes"), "{stderr}");
+}
+
+/// `tfjob operator` logs without terminal colour codes when stderr is not a terminal (as under
+/// `kubectl logs`): here stderr is a pipe, and the operator stops at once (no cluster).
+#[test]
+fn operator_logs_carry_no_colour_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tfjob()
+        .args([
+            "operator",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--log-level",
+            "debug",
+        ])
+        .env("HOME", dir.path())
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("tfjob operator starting"), "{stderr}");
+    assert!(stderr.contains("cannot connect to Kubernetes"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "logs belong on stderr: {:?}",
+        out.stdout
+    );
+}
+
+#[test]
+fn completions_for_bash_zsh_and_fish() {
+    for (shell, needle) in [
+        ("bash", "complete -F _tfjob"),
+        ("zsh", "#compdef tfjob"),
+        ("fish", "complete -c tfjob"),
+    ] {
+        let out = tfjob().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains(needle),
+            "{shell}: no {needle:?} in\n{script}"
+        );
+        for sub in ["validate", "render", "logs", "status", "scale"] {
+            assert!(script.contains(sub), "{shell}: no subcommand {sub}");
+        }
+    }
+    let out = tfjob().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `-o json|yaml`: the same data in either format, parsed back here.
+#[test]
+fn data_commands_print_json_or_yaml() {
+    let valid = manifest_dir().join("tests/fixtures/valid/lowercase-keys.yaml");
+    let invalid = manifest_dir().join("tests/fixtures/invalid/only-ps.yaml");
+    let parse = |format: &str, bytes: &[u8]| -> serde_json::Value {
+        let text = String::from_utf8_lossy(bytes);
+        match format {
+            "json" => serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+            _ => serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+        }
+    };
+    for format in ["json", "yaml"] {
+        let out = tfjob()
+            .args(["validate", "-o", format])
+            .arg(&valid)
+            .arg(&invalid)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{format}");
+        let results = parse(format, &out.stdout);
+        assert_eq!(results[0]["valid"], true, "{results}");
+        assert_eq!(results[0]["problems"], serde_json::json!([]));
+        assert_eq!(results[1]["valid"], false, "{results}");
+        assert!(
+            results[1]["problems"][0]
+                .as_str()
+                .unwrap()
+                .contains("must contain a Chief, a Master or a Worker"),
+            "{results}"
+        );
+
+        let out = tfjob()
+            .args(["render", "-o", format])
+            .arg(&valid)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{format}");
+        let kinds: Vec<String> = if format == "json" {
+            let list = parse(format, &out.stdout);
+            assert_eq!(list["kind"], "List");
+            list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["kind"].as_str().unwrap().to_string())
+                .collect()
+        } else {
+            let docs: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
+            docs.iter()
+                .map(|i| i["kind"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            kinds,
+            ["Secret", "Service", "Pod", "Pod", "Pod"],
+            "{format}"
+        );
+
+        let out = tfjob().args(["crd", "-o", format]).output().unwrap();
+        let crd = parse(format, &out.stdout);
+        assert_eq!(crd["metadata"]["name"], "tfjobs.kubeflow.org");
+    }
+}
+
+/// A run directory as `tfjob run` leaves it: replica logs, status.yaml, and the job's
+/// `.latest` pointer under `<TMPDIR>/tfjob-runs`.
+fn fake_run(tmp: &Path, job: &str) -> PathBuf {
+    let runs = tmp.join("tfjob-runs");
+    let dir = runs.join(format!("{job}-1"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("ps-0.log"), "ps up\nps done\n").unwrap();
+    std::fs::write(dir.join("worker-0.log"), "step 1\nstep 2\n").unwrap();
+    std::fs::write(
+        dir.join("status.yaml"),
+        "status:\n  conditions:\n  - type: Succeeded\n    status: \"True\"\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&dir, runs.join(format!("{job}.latest"))).unwrap();
+    dir
+}
+
+#[test]
+fn status_and_logs_of_a_run_by_directory_or_job_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fake_run(tmp.path(), "linear");
+    let run = |args: &[&str]| {
+        tfjob()
+            .args(args)
+            .env("TMPDIR", tmp.path())
+            .output()
+            .unwrap()
+    };
+    let dir_arg = dir.to_str().unwrap();
+    for target in [dir_arg, "linear"] {
+        let out = run(&["status", target, "-o", "json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(status["status"]["conditions"][0]["type"], "Succeeded");
+
+        let out = run(&["logs", target]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "[ps-0] ps up\n[ps-0] ps done\n[worker-0] step 1\n[worker-0] step 2\n"
+        );
+        let out = run(&["logs", target, "worker-0"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "step 1\nstep 2\n");
+    }
+    let out = run(&["logs", "linear", "worker-9"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no log of replica worker-9") && stderr.contains("ps-0, worker-0"),
+        "{stderr}"
+    );
+    let out = run(&["logs", "other-job"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no run of TFJob other-job"));
+}
+
+/// `tfjob logs -f` prints lines as replicas write them, a replica that starts later included,
+/// and ends when the run ends (its control socket goes).
+#[test]
+fn logs_follow_a_running_job_until_it_ends() {
+    use std::io::{BufRead, BufReader, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fake_run(tmp.path(), "linear");
+    std::fs::write(dir.join("control.sock"), "").unwrap();
+    let mut child = tfjob()
+        .args(["logs", "linear", "-f"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    let first: Vec<String> = (0..4).map(|_| next()).collect();
+    assert_eq!(first[3], "[worker-0] step 2");
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("worker-0.log"))
+        .unwrap();
+    write!(log, "step 3\nstep").unwrap();
+    log.flush().unwrap();
+    assert_eq!(next(), "[worker-0] step 3");
+    std::fs::write(dir.join("worker-1.log"), "joined\n").unwrap();
+    assert_eq!(next(), "[worker-1] joined");
+    // The partial line completes, the run ends: the rest is printed and `logs -f` exits.
+    writeln!(log, " 4").unwrap();
+    std::fs::remove_file(dir.join("control.sock")).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(next(), "[worker-0] step 4");
 }

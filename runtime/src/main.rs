@@ -580,18 +580,13 @@ async fn run_task(args: TaskArgs) -> u8 {
         }));
     }
     if let Some(port) = args.metrics_port {
+        use tfjob_runtime::metrics::{PsMetrics, TaskMetrics};
         let task = cluster.task.to_string();
-        let render: Arc<dyn Fn() -> String + Send + Sync> = match &ps {
-            Some((store, _)) => {
-                let store = store.clone();
-                Arc::new(move || ps_metrics(&task, &store))
-            }
-            None => {
-                let metrics = metrics.clone();
-                Arc::new(move || metrics.render(&task))
-            }
-        };
-        match tfjob_runtime::metrics::serve(SocketAddr::new(args.bind, port), render).await {
+        let exposition = Arc::new(match &ps {
+            Some((store, _)) => TaskMetrics::new(&task, PsMetrics(store.clone())),
+            None => TaskMetrics::new(&task, metrics.clone()),
+        });
+        match tfjob_runtime::metrics::serve(SocketAddr::new(args.bind, port), exposition).await {
             Ok(h) => background.push(h),
             Err(e) => return fail(3, e),
         }
@@ -659,30 +654,6 @@ fn restore(store: &ParameterStore, dir: &std::path::Path, cluster: &ClusterConfi
         ckpt.global_step
     );
     Ok(())
-}
-
-/// Prometheus text for a ps task.
-fn ps_metrics(task: &str, store: &ParameterStore) -> String {
-    use tfjob_runtime::metrics::write_metric;
-    let s = store.stats();
-    let l = format!("task=\"{task}\"");
-    let mut out = String::new();
-    write_metric(&mut out, "tfjob_ps_step", "gauge", "Step of this ps.", &l, s.step as f64);
-    write_metric(&mut out, "tfjob_ps_updates_total", "counter", "Updates applied (async pushes or sync steps).", &l, s.pushes_applied as f64);
-    write_metric(&mut out, "tfjob_ps_bytes_received_total", "counter", "Gradient bytes received.", &l, s.bytes_received as f64);
-    write_metric(&mut out, "tfjob_ps_bytes_sent_total", "counter", "Variable bytes sent.", &l, s.bytes_sent as f64);
-    write_metric(&mut out, "tfjob_ps_stale_gradients_dropped_total", "counter", "Stale gradients dropped (sync).", &l, s.stale_gradients_dropped as f64);
-    write_metric(&mut out, "tfjob_ps_duplicate_gradients_dropped_total", "counter", "Retried or duplicate gradients not applied.", &l, s.duplicate_gradients_dropped as f64);
-    write_metric(&mut out, "tfjob_ps_workers_live", "gauge", "Training tasks with a live lease.", &l, s.live_tasks.len() as f64);
-    write_metric(&mut out, "tfjob_ps_replicas_to_aggregate", "gauge", "Gradients a sync step needs now.", &l, s.replicas_to_aggregate as f64);
-    write_metric(&mut out, "tfjob_ps_variable_bytes", "gauge", "Bytes of variables held.", &l, s.variables.iter().map(|v| v.bytes).sum::<u64>() as f64);
-    if let Some(d) = &s.dispatch {
-        write_metric(&mut out, "tfjob_ps_epochs_completed", "gauge", "Epochs whose every shard is done (shard dispatcher).", &l, d.epochs_completed as f64);
-        write_metric(&mut out, "tfjob_ps_examples_trained_total", "counter", "Examples of the shards reported done.", &l, d.examples_trained as f64);
-        write_metric(&mut out, "tfjob_ps_shards_done_total", "counter", "Shards reported done.", &l, d.shards_done as f64);
-        write_metric(&mut out, "tfjob_ps_shards_redone_total", "counter", "Shards handed out again after their worker was lost.", &l, d.shards_redone as f64);
-    }
-    out
 }
 
 fn flags_given(f: &ClusterFlags) -> bool {

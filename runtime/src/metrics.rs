@@ -1,12 +1,23 @@
 //! Prometheus metrics of a task, served on their own port
 //! (`--metrics_port`): steps, step time split into compute / push / wait /
-//! pull, bytes, stale gradients, live workers, checkpoints.
+//! pull, bytes, stale gradients, live workers, checkpoints. The training
+//! loop updates plain atomics; `prometheus-client` encodes them (OpenMetrics
+//! text) at each scrape.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::ps::ParameterStore;
 
 /// A float kept in an atomic (bits of an f64).
 #[derive(Default, Debug)]
@@ -43,58 +54,119 @@ pub struct TrainingMetrics {
     pub last_loss: AtomicF64,
 }
 
-/// Appends one metric in the text exposition format.
-pub fn write_metric(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    if labels.is_empty() {
-        let _ = writeln!(out, "{name} {value}");
-    } else {
-        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+/// A counter (named without `_total`: the encoder appends it) or a gauge, at a scrape.
+fn figure(
+    e: &mut DescriptorEncoder,
+    kind: MetricType,
+    name: &str,
+    help: &str,
+    value: f64,
+) -> Result<(), std::fmt::Error> {
+    let metric = e.encode_descriptor(name, help, None, kind)?;
+    match kind {
+        MetricType::Counter => ConstCounter::new(value).encode(metric),
+        _ => ConstGauge::new(value).encode(metric),
     }
 }
 
-impl TrainingMetrics {
-    pub fn render(&self, task: &str) -> String {
-        let l = format!("task=\"{task}\"");
-        let mut out = String::new();
+impl Collector for TrainingMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
         let c = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        write_metric(&mut out, "tfjob_local_steps_total", "counter", "Training steps done by this task.", &l, c(&self.local_steps));
-        write_metric(&mut out, "tfjob_global_step", "gauge", "Global step last seen.", &l, c(&self.global_step));
-        let _ = writeln!(out, "# HELP tfjob_step_seconds_total Time spent in each part of a step.");
-        let _ = writeln!(out, "# TYPE tfjob_step_seconds_total counter");
+        figure(&mut e, Counter, "tfjob_local_steps", "Training steps done by this task.", c(&self.local_steps))?;
+        figure(&mut e, Gauge, "tfjob_global_step", "Global step last seen.", c(&self.global_step))?;
+        let mut parts = e.encode_descriptor("tfjob_step_seconds", "Time spent in each part of a step.", None, Counter)?;
         for (part, v) in [
             ("compute", &self.compute_seconds),
             ("push", &self.push_seconds),
             ("wait", &self.wait_seconds),
             ("pull", &self.pull_seconds),
         ] {
-            let _ = writeln!(out, "tfjob_step_seconds_total{{{l},part=\"{part}\"}} {}", v.get());
+            ConstCounter::new(v.get()).encode(parts.encode_family(&[("part", part)])?)?;
         }
-        write_metric(&mut out, "tfjob_bytes_sent_total", "counter", "Tensor bytes sent to the ps tasks.", &l, c(&self.bytes_sent));
-        write_metric(&mut out, "tfjob_bytes_received_total", "counter", "Tensor bytes received from the ps tasks.", &l, c(&self.bytes_received));
-        write_metric(&mut out, "tfjob_stale_pushes_total", "counter", "Pushes dropped as stale (sync backup work).", &l, c(&self.stale_pushes));
-        write_metric(&mut out, "tfjob_checkpoints_total", "counter", "Checkpoints written (chief).", &l, c(&self.checkpoints));
-        write_metric(&mut out, "tfjob_checkpoint_seconds", "gauge", "Duration of the last checkpoint.", &l, self.checkpoint_seconds.get());
-        write_metric(&mut out, "tfjob_loss", "gauge", "Last training loss.", &l, self.last_loss.get());
+        figure(&mut e, Counter, "tfjob_bytes_sent", "Tensor bytes sent to the ps tasks.", c(&self.bytes_sent))?;
+        figure(&mut e, Counter, "tfjob_bytes_received", "Tensor bytes received from the ps tasks.", c(&self.bytes_received))?;
+        figure(&mut e, Counter, "tfjob_stale_pushes", "Pushes dropped as stale (sync backup work).", c(&self.stale_pushes))?;
+        figure(&mut e, Counter, "tfjob_checkpoints", "Checkpoints written (chief).", c(&self.checkpoints))?;
+        figure(&mut e, Gauge, "tfjob_checkpoint_seconds", "Duration of the last checkpoint.", self.checkpoint_seconds.get())?;
+        figure(&mut e, Gauge, "tfjob_loss", "Last training loss.", self.last_loss.get())
+    }
+}
+
+/// The figures of a ps task, read from its store at each scrape.
+pub struct PsMetrics(pub Arc<ParameterStore>);
+
+impl std::fmt::Debug for PsMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PsMetrics")
+    }
+}
+
+impl Collector for PsMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use MetricType::{Counter, Gauge};
+        let s = self.0.stats();
+        let variable_bytes: u64 = s.variables.iter().map(|v| v.bytes).sum();
+        let mut figures = vec![
+            (Gauge, "tfjob_ps_step", "Step of this ps.", s.step as f64),
+            (Counter, "tfjob_ps_updates", "Updates applied (async pushes or sync steps).", s.pushes_applied as f64),
+            (Counter, "tfjob_ps_bytes_received", "Gradient bytes received.", s.bytes_received as f64),
+            (Counter, "tfjob_ps_bytes_sent", "Variable bytes sent.", s.bytes_sent as f64),
+            (Counter, "tfjob_ps_stale_gradients_dropped", "Stale gradients dropped (sync).", s.stale_gradients_dropped as f64),
+            (Counter, "tfjob_ps_duplicate_gradients_dropped", "Retried or duplicate gradients not applied.", s.duplicate_gradients_dropped as f64),
+            (Gauge, "tfjob_ps_workers_live", "Training tasks with a live lease.", s.live_tasks.len() as f64),
+            (Gauge, "tfjob_ps_replicas_to_aggregate", "Gradients a sync step needs now.", s.replicas_to_aggregate as f64),
+            (Gauge, "tfjob_ps_variable_bytes", "Bytes of variables held.", variable_bytes as f64),
+        ];
+        if let Some(d) = &s.dispatch {
+            figures.extend([
+                (Gauge, "tfjob_ps_epochs_completed", "Epochs whose every shard is done (shard dispatcher).", d.epochs_completed as f64),
+                (Counter, "tfjob_ps_examples_trained", "Examples of the shards reported done.", d.examples_trained as f64),
+                (Counter, "tfjob_ps_shards_done", "Shards reported done.", d.shards_done as f64),
+                (Counter, "tfjob_ps_shards_redone", "Shards handed out again after their worker was lost.", d.shards_redone as f64),
+            ]);
+        }
+        for (kind, name, help, value) in figures {
+            figure(&mut e, kind, name, help, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// The metrics of one task: `collector`'s figures, each labelled `task="<type>:<index>"`.
+#[derive(Debug)]
+pub struct TaskMetrics(Registry);
+
+impl TaskMetrics {
+    pub fn new(task: &str, collector: impl Collector) -> Self {
+        let mut registry = Registry::with_labels([(Cow::Borrowed("task"), Cow::Owned(task.to_string()))].into_iter());
+        registry.register_collector(Box::new(collector));
+        TaskMetrics(registry)
+    }
+
+    /// The OpenMetrics text exposition (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.0);
         out
     }
 }
 
+/// Content type of the OpenMetrics text exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// Serves `GET /metrics` (and `/healthz`) on `addr` until the returned
 /// handle is dropped or aborted.
-pub async fn serve(
-    addr: SocketAddr,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(addr: SocketAddr, metrics: Arc<TaskMetrics>) -> std::io::Result<tokio::task::JoinHandle<()>> {
     use axum::{routing::get, Router};
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("metrics: cannot listen on {addr}: {e}")))?;
     let app = Router::new()
         .route("/metrics", get(move || {
-            let render = render.clone();
-            async move { ([("content-type", "text/plain; version=0.0.4")], render()) }
+            let metrics = metrics.clone();
+            async move { ([("content-type", CONTENT_TYPE)], metrics.render()) }
         }))
         .route("/healthz", get(|| async { "ok" }));
     Ok(tokio::spawn(async move {
@@ -125,13 +197,21 @@ mod tests {
 
     #[test]
     fn exposition_format() {
-        let m = TrainingMetrics::default();
+        let m = Arc::new(TrainingMetrics::default());
         m.local_steps.fetch_add(3, Ordering::Relaxed);
         m.push_seconds.add(0.25);
         m.push_seconds.add(0.5);
-        let text = m.render("worker:1");
-        assert!(text.contains("tfjob_local_steps_total{task=\"worker:1\"} 3\n"), "{text}");
-        assert!(text.contains("tfjob_step_seconds_total{task=\"worker:1\",part=\"push\"} 0.75\n"), "{text}");
-        assert!(text.contains("# TYPE tfjob_step_seconds_total counter\n"));
+        let text = TaskMetrics::new("worker:1", m.clone()).render();
+        for line in [
+            "# TYPE tfjob_local_steps counter",
+            "tfjob_local_steps_total{task=\"worker:1\"} 3.0",
+            "# TYPE tfjob_step_seconds counter",
+            "tfjob_step_seconds_total{task=\"worker:1\",part=\"push\"} 0.75",
+            "# TYPE tfjob_global_step gauge",
+            "tfjob_global_step{task=\"worker:1\"} 0.0",
+            "# EOF",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+        }
     }
 }

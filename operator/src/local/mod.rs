@@ -13,6 +13,7 @@
 pub mod console;
 pub mod container;
 pub mod control;
+pub mod logs;
 pub mod process;
 
 use std::path::{Path, PathBuf};

@@ -98,9 +98,13 @@ impl ProcessBackend {
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
-                // Its own process group (signals reach its children too), and
-                // killed by the kernel if `tfjob run` dies.
+                // Its own process group (signals reach its children too).
                 libc::setpgid(0, 0);
+                // Killed by the kernel if `tfjob run` dies. Linux only: elsewhere
+                // (macOS, the BSDs) there is no parent-death signal, and replicas
+                // are stopped by `tfjob run` itself on Ctrl-C, SIGTERM and at the
+                // end of the job, not when it is killed with SIGKILL.
+                #[cfg(target_os = "linux")]
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 Ok(())
             });
