@@ -32,6 +32,32 @@ pub const DEFAULT_PORT: i32 = 2222;
 pub const MANAGED_BY_THIS: &str = "kubeflow.org/training-operator";
 /// `managedBy` value of Kueue's MultiKueue; jobs carrying it are left alone.
 pub const MANAGED_BY_MULTIKUEUE: &str = "kueue.x-k8s.io/multikueue";
+/// `managedBy` value that gives a job to this operator by name: the only jobs it takes when it
+/// runs beside Kubeflow's training-operator ([`Claim::OwnOnly`]).
+pub const MANAGED_BY_TFJOB_RS: &str = "tfjob-rs.io/operator";
+
+/// Which TFJobs this operator reconciles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Claim {
+    /// It is the cluster's TFJob controller: jobs without `managedBy`, with Kubeflow's value for
+    /// the built-in controller, or with this operator's own value.
+    #[default]
+    Unmanaged,
+    /// It runs beside Kubeflow's training-operator: only jobs whose `managedBy` is
+    /// [`MANAGED_BY_TFJOB_RS`]; every other job is Kubeflow's (or MultiKueue's).
+    OwnOnly,
+}
+
+impl Claim {
+    /// Whether a job with this `spec.runPolicy.managedBy` is this operator's.
+    pub fn takes(self, managed_by: Option<&str>) -> bool {
+        match (self, managed_by) {
+            (_, Some(MANAGED_BY_TFJOB_RS)) => true,
+            (Claim::Unmanaged, None | Some(MANAGED_BY_THIS)) => true,
+            _ => false,
+        }
+    }
+}
 
 /// The specification of a TFJob.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -312,7 +338,7 @@ fn managed_by_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "string",
         "description": "The controller that manages this job (immutable).",
-        "enum": [MANAGED_BY_THIS, MANAGED_BY_MULTIKUEUE]
+        "enum": [MANAGED_BY_THIS, MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS]
     })
 }
 
@@ -850,14 +876,13 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
         }
     }
     if let Some(m) = &rp.managed_by
-        && m != MANAGED_BY_THIS
-        && m != MANAGED_BY_MULTIKUEUE
+        && ![MANAGED_BY_THIS, MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS].contains(&m.as_str())
     {
         errs.push(FieldError::new(
             format!("{rpath}.managedBy"),
             format!(
                 "unsupported value {m:?}; supported values: {MANAGED_BY_THIS:?}, \
-                     {MANAGED_BY_MULTIKUEUE:?}"
+                     {MANAGED_BY_MULTIKUEUE:?}, {MANAGED_BY_TFJOB_RS:?}"
             ),
         ));
     }
@@ -1187,7 +1212,7 @@ impl TFJob {
 
     /// Whether the job is managed by another controller (e.g. MultiKueue) and must be skipped.
     pub fn managed_elsewhere(&self) -> bool {
-        matches!(self.spec.run_policy.managed_by.as_deref(), Some(m) if m != MANAGED_BY_THIS)
+        !Claim::Unmanaged.takes(self.spec.run_policy.managed_by.as_deref())
     }
 }
 
@@ -1480,6 +1505,25 @@ spec:
         assert!(validate_update(&a, &a).is_empty());
         assert!(b.managed_elsewhere());
         assert!(!a.managed_elsewhere());
+    }
+
+    #[test]
+    fn which_jobs_each_claim_takes() {
+        let cases = [
+            (None, true, false),
+            (Some(MANAGED_BY_THIS), true, false),
+            (Some(MANAGED_BY_TFJOB_RS), true, true),
+            (Some(MANAGED_BY_MULTIKUEUE), false, false),
+            (Some("example.com/other"), false, false),
+        ];
+        for (managed_by, unmanaged, own_only) in cases {
+            assert_eq!(
+                Claim::Unmanaged.takes(managed_by),
+                unmanaged,
+                "{managed_by:?}"
+            );
+            assert_eq!(Claim::OwnOnly.takes(managed_by), own_only, "{managed_by:?}");
+        }
     }
 
     /// Checks the rules of a structural schema that a derive can break: every node has a type

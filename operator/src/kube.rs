@@ -93,6 +93,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Clock (overridable in tests).
     pub now: fn() -> Timestamp,
+    /// Which jobs this operator takes (`--beside-kubeflow`).
+    pub claim: api::Claim,
 }
 
 impl Context {
@@ -109,6 +111,7 @@ impl Context {
             opts,
             metrics: Arc::new(Metrics::default()),
             now: Timestamp::now,
+            claim: api::Claim::default(),
         }
     }
 }
@@ -237,7 +240,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         // Children carry owner references: the garbage collector removes them.
         return Ok(CtrlAction::await_change());
     }
-    if job.managed_elsewhere() {
+    if !ctx.claim.takes(job.spec.run_policy.managed_by.as_deref()) {
         tracing::debug!(job = job.name(), "managed by another controller; skipped");
         return Ok(CtrlAction::await_change());
     }
@@ -513,6 +516,11 @@ pub struct OperatorArgs {
     /// Name of the leader-election Lease.
     #[arg(long, env = "TFJOB_LEASE_NAME", default_value = "tfjob-operator")]
     pub lease_name: String,
+    /// Run beside Kubeflow's training-operator: take only the TFJobs whose
+    /// `spec.runPolicy.managedBy` is `tfjob-rs.io/operator` (otherwise: every TFJob without
+    /// `managedBy`, or with `kubeflow.org/training-operator` or `tfjob-rs.io/operator`).
+    #[arg(long, env = "TFJOB_BESIDE_KUBEFLOW", default_value_t = false, action = clap::ArgAction::Set)]
+    pub beside_kubeflow: bool,
 }
 
 /// Whether log lines get terminal colours: only when stderr is a terminal and `NO_COLOR`
@@ -640,7 +648,15 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
             .as_deref()
             .and_then(GangScheduler::from_setting),
     };
-    let ctx = Arc::new(Context::new(client.clone(), opts));
+    let mut ctx = Context::new(client.clone(), opts);
+    if args.beside_kubeflow {
+        ctx.claim = api::Claim::OwnOnly;
+        tracing::info!(
+            "beside Kubeflow: taking only TFJobs with spec.runPolicy.managedBy: {}",
+            api::MANAGED_BY_TFJOB_RS
+        );
+    }
+    let ctx = Arc::new(ctx);
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
@@ -703,7 +719,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     }
 
     let controller = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
-    ctx.metrics.watch_jobs(controller.store());
+    ctx.metrics.watch_jobs(controller.store(), ctx.claim);
     let stop = wait_stop();
     let lost = async move {
         match lost_leadership {

@@ -29,7 +29,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::api::{TFJob, TFJobStatus};
+use crate::api::{Claim, TFJob, TFJobStatus};
 use crate::status;
 
 /// The `framework` label of Kubeflow's job counters for TFJobs.
@@ -104,19 +104,24 @@ pub fn job_events(old: &TFJobStatus, new: &TFJobStatus) -> Vec<JobEvent> {
     .collect()
 }
 
-/// The jobs of the watch cache by phase, encoded at each scrape (`tfjob_jobs{phase}`).
+/// The jobs of the watch cache that this operator takes, by phase, encoded at each scrape
+/// (`tfjob_jobs{phase}`). Beside Kubeflow's training-operator the cache also holds its jobs.
 #[derive(Debug, Default)]
 struct JobsByPhase {
-    store: Mutex<Option<Store<TFJob>>>,
+    store: Mutex<Option<(Store<TFJob>, Claim)>>,
 }
 
 impl Collector for JobsByPhase {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut counts: Vec<(&str, i64)> = PHASES.iter().map(|p| (*p, 0)).collect();
         if let Ok(store) = self.store.lock()
-            && let Some(store) = store.as_ref()
+            && let Some((store, claim)) = store.as_ref()
         {
-            for job in store.state() {
+            let ours = store
+                .state()
+                .into_iter()
+                .filter(|job| claim.takes(job.spec.run_policy.managed_by.as_deref()));
+            for job in ours {
                 let status = job.status.clone().unwrap_or_default();
                 let phase = status::job_phase(&status);
                 if let Some(entry) = counts.iter_mut().find(|(p, _)| *p == phase) {
@@ -230,10 +235,10 @@ impl Metrics {
         self.replicas_recreated.inc();
     }
 
-    /// Reads the jobs by phase from this watch cache from now on.
-    pub fn watch_jobs(&self, store: Store<TFJob>) {
+    /// Reads the jobs by phase from this watch cache from now on, counting those `claim` takes.
+    pub fn watch_jobs(&self, store: Store<TFJob>, claim: Claim) {
         if let Ok(mut s) = self.by_phase.store.lock() {
-            *s = Some(store);
+            *s = Some((store, claim));
         }
     }
 
@@ -385,5 +390,35 @@ mod tests {
             );
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    /// `tfjob_jobs{phase}` counts the jobs of the watch cache that the operator takes: beside
+    /// Kubeflow's training-operator, not Kubeflow's.
+    #[test]
+    fn jobs_by_phase_counts_only_the_jobs_taken() {
+        use crate::api::{MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS};
+        use kube::runtime::{reflector, watcher};
+        let (store, mut writer) = reflector::store::<TFJob>();
+        for (name, managed_by) in [
+            ("plain", None),
+            ("ours", Some(MANAGED_BY_TFJOB_RS)),
+            ("kueue", Some(MANAGED_BY_MULTIKUEUE)),
+        ] {
+            let mut job = TFJob::new(name, Default::default());
+            job.metadata.namespace = Some("ns".into());
+            job.spec.run_policy.managed_by = managed_by.map(str::to_string);
+            job.status = Some(status(&[("Created", "True"), ("Running", "True")]));
+            writer.apply_watcher_event(&watcher::Event::Apply(job));
+        }
+        for (claim, running) in [(Claim::Unmanaged, 2), (Claim::OwnOnly, 1)] {
+            let m = Metrics::default();
+            m.watch_jobs(store.clone(), claim);
+            let line = format!(r#"tfjob_jobs{{phase="Running"}} {running}"#);
+            let text = m.render();
+            assert!(
+                text.lines().any(|l| l == line),
+                "{claim:?}: no line {line:?} in\n{text}"
+            );
+        }
     }
 }

@@ -563,6 +563,40 @@ async fn jobs_managed_elsewhere_are_skipped() {
     assert!(h.pods().is_empty());
 }
 
+/// Beside Kubeflow's training-operator (`--beside-kubeflow`): a job without `managedBy` (or
+/// with Kubeflow's value) is Kubeflow's and left alone; one with `tfjob-rs.io/operator` runs.
+#[tokio::test]
+async fn beside_kubeflow_only_jobs_managed_by_this_operator_run() {
+    let api = FakeApi::default();
+    let mut ctx = Context::new(api.client(), PlanOptions::default());
+    ctx.claim = tfjob_operator::api::Claim::OwnOnly;
+    let h = Harness {
+        api,
+        ctx: Arc::new(ctx),
+    };
+    for (name, run_policy) in [
+        ("plain", json!({})),
+        (
+            "kubeflows",
+            json!({"managedBy": "kubeflow.org/training-operator"}),
+        ),
+    ] {
+        h.api.put(
+            JOBS,
+            job(
+                name,
+                json!({"runPolicy": run_policy, "tfReplicaSpecs": {"Worker": replica(1, "Never")}}),
+            ),
+        );
+        h.api.take_log();
+        h.reconcile(name).await;
+        assert!(h.api.take_log().is_empty(), "{name} was touched");
+    }
+    h.api.put(JOBS, job("ours", json!({"runPolicy": {"managedBy": "tfjob-rs.io/operator"}, "tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    h.reconcile("ours").await;
+    assert_eq!(h.pods(), ["ours-worker-0"]);
+}
+
 #[tokio::test]
 async fn metrics_and_health() {
     let h = Harness::new();
@@ -590,13 +624,21 @@ async fn metrics_and_health() {
     assert_eq!(sample("tfjob_jobs", r#"phase="Running""#), 0.0);
     // Kubeflow's counters: the job was created, then restarted its worker.
     let kubeflow = r#"job_namespace="ns",framework="tensorflow""#;
-    assert_eq!(sample("training_operator_jobs_created_total", kubeflow), 1.0);
-    assert_eq!(sample("training_operator_jobs_restarted_total", kubeflow), 1.0);
+    assert_eq!(
+        sample("training_operator_jobs_created_total", kubeflow),
+        1.0
+    );
+    assert_eq!(
+        sample("training_operator_jobs_restarted_total", kubeflow),
+        1.0
+    );
     // Reconciling again from the same observation counts nothing twice.
     h.reconcile("x").await;
     let text = h.ctx.metrics.render();
     assert!(
-        text.contains(&format!("training_operator_jobs_created_total{{{kubeflow}}} 1\n")),
+        text.contains(&format!(
+            "training_operator_jobs_created_total{{{kubeflow}}} 1\n"
+        )),
         "{text}"
     );
 }
@@ -625,7 +667,9 @@ fn exposition(text: &str) -> Vec<(String, String, f64)> {
             families.iter().any(|f| name.starts_with(f.as_str())),
             "{name} has no TYPE line before it"
         );
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("value of {line:?}"));
         samples.push((name.to_string(), labels.to_string(), value));
     }
     samples
@@ -707,13 +751,21 @@ async fn health_and_metrics_over_http() {
     let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (read, mut write) = sock.into_split();
     let mut read = BufReader::new(read);
-    write.write_all(b"GET /readyz HTTP/1.1\r\nHo").await.unwrap();
+    write
+        .write_all(b"GET /readyz HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let mut steps = vec![("", "/readyz", 503, "not ready")];
     steps.extend([
         ("GET /readyz", "/readyz", 200, "ok"),
         ("GET /healthz", "/healthz", 200, "ok"),
-        ("GET /metrics", "/metrics", 200, "training_operator_jobs_successful_total"),
+        (
+            "GET /metrics",
+            "/metrics",
+            200,
+            "training_operator_jobs_successful_total",
+        ),
         ("GET /nope", "/nope", 404, ""),
     ]);
     for (i, (request, path, status, needle)) in steps.into_iter().enumerate() {
@@ -755,10 +807,13 @@ async fn health_and_metrics_over_http() {
         if path == "/metrics" {
             assert_eq!(content_type, tfjob_operator::metrics::CONTENT_TYPE);
             let samples = exposition(&body);
-            assert!(samples.iter().any(|(n, l, v)| n
-                == "training_operator_jobs_successful_total"
-                && l == r#"job_namespace="team",framework="tensorflow""#
-                && *v == 1.0));
+            assert!(
+                samples
+                    .iter()
+                    .any(|(n, l, v)| n == "training_operator_jobs_successful_total"
+                        && l == r#"job_namespace="team",framework="tensorflow""#
+                        && *v == 1.0)
+            );
         }
     }
     server.abort();
