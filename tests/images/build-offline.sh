@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds the images localhost/tfjob-runtime:latest and localhost/tfjob-operator:latest with
+# Builds the images localhost/tfjob-runtime:latest and localhost/tfjob-operator:latest, also
+# tagged with their published names ghcr.io/tfjob-rs/tfjob-{runtime,operator}:<appVersion>
+# (the names the examples and the chart use, so that they run here without a pull), with
 # podman from binaries that `cargo build --release` already made, pulling nothing: each image is
 # FROM scratch with the binary, the shared libraries it links (as `ldd` lists them), the files
 # name resolution reads (/etc/nsswitch.conf; since glibc 2.34 the files and dns NSS modules live
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
         --bin-dir) [ $# -ge 2 ] || { echo "--bin-dir needs a directory" >&2; exit 2; }; bin_dir=$2; shift 2 ;;
         --bin-dir=*) bin_dir=${1#--bin-dir=}; shift ;;
         --force) force=1; shift ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -158,6 +160,13 @@ assemble tfjob-operator tfjob "$operator_extra"
 
 build tfjob-runtime localhost/tfjob-runtime:latest
 build tfjob-operator localhost/tfjob-operator:latest
+
+# The published names (.github/workflows/release.yml), at the chart's appVersion.
+app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$repo/charts/tfjob-operator/Chart.yaml")
+[ -n "$app_version" ] || { echo "build-offline: no appVersion in charts/tfjob-operator/Chart.yaml" >&2; exit 1; }
+for name in tfjob-runtime tfjob-operator; do
+    podman tag "localhost/$name:latest" "ghcr.io/tfjob-rs/$name:$app_version"
+done
 
 # Superseded builds leave untagged images behind.
 podman image prune -f >/dev/null 2>&1 || true

@@ -567,7 +567,7 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let c = &pod.containers[0];
     assert_eq!(
         c.image.as_deref(),
-        Some(format!("tfjob-operator:{}", chart_app_version()?).as_str())
+        Some(format!("ghcr.io/tfjob-rs/tfjob-operator:{}", chart_app_version()?).as_str())
     );
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     // The image's entrypoint (`tfjob operator`) runs unchanged.
@@ -844,7 +844,7 @@ fn image_and_settings_reach_the_deployment() -> Result<()> {
         .containers[0];
     assert_eq!(
         c.image.as_deref(),
-        Some(format!("tfjob-operator@{digest}").as_str())
+        Some(format!("ghcr.io/tfjob-rs/tfjob-operator@{digest}").as_str())
     );
     Ok(())
 }

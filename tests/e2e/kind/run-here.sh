@@ -69,17 +69,17 @@ if [[ -z ${TFJOB_BIN_DIR:-} ]]; then
     TFJOB_BIN_DIR=$CARGO_TARGET_DIR/release
 fi
 bash "$repo/tests/images/build-offline.sh" --bin-dir "$TFJOB_BIN_DIR" >&2 || die "tests/images/build-offline.sh failed"
-# The names run.sh loads into the nodes and the manifests run: tfjob-runtime:latest and the
-# chart's tfjob-operator:<appVersion>, which containerd reads as docker.io/library/<name>. Podman
-# resolves a short name to localhost/<name> first and `podman save` writes the name it resolved
-# into the archive, so the images keep only their docker.io names here.
+# The names run.sh loads into the nodes and the manifests run: the published names
+# ghcr.io/tfjob-rs/tfjob-{runtime,operator}:<appVersion>, which build-offline.sh also tags.
+# `podman save` of a short name writes the name podman resolved into the archive, so the
+# images keep only their published names here.
 app_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$repo/charts/tfjob-operator/Chart.yaml")
 [[ -n $app_version ]] || die "no appVersion in charts/tfjob-operator/Chart.yaml"
 rename_image() {
     podman tag "$1" "$2" && podman untag "$1" "$1" || die "cannot rename $1 to $2"
 }
-rename_image localhost/tfjob-runtime:latest docker.io/library/tfjob-runtime:latest
-rename_image localhost/tfjob-operator:latest "docker.io/library/tfjob-operator:$app_version"
+rename_image localhost/tfjob-runtime:latest "ghcr.io/tfjob-rs/tfjob-runtime:$app_version"
+rename_image localhost/tfjob-operator:latest "ghcr.io/tfjob-rs/tfjob-operator:$app_version"
 
 # run.sh calls `docker` (kind load docker-image saves with it): here that is podman.
 shim=$(mktemp -d "${TMPDIR:-/tmp}/tfjob-kind-here.XXXXXX")

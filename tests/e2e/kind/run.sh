@@ -48,10 +48,11 @@ RELEASE=tfjob-operator
 RELEASE_NAMESPACE=tfjob-system
 CHART=$repo/charts/tfjob-operator
 CRD=tfjobs.kubeflow.org
-# The image every TFJob manifest of examples/ and of this directory runs.
-RUNTIME_IMAGE=tfjob-runtime:latest
+# The image every TFJob manifest of examples/ and of this directory runs (the published name,
+# .github/workflows/release.yml; built here and loaded into the nodes).
+RUNTIME_IMAGE=ghcr.io/tfjob-rs/tfjob-runtime:0.1.0
 # The chart's image.repository; the tag is whatever the chart renders by default (appVersion).
-OPERATOR_REPOSITORY=tfjob-operator
+OPERATOR_REPOSITORY=ghcr.io/tfjob-rs/tfjob-operator
 # Every manifest of examples/, in the order they run.
 EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp)
 RESTART_MANIFEST=$here/worker-restart.yaml
