@@ -233,14 +233,22 @@ fn read(path: &Path) -> Result<String, CliError> {
 /// operator's (Kubeflow's) by it.
 pub const CRD_OWNER_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "tfjob-rs");
 
-/// The CRD (`TFJob::crd()` with [`CRD_OWNER_LABEL`]).
+/// Annotation that keeps the CRD when the Helm release that installed it is uninstalled (the
+/// chart renders the CRD as a template, see charts/tfjob-operator/templates/crd.yaml): deleting
+/// the CRD would delete every TFJob of the cluster. Without Helm it means nothing.
+pub const CRD_KEEP_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");
+
+/// The CRD (`TFJob::crd()` with [`CRD_OWNER_LABEL`] and [`CRD_KEEP_ANNOTATION`]).
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     let mut crd = TFJob::crd();
-    crd.metadata
-        .labels
+    let meta = &mut crd.metadata;
+    meta.labels
         .get_or_insert_with(Default::default)
         .insert(CRD_OWNER_LABEL.0.into(), CRD_OWNER_LABEL.1.into());
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(CRD_KEEP_ANNOTATION.0.into(), CRD_KEEP_ANNOTATION.1.into());
     crd
 }
 

@@ -5,8 +5,9 @@
 //! it should and nothing more, and `helm uninstall` removes it again.
 //!
 //! All tests share one control plane and work in their own namespaces. The TFJob CRD is
-//! cluster-scoped: helm installs it from `crds/` when it is missing and skips it otherwise; no
-//! test deletes it.
+//! cluster-scoped: a release creates it (templates/crd.yaml) when it is missing and leaves it
+//! otherwise; no test here deletes it (tests/tests/release.rs checks its lifecycle on control
+//! planes of their own).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject,
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -141,6 +143,7 @@ struct Rendered {
     role_bindings: Vec<RoleBinding>,
     service_monitors: Vec<Value>,
     leases: Vec<Lease>,
+    crds: Vec<CustomResourceDefinition>,
     /// (kind, namespace, name) of every document, in order.
     objects: Vec<(String, Option<String>, String)>,
 }
@@ -236,11 +239,17 @@ fn parse(yaml: &str) -> Result<Rendered> {
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => r.role_bindings.push(typed(&doc)?),
             ("monitoring.coreos.com/v1", "ServiceMonitor") => r.service_monitors.push(doc.clone()),
             ("coordination.k8s.io/v1", "Lease") => r.leases.push(typed(&doc)?),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+                r.crds.push(typed(&doc)?)
+            }
             (api, kind) => bail!("unexpected object {api} {kind} {name}"),
         }
         // Namespaced objects name their namespace explicitly (kubectl apply of `helm template`
         // output must not depend on the current namespace).
-        if !matches!(kind.as_str(), "ClusterRole" | "ClusterRoleBinding") {
+        if !matches!(
+            kind.as_str(),
+            "ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition"
+        ) {
             ensure!(namespace.is_some(), "{kind} {name} has no namespace");
         }
         r.objects.push((kind, namespace, name));
@@ -283,6 +292,7 @@ fn expected_env(extra: &[(&str, &str)], metrics_port: u16) -> BTreeMap<String, S
         ("TFJOB_LOG_LEVEL", "info"),
         ("TFJOB_LOG_FORMAT", "text"),
         ("TFJOB_CONCURRENCY", "8"),
+        ("TFJOB_BESIDE_KUBEFLOW", "false"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -388,18 +398,22 @@ fn chart_app_version() -> Result<String> {
 fn chart_crd_is_byte_identical_to_the_repository_crd() -> Result<()> {
     let repo =
         std::fs::read(chart_dir().join("../../crds/tfjob.yaml")).context("crds/tfjob.yaml")?;
-    let chart = std::fs::read(chart_dir().join("crds/tfjob.yaml"))
-        .context("charts/tfjob-operator/crds/tfjob.yaml")?;
+    let chart = std::fs::read(chart_dir().join("files/tfjob-crd.yaml"))
+        .context("charts/tfjob-operator/files/tfjob-crd.yaml")?;
     assert!(
         repo == chart,
-        "charts/tfjob-operator/crds/tfjob.yaml differs from crds/tfjob.yaml; copy it: \
-         cp crds/tfjob.yaml charts/tfjob-operator/crds/tfjob.yaml"
+        "charts/tfjob-operator/files/tfjob-crd.yaml differs from crds/tfjob.yaml; copy it: \
+         cp crds/tfjob.yaml charts/tfjob-operator/files/tfjob-crd.yaml"
     );
-    // The only file in crds/: helm installs everything there as-is.
-    let files: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()?;
-    assert_eq!(files, vec![std::ffi::OsString::from("tfjob.yaml")]);
+    // No crds/ directory: Helm would apply it before templates/crd.yaml could look at the
+    // cluster's CRD (and skip or merge over another operator's).
+    assert!(!chart_dir().join("crds").exists(), "charts/tfjob-operator/crds/ exists");
+    // `helm template` (no cluster to look at) renders it as it is.
+    let cp = ControlPlane::shared()?;
+    let rendered = chart::template(cp, RELEASE, RELEASE_NS, &[], &["templates/crd.yaml"])?;
+    let docs = chart::documents(&rendered)?;
+    let want: Value = serde_saphyr::from_str(std::str::from_utf8(&repo)?)?;
+    assert_eq!(docs, vec![want]);
     Ok(())
 }
 
@@ -506,6 +520,7 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let r = render(cp, &[])?;
     let want: BTreeSet<&str> = [
+        "CustomResourceDefinition",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
@@ -518,6 +533,12 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     .into();
     assert_eq!(r.kinds(), want, "{:?}", r.objects);
     assert!(r.service_monitors.is_empty());
+    assert_eq!(r.crds.len(), 1);
+    assert_eq!(
+        r.crds[0].metadata.annotations.as_ref().and_then(|a| a.get("helm.sh/resource-policy")).map(String::as_str),
+        Some("keep"),
+        "helm uninstall would delete the CRD and every TFJob"
+    );
 
     let d = r.deployment();
     let spec = &d.spec;
@@ -1161,13 +1182,15 @@ fn exists(cp: &ControlPlane, kind: &str, name: &str, namespace: Option<&str>) ->
 }
 
 /// Installs the chart (no --wait: no kubelet runs, pods stay Pending) and returns the objects it
-/// renders for these values.
+/// renders for these values, but the CRD (which the release creates only on a cluster without
+/// one, and which outlives it).
 fn install(
     cp: &ControlPlane,
     ns: &str,
     values: &[(&str, &str)],
 ) -> Result<Vec<(String, Option<String>, String)>> {
-    let objects = parse(&chart::template(cp, RELEASE, ns, values, &[])?)?.objects;
+    let mut objects = parse(&chart::template(cp, RELEASE, ns, values, &[])?)?.objects;
+    objects.retain(|(kind, _, _)| kind != "CustomResourceDefinition");
     let mut args = vec![
         "install".to_string(),
         RELEASE.into(),
@@ -1219,7 +1242,7 @@ fn uninstall(
             || Ok(!exists(cp, kind, name, namespace.as_deref())?),
         )?;
     }
-    // helm never deletes what it installed from crds/: TFJobs survive an uninstall.
+    // The CRD outlives every release (helm.sh/resource-policy: keep): TFJobs survive an uninstall.
     ensure!(
         exists(cp, "crd", "tfjobs.kubeflow.org", None)?,
         "helm uninstall deleted the CRD"

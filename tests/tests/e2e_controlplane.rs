@@ -256,8 +256,8 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     scene.delete_job("exitcode-failure", &mut tl)?;
     tl.print();
 
-    // helm uninstall: nothing of the operator is left, its Lease included (the CRD stays:
-    // helm keeps crds/).
+    // helm uninstall: nothing of the operator is left, its Lease included (the CRD stays: the
+    // chart marks it helm.sh/resource-policy: keep).
     cp.helm_ok(["uninstall", RELEASE, "-n", &ns, "--wait", "--timeout", "90s"])?;
     eventually("nothing of the release is left", Duration::from_secs(90), || {
         let left = scene.kubectl(&["get", "deployments,replicasets,pods,serviceaccounts,services,roles,rolebindings", "-l", "app.kubernetes.io/instance=tfjob-operator", "-o", "name"])?;
@@ -267,6 +267,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
         let lease_gone = !lease.status.success() && String::from_utf8_lossy(&lease.stderr).contains("NotFound");
         Ok((left.trim().is_empty() && cluster.trim().is_empty() && lease_gone).then_some(()))
     })?;
+    cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "name"]).context("helm uninstall deleted the CRD")?;
     let Scene { mut agent, .. } = scene;
     agent.stop()?;
     let podman = Podman::setup()?;

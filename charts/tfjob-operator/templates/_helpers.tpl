@@ -105,6 +105,60 @@ Fails rendering on contradictory values.
 {{- end }}
 
 {{/*
+What the chart does with the TFJob CRD (tfjobs.kubeflow.org), decided before Helm applies
+anything, since the CRD is a template (templates/crd.yaml) and not in crds/: Helm 3 silently skips
+a CRD of crds/ that exists, and Helm 4 server-side applies it over the one there (merging into
+another operator's CRD, or failing on a field conflict). `lookup` sees the cluster on install and
+upgrade; under `helm template`, `helm lint` and --dry-run=client it sees nothing, and the CRD
+renders. Results:
+- "render": no TFJob CRD yet, or the one this release installed before: the chart's CRD, kept on
+  uninstall (helm.sh/resource-policy: keep) and updated on upgrade.
+- "keep": this project's CRD (label app.kubernetes.io/part-of=tfjob-rs), installed otherwise
+  (`kubectl apply`, or another release of this chart): left as it is.
+- "beside": another operator's CRD (Kubeflow's training-operator's, most likely) with
+  besideKubeflow=true: left as it is, if it has spec.runPolicy.managedBy (training-operator v1.9
+  and later; without it the API server drops the field and no job could be given to this
+  operator) and, where it lists the allowed values, this operator's among them.
+Another operator's CRD without besideKubeflow fails, saying what to do: two controllers must not
+reconcile the same TFJobs.
+*/}}
+{{- define "tfjob-operator.crd" -}}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "tfjobs.kubeflow.org" }}
+{{- if not $crd }}render
+{{- else }}
+{{- $labels := $crd.metadata.labels | default dict }}
+{{- $annotations := $crd.metadata.annotations | default dict }}
+{{- if eq (get $labels "app.kubernetes.io/part-of") "tfjob-rs" }}
+{{- if and (eq (get $annotations "meta.helm.sh/release-name") .Release.Name) (eq (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace) }}render
+{{- else }}keep
+{{- end }}
+{{- else if not .Values.besideKubeflow }}
+{{- fail (printf "the cluster already has a TFJob CRD (tfjobs.kubeflow.org) that this chart did not install (labels: %s), most likely Kubeflow's training-operator's. Two controllers must not reconcile the same TFJobs, and this chart changes nothing. Either run beside it: install with --set besideKubeflow=true (this operator then takes only TFJobs with spec.runPolicy.managedBy: tfjob-rs.io/operator; see README.md, \"Running beside Kubeflow\"), or make this operator the cluster's TFJob controller: remove Kubeflow's training-operator, apply this project's CRD (kubectl apply --server-side --force-conflicts -f https://raw.githubusercontent.com/tfjob-rs/tfjob-rs/v%s/crds/tfjob.yaml) and install again." (toJson $labels) .Chart.AppVersion) }}
+{{- else }}
+{{- include "tfjob-operator.checkBesideCrd" $crd }}beside
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Beside Kubeflow: the other operator's CRD must carry spec.runPolicy.managedBy in its served
+versions, and allow tfjob-rs.io/operator where it lists values (an enum).
+*/}}
+{{- define "tfjob-operator.checkBesideCrd" -}}
+{{- range .spec.versions }}
+{{- if .served }}
+{{- $managedBy := dig "schema" "openAPIV3Schema" "properties" "spec" "properties" "runPolicy" "properties" "managedBy" "" . }}
+{{- if not $managedBy }}
+{{- fail (printf "besideKubeflow=true, but the TFJob CRD (tfjobs.kubeflow.org, version %s) of the other operator has no spec.runPolicy.managedBy: the API server would drop the field, so no TFJob could be given to this operator. Kubeflow's training-operator has it from v1.9 on: upgrade it first (see README.md, \"Running beside Kubeflow\")." .name) }}
+{{- end }}
+{{- if and (kindIs "map" $managedBy) (hasKey $managedBy "enum") (not (has "tfjob-rs.io/operator" $managedBy.enum)) }}
+{{- fail (printf "besideKubeflow=true, but the TFJob CRD (tfjobs.kubeflow.org, version %s) allows spec.runPolicy.managedBy only in %s, not tfjob-rs.io/operator: no TFJob could be given to this operator." .name (toJson $managedBy.enum)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The operator's rules: exactly the API calls of operator/src/kube.rs (both for the ClusterRole
 and for the namespaced Role). Each verb is there for a call named in its comment.
 */}}

@@ -11,8 +11,8 @@
 #      it and the job still succeeds; a worker exiting 1 under restartPolicy ExitCode
 #      (exitcode-failure.yaml) fails the job with the operator's message
 #   6. `kubectl delete tfjob` after each job: no pod, Service or Secret of the job is left
-#   7. `helm uninstall`: no object of the release is left (the CRD stays: Helm never deletes
-#      what it installed from a chart's crds/ directory)
+#   7. `helm uninstall`: no object of the release is left (the CRD stays: the chart marks it
+#      helm.sh/resource-policy: keep)
 #   8. print a timeline of every job (applied, pods created, all running, first step,
 #      succeeded or failed, cleaned)
 #
@@ -463,8 +463,8 @@ run_exit_code_failure
 
 # ---------------------------------------------------------------------------------------------
 # 7. helm uninstall: nothing of the release is left, the leader-election Lease included (the
-#    chart renders it; the operator only takes it). The CRD stays (Helm never deletes CRDs it
-#    installed from crds/).
+#    chart renders it; the operator only takes it). The CRD stays (helm.sh/resource-policy: keep:
+#    deleting it would delete every TFJob).
 
 begin_subject "helm release $RELEASE_NAMESPACE/$RELEASE"
 helm get manifest "$RELEASE" -n "$RELEASE_NAMESPACE" >"$work/release.yaml"
@@ -473,7 +473,8 @@ helm uninstall "$RELEASE" -n "$RELEASE_NAMESPACE" --wait --timeout 120s
 deadline=$(($(now) + 120))
 while :; do
     left=$(
-        k get -f "$work/release.yaml" -n "$RELEASE_NAMESPACE" -o name --ignore-not-found
+        k get -f "$work/release.yaml" -n "$RELEASE_NAMESPACE" -o name --ignore-not-found |
+            { grep -v "^customresourcedefinition" || true; }
         k get deployments,replicasets,pods,serviceaccounts,services,roles,rolebindings \
             -n "$RELEASE_NAMESPACE" -l "app.kubernetes.io/instance=$RELEASE" -o name
         k get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$RELEASE" -o name
@@ -484,8 +485,8 @@ while :; do
 done
 mark "release gone" "$(now)"
 log "helm uninstall: no Deployment, pod, ServiceAccount, Service, (Cluster)Role or binding of the release is left"
-k get "crd/$CRD" -o name >/dev/null || die "helm uninstall deleted the CRD $CRD (Helm should keep crds/)"
-log "CRD $CRD kept, as Helm does for a chart's crds/ (delete it by hand: kubectl delete crd $CRD)"
+k get "crd/$CRD" -o name >/dev/null || die "helm uninstall deleted the CRD $CRD (the chart marks it helm.sh/resource-policy: keep)"
+log "CRD $CRD kept (helm.sh/resource-policy: keep; delete it by hand: kubectl delete crd $CRD)"
 if lease=$(k get lease -n "$RELEASE_NAMESPACE" "$RELEASE" -o name 2>/dev/null); then
     log "note: $lease in $RELEASE_NAMESPACE remains: the operator's leader-election Lease, created at run time, not by Helm"
 fi
