@@ -59,6 +59,14 @@ fn every_example_succeeds() -> Result<()> {
         let started = Instant::now();
         let (out, run_dir) = run(&file, &["--quiet"])?;
         assert!(out.status.success(), "{name}: {}", text(&out));
+        // Off a terminal neither `tfjob run` nor a replica writes terminal escape codes.
+        assert!(!text(&out).contains('\u{1b}'), "{name}: escape codes in {}", text(&out));
+        for log in std::fs::read_dir(&run_dir)?.map(|e| e.map(|e| e.path())) {
+            let log = log?;
+            if log.extension().is_some_and(|e| e == "log") {
+                assert!(!std::fs::read_to_string(&log)?.contains('\u{1b}'), "escape codes in {}", log.display());
+            }
+        }
         let status = status_yaml(&run_dir);
         assert!(status.contains("type: Succeeded"), "{name}: {status}");
         match name.as_str() {
