@@ -51,11 +51,10 @@ pub enum Claim {
 impl Claim {
     /// Whether a job with this `spec.runPolicy.managedBy` is this operator's.
     pub fn takes(self, managed_by: Option<&str>) -> bool {
-        match (self, managed_by) {
-            (_, Some(MANAGED_BY_TFJOB_RS)) => true,
-            (Claim::Unmanaged, None | Some(MANAGED_BY_THIS)) => true,
-            _ => false,
-        }
+        matches!(
+            (self, managed_by),
+            (_, Some(MANAGED_BY_TFJOB_RS)) | (Claim::Unmanaged, None | Some(MANAGED_BY_THIS))
+        )
     }
 }
 
