@@ -16,11 +16,7 @@ use crate::plan::{self, GangScheduler, PlanOptions};
 
 /// `tfjob`: TFJob operator and tools.
 #[derive(Debug, Parser)]
-#[command(
-    name = "tfjob",
-    version,
-    about = "TFJob (kubeflow.org/v1) operator and tools"
-)]
+#[command(name = "tfjob", version, about = "TFJob (kubeflow.org/v1) operator and tools")]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]
@@ -68,15 +64,9 @@ impl Output {
     pub fn format<T: serde::Serialize>(self, value: &T) -> Result<String, CliError> {
         let text = match self {
             Output::Yaml => api::to_yaml(value).map_err(|e| CliError::Output(e.to_string()))?,
-            Output::Json => {
-                serde_json::to_string_pretty(value).map_err(|e| CliError::Output(e.to_string()))?
-            }
+            Output::Json => serde_json::to_string_pretty(value).map_err(|e| CliError::Output(e.to_string()))?,
         };
-        Ok(if text.ends_with('\n') {
-            text
-        } else {
-            text + "\n"
-        })
+        Ok(if text.ends_with('\n') { text } else { text + "\n" })
     }
 }
 
@@ -218,15 +208,8 @@ pub enum CliError {
 }
 
 fn read(path: &Path) -> Result<String, CliError> {
-    let r = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
-    } else {
-        std::fs::read_to_string(path)
-    };
-    r.map_err(|source| CliError::Read {
-        path: path.display().to_string(),
-        source,
-    })
+    let r = if path.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) };
+    r.map_err(|source| CliError::Read { path: path.display().to_string(), source })
 }
 
 /// Label of the CRD this project ships: the chart tells its own TFJob CRD from another
@@ -239,16 +222,11 @@ pub const CRD_OWNER_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "tfjob-r
 pub const CRD_KEEP_ANNOTATION: (&str, &str) = ("helm.sh/resource-policy", "keep");
 
 /// The CRD (`TFJob::crd()` with [`CRD_OWNER_LABEL`] and [`CRD_KEEP_ANNOTATION`]).
-pub fn crd()
--> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     let mut crd = TFJob::crd();
     let meta = &mut crd.metadata;
-    meta.labels
-        .get_or_insert_with(Default::default)
-        .insert(CRD_OWNER_LABEL.0.into(), CRD_OWNER_LABEL.1.into());
-    meta.annotations
-        .get_or_insert_with(Default::default)
-        .insert(CRD_KEEP_ANNOTATION.0.into(), CRD_KEEP_ANNOTATION.1.into());
+    meta.labels.get_or_insert_with(Default::default).insert(CRD_OWNER_LABEL.0.into(), CRD_OWNER_LABEL.1.into());
+    meta.annotations.get_or_insert_with(Default::default).insert(CRD_KEEP_ANNOTATION.0.into(), CRD_KEEP_ANNOTATION.1.into());
     crd
 }
 
@@ -273,10 +251,7 @@ pub struct FileValidation {
 
 /// Validates the files; returns one line per problem (empty when everything is valid).
 pub fn validate_files(files: &[PathBuf]) -> Vec<String> {
-    validate_each(files)
-        .into_iter()
-        .flat_map(|f| f.problems)
-        .collect()
+    validate_each(files).into_iter().flat_map(|f| f.problems).collect()
 }
 
 /// Validates each file.
@@ -285,11 +260,7 @@ pub fn validate_each(files: &[PathBuf]) -> Vec<FileValidation> {
         .iter()
         .map(|path| {
             let problems = validate_file(path);
-            FileValidation {
-                file: path.display().to_string(),
-                valid: problems.is_empty(),
-                problems,
-            }
+            FileValidation { file: path.display().to_string(), valid: problems.is_empty(), problems }
         })
         .collect()
 }
@@ -324,44 +295,25 @@ fn validate_file(path: &Path) -> Vec<String> {
 /// YAML (or, with `-o json`, a `v1` `List` as `kubectl get -o json` prints several objects).
 /// The token is random, as in the cluster.
 pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, CliError> {
-    let docs = api::load_manifest(text).map_err(|source| CliError::Manifest {
-        path: path.to_string(),
-        source,
-    })?;
+    let docs = api::load_manifest(text).map_err(|source| CliError::Manifest { path: path.to_string(), source })?;
     if docs.is_empty() {
         return Err(CliError::Empty(path.to_string()));
     }
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args
-            .gang_scheduler
-            .as_deref()
-            .and_then(GangScheduler::from_setting),
+        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
     };
     let mut all: Vec<serde_json::Value> = Vec::new();
     for doc in docs {
-        let mut job = doc.map_err(|source| CliError::Manifest {
-            path: path.to_string(),
-            source,
-        })?;
+        let mut job = doc.map_err(|source| CliError::Manifest { path: path.to_string(), source })?;
         if job.metadata.namespace.is_none() {
             job.metadata.namespace = Some(args.namespace.clone());
         }
         let objects = plan::desired_objects(&job, &plan::random_token(), &opts);
         let mut values: Vec<serde_json::Value> = Vec::new();
-        let to_value = |v: Result<serde_json::Value, serde_json::Error>| {
-            v.map_err(|e| CliError::Output(e.to_string()))
-        };
-        values.push(with_kind(
-            to_value(serde_json::to_value(&objects.secret))?,
-            "v1",
-            "Secret",
-        ));
-        values.push(with_kind(
-            to_value(serde_json::to_value(&objects.service))?,
-            "v1",
-            "Service",
-        ));
+        let to_value = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| CliError::Output(e.to_string()));
+        values.push(with_kind(to_value(serde_json::to_value(&objects.secret))?, "v1", "Secret"));
+        values.push(with_kind(to_value(serde_json::to_value(&objects.service))?, "v1", "Service"));
         for pod in objects.pods {
             let pod = serde_json::to_value(pod.into_pod());
             values.push(with_kind(to_value(pod)?, "v1", "Pod"));
@@ -396,12 +348,9 @@ fn with_kind(mut v: serde_json::Value, api_version: &str, kind: &str) -> serde_j
 fn scale(args: &ScaleArgs) -> ExitCode {
     use crate::local::control;
     let request = control::Request::Scale(args.replicas.clone());
-    let reply = control::resolve_run_dir(&args.run, &control::runs_root())
-        .and_then(|dir| control::send(&dir, &request));
+    let reply = control::resolve_run_dir(&args.run, &control::runs_root()).and_then(|dir| control::send(&dir, &request));
     match reply {
-        Ok(control::Reply {
-            ok: true, message, ..
-        }) => {
+        Ok(control::Reply { ok: true, message, .. }) => {
             println!("{}", message.unwrap_or_default());
             ExitCode::SUCCESS
         }
@@ -423,10 +372,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Output::Yaml => print_out(Ok(crd_yaml())),
             Output::Json => print_out(Output::Json.format(&crd())),
         },
-        Command::Validate(ValidateArgs {
-            files,
-            output: Some(output),
-        }) => {
+        Command::Validate(ValidateArgs { files, output: Some(output) }) => {
             let results = validate_each(&files);
             let valid = results.iter().all(|r| r.valid);
             match print_out(output.format(&results)) {
@@ -449,18 +395,10 @@ pub fn run(cli: Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Command::Render(args) => print_out(
-            read(&args.file)
-                .and_then(|text| render_text(&text, &args.file.display().to_string(), &args)),
-        ),
+        Command::Render(args) => print_out(read(&args.file).and_then(|text| render_text(&text, &args.file.display().to_string(), &args))),
         Command::Operator(args) => crate::kube::run_operator(args),
         Command::Run(args) => {
-            let opts = crate::local::RunOptions {
-                run_dir: args.run_dir,
-                quiet: args.quiet,
-                follow: args.follow,
-                ..Default::default()
-            };
+            let opts = crate::local::RunOptions { run_dir: args.run_dir, quiet: args.quiet, follow: args.follow, ..Default::default() };
             match crate::local::run_file(&args.file, args.backend, &opts) {
                 Ok(result) => ExitCode::from(result.exit_code.clamp(0, 255) as u8),
                 Err(e) => {
@@ -473,12 +411,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Status(args) => print_out(run_status(&args.run, args.output)),
         Command::Logs(args) => {
             let mut stdout = std::io::stdout().lock();
-            match crate::local::logs::show(
-                &args.run,
-                args.replica.as_deref(),
-                args.follow,
-                &mut stdout,
-            ) {
+            match crate::local::logs::show(&args.run, args.replica.as_deref(), args.follow, &mut stdout) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("tfjob logs: {e}");
@@ -496,12 +429,7 @@ pub fn run(cli: Cli) -> ExitCode {
 
 /// Writes a command's output to stdout, or its error to stderr (exit code 1).
 fn print_out(text: Result<String, CliError>) -> ExitCode {
-    let written = text.and_then(|t| {
-        std::io::stdout()
-            .lock()
-            .write_all(t.as_bytes())
-            .map_err(|e| CliError::Output(e.to_string()))
-    });
+    let written = text.and_then(|t| std::io::stdout().lock().write_all(t.as_bytes()).map_err(|e| CliError::Output(e.to_string())));
     match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -515,11 +443,9 @@ fn print_out(text: Result<String, CliError>) -> ExitCode {
 /// job's conditions, replica counts and times, as `kubectl get tfjob -o yaml` shows `status`.
 pub fn run_status(run: &str, output: Output) -> Result<String, CliError> {
     use crate::local::control;
-    let dir = control::resolve_run_dir(run, &control::runs_root())
-        .map_err(|e| CliError::Output(e.to_string()))?;
+    let dir = control::resolve_run_dir(run, &control::runs_root()).map_err(|e| CliError::Output(e.to_string()))?;
     let path = dir.join("status.yaml");
     let text = read(&path)?;
-    let status: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| CliError::Output(format!("{}: {e}", path.display())))?;
+    let status: serde_json::Value = serde_saphyr::from_str(&text).map_err(|e| CliError::Output(format!("{}: {e}", path.display())))?;
     output.format(&status)
 }

@@ -39,14 +39,7 @@ pub const FRAMEWORK: &str = "tensorflow";
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The phases of `tfjob_jobs` (a job's last true condition, [`status::job_phase`]).
-const PHASES: [&str; 6] = [
-    status::CREATED,
-    status::RUNNING,
-    status::RESTARTING,
-    status::SUCCEEDED,
-    status::SUSPENDED,
-    status::FAILED,
-];
+const PHASES: [&str; 6] = [status::CREATED, status::RUNNING, status::RESTARTING, status::SUCCEEDED, status::SUSPENDED, status::FAILED];
 
 /// Upper bounds (seconds) of the reconcile-duration histogram's buckets.
 const RECONCILE_BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -85,11 +78,7 @@ pub enum JobEvent {
 /// reconcile repeated from the same observation never counts twice.
 pub fn job_events(old: &TFJobStatus, new: &TFJobStatus) -> Vec<JobEvent> {
     let became_true = |type_: &str| {
-        let is_true = |s: &TFJobStatus| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == type_ && c.status == "True")
-        };
+        let is_true = |s: &TFJobStatus| s.conditions.iter().any(|c| c.type_ == type_ && c.status == "True");
         is_true(new) && !is_true(old)
     };
     [
@@ -117,10 +106,7 @@ impl Collector for JobsByPhase {
         if let Ok(store) = self.store.lock()
             && let Some((store, claim)) = store.as_ref()
         {
-            let ours = store
-                .state()
-                .into_iter()
-                .filter(|job| claim.takes(job.spec.run_policy.managed_by.as_deref()));
+            let ours = store.state().into_iter().filter(|job| claim.takes(job.spec.run_policy.managed_by.as_deref()));
             for job in ours {
                 let status = job.status.clone().unwrap_or_default();
                 let phase = status::job_phase(&status);
@@ -129,12 +115,7 @@ impl Collector for JobsByPhase {
                 }
             }
         }
-        let mut family = encoder.encode_descriptor(
-            "tfjob_jobs",
-            "TFJobs by phase (the last true condition).",
-            None,
-            MetricType::Gauge,
-        )?;
+        let mut family = encoder.encode_descriptor("tfjob_jobs", "TFJobs by phase (the last true condition).", None, MetricType::Gauge)?;
         for (phase, n) in counts {
             ConstGauge::new(n).encode(family.encode_family(&[("phase", phase)])?)?;
         }
@@ -168,33 +149,14 @@ impl Default for Metrics {
             registry.register(format!("training_operator_{name}"), help, family.clone());
         }
         let reconcile_duration = Histogram::new(RECONCILE_BUCKETS);
-        registry.register(
-            "tfjob_reconcile_duration_seconds",
-            "Duration of reconciliations.",
-            reconcile_duration.clone(),
-        );
+        registry.register("tfjob_reconcile_duration_seconds", "Duration of reconciliations.", reconcile_duration.clone());
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
-            "tfjob_reconcile_errors",
-            "Reconciliation errors by category.",
-            reconcile_errors.clone(),
-        );
+        registry.register("tfjob_reconcile_errors", "Reconciliation errors by category.", reconcile_errors.clone());
         let replicas_recreated = Counter::default();
-        registry.register(
-            "tfjob_restarts",
-            "Replicas recreated after a failure.",
-            replicas_recreated.clone(),
-        );
+        registry.register("tfjob_restarts", "Replicas recreated after a failure.", replicas_recreated.clone());
         let by_phase = Arc::new(JobsByPhase::default());
         registry.register_collector(Box::new(by_phase.clone()));
-        Metrics {
-            registry,
-            jobs,
-            reconcile_duration,
-            reconcile_errors,
-            replicas_recreated,
-            by_phase,
-        }
+        Metrics { registry, jobs, reconcile_duration, reconcile_errors, replicas_recreated, by_phase }
     }
 }
 
@@ -208,12 +170,7 @@ impl Metrics {
             JobEvent::Failed => 3,
             JobEvent::Restarted => 4,
         }];
-        family
-            .get_or_create(&JobLabels {
-                job_namespace: namespace.to_string(),
-                framework: FRAMEWORK.to_string(),
-            })
-            .inc();
+        family.get_or_create(&JobLabels { job_namespace: namespace.to_string(), framework: FRAMEWORK.to_string() }).inc();
     }
 
     /// Records the duration of one reconcile.
@@ -223,11 +180,7 @@ impl Metrics {
 
     /// Counts a reconcile error (or a failed event publication) of a category.
     pub fn error(&self, category: &str) {
-        self.reconcile_errors
-            .get_or_create(&ErrorLabels {
-                category: category.to_string(),
-            })
-            .inc();
+        self.reconcile_errors.get_or_create(&ErrorLabels { category: category.to_string() }).inc();
     }
 
     /// Counts a replica recreated after a failure.
@@ -262,11 +215,7 @@ async fn metrics_page(State(s): State<Endpoints>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<Endpoints>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
-    }
+    if s.ready.load(Ordering::SeqCst) { (StatusCode::OK, "ok\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
 }
 
 /// `/metrics`, `/healthz` (always ok while the process serves) and `/readyz` (ok while `ready`:
@@ -280,11 +229,7 @@ pub fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
 }
 
 /// Serves [`router`] on `listener` until the task is aborted.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> std::io::Result<()> {
     axum::serve(listener, router(metrics, ready)).await
 }
 
@@ -295,14 +240,7 @@ mod tests {
 
     fn status(conditions: &[(&str, &str)]) -> TFJobStatus {
         TFJobStatus {
-            conditions: conditions
-                .iter()
-                .map(|(t, s)| JobCondition {
-                    type_: t.to_string(),
-                    status: s.to_string(),
-                    ..Default::default()
-                })
-                .collect(),
+            conditions: conditions.iter().map(|(t, s)| JobCondition { type_: t.to_string(), status: s.to_string(), ..Default::default() }).collect(),
             ..Default::default()
         }
     }
@@ -315,49 +253,17 @@ mod tests {
             (&[], &[], vec![]),
             (&[], &[("Created", "True")], vec![Created]),
             (&[("Created", "True")], &[("Created", "True")], vec![]),
-            (
-                &[("Created", "True")],
-                &[("Created", "True"), ("Running", "True")],
-                vec![],
-            ),
-            (
-                &[("Created", "True"), ("Running", "True")],
-                &[
-                    ("Created", "True"),
-                    ("Running", "False"),
-                    ("Restarting", "True"),
-                ],
-                vec![Restarted],
-            ),
-            (
-                &[("Restarting", "False")],
-                &[("Restarting", "True")],
-                vec![Restarted],
-            ),
-            (
-                &[("Running", "True")],
-                &[("Running", "False"), ("Succeeded", "True")],
-                vec![Succeeded],
-            ),
-            (
-                &[("Running", "True")],
-                &[("Running", "False"), ("Failed", "True")],
-                vec![Failed],
-            ),
+            (&[("Created", "True")], &[("Created", "True"), ("Running", "True")], vec![]),
+            (&[("Created", "True"), ("Running", "True")], &[("Created", "True"), ("Running", "False"), ("Restarting", "True")], vec![Restarted]),
+            (&[("Restarting", "False")], &[("Restarting", "True")], vec![Restarted]),
+            (&[("Running", "True")], &[("Running", "False"), ("Succeeded", "True")], vec![Succeeded]),
+            (&[("Running", "True")], &[("Running", "False"), ("Failed", "True")], vec![Failed]),
             (&[("Failed", "True")], &[("Failed", "True")], vec![]),
             // A job created and failed in one pass (invalid spec) counts both.
-            (
-                &[],
-                &[("Created", "True"), ("Failed", "True")],
-                vec![Created, Failed],
-            ),
+            (&[], &[("Created", "True"), ("Failed", "True")], vec![Created, Failed]),
         ];
         for (old, new, want) in cases {
-            assert_eq!(
-                job_events(&status(old), &status(new)),
-                want,
-                "{old:?} -> {new:?}"
-            );
+            assert_eq!(job_events(&status(old), &status(new)), want, "{old:?} -> {new:?}");
         }
     }
 
@@ -384,10 +290,7 @@ mod tests {
             r#"tfjob_jobs{phase="Running"} 0"#,
             "# EOF",
         ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "no line {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
@@ -399,11 +302,7 @@ mod tests {
         use crate::api::{MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS};
         use kube::runtime::{reflector, watcher};
         let (store, mut writer) = reflector::store::<TFJob>();
-        for (name, managed_by) in [
-            ("plain", None),
-            ("ours", Some(MANAGED_BY_TFJOB_RS)),
-            ("kueue", Some(MANAGED_BY_MULTIKUEUE)),
-        ] {
+        for (name, managed_by) in [("plain", None), ("ours", Some(MANAGED_BY_TFJOB_RS)), ("kueue", Some(MANAGED_BY_MULTIKUEUE))] {
             let mut job = TFJob::new(name, Default::default());
             job.metadata.namespace = Some("ns".into());
             job.spec.run_policy.managed_by = managed_by.map(str::to_string);
@@ -415,10 +314,7 @@ mod tests {
             m.watch_jobs(store.clone(), claim);
             let line = format!(r#"tfjob_jobs{{phase="Running"}} {running}"#);
             let text = m.render();
-            assert!(
-                text.lines().any(|l| l == line),
-                "{claim:?}: no line {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "{claim:?}: no line {line:?} in\n{text}");
         }
     }
 }

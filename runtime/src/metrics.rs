@@ -6,15 +6,15 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::ps::ParameterStore;
@@ -55,13 +55,7 @@ pub struct TrainingMetrics {
 }
 
 /// A counter (named without `_total`: the encoder appends it) or a gauge, at a scrape.
-fn figure(
-    e: &mut DescriptorEncoder,
-    kind: MetricType,
-    name: &str,
-    help: &str,
-    value: f64,
-) -> Result<(), std::fmt::Error> {
+fn figure(e: &mut DescriptorEncoder, kind: MetricType, name: &str, help: &str, value: f64) -> Result<(), std::fmt::Error> {
     let metric = e.encode_descriptor(name, help, None, kind)?;
     match kind {
         MetricType::Counter => ConstCounter::new(value).encode(metric),
@@ -76,12 +70,7 @@ impl Collector for TrainingMetrics {
         figure(&mut e, Counter, "tfjob_local_steps", "Training steps done by this task.", c(&self.local_steps))?;
         figure(&mut e, Gauge, "tfjob_global_step", "Global step last seen.", c(&self.global_step))?;
         let mut parts = e.encode_descriptor("tfjob_step_seconds", "Time spent in each part of a step.", None, Counter)?;
-        for (part, v) in [
-            ("compute", &self.compute_seconds),
-            ("push", &self.push_seconds),
-            ("wait", &self.wait_seconds),
-            ("pull", &self.pull_seconds),
-        ] {
+        for (part, v) in [("compute", &self.compute_seconds), ("push", &self.push_seconds), ("wait", &self.wait_seconds), ("pull", &self.pull_seconds)] {
             ConstCounter::new(v.get()).encode(parts.encode_family(&[("part", part)])?)?;
         }
         figure(&mut e, Counter, "tfjob_bytes_sent", "Tensor bytes sent to the ps tasks.", c(&self.bytes_sent))?;
@@ -159,15 +148,16 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Serves `GET /metrics` (and `/healthz`) on `addr` until the returned
 /// handle is dropped or aborted.
 pub async fn serve(addr: SocketAddr, metrics: Arc<TaskMetrics>) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    use axum::{routing::get, Router};
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("metrics: cannot listen on {addr}: {e}")))?;
+    use axum::{Router, routing::get};
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| std::io::Error::new(e.kind(), format!("metrics: cannot listen on {addr}: {e}")))?;
     let app = Router::new()
-        .route("/metrics", get(move || {
-            let metrics = metrics.clone();
-            async move { ([("content-type", CONTENT_TYPE)], metrics.render()) }
-        }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move { ([("content-type", CONTENT_TYPE)], metrics.render()) }
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }));
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

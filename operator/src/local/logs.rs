@@ -77,19 +77,11 @@ pub fn complete_lines(buf: &mut Vec<u8>) -> Vec<String> {
     };
     let rest = buf.split_off(last + 1);
     let done = std::mem::replace(buf, rest);
-    String::from_utf8_lossy(&done[..last])
-        .split('\n')
-        .map(str::to_string)
-        .collect()
+    String::from_utf8_lossy(&done[..last]).split('\n').map(str::to_string).collect()
 }
 
 /// Writes the logs of the run `run` (a run directory or a job name) to `out`.
-pub fn show(
-    run: &str,
-    replica: Option<&str>,
-    follow: bool,
-    out: &mut impl Write,
-) -> Result<(), LogsError> {
+pub fn show(run: &str, replica: Option<&str>, follow: bool, out: &mut impl Write) -> Result<(), LogsError> {
     let dir = control::resolve_run_dir(run, &control::runs_root())?;
     let logs = replica_logs(&dir)?;
     if let Some(r) = replica
@@ -109,11 +101,7 @@ pub fn show(
         let was_running = running(&dir);
         for (name, path) in replica_logs(&dir)? {
             if replica.is_none_or(|r| r == name) {
-                tails.entry(name).or_insert(Tail {
-                    path,
-                    offset: 0,
-                    partial: Vec::new(),
-                });
+                tails.entry(name).or_insert(Tail { path, offset: 0, partial: Vec::new() });
             }
         }
         for (name, tail) in &mut tails {
@@ -143,13 +131,8 @@ mod tests {
 
     #[test]
     fn complete_lines_keep_the_partial_one() {
-        let cases: [(&str, &[&str], &str); 5] = [
-            ("", &[], ""),
-            ("abc", &[], "abc"),
-            ("a\n", &["a"], ""),
-            ("a\nb\nc", &["a", "b"], "c"),
-            ("\n\nx", &["", ""], "x"),
-        ];
+        let cases: [(&str, &[&str], &str); 5] =
+            [("", &[], ""), ("abc", &[], "abc"), ("a\n", &["a"], ""), ("a\nb\nc", &["a", "b"], "c"), ("\n\nx", &["", ""], "x")];
         for (input, lines, rest) in cases {
             let mut buf = input.as_bytes().to_vec();
             assert_eq!(complete_lines(&mut buf), lines, "{input:?}");
