@@ -33,6 +33,7 @@ fn render_args() -> RenderArgs {
         namespace: "default".into(),
         cluster_domain: None,
         gang_scheduler: None,
+        network_policy: false,
     }
 }
 

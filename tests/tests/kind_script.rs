@@ -396,8 +396,10 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
             name: format!("{}-{}-{index}", job.name(), rtype.lower()),
             phase,
             exit_code: exit,
+            exit_reason: None,
             restart_count: 0,
             terminating: false,
+            unschedulable: None,
         }
     };
 

@@ -87,8 +87,10 @@ pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit
         name: name.to_string(),
         phase,
         exit_code,
+        exit_reason: None,
         restart_count,
         terminating: false,
+        unschedulable: None,
     }
 }
 
@@ -325,7 +327,7 @@ impl Driver {
                     }
                 }
                 Action::DeleteReplica { name: pod } => backend.delete(pod),
-                Action::Event { kind, reason, message } => self.console.event(*kind == EventKind::Warning, reason, message),
+                Action::Event { kind, reason, message, .. } => self.console.event(*kind == EventKind::Warning, reason, message),
                 Action::RequeueAfter(d) => requeue = requeue.min(*d),
                 Action::DeleteJob => delete_job = true,
             }

@@ -12,7 +12,7 @@ fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
                 replicas: *n,
                 template: Default::default(),
                 restart_policy: p.clone(),
-                template_error: None,
+                ..Default::default()
             },
         );
     }
@@ -30,8 +30,14 @@ fn r(t: ReplicaType, index: i32, phase: Phase) -> ObservedReplica {
             Phase::Failed => Some(1),
             _ => None,
         },
+        exit_reason: match phase {
+            Phase::Succeeded => Some("Completed".into()),
+            Phase::Failed => Some("Error".into()),
+            _ => None,
+        },
         restart_count: 0,
         terminating: false,
+        unschedulable: None,
     }
 }
 
@@ -288,7 +294,7 @@ fn status_table() {
                 FAILED,
                 "True",
                 "TFJobFailed",
-                "TFJob ns/job has failed because 1 PS replica(s) failed.",
+                "TFJob ns/job has failed because 1 PS replica(s) failed: pod job-ps-0 exited with code 1 (Error).",
             )],
             vec![
                 Action::DeleteReplica {
@@ -308,7 +314,7 @@ fn status_table() {
                 RESTARTING,
                 "True",
                 "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-1 exited with code 1 (Error).",
             )],
             vec![Action::RecreateReplica {
                 name: "job-worker-1".into(),
@@ -325,7 +331,7 @@ fn status_table() {
                 RESTARTING,
                 "True",
                 "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 exited with code 1 (Error).",
             )],
             vec![Action::RecreateReplica {
                 name: "job-worker-0".into(),
@@ -345,7 +351,7 @@ fn status_table() {
                 RESTARTING,
                 "True",
                 "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 PS replica(s) failed.",
+                "TFJob ns/job is restarting because 1 PS replica(s) failed: pod job-ps-0 exited with code 137 (Error).",
             )],
             vec![Action::RecreateReplica {
                 name: "job-ps-0".into(),
@@ -365,7 +371,7 @@ fn status_table() {
                 FAILED,
                 "True",
                 "TFJobFailed",
-                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed: pod job-worker-0 exited with code 1 (Error).",
             )],
             vec![Action::DeleteReplica {
                 name: "job-worker-1".into(),
@@ -380,7 +386,7 @@ fn status_table() {
                 FAILED,
                 "True",
                 "TFJobFailed",
-                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed: pod job-worker-0 exited with code 127 (Error).",
             )],
             vec![],
             vec![("Worker", 0, 0, 1)],
@@ -393,7 +399,7 @@ fn status_table() {
                 RESTARTING,
                 "True",
                 "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 exited with code 128 (Error).",
             )],
             vec![Action::RecreateReplica {
                 name: "job-worker-0".into(),
@@ -459,11 +465,28 @@ fn status_table() {
         );
         // Every transition comes with an event.
         let transitions = o.status.conditions.len();
-        assert_eq!(
-            events(&o).len(),
-            transitions,
-            "{name}: one event per transition"
-        );
+        let job_events = events(&o)
+            .into_iter()
+            .filter(|r| r != EXITED_WITH_CODE)
+            .count();
+        assert_eq!(job_events, transitions, "{name}: one event per transition");
+        // And every failed pod acted upon with an `ExitedWithCode` naming it, its code, reason.
+        let want_exits: Vec<(String, String)> = observed
+            .iter()
+            .filter(|r| r.phase == Phase::Failed)
+            .map(|r| {
+                let code = r.exit_code.unwrap();
+                (
+                    EXITED_WITH_CODE.to_string(),
+                    format!("Pod: ns.{} exited with code {code} (Error)", r.name),
+                )
+            })
+            .collect();
+        let exits: Vec<(String, String)> = event_texts(&o)
+            .into_iter()
+            .filter(|(r, _)| r == EXITED_WITH_CODE)
+            .collect();
+        assert_eq!(exits, want_exits, "{name}: exit events");
     }
 }
 
@@ -626,6 +649,8 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     // A third: over the limit.
     let w = ObservedReplica {
         restart_count: 3,
+        exit_code: Some(137),
+        exit_reason: Some("OOMKilled".into()),
         ..r(Worker, 0, Phase::Running)
     };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
@@ -635,7 +660,8 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
             FAILED,
             "True",
             "TFJobFailed",
-            "TFJob ns/job has failed because it has reached the specified backoff limit"
+            "TFJob ns/job has failed because it has reached the specified backoff limit: pod \
+             job-worker-0 restarted 3 time(s), last exit code 137 (OOMKilled)"
         )
     );
 
@@ -671,6 +697,11 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
         at(3),
     );
     assert!(has_condition(&o.status, FAILED));
+    assert_eq!(
+        conds(&o.status).last().unwrap().3,
+        "TFJob ns/job has failed because it has reached the specified backoff limit: pod \
+         job-worker-0 exited with code 137 (Error)"
+    );
     assert!(
         !has_condition(&o.status, RESTARTING),
         "terminal turns Restarting false"
@@ -731,11 +762,12 @@ fn suspend_and_resume() {
         &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)],
         at(10),
     );
+    // False conditions first: the last one is the state (`kubectl get`'s State column).
     assert_eq!(
         conds(&o.status),
         vec![
-            created(),
             c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."),
+            created(),
             c(
                 SUSPENDED,
                 "True",
@@ -771,6 +803,9 @@ fn suspend_and_resume() {
     )));
     assert_eq!(events(&o), vec!["TFJobResumed"]);
     assert_eq!(non_events(&o).len(), 2);
+    // Resumed, not running yet: the state shown is Created, not Suspended.
+    assert_eq!(conds(&o.status).last().unwrap().0, CREATED);
+    assert_eq!(job_phase(&o.status), CREATED);
 }
 
 #[test]
@@ -1037,7 +1072,8 @@ fn dynamic_worker_failures() {
             Some((
                 FAILED,
                 "TFJob ns/job has failed because Worker 0, the chief of a job without Chief or \
-                 Master, failed (1 of 3 Worker replica(s) failed).",
+                 Master, failed (1 of 3 Worker replica(s) failed): pod job-worker-0 exited with \
+                 code 1 (Error).",
             )),
         ),
         (
@@ -1046,7 +1082,8 @@ fn dynamic_worker_failures() {
             in_phases(&[(Chief, &[R]), (PS, &[R, R]), (Worker, &[F, F])]),
             Some((
                 FAILED,
-                "TFJob ns/job has failed because all 2 Worker replica(s) failed.",
+                "TFJob ns/job has failed because all 2 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 1 (Error); pod job-worker-1 exited with code 1 (Error).",
             )),
         ),
         (
@@ -1058,7 +1095,9 @@ fn dynamic_worker_failures() {
                 .collect(),
             Some((
                 FAILED,
-                "TFJob ns/job has failed because all 3 Worker replica(s) failed.",
+                "TFJob ns/job has failed because all 3 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 3 (Error); pod job-worker-1 exited with code 3 (Error); pod \
+                 job-worker-2 exited with code 3 (Error).",
             )),
         ),
         (
@@ -1067,7 +1106,8 @@ fn dynamic_worker_failures() {
             in_phases(&[(Chief, &[F]), (Worker, &[R, R])]),
             Some((
                 FAILED,
-                "TFJob ns/job has failed because 1 Chief replica(s) failed.",
+                "TFJob ns/job has failed because 1 Chief replica(s) failed: pod job-chief-0 exited \
+                 with code 1 (Error).",
             )),
         ),
         (
@@ -1076,7 +1116,8 @@ fn dynamic_worker_failures() {
             in_phases(&[(PS, &[R]), (Worker, &[F])]),
             Some((
                 RESTARTING,
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 1 (Error).",
             )),
         ),
     ];

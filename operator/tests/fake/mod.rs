@@ -31,6 +31,9 @@ pub struct State {
     pub log: Vec<String>,
     /// Path prefixes answered with 404 (e.g. a CRD that is not installed).
     pub unserved: Vec<String>,
+    /// Creations refused as an admission controller or validation would: (object key prefix,
+    /// HTTP code, reason, message).
+    pub refusals: Vec<(String, u16, String, String)>,
     counter: u64,
     history: Vec<Change>,
     changes: broadcast::Sender<Change>,
@@ -42,6 +45,7 @@ impl Default for State {
             objects: BTreeMap::new(),
             log: Vec::new(),
             unserved: Vec::new(),
+            refusals: Vec::new(),
             counter: 0,
             history: Vec::new(),
             changes: broadcast::channel(4096).0,
@@ -292,6 +296,13 @@ impl State {
                 let key = format!("{collection}/{name}");
                 if self.objects.contains_key(&key) {
                     return status(409, "AlreadyExists", &format!("{name} already exists"));
+                }
+                if let Some((_, code, reason, message)) = self
+                    .refusals
+                    .iter()
+                    .find(|(prefix, ..)| key.starts_with(prefix.as_str()))
+                {
+                    return status(*code, reason, message);
                 }
                 self.stamp_new(&mut obj, &name);
                 self.record(&key, "ADDED", &obj);
