@@ -56,8 +56,9 @@ OPERATOR_REPOSITORY=tfjob-operator
 EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp)
 RESTART_MANIFEST=$here/worker-restart.yaml
 FAILURE_MANIFEST=$here/exitcode-failure.yaml
-# The Failed condition's message (operator/src/status.rs) for one permanent Worker failure.
-FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed.'
+# The Failed condition's message (operator/src/status.rs) for one permanent Worker failure: it names
+# the pod and its exit code (then the kubelet's reason, e.g. "(Error)").
+FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed: pod exitcode-failure-worker-0 exited with code 1'
 # Labels the operator puts on every object of a job (operator/src/plan.rs).
 LABEL_JOB_NAME=training.kubeflow.org/job-name
 LABEL_OPERATOR_NAME=training.kubeflow.org/operator-name
