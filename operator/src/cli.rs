@@ -106,7 +106,7 @@ pub struct RenderArgs {
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
     /// Also render the job's NetworkPolicy (the operator's `--network-policy`).
-    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub network_policy: bool,
 }
 

@@ -542,6 +542,8 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     let mut planner: Option<plan::PodPlanner> = None;
     for action in &outcome.actions {
         match action {
+            // After an invalid pod the job fails: no point sending its other pods.
+            Action::CreateReplica { .. } if refused.iter().any(|r| r.permanent) => {}
             Action::CreateReplica {
                 replica_type,
                 index,
@@ -762,7 +764,7 @@ pub struct OperatorArgs {
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
     /// Give every job a NetworkPolicy: only the job's own pods reach its replicas' ports.
-    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub network_policy: bool,
     /// Use leader election (a Lease) so that only one replica reconciles.
     #[arg(long, env = "TFJOB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]

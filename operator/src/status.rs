@@ -549,21 +549,26 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Fails a job whose spec is not valid. A running job whose only problem is a `Worker`
-    /// count below its chief ([`api::worker_floor_error`]: only an API server without the CRD's
-    /// rule lets it through) is not failed: [`Machine::count_replicas`] keeps its worker 0.
+    /// Fails a job whose spec is not valid. A job that has already started (some replica type
+    /// was planned) is not failed for what only an older operator or an older CRD let through:
+    /// a `Worker` count below its chief ([`api::worker_floor_error`];
+    /// [`Machine::count_replicas`] keeps its worker 0), or a problem in a pod template (its
+    /// pods run already; an upgrade of the operator must not kill them).
     fn fail_if_invalid(&mut self) -> bool {
-        let planned_before = self
+        let started = self
             .status
             .replica_statuses
-            .get(ReplicaType::Worker.as_str())
-            .is_some_and(|s| s.replicas.is_some());
-        let tolerated = api::worker_floor_error(self.obs.spec).filter(|_| planned_before);
+            .values()
+            .any(|s| s.replicas.is_some());
+        let floor = api::worker_floor_error(self.obs.spec);
+        let tolerated = |e: &api::FieldError| {
+            started && (Some(e) == floor.as_ref() || e.field.contains(".template"))
+        };
         let problems: Vec<String> = self
             .obs
             .invalid
             .iter()
-            .filter(|e| Some(*e) != tolerated.as_ref())
+            .filter(|e| !tolerated(e))
             .map(ToString::to_string)
             .collect();
         if problems.is_empty() {

@@ -229,6 +229,16 @@ fn cli_render_and_crd() {
         r#"{"cluster":{"ps":["linear-ps-0.linear.team.svc.cluster.local:2222"],"worker":["linear-worker-0.linear.team.svc.cluster.local:2222","linear-worker-1.linear.team.svc.cluster.local:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#
     ), "{text}");
     assert!(text.contains("publishNotReadyAddresses: true"));
+    assert!(!text.contains("kind: NetworkPolicy"), "{text}");
+    // With --network-policy (before the file: it takes no value but `=false`) the job's
+    // NetworkPolicy too.
+    let out = tfjob()
+        .args(["render", "--network-policy"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("kind: NetworkPolicy"), "{text}");
 
     let out = tfjob().arg("crd").output().unwrap();
     assert!(out.status.success());
@@ -254,6 +264,7 @@ fn operator_flags_have_env_fallbacks_and_fail_clearly_without_a_cluster() {
         "TFJOB_LOG_LEVEL",
         "TFJOB_LOG_FORMAT",
         "TFJOB_GANG_SCHEDULER",
+        "TFJOB_NETWORK_POLICY",
     ] {
         assert!(help.contains(env), "{env} missing from:\n{help}");
     }

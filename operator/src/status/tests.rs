@@ -848,6 +848,49 @@ fn invalid_job_fails_with_warning() {
     );
 }
 
+#[test]
+fn a_template_problem_fails_a_new_job_but_not_one_that_runs() {
+    let s = spec(&[(Worker, 1, Never)]);
+    let typo = crate::api::FieldError::new(
+        "spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource",
+        "unknown field; did you mean \"resources\"?",
+    );
+    let other = crate::api::FieldError::new("spec.runPolicy.backoffLimit", "must be >= 0, got -1");
+    // (started already, problems, fails)
+    let cases = [
+        (false, vec![typo.clone()], true),
+        (true, vec![typo.clone()], false),
+        (true, vec![typo.clone(), other.clone()], true),
+        (false, vec![other.clone()], true),
+    ];
+    for (started, invalid, fails) in cases {
+        let status = if started {
+            run(
+                &s,
+                &TFJobStatus::default(),
+                &[r(Worker, 0, Phase::Running)],
+                t0(),
+            )
+            .status
+        } else {
+            TFJobStatus::default()
+        };
+        let observed = [r(Worker, 0, Phase::Running)];
+        let o = run_invalid(&s, &status, &observed, &invalid, at(1));
+        assert_eq!(
+            has_condition(&o.status, FAILED),
+            fails,
+            "{started} {invalid:?}"
+        );
+        if fails {
+            let msg = conds(&o.status).pop().unwrap().3;
+            assert!(msg.contains(&invalid.last().unwrap().to_string()), "{msg}");
+        } else {
+            assert!(has_condition(&o.status, RUNNING), "{o:#?}");
+        }
+    }
+}
+
 /// (reason, message) of every event.
 fn event_texts(o: &Outcome) -> Vec<(String, String)> {
     o.actions
