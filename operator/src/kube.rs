@@ -467,8 +467,14 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         .name
         .clone()
         .ok_or(Error::MissingField("name"))?;
-    let key = format!("{ns}/{name}");
     let uid = job.metadata.uid.clone().unwrap_or_default();
+    // What the controller remembers of a job is keyed by its uid: a job deleted and created
+    // again under the same name is another job.
+    let key = if uid.is_empty() {
+        format!("{ns}/{name}")
+    } else {
+        uid.clone()
+    };
     if job.metadata.deletion_timestamp.is_some() {
         // Children carry owner references: the garbage collector removes them.
         forget(ctx, &key, &uid);
@@ -487,7 +493,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         .expectations
         .wait(&key, &cached, Instant::now(), EXPECTATION_TTL)
     {
-        tracing::debug!(job = %key, "waiting for the pod cache to show the last writes");
+        tracing::debug!(job = %name, "waiting for the pod cache to show the last writes");
         return Ok(CtrlAction::requeue(wait));
     }
     let invalid = api::validate(job);
@@ -575,7 +581,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                     Err(e) if is_status(&e, 409) => {}
                     Err(e) => match pod_refusal(&pod_name, &e) {
                         Some(r) => {
-                            tracing::warn!(job = %key, pod = %pod_name, error = %e, "pod refused");
+                            tracing::warn!(job = %name, pod = %pod_name, error = %e, "pod refused");
                             refused.push(r);
                         }
                         None => return Err(kerr(format!("create pod {pod_name}"))(e)),

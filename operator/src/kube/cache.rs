@@ -122,7 +122,7 @@ impl Pending {
     }
 }
 
-/// Per job (`namespace/name`), the pod writes the cache has yet to show.
+/// Per job (its uid), the pod writes the cache has yet to show.
 #[derive(Default)]
 pub struct Expectations {
     jobs: Mutex<HashMap<String, Pending>>,
@@ -173,7 +173,7 @@ impl Expectations {
             let age = now.saturating_duration_since(p.since.unwrap_or(now));
             if age >= ttl {
                 tracing::warn!(
-                    job,
+                    job_uid = job,
                     pending = ?p,
                     "the pod cache did not show the controller's writes in time; acting anyway"
                 );
