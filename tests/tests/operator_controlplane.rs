@@ -94,10 +94,18 @@ fn crd_is_established_and_every_example_is_accepted() -> Result<()> {
     let ns = cp.create_namespace("examples")?;
     let k = Cluster::new(cp, &ns);
     let mut want = Vec::new();
-    let mut files: Vec<_> = fs::read_dir(repo_root().join("examples"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
+    // examples/ and its subdirectories (examples/keras/).
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for path in fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                files.push(path);
+            }
+        }
+    }
     files.sort();
     ensure!(!files.is_empty(), "examples/ has no manifests");
     for file in &files {
