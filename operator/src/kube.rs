@@ -23,10 +23,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action as CtrlAction, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -71,14 +68,8 @@ impl Error {
     /// Metric category.
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code == 409 => "conflict",
-            Error::Kube {
-                source: kube::Error::Api(_),
-                ..
-            } => "api",
+            Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409 => "conflict",
+            Error::Kube { source: kube::Error::Api(_), .. } => "api",
             Error::Kube { .. } => "transport",
             Error::Serialization(_) => "serialization",
             Error::MissingField(_) => "invalid_object",
@@ -112,8 +103,7 @@ const BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 impl Metrics {
     fn observe(&self, d: Duration) {
         self.reconciles.fetch_add(1, Ordering::Relaxed);
-        self.duration_sum_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.duration_sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
         let secs = d.as_secs_f64();
         for (i, b) in BUCKETS.iter().enumerate() {
             if secs <= *b {
@@ -131,28 +121,15 @@ impl Metrics {
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str(
-            "# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n",
-        );
-        let mut phases: BTreeMap<String, u64> = [
-            "Created",
-            "Running",
-            "Restarting",
-            "Succeeded",
-            "Suspended",
-            "Failed",
-        ]
-        .iter()
-        .map(|p| (p.to_string(), 0))
-        .collect();
+        out.push_str("# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n");
+        let mut phases: BTreeMap<String, u64> =
+            ["Created", "Running", "Restarting", "Succeeded", "Suspended", "Failed"].iter().map(|p| (p.to_string(), 0)).collect();
         if let Ok(store) = self.store.lock()
             && let Some(store) = store.as_ref()
         {
             for job in store.state() {
                 let status = job.status.clone().unwrap_or_default();
-                *phases
-                    .entry(status::job_phase(&status).to_string())
-                    .or_default() += 1;
+                *phases.entry(status::job_phase(&status).to_string()).or_default() += 1;
             }
         }
         for (p, n) in phases {
@@ -161,30 +138,17 @@ impl Metrics {
         let count = self.reconciles.load(Ordering::Relaxed);
         out.push_str("# HELP tfjob_reconcile_duration_seconds Duration of reconciliations.\n# TYPE tfjob_reconcile_duration_seconds histogram\n");
         for (i, b) in BUCKETS.iter().enumerate() {
-            out.push_str(&format!(
-                "tfjob_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}\n",
-                self.duration_buckets[i].load(Ordering::Relaxed)
-            ));
+            out.push_str(&format!("tfjob_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}\n", self.duration_buckets[i].load(Ordering::Relaxed)));
         }
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"
-        ));
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_sum {}\n",
-            self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        ));
+        out.push_str(&format!("tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"));
+        out.push_str(&format!("tfjob_reconcile_duration_seconds_sum {}\n", self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6));
         out.push_str(&format!("tfjob_reconcile_duration_seconds_count {count}\n"));
         out.push_str("# HELP tfjob_restarts_total Replicas recreated after a failure.\n# TYPE tfjob_restarts_total counter\n");
-        out.push_str(&format!(
-            "tfjob_restarts_total {}\n",
-            self.restarts.load(Ordering::Relaxed)
-        ));
+        out.push_str(&format!("tfjob_restarts_total {}\n", self.restarts.load(Ordering::Relaxed)));
         out.push_str("# HELP tfjob_reconcile_errors_total Reconciliation errors by category.\n# TYPE tfjob_reconcile_errors_total counter\n");
         if let Ok(m) = self.errors.lock() {
             for (c, n) in m.iter() {
-                out.push_str(&format!(
-                    "tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"
-                ));
+                out.push_str(&format!("tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"));
             }
         }
         out
@@ -219,10 +183,7 @@ impl Context {
     /// A context with the default reporter `tfjob-operator`, reading pods and Services from
     /// `caches` (see [`build_controller`]).
     pub fn new(client: Client, opts: PlanOptions, caches: Caches) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+        let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: std::env::var("POD_NAME").ok() };
         Context {
             recorder: Recorder::new(client.clone(), reporter.clone()),
             reporter,
@@ -250,24 +211,13 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
         Some("Unknown") => Phase::Unknown,
         _ => Phase::Pending,
     };
-    let cs = st
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == api::DEFAULT_CONTAINER_NAME));
-    let terminated = cs.and_then(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))
-    });
+    let cs = st.and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs.iter().find(|c| c.name == api::DEFAULT_CONTAINER_NAME));
+    let terminated =
+        cs.and_then(|c| c.state.as_ref().and_then(|s| s.terminated.as_ref()).or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref())));
     // Without a terminated container, a failed pod says why itself (`Evicted: ...`).
-    let pod_reason = st.and_then(|s| s.reason.as_deref()).map(|r| {
-        match st
-            .and_then(|s| s.message.as_deref())
-            .filter(|m| !m.is_empty())
-        {
-            Some(m) => format!("{r}: {m}"),
-            None => r.to_string(),
-        }
+    let pod_reason = st.and_then(|s| s.reason.as_deref()).map(|r| match st.and_then(|s| s.message.as_deref()).filter(|m| !m.is_empty()) {
+        Some(m) => format!("{r}: {m}"),
+        None => r.to_string(),
     });
     let exit_reason = match terminated {
         Some(t) => t.reason.clone(),
@@ -276,18 +226,8 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
     };
     let unschedulable = st
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter().find(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            })
-        })
-        .map(|c| {
-            c.message
-                .clone()
-                .unwrap_or_else(|| "Unschedulable".to_string())
-        });
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")))
+        .map(|c| c.message.clone().unwrap_or_else(|| "Unschedulable".to_string()));
     Some(ObservedReplica {
         replica_type,
         index,
@@ -303,21 +243,14 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
 
 fn pod_group_resource(gang: &GangScheduler) -> ApiResource {
     let gvk = match gang {
-        GangScheduler::Volcano => {
-            GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup")
-        }
-        GangScheduler::SchedulerPlugins(_) => {
-            GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup")
-        }
+        GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        GangScheduler::SchedulerPlugins(_) => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
     };
     ApiResource::from_gvk_with_plural(&gvk, "podgroups")
 }
 
 fn post_params() -> PostParams {
-    PostParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..Default::default()
-    }
+    PostParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() }
 }
 
 /// Creates the job's token Secret, once: the controller never reads Secrets (it may not), so a
@@ -350,17 +283,11 @@ async fn ensure_service(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Erro
     }
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    svc_api
-        .patch(job.name(), &apply, &Patch::Apply(&desired))
-        .await
-        .map_err(kerr("apply service"))?;
+    svc_api.patch(job.name(), &apply, &Patch::Apply(&desired)).await.map_err(kerr("apply service"))?;
     if ctx.opts.network_policy {
         let np_api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
         let np = plan::build_network_policy(job);
-        np_api
-            .patch(job.name(), &apply, &Patch::Apply(&np))
-            .await
-            .map_err(kerr("apply networkpolicy"))?;
+        np_api.patch(job.name(), &apply, &Patch::Apply(&np)).await.map_err(kerr("apply networkpolicy"))?;
     }
     Ok(())
 }
@@ -377,14 +304,7 @@ async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Er
     let ar = pod_group_resource(gang);
     let pg_api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
     let pg = plan::build_pod_group(job, gang);
-    pg_api
-        .patch(
-            job.name(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&pg),
-        )
-        .await
-        .map_err(kerr("apply podgroup"))?;
+    pg_api.patch(job.name(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
     ctx.pod_groups.insert(uid);
     Ok(())
 }
@@ -395,11 +315,9 @@ fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
     match e {
         // Invalid (422) or malformed (400): the same pod would be refused again.
         // Forbidden (403): admission (quota, pod security) may let a later attempt through.
-        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => Some(PodRefusal {
-            pod: pod.to_string(),
-            message: s.message.clone(),
-            permanent: s.code != 403,
-        }),
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
+            Some(PodRefusal { pod: pod.to_string(), message: s.message.clone(), permanent: s.code != 403 })
+        }
         _ => None,
     }
 }
@@ -407,23 +325,10 @@ fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
 /// A reference to a pod of the job (the `related` object of pod events; it also keeps the
 /// recorder from folding events about different pods into one series).
 fn pod_ref(job: &TFJob, pod: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(pod.to_string()),
-        namespace: job.namespace(),
-        ..Default::default()
-    }
+    ObjectReference { api_version: Some("v1".into()), kind: Some("Pod".into()), name: Some(pod.to_string()), namespace: job.namespace(), ..Default::default() }
 }
 
-async fn publish(
-    ctx: &Context,
-    job: &TFJob,
-    kind: EventKind,
-    reason: &str,
-    message: &str,
-    related: Option<ObjectReference>,
-) {
+async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
     let ev = Event {
         type_: match kind {
             EventKind::Normal => EventType::Normal,
@@ -462,19 +367,11 @@ pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction,
 
 async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error> {
     let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
-    let name = job
-        .metadata
-        .name
-        .clone()
-        .ok_or(Error::MissingField("name"))?;
+    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
     let uid = job.metadata.uid.clone().unwrap_or_default();
     // What the controller remembers of a job is keyed by its uid: a job deleted and created
     // again under the same name is another job.
-    let key = if uid.is_empty() {
-        format!("{ns}/{name}")
-    } else {
-        uid.clone()
-    };
+    let key = if uid.is_empty() { format!("{ns}/{name}") } else { uid.clone() };
     if job.metadata.deletion_timestamp.is_some() {
         // Children carry owner references: the garbage collector removes them.
         forget(ctx, &key, &uid);
@@ -489,10 +386,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     }
     let pods = ctx.caches.pods_of(job);
     let cached: Vec<CachedPod> = pods.iter().map(|p| CachedPod::of(p)).collect();
-    if let Some(wait) = ctx
-        .expectations
-        .wait(&key, &cached, Instant::now(), EXPECTATION_TTL)
-    {
+    if let Some(wait) = ctx.expectations.wait(&key, &cached, Instant::now(), EXPECTATION_TTL) {
         tracing::debug!(job = %name, "waiting for the pod cache to show the last writes");
         return Ok(CtrlAction::requeue(wait));
     }
@@ -520,21 +414,13 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         invalid: &invalid,
         now: (ctx.now)(),
     });
-    let creates = outcome
-        .actions
-        .iter()
-        .filter(|a| matches!(a, Action::CreateReplica { .. }))
-        .count();
+    let creates = outcome.actions.iter().filter(|a| matches!(a, Action::CreateReplica { .. })).count();
     if creates > 0 {
         ensure_secret(ctx, &ns, &defaulted).await?;
     }
 
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let uid_of = |pod: &str| -> Option<String> {
-        pods.iter()
-            .find(|p| p.metadata.name.as_deref() == Some(pod))
-            .and_then(|p| p.metadata.uid.clone())
-    };
+    let uid_of = |pod: &str| -> Option<String> { pods.iter().find(|p| p.metadata.name.as_deref() == Some(pod)).and_then(|p| p.metadata.uid.clone()) };
     let mut job_deleted = false;
     // The state machine's events are published once the status they come with is written: a
     // status computed from a stale copy of the job is refused (409 below) and so are its events,
@@ -550,12 +436,8 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         match action {
             // After an invalid pod the job fails: no point sending its other pods.
             Action::CreateReplica { .. } if refused.iter().any(|r| r.permanent) => {}
-            Action::CreateReplica {
-                replica_type,
-                index,
-            } => {
-                let planner =
-                    planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
+            Action::CreateReplica { replica_type, index } => {
+                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
                 let Some(planned) = planner.pod(*replica_type, *index) else {
                     continue;
                 };
@@ -563,19 +445,10 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 match pods_api.create(&post_params(), &planned.into_pod()).await {
                     Ok(created) => {
                         let new_uid = created.metadata.uid.unwrap_or_default();
-                        ctx.expectations
-                            .created(&key, &pod_name, &new_uid, Instant::now());
+                        ctx.expectations.created(&key, &pod_name, &new_uid, Instant::now());
                         let msg = format!("Created pod: {pod_name}");
                         let related = Some(pod_ref(job, &pod_name));
-                        publish(
-                            ctx,
-                            job,
-                            EventKind::Normal,
-                            "SuccessfulCreatePod",
-                            &msg,
-                            related,
-                        )
-                        .await;
+                        publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg, related).await;
                     }
                     // The cache was behind: the pod is there.
                     Err(e) if is_status(&e, 409) => {}
@@ -595,10 +468,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                 // Exactly the pod observed: never a newer pod of the same name.
                 let pod_uid = uid_of(pod);
                 let params = DeleteParams {
-                    preconditions: pod_uid.clone().map(|uid| kube::api::Preconditions {
-                        uid: Some(uid),
-                        resource_version: None,
-                    }),
+                    preconditions: pod_uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
                     ..Default::default()
                 };
                 match pods_api.delete(pod, &params).await {
@@ -608,15 +478,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                         }
                         let msg = format!("Deleted pod: {pod}");
                         let related = Some(pod_ref(job, pod));
-                        publish(
-                            ctx,
-                            job,
-                            EventKind::Normal,
-                            "SuccessfulDeletePod",
-                            &msg,
-                            related,
-                        )
-                        .await;
+                        publish(ctx, job, EventKind::Normal, "SuccessfulDeletePod", &msg, related).await;
                     }
                     Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
                     Err(e) => return Err(kerr(format!("delete pod {pod}"))(e)),
@@ -639,13 +501,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     if creates > 0 || !refused.is_empty() {
         let full_name = format!("{ns}/{name}");
         let now = (ctx.now)();
-        job_events.extend(status::record_pod_creations(
-            &mut outcome.status,
-            &full_name,
-            creates,
-            &refused,
-            now,
-        ));
+        job_events.extend(status::record_pod_creations(&mut outcome.status, &full_name, creates, &refused, now));
     }
 
     // A finished job releases its gang: the PodGroup goes with the pods.
@@ -663,14 +519,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     if !job_deleted && status_changed(&old_status, &outcome.status) {
         let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = status_patch(job, &outcome.status);
-        match jobs
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
+        match jobs.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
             Ok(_) => {}
             // The status was computed from a stale copy of the job (the watch had not delivered
             // our previous status write yet, or the job changed meanwhile). Writing it would undo
@@ -684,13 +533,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         }
     }
     for event in job_events {
-        if let Action::Event {
-            kind,
-            reason,
-            message,
-            pod,
-        } = event
-        {
+        if let Action::Event { kind, reason, message, pod } = event {
             let related = pod.map(|p| pod_ref(job, &p));
             publish(ctx, job, kind, &reason, &message, related).await;
         }
@@ -698,12 +541,10 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
 
     // A pod refused for now (quota, admission) is tried again later.
     let retry = (!refused.is_empty()).then_some(Duration::from_secs(10));
-    Ok(
-        match outcome.requeue_after().into_iter().chain(retry).min() {
-            Some(d) => CtrlAction::requeue(d.max(Duration::from_millis(100))),
-            None => CtrlAction::await_change(),
-        },
-    )
+    Ok(match outcome.requeue_after().into_iter().chain(retry).min() {
+        Some(d) => CtrlAction::requeue(d.max(Duration::from_millis(100))),
+        None => CtrlAction::await_change(),
+    })
 }
 
 /// Drops what the context remembers of a job that is finished or gone.
@@ -784,23 +625,15 @@ pub struct OperatorArgs {
 }
 
 fn init_logging(args: &OperatorArgs) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if args.log_format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = if args.log_format == "json" { builder.json().try_init() } else { builder.try_init() };
 }
 
 /// Entry point of `tfjob operator`.
 pub fn run_operator(args: OperatorArgs) -> ExitCode {
     init_logging(&args);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -879,28 +712,18 @@ pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<(), O
 }
 
 async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
-    let client = Client::try_default()
-        .await
-        .map_err(OperatorError::Connect)?;
+    let client = Client::try_default().await.map_err(OperatorError::Connect)?;
     check_crd(&client, args.namespace.as_deref()).await?;
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args
-            .gang_scheduler
-            .as_deref()
-            .and_then(GangScheduler::from_setting),
+        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
         network_policy: args.network_policy,
     };
-    let (controller, caches) =
-        build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
+    let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     let ctx = Arc::new(Context::new(client.clone(), opts, caches));
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
-        .await
-        .map_err(|source| OperatorError::Listen {
-            addr: args.metrics_addr.clone(),
-            source,
-        })?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.metrics_addr).await.map_err(|source| OperatorError::Listen { addr: args.metrics_addr.clone(), source })?;
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz, /readyz");
     let server = tokio::spawn(serve_http(listener, ctx.metrics.clone(), ready.clone()));
 
@@ -924,9 +747,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     let mut leader: Option<(Arc<LeaderElector>, tokio::task::JoinHandle<()>)> = None;
     if args.leader_elect {
         // Like client-go: the pod (host) name plus a random suffix, unique per process.
-        let host = std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| "tfjob-operator".to_string());
+        let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "tfjob-operator".to_string());
         let identity = format!("{host}_{}", &plan::random_token()[..12]);
         let elector = LeaderElector {
             api: Api::namespaced(client.clone(), &args.lease_namespace),
@@ -996,11 +817,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
 /// The kube-rs `Controller` over TFJobs (in `namespace`, or all namespaces), triggered also by
 /// the pods and Services they own (selected by the operator-name label), whose watches fill the
 /// returned [`Caches`]: give them to the [`Context`] of the reconciler. Secrets are not watched.
-pub fn build_controller(
-    client: Client,
-    namespace: Option<&str>,
-    concurrency: u16,
-) -> (Controller<TFJob>, Caches) {
+pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u16) -> (Controller<TFJob>, Caches) {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -1010,11 +827,7 @@ pub fn build_controller(
             None => Api::all(client.clone()),
         }
     }
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        plan::LABEL_OPERATOR_NAME,
-        plan::OPERATOR_NAME
-    ));
+    let owned = watcher::Config::default().labels(&format!("{}={}", plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME));
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (services, service_writer) = reflector::store::<Service>();
     // The caches keep what a reconcile reads, not the managed fields of every object.
@@ -1036,11 +849,7 @@ pub fn build_controller(
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-) {
+pub async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
@@ -1056,10 +865,7 @@ pub async fn serve_http(
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (code, body, ctype) = http_response(path, &metrics, ready.load(Ordering::SeqCst));
-            let resp = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let resp = format!("HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             let _ = sock.write_all(resp.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
@@ -1067,20 +873,12 @@ pub async fn serve_http(
 }
 
 /// Status line, body and content type for a path of the health/metrics server.
-pub fn http_response(
-    path: &str,
-    metrics: &Metrics,
-    ready: bool,
-) -> (&'static str, String, &'static str) {
+pub fn http_response(path: &str, metrics: &Metrics, ready: bool) -> (&'static str, String, &'static str) {
     match path {
         "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
         "/healthz" => ("200 OK", "ok\n".into(), "text/plain"),
         "/readyz" if ready => ("200 OK", "ok\n".into(), "text/plain"),
-        "/readyz" => (
-            "503 Service Unavailable",
-            "not ready\n".into(),
-            "text/plain",
-        ),
+        "/readyz" => ("503 Service Unavailable", "not ready\n".into(), "text/plain"),
         _ => ("404 Not Found", "not found\n".into(), "text/plain"),
     }
 }
@@ -1105,10 +903,7 @@ impl LeaderElector {
         match self.api.get_opt(&self.name).await? {
             None => {
                 let lease = Lease {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..Default::default()
-                    },
+                    metadata: kube::api::ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
                     spec: Some(LeaseSpec {
                         holder_identity: Some(self.identity.clone()),
                         lease_duration_seconds: Some(secs),
@@ -1142,11 +937,7 @@ impl LeaderElector {
                 spec.lease_duration_seconds = Some(secs);
                 spec.renew_time = Some(MicroTime(now));
                 // replace carries the resourceVersion: a concurrent writer makes this fail (409).
-                match self
-                    .api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-                {
+                match self.api.replace(&self.name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
                     Err(e) if is_status(&e, 409) => Ok(false),
                     Err(e) => Err(e),
@@ -1166,11 +957,7 @@ impl LeaderElector {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 409) => Ok(()),
             Err(e) => Err(e),
@@ -1221,12 +1008,7 @@ mod tests {
             "spec": {"tfReplicaSpecs": {}},
         }))
         .unwrap();
-        let status = TFJobStatus {
-            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::UNIX_EPOCH,
-            )),
-            ..Default::default()
-        };
+        let status = TFJobStatus { start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH)), ..Default::default() };
         let patch = status_patch(&job, &status);
         assert_eq!(patch["apiVersion"], "kubeflow.org/v1");
         assert_eq!(patch["kind"], "TFJob");

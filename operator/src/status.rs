@@ -15,10 +15,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{
-    self, CleanPodPolicy, JobCondition, ReplicaStatus, ReplicaType, RestartPolicy, SuccessPolicy,
-    TFJobSpec, TFJobStatus,
-};
+use crate::api::{self, CleanPodPolicy, JobCondition, ReplicaStatus, ReplicaType, RestartPolicy, SuccessPolicy, TFJobSpec, TFJobStatus};
 use crate::plan;
 
 /// Condition type `Created`.
@@ -92,11 +89,7 @@ impl ObservedReplica {
     /// `pod job-worker-1 exited with code 137 (OOMKilled)`, or `pod job-worker-1 failed
     /// (Evicted: ...)` when no exit code is known.
     pub fn failure(&self) -> String {
-        let reason = self
-            .exit_reason
-            .as_deref()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
+        let reason = self.exit_reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
         match self.exit_code {
             Some(code) => format!("pod {} exited with code {code}{reason}", self.name),
             None => format!("pod {} failed{reason}", self.name),
@@ -208,10 +201,7 @@ impl Outcome {
 
 /// Whether a condition of this type is currently true.
 pub fn has_condition(status: &TFJobStatus, type_: &str) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+    status.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// Whether the job has finished (succeeded or failed).
@@ -222,13 +212,7 @@ pub fn is_finished(status: &TFJobStatus) -> bool {
 /// The phase of a job: the type of the last true condition that is a phase ([`PHASES`];
 /// `Created` when none).
 pub fn job_phase(status: &TFJobStatus) -> &str {
-    status
-        .conditions
-        .iter()
-        .rev()
-        .find(|c| c.status == "True" && PHASES.contains(&c.type_.as_str()))
-        .map(|c| c.type_.as_str())
-        .unwrap_or(CREATED)
+    status.conditions.iter().rev().find(|c| c.status == "True" && PHASES.contains(&c.type_.as_str())).map(|c| c.type_.as_str()).unwrap_or(CREATED)
 }
 
 /// Whether an exit code of the `tensorflow` container is retryable under `ExitCode` (>= 128:
@@ -285,28 +269,10 @@ impl<'a> Machine<'a> {
     /// An `ExitedWithCode` event (Kubeflow's) for each failed replica with an exit code.
     fn exited(&mut self, failed: &[&ObservedReplica]) {
         for r in failed.iter().filter(|r| r.exit_code.is_some()) {
-            let reason = r
-                .exit_reason
-                .as_deref()
-                .map(|x| format!(" ({x})"))
-                .unwrap_or_default();
-            let message = format!(
-                "Pod: {}.{} exited with code {}{reason}",
-                self.obs.namespace,
-                r.name,
-                r.exit_code.unwrap_or_default()
-            );
-            let kind = if r.exit_code == Some(0) {
-                EventKind::Normal
-            } else {
-                EventKind::Warning
-            };
-            self.actions.push(event(
-                kind,
-                EXITED_WITH_CODE,
-                &message,
-                Some(r.name.clone()),
-            ));
+            let reason = r.exit_reason.as_deref().map(|x| format!(" ({x})")).unwrap_or_default();
+            let message = format!("Pod: {}.{} exited with code {}{reason}", self.obs.namespace, r.name, r.exit_code.unwrap_or_default());
+            let kind = if r.exit_code == Some(0) { EventKind::Normal } else { EventKind::Warning };
+            self.actions.push(event(kind, EXITED_WITH_CODE, &message, Some(r.name.clone())));
         }
     }
 
@@ -328,9 +294,7 @@ impl<'a> Machine<'a> {
                 CleanPodPolicy::None => false,
             };
             if delete {
-                self.actions.push(Action::DeleteReplica {
-                    name: r.name.clone(),
-                });
+                self.actions.push(Action::DeleteReplica { name: r.name.clone() });
             }
         }
         if let Some(ttl) = self.obs.spec.run_policy.ttl_seconds_after_finished {
@@ -339,20 +303,14 @@ impl<'a> Machine<'a> {
             if elapsed >= ttl {
                 self.actions.push(Action::DeleteJob);
             } else {
-                self.actions
-                    .push(Action::RequeueAfter(Duration::from_secs_f64(ttl - elapsed)));
+                self.actions.push(Action::RequeueAfter(Duration::from_secs_f64(ttl - elapsed)));
             }
         }
     }
 }
 
 fn event(kind: EventKind, reason: &str, message: &str, pod: Option<String>) -> Action {
-    Action::Event {
-        kind,
-        reason: reason.to_string(),
-        message: message.to_string(),
-        pod,
-    }
+    Action::Event { kind, reason: reason.to_string(), message: message.to_string(), pod }
 }
 
 /// Kubeflow's `UpdateJobConditions`: no change when a condition of that type already has the
@@ -361,14 +319,7 @@ fn event(kind: EventKind, reason: &str, message: &str, pod: Option<String>) -> A
 /// goes last among the true ones: false conditions come first, so the last condition is always
 /// the job's latest true state (what `kubectl get tfjobs` shows as State). Returns whether
 /// anything changed.
-fn set_condition(
-    st: &mut TFJobStatus,
-    now: &Time,
-    type_: &str,
-    status: &str,
-    reason: &str,
-    message: &str,
-) -> bool {
+fn set_condition(st: &mut TFJobStatus, now: &Time, type_: &str, status: &str, reason: &str, message: &str) -> bool {
     if let Some(c) = st.conditions.iter().find(|c| c.type_ == type_)
         && c.status == status
         && c.reason.as_deref() == Some(reason)
@@ -377,10 +328,7 @@ fn set_condition(
     }
     let mut kept = Vec::new();
     for mut c in std::mem::take(&mut st.conditions) {
-        if c.type_ == type_
-            || (type_ == RESTARTING && c.type_ == RUNNING)
-            || (type_ == RUNNING && c.type_ == RESTARTING)
-        {
+        if c.type_ == type_ || (type_ == RESTARTING && c.type_ == RUNNING) || (type_ == RUNNING && c.type_ == RESTARTING) {
             continue;
         }
         if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED)
@@ -402,8 +350,7 @@ fn set_condition(
         last_transition_time: Some(now.clone()),
     });
     // A stable partition: false (and unknown) conditions first, true ones after.
-    let (mut ordered, true_ones): (Vec<_>, Vec<_>) =
-        kept.into_iter().partition(|c| c.status != "True");
+    let (mut ordered, true_ones): (Vec<_>, Vec<_>) = kept.into_iter().partition(|c| c.status != "True");
     ordered.extend(true_ones);
     st.conditions = ordered;
     true
@@ -411,20 +358,10 @@ fn set_condition(
 
 /// Ends the job with condition `type_` (`Succeeded` or `Failed`): the condition, its event
 /// (when new) and the completion time.
-fn finish(
-    st: &mut TFJobStatus,
-    now: &Time,
-    type_: &str,
-    reason: &str,
-    message: &str,
-) -> Vec<Action> {
+fn finish(st: &mut TFJobStatus, now: &Time, type_: &str, reason: &str, message: &str) -> Vec<Action> {
     let mut events = Vec::new();
     if set_condition(st, now, type_, "True", reason, message) {
-        let kind = if type_ == SUCCEEDED {
-            EventKind::Normal
-        } else {
-            EventKind::Warning
-        };
+        let kind = if type_ == SUCCEEDED { EventKind::Normal } else { EventKind::Warning };
         events.push(event(kind, reason, message, None));
     }
     if st.completion_time.is_none() {
@@ -449,40 +386,23 @@ pub struct PodRefusal {
 /// pods, of which `refused` were refused), and returns the events to publish: a Warning
 /// `FailedCreatePod` per refusal; a refused invalid pod fails the job (an invalid template fails
 /// every time), any other refusal sets `ReplicaFailure` until a later attempt creates every pod.
-pub fn record_pod_creations(
-    st: &mut TFJobStatus,
-    full_name: &str,
-    attempted: usize,
-    refused: &[PodRefusal],
-    now: Timestamp,
-) -> Vec<Action> {
+pub fn record_pod_creations(st: &mut TFJobStatus, full_name: &str, attempted: usize, refused: &[PodRefusal], now: Timestamp) -> Vec<Action> {
     let now = Time(now);
     let mut events: Vec<Action> = refused
         .iter()
         .map(|r| {
             let message = format!("Error creating: {}", r.message);
-            event(
-                EventKind::Warning,
-                FAILED_CREATE_POD,
-                &message,
-                Some(r.pod.clone()),
-            )
+            event(EventKind::Warning, FAILED_CREATE_POD, &message, Some(r.pod.clone()))
         })
         .collect();
     if is_finished(st) {
         return events;
     }
     if let Some(r) = refused.iter().find(|r| r.permanent) {
-        let msg = format!(
-            "TFJob {full_name} has failed because the API server refused pod {}: {}",
-            r.pod, r.message
-        );
+        let msg = format!("TFJob {full_name} has failed because the API server refused pod {}: {}", r.pod, r.message);
         events.extend(finish(st, &now, FAILED, "TFJobFailedValidation", &msg));
     } else if let Some(r) = refused.first() {
-        let msg = format!(
-            "TFJob {full_name} cannot create pod {} (retrying): {}",
-            r.pod, r.message
-        );
+        let msg = format!("TFJob {full_name} cannot create pod {} (retrying): {}", r.pod, r.message);
         set_condition(st, &now, REPLICA_FAILURE, "True", FAILED_CREATE_POD, &msg);
     } else if attempted > 0 && has_condition(st, REPLICA_FAILURE) {
         let msg = format!("TFJob {full_name} has created its pods.");
@@ -527,10 +447,8 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
     }
     let tally = m.count_replicas();
     m.delete_unwanted();
-    let finished_or_restarting = m.finish_on_success(&tally)
-        || m.fail_on_permanent_failure(&tally)
-        || m.fail_over_backoff_limit(&tally)
-        || m.recreate_failed(&tally);
+    let finished_or_restarting =
+        m.finish_on_success(&tally) || m.fail_on_permanent_failure(&tally) || m.fail_over_backoff_limit(&tally) || m.recreate_failed(&tally);
     if !finished_or_restarting {
         m.mark_running();
     }
@@ -555,30 +473,14 @@ impl<'a> Machine<'a> {
     /// [`Machine::count_replicas`] keeps its worker 0), or a problem in a pod template (its
     /// pods run already; an upgrade of the operator must not kill them).
     fn fail_if_invalid(&mut self) -> bool {
-        let started = self
-            .status
-            .replica_statuses
-            .values()
-            .any(|s| s.replicas.is_some());
+        let started = self.status.replica_statuses.values().any(|s| s.replicas.is_some());
         let floor = api::worker_floor_error(self.obs.spec);
-        let tolerated = |e: &api::FieldError| {
-            started && (Some(e) == floor.as_ref() || e.field.contains(".template"))
-        };
-        let problems: Vec<String> = self
-            .obs
-            .invalid
-            .iter()
-            .filter(|e| !tolerated(e))
-            .map(ToString::to_string)
-            .collect();
+        let tolerated = |e: &api::FieldError| started && (Some(e) == floor.as_ref() || e.field.contains(".template"));
+        let problems: Vec<String> = self.obs.invalid.iter().filter(|e| !tolerated(e)).map(ToString::to_string).collect();
         if problems.is_empty() {
             return false;
         }
-        let msg = format!(
-            "TFJob {} is not valid: {}",
-            self.full_name,
-            problems.join("; ")
-        );
+        let msg = format!("TFJob {} is not valid: {}", self.full_name, problems.join("; "));
         self.finish(FAILED, "TFJobFailedValidation", &msg);
         true
     }
@@ -589,9 +491,7 @@ impl<'a> Machine<'a> {
             return false;
         }
         for r in self.obs.replicas.iter().filter(|r| !r.terminating) {
-            self.actions.push(Action::DeleteReplica {
-                name: r.name.clone(),
-            });
+            self.actions.push(Action::DeleteReplica { name: r.name.clone() });
         }
         let msg = format!("TFJob {} is suspended.", self.full_name);
         if self.set_condition(SUSPENDED, "True", "TFJobSuspended", &msg) {
@@ -623,17 +523,11 @@ impl<'a> Machine<'a> {
         let elapsed = self.seconds_since(self.status.start_time.as_ref());
         let limit = ads.max(0) as f64;
         if elapsed >= limit {
-            let msg = format!(
-                "TFJob {} has failed because it was active longer than specified deadline",
-                self.full_name
-            );
+            let msg = format!("TFJob {} has failed because it was active longer than specified deadline", self.full_name);
             self.finish(FAILED, "TFJobFailed", &msg);
             return true;
         }
-        self.actions
-            .push(Action::RequeueAfter(Duration::from_secs_f64(
-                limit - elapsed,
-            )));
+        self.actions.push(Action::RequeueAfter(Duration::from_secs_f64(limit - elapsed)));
         false
     }
 
@@ -645,10 +539,7 @@ impl<'a> Machine<'a> {
         // Observed replicas by (type, index), in observation order: one pass, not one per index.
         let mut observed: HashMap<(ReplicaType, i32), Vec<&'a ObservedReplica>> = HashMap::new();
         for r in obs.replicas {
-            observed
-                .entry((r.replica_type, r.index))
-                .or_default()
-                .push(r);
+            observed.entry((r.replica_type, r.index)).or_default().push(r);
         }
         let mut tally = Tally::default();
         let mut replica_statuses: BTreeMap<String, ReplicaStatus> = BTreeMap::new();
@@ -666,10 +557,7 @@ impl<'a> Machine<'a> {
             for index in 0..planned {
                 let here = observed.get(&(rtype, index)).map_or(&[][..], Vec::as_slice);
                 if here.is_empty() {
-                    self.actions.push(Action::CreateReplica {
-                        replica_type: rtype,
-                        index,
-                    });
+                    self.actions.push(Action::CreateReplica { replica_type: rtype, index });
                     continue;
                 }
                 for &r in here.iter().filter(|r| !r.terminating) {
@@ -706,21 +594,11 @@ impl<'a> Machine<'a> {
 
     /// A `Scaled` event when the planned count of a type changed since it was last planned (not
     /// when the job is new), and a warning when worker 0 stays against the spec.
-    fn announce_scale(
-        &mut self,
-        rtype: ReplicaType,
-        previous: Option<i32>,
-        requested: i32,
-        planned: i32,
-    ) {
+    fn announce_scale(&mut self, rtype: ReplicaType, previous: Option<i32>, requested: i32, planned: i32) {
         let Some(previous) = previous.filter(|p| *p != planned) else {
             return;
         };
-        self.event(
-            EventKind::Normal,
-            "Scaled",
-            &format!("{rtype} {previous} \u{2192} {planned}"),
-        );
+        self.event(EventKind::Normal, "Scaled", &format!("{rtype} {previous} \u{2192} {planned}"));
         if requested < planned {
             let msg = format!(
                 "{rtype} replicas is {requested}, kept at {planned}: worker 0 is the chief of a \
@@ -733,27 +611,16 @@ impl<'a> Machine<'a> {
     /// Scale-down and stray replicas: out-of-range indices or types no longer in the spec.
     fn delete_unwanted(&mut self) {
         for r in self.obs.replicas.iter().filter(|r| !r.terminating) {
-            let wanted = self
-                .status
-                .replica_statuses
-                .get(r.replica_type.as_str())
-                .and_then(|s| s.replicas)
-                .is_some_and(|planned| r.index < planned);
+            let wanted = self.status.replica_statuses.get(r.replica_type.as_str()).and_then(|s| s.replicas).is_some_and(|planned| r.index < planned);
             if !wanted {
-                self.actions.push(Action::DeleteReplica {
-                    name: r.name.clone(),
-                });
+                self.actions.push(Action::DeleteReplica { name: r.name.clone() });
             }
         }
     }
 
     /// A count of `replicaStatuses` (0 for a type not in the spec).
     fn count(&self, rtype: ReplicaType, field: fn(&ReplicaStatus) -> i32) -> i32 {
-        self.status
-            .replica_statuses
-            .get(rtype.as_str())
-            .map(field)
-            .unwrap_or(0)
+        self.status.replica_statuses.get(rtype.as_str()).map(field).unwrap_or(0)
     }
 
     /// Success first: a job whose chief (or worker 0 / all workers) succeeded has succeeded,
@@ -761,21 +628,13 @@ impl<'a> Machine<'a> {
     fn finish_on_success(&mut self, tally: &Tally) -> bool {
         let planned = |t: ReplicaType| tally.planned.get(&t).copied().unwrap_or(0);
         let succeeded = if api::worker0_is_chief(self.obs.spec) {
-            let all =
-                self.count(ReplicaType::Worker, |s| s.succeeded) >= planned(ReplicaType::Worker);
+            let all = self.count(ReplicaType::Worker, |s| s.succeeded) >= planned(ReplicaType::Worker);
             let worker0 = self.obs.replicas.iter().any(|r| {
-                r.replica_type == ReplicaType::Worker
-                    && r.index == 0
-                    && !r.terminating
-                    && r.phase == Phase::Succeeded
-                    && r.exit_code.unwrap_or(0) == 0
+                r.replica_type == ReplicaType::Worker && r.index == 0 && !r.terminating && r.phase == Phase::Succeeded && r.exit_code.unwrap_or(0) == 0
             });
             all || (worker0 && self.obs.spec.success_policy != Some(SuccessPolicy::AllWorkers))
         } else {
-            self.specs
-                .keys()
-                .filter(|t| t.is_chief())
-                .all(|t| self.count(*t, |s| s.succeeded) >= planned(*t))
+            self.specs.keys().filter(|t| t.is_chief()).all(|t| self.count(*t, |s| s.succeeded) >= planned(*t))
         };
         if !succeeded {
             return false;
@@ -787,27 +646,17 @@ impl<'a> Machine<'a> {
     }
 
     fn drop_creations(&mut self) {
-        self.actions
-            .retain(|a| !matches!(a, Action::CreateReplica { .. }));
+        self.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
     }
 
     /// A replica failed for good: the job fails, naming the pods, their exit codes and
     /// reasons, with an `ExitedWithCode` event per pod.
     fn fail_on_permanent_failure(&mut self, tally: &Tally) -> bool {
-        let (why, failed): (String, Vec<&ObservedReplica>) = match tally.permanent_failures.first()
-        {
+        let (why, failed): (String, Vec<&ObservedReplica>) = match tally.permanent_failures.first() {
             Some(first) => {
                 let rtype = first.replica_type;
-                let of_type: Vec<_> = tally
-                    .permanent_failures
-                    .iter()
-                    .copied()
-                    .filter(|r| r.replica_type == rtype)
-                    .collect();
-                (
-                    format!("{} {rtype} replica(s) failed", of_type.len()),
-                    tally.permanent_failures.clone(),
-                )
+                let of_type: Vec<_> = tally.permanent_failures.iter().copied().filter(|r| r.replica_type == rtype).collect();
+                (format!("{} {rtype} replica(s) failed", of_type.len()), tally.permanent_failures.clone())
             }
             None => match self.lost_dynamic_workers(tally) {
                 Some(why) => (why, tally.failed_dynamic_workers.clone()),
@@ -815,11 +664,7 @@ impl<'a> Machine<'a> {
             },
         };
         self.drop_creations();
-        let msg = format!(
-            "TFJob {} has failed because {why}: {}.",
-            self.full_name,
-            describe_failures(&failed)
-        );
+        let msg = format!("TFJob {} has failed because {why}: {}.", self.full_name, describe_failures(&failed));
         self.exited(&failed);
         self.finish(FAILED, "TFJobFailed", &msg);
         true
@@ -831,11 +676,7 @@ impl<'a> Machine<'a> {
     /// fails fails the job as always.
     fn lost_dynamic_workers(&self, tally: &Tally) -> Option<String> {
         let failed = &tally.failed_dynamic_workers;
-        let workers = tally
-            .planned
-            .get(&ReplicaType::Worker)
-            .copied()
-            .unwrap_or(0);
+        let workers = tally.planned.get(&ReplicaType::Worker).copied().unwrap_or(0);
         if failed.is_empty() {
             None
         } else if failed.len() >= usize::try_from(workers).unwrap_or(0) {
@@ -856,12 +697,7 @@ impl<'a> Machine<'a> {
         let Some(limit) = self.obs.spec.run_policy.backoff_limit else {
             return false;
         };
-        let recreated: i64 = self
-            .status
-            .replica_statuses
-            .values()
-            .map(|s| i64::from(s.recreated))
-            .sum();
+        let recreated: i64 = self.status.replica_statuses.values().map(|s| i64::from(s.recreated)).sum();
         let restarts = tally.in_place_restarts + recreated;
         let limit = i64::from(limit.max(0));
         let pending = tally.to_recreate.len() as i64;
@@ -884,15 +720,8 @@ impl<'a> Machine<'a> {
             })
             .collect();
         failures.extend(tally.to_recreate.iter().map(|r| r.failure()));
-        let detail = if failures.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", failures.join("; "))
-        };
-        let msg = format!(
-            "TFJob {} has failed because it has reached the specified backoff limit{detail}",
-            self.full_name
-        );
+        let detail = if failures.is_empty() { String::new() } else { format!(": {}", failures.join("; ")) };
+        let msg = format!("TFJob {} has failed because it has reached the specified backoff limit{detail}", self.full_name);
         self.exited(&tally.to_recreate);
         self.finish(FAILED, "TFJobFailed", &msg);
         true
@@ -905,27 +734,15 @@ impl<'a> Machine<'a> {
         let mut by_type: BTreeMap<ReplicaType, i32> = BTreeMap::new();
         for r in &tally.to_recreate {
             *by_type.entry(r.replica_type).or_default() += 1;
-            self.actions.push(Action::RecreateReplica {
-                name: r.name.clone(),
-                replica_type: r.replica_type,
-                index: r.index,
-            });
+            self.actions.push(Action::RecreateReplica { name: r.name.clone(), replica_type: r.replica_type, index: r.index });
         }
         for (t, n) in &by_type {
             if let Some(s) = self.status.replica_statuses.get_mut(t.as_str()) {
                 s.recreated += n;
             }
         }
-        let (t, n) = by_type
-            .iter()
-            .next()
-            .map(|(t, n)| (*t, *n))
-            .unwrap_or((ReplicaType::Worker, 0));
-        let msg = format!(
-            "TFJob {} is restarting because {n} {t} replica(s) failed: {}.",
-            self.full_name,
-            describe_failures(&tally.to_recreate)
-        );
+        let (t, n) = by_type.iter().next().map(|(t, n)| (*t, *n)).unwrap_or((ReplicaType::Worker, 0));
+        let msg = format!("TFJob {} is restarting because {n} {t} replica(s) failed: {}.", self.full_name, describe_failures(&tally.to_recreate));
         self.exited(&tally.to_recreate);
         if self.set_condition(RESTARTING, "True", "TFJobRestarting", &msg) {
             self.event(EventKind::Warning, "TFJobRestarting", &msg);
@@ -937,10 +754,7 @@ impl<'a> Machine<'a> {
         let running = if api::worker0_is_chief(self.obs.spec) {
             self.count(ReplicaType::Worker, |s| s.active) > 0
         } else {
-            self.specs
-                .keys()
-                .filter(|t| t.is_chief())
-                .any(|t| self.count(*t, |s| s.active) > 0)
+            self.specs.keys().filter(|t| t.is_chief()).any(|t| self.count(*t, |s| s.active) > 0)
         };
         if running {
             let msg = format!("TFJob {} is running.", self.full_name);
@@ -960,12 +774,7 @@ impl<'a> Machine<'a> {
             }
             return;
         };
-        let names: Vec<&str> = tally
-            .unschedulable
-            .iter()
-            .take(5)
-            .map(|r| r.name.as_str())
-            .collect();
+        let names: Vec<&str> = tally.unschedulable.iter().take(5).map(|r| r.name.as_str()).collect();
         let more = match tally.unschedulable.len() {
             n if n > names.len() => format!(" and {} more", n - names.len()),
             _ => String::new(),
@@ -979,14 +788,8 @@ impl<'a> Machine<'a> {
         );
         if self.set_condition(UNSCHEDULABLE, "True", UNSCHEDULABLE, &msg) {
             let pod = Some(first.name.clone());
-            self.actions
-                .push(event(EventKind::Warning, UNSCHEDULABLE, &msg, pod));
-        } else if let Some(c) = self
-            .status
-            .conditions
-            .iter_mut()
-            .find(|c| c.type_ == UNSCHEDULABLE && c.message.as_deref() != Some(&msg))
-        {
+            self.actions.push(event(EventKind::Warning, UNSCHEDULABLE, &msg, pod));
+        } else if let Some(c) = self.status.conditions.iter_mut().find(|c| c.type_ == UNSCHEDULABLE && c.message.as_deref() != Some(&msg)) {
             // Same state, news: the message follows the pods, without a new event.
             c.message = Some(msg);
             c.last_update_time = Some(self.now.clone());
@@ -994,10 +797,7 @@ impl<'a> Machine<'a> {
     }
 
     fn into_outcome(self) -> Outcome {
-        Outcome {
-            status: self.status,
-            actions: self.actions,
-        }
+        Outcome { status: self.status, actions: self.actions }
     }
 }
 

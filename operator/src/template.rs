@@ -38,28 +38,13 @@ pub fn read(value: Value) -> (PodTemplateSpec, Reading) {
     let mut record = |path: serde_ignored::Path<'_>| ignored.push(ignored_path(&path));
     let de = serde_ignored::Deserializer::new(value, &mut record);
     let result: Result<PodTemplateSpec, _> = serde_path_to_error::deserialize(de);
-    let unknown_fields = ignored
-        .iter()
-        .map(|p| FieldError::new(p.as_str(), unknown_field_message(p)))
-        .collect();
+    let unknown_fields = ignored.iter().map(|p| FieldError::new(p.as_str(), unknown_field_message(p))).collect();
     match result {
-        Ok(t) => (
-            t,
-            Reading {
-                unknown_fields,
-                error: None,
-            },
-        ),
+        Ok(t) => (t, Reading { unknown_fields, error: None }),
         Err(e) => {
             let path = error_path(e.path());
             let error = FieldError::new(path, format!("cannot be decoded: {}", e.inner()));
-            (
-                PodTemplateSpec::default(),
-                Reading {
-                    unknown_fields,
-                    error: Some(error),
-                },
-            )
+            (PodTemplateSpec::default(), Reading { unknown_fields, error: Some(error) })
         }
     }
 }
@@ -71,9 +56,7 @@ fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
         Path::Root => String::new(),
         Path::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
         Path::Map { parent, key } => join(&ignored_path(parent), key),
-        Path::Some { parent }
-        | Path::NewtypeStruct { parent }
-        | Path::NewtypeVariant { parent } => ignored_path(parent),
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => ignored_path(parent),
     }
 }
 
@@ -93,11 +76,7 @@ fn error_path(path: &serde_path_to_error::Path) -> String {
 }
 
 fn join(parent: &str, field: &str) -> String {
-    if parent.is_empty() {
-        field.to_string()
-    } else {
-        format!("{parent}.{field}")
-    }
+    if parent.is_empty() { field.to_string() } else { format!("{parent}.{field}") }
 }
 
 /// `unknown field`, with `did you mean "resources"?` when a field of the same object is close.
@@ -106,9 +85,7 @@ fn unknown_field_message(path: &str) -> String {
         Some(i) => (&path[..i], &path[i + 1..]),
         None => ("", path),
     };
-    let hint = known_fields(parent)
-        .and_then(|known| closest(field, &known).map(|k| format!("; did you mean {k:?}?")))
-        .unwrap_or_default();
+    let hint = known_fields(parent).and_then(|known| closest(field, &known).map(|k| format!("; did you mean {k:?}?"))).unwrap_or_default();
     format!("unknown field{hint}")
 }
 
@@ -154,12 +131,7 @@ fn closest<'k>(field: &str, known: &'k [String]) -> Option<&'k String> {
     if let Some(k) = known.iter().find(|k| k.eq_ignore_ascii_case(field)) {
         return Some(k);
     }
-    known
-        .iter()
-        .map(|k| (edit_distance(field, k), k))
-        .filter(|(d, _)| *d <= 2)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
+    known.iter().map(|k| (edit_distance(field, k), k)).filter(|(d, _)| *d <= 2).min_by_key(|(d, _)| *d).map(|(_, k)| k)
 }
 
 /// Levenshtein distance (field names are short; quadratic is fine).
@@ -171,11 +143,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let cur = row[j + 1];
-            row[j + 1] = if ca == *cb {
-                prev
-            } else {
-                1 + prev.min(cur).min(row[j])
-            };
+            row[j + 1] = if ca == *cb { prev } else { 1 + prev.min(cur).min(row[j]) };
             prev = cur;
         }
     }
@@ -223,42 +191,22 @@ impl Checker {
     }
 
     fn pod_spec(&mut self, path: &str, spec: &PodSpec) {
-        self.one_of(
-            &format!("{path}.restartPolicy"),
-            spec.restart_policy.as_ref(),
-            POD_RESTART_POLICIES,
-        );
-        self.one_of(
-            &format!("{path}.dnsPolicy"),
-            spec.dns_policy.as_ref(),
-            DNS_POLICIES,
-        );
+        self.one_of(&format!("{path}.restartPolicy"), spec.restart_policy.as_ref(), POD_RESTART_POLICIES);
+        self.one_of(&format!("{path}.dnsPolicy"), spec.dns_policy.as_ref(), DNS_POLICIES);
         if let Some(v) = spec.active_deadline_seconds
             && v <= 0
         {
-            self.error(
-                format!("{path}.activeDeadlineSeconds"),
-                format!("must be greater than 0, got {v}"),
-            );
+            self.error(format!("{path}.activeDeadlineSeconds"), format!("must be greater than 0, got {v}"));
         }
         self.labels(&format!("{path}.nodeSelector"), spec.node_selector.as_ref());
         let volumes = self.volumes(path, spec.volumes.as_deref().unwrap_or_default());
         let mut names = BTreeSet::new();
-        let groups = [
-            ("containers", spec.containers.as_slice()),
-            (
-                "initContainers",
-                spec.init_containers.as_deref().unwrap_or_default(),
-            ),
-        ];
+        let groups = [("containers", spec.containers.as_slice()), ("initContainers", spec.init_containers.as_deref().unwrap_or_default())];
         for (list, containers) in groups {
             for (i, container) in containers.iter().enumerate() {
                 let cpath = format!("{path}.{list}[{i}]");
                 if !container.name.is_empty() && !names.insert(container.name.as_str()) {
-                    self.error(
-                        format!("{cpath}.name"),
-                        format!("duplicate container name {:?}", container.name),
-                    );
+                    self.error(format!("{cpath}.name"), format!("duplicate container name {:?}", container.name));
                 }
                 self.container(&cpath, container, &volumes, list == "initContainers");
             }
@@ -280,10 +228,7 @@ impl Checker {
             let vpath = format!("{path}.volumes[{i}]");
             self.dns_label(&format!("{vpath}.name"), &v.name);
             if !names.insert(v.name.as_str()) {
-                self.error(
-                    format!("{vpath}.name"),
-                    format!("duplicate volume name {:?}", v.name),
-                );
+                self.error(format!("{vpath}.name"), format!("duplicate volume name {:?}", v.name));
             }
             // A volume is its name and exactly one source (emptyDir, configMap, ...).
             let sources: Vec<String> = match serde_json::to_value(v) {
@@ -291,18 +236,9 @@ impl Checker {
                 _ => Vec::new(),
             };
             if sources.is_empty() {
-                self.error(
-                    vpath,
-                    "must specify a volume type (emptyDir, configMap, persistentVolumeClaim, ...)",
-                );
+                self.error(vpath, "must specify a volume type (emptyDir, configMap, persistentVolumeClaim, ...)");
             } else if sources.len() > 1 {
-                self.error(
-                    vpath,
-                    format!(
-                        "may not specify more than one volume type, got {}",
-                        sources.join(", ")
-                    ),
-                );
+                self.error(vpath, format!("may not specify more than one volume type, got {}", sources.join(", ")));
             }
         }
         names
@@ -317,16 +253,8 @@ impl Checker {
         if init && c.image.as_deref().unwrap_or("").trim().is_empty() {
             self.error(format!("{path}.image"), "must not be empty");
         }
-        self.one_of(
-            &format!("{path}.imagePullPolicy"),
-            c.image_pull_policy.as_ref(),
-            IMAGE_PULL_POLICIES,
-        );
-        self.one_of(
-            &format!("{path}.terminationMessagePolicy"),
-            c.termination_message_policy.as_ref(),
-            TERMINATION_MESSAGE_POLICIES,
-        );
+        self.one_of(&format!("{path}.imagePullPolicy"), c.image_pull_policy.as_ref(), IMAGE_PULL_POLICIES);
+        self.one_of(&format!("{path}.terminationMessagePolicy"), c.termination_message_policy.as_ref(), TERMINATION_MESSAGE_POLICIES);
         let mut port_names = BTreeSet::new();
         for (i, p) in c.ports.iter().flatten().enumerate() {
             let ppath = format!("{path}.ports[{i}]");
@@ -339,10 +267,7 @@ impl Checker {
             if let Some(name) = &p.name {
                 self.port_name(&format!("{ppath}.name"), name);
                 if !port_names.insert(name.as_str()) {
-                    self.error(
-                        format!("{ppath}.name"),
-                        format!("duplicate port name {name:?}"),
-                    );
+                    self.error(format!("{ppath}.name"), format!("duplicate port name {name:?}"));
                 }
             }
             self.one_of(&format!("{ppath}.protocol"), p.protocol.as_ref(), PROTOCOLS);
@@ -360,10 +285,7 @@ impl Checker {
                 );
             }
             if e.value.as_deref().is_some_and(|v| !v.is_empty()) && e.value_from.is_some() {
-                self.error(
-                    format!("{epath}.valueFrom"),
-                    "may not be specified when `value` is not empty",
-                );
+                self.error(format!("{epath}.valueFrom"), "may not be specified when `value` is not empty");
             }
         }
         if let Some(r) = &c.resources {
@@ -373,25 +295,15 @@ impl Checker {
         for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
             let mpath = format!("{path}.volumeMounts[{i}]");
             if !volumes.contains(m.name.as_str()) {
-                self.error(
-                    format!("{mpath}.name"),
-                    format!("volume {:?} is not among spec.volumes", m.name),
-                );
+                self.error(format!("{mpath}.name"), format!("volume {:?} is not among spec.volumes", m.name));
             }
             if m.mount_path.is_empty() {
                 self.error(format!("{mpath}.mountPath"), "is required");
             } else if !mount_paths.insert(m.mount_path.as_str()) {
-                self.error(
-                    format!("{mpath}.mountPath"),
-                    format!("{:?} is mounted twice", m.mount_path),
-                );
+                self.error(format!("{mpath}.mountPath"), format!("{:?} is mounted twice", m.mount_path));
             }
         }
-        for (name, probe) in [
-            ("livenessProbe", &c.liveness_probe),
-            ("readinessProbe", &c.readiness_probe),
-            ("startupProbe", &c.startup_probe),
-        ] {
+        for (name, probe) in [("livenessProbe", &c.liveness_probe), ("readinessProbe", &c.readiness_probe), ("startupProbe", &c.startup_probe)] {
             if let Some(p) = probe {
                 self.probe(&format!("{path}.{name}"), p);
             }
@@ -408,13 +320,7 @@ impl Checker {
                     Some(v) => {
                         parsed.insert((kind, name.as_str()), v);
                     }
-                    None => self.error(
-                        field,
-                        format!(
-                            "{:?} is not a quantity (e.g. 500m, 2, 1.5Gi, 128974848, 129e6)",
-                            q.0
-                        ),
-                    ),
+                    None => self.error(field, format!("{:?} is not a quantity (e.g. 500m, 2, 1.5Gi, 128974848, 129e6)", q.0)),
                 }
             }
         }
@@ -423,29 +329,15 @@ impl Checker {
                 && let Some(limit) = parsed.get(&("limits", name))
                 && request > limit
             {
-                self.error(
-                    format!("{path}.requests.{name}"),
-                    format!("must be less than or equal to the {name} limit"),
-                );
+                self.error(format!("{path}.requests.{name}"), format!("must be less than or equal to the {name} limit"));
             }
         }
     }
 
     fn probe(&mut self, path: &str, p: &Probe) {
-        let handlers = [
-            p.exec.is_some(),
-            p.http_get.is_some(),
-            p.tcp_socket.is_some(),
-            p.grpc.is_some(),
-        ]
-        .iter()
-        .filter(|h| **h)
-        .count();
+        let handlers = [p.exec.is_some(), p.http_get.is_some(), p.tcp_socket.is_some(), p.grpc.is_some()].iter().filter(|h| **h).count();
         if handlers != 1 {
-            self.error(
-                path,
-                "must specify exactly one of exec, httpGet, tcpSocket and grpc",
-            );
+            self.error(path, "must specify exactly one of exec, httpGet, tcpSocket and grpc");
         }
         if let Some(h) = &p.http_get {
             self.int_or_name_port(&format!("{path}.httpGet.port"), &h.port);
@@ -463,23 +355,15 @@ impl Checker {
         if let Some(o) = op
             && !TOLERATION_OPERATORS.contains(&o)
         {
-            self.errs.push(unsupported(
-                &format!("{path}.operator"),
-                o,
-                TOLERATION_OPERATORS,
-            ));
+            self.errs.push(unsupported(&format!("{path}.operator"), o, TOLERATION_OPERATORS));
         }
         if op == Some("Exists") && t.value.as_deref().is_some_and(|v| !v.is_empty()) {
-            self.error(
-                format!("{path}.value"),
-                "must be empty when `operator` is 'Exists'",
-            );
+            self.error(format!("{path}.value"), "must be empty when `operator` is 'Exists'");
         }
         if let Some(e) = t.effect.as_deref().filter(|e| !e.is_empty())
             && !TAINT_EFFECTS.contains(&e)
         {
-            self.errs
-                .push(unsupported(&format!("{path}.effect"), e, TAINT_EFFECTS));
+            self.errs.push(unsupported(&format!("{path}.effect"), e, TAINT_EFFECTS));
         }
     }
 
@@ -501,10 +385,7 @@ impl Checker {
 
     fn port_name(&mut self, field: &str, name: &str) {
         if let Err(why) = check_port_name(name) {
-            self.error(
-                field,
-                format!("{name:?} is not a valid port name (IANA_SVC_NAME): {why}"),
-            );
+            self.error(field, format!("{name:?} is not a valid port name (IANA_SVC_NAME): {why}"));
         }
     }
 
@@ -541,10 +422,7 @@ impl Checker {
     fn annotation_keys(&mut self, path: &str, annotations: Option<&BTreeMap<String, String>>) {
         for k in annotations.into_iter().flatten().map(|(k, _)| k) {
             if let Err(why) = check_qualified_name(k) {
-                self.error(
-                    format!("{path}.{k}"),
-                    format!("key {k:?} is not valid: {why}"),
-                );
+                self.error(format!("{path}.{k}"), format!("key {k:?} is not valid: {why}"));
             }
         }
     }
@@ -556,10 +434,7 @@ pub fn check_port_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() || name.len() > 15 {
         return Err("it must be 1 to 15 characters long");
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
         return Err("it may contain only lower case letters, digits and '-'");
     }
     if !name.bytes().any(|b| b.is_ascii_lowercase()) {
@@ -578,8 +453,7 @@ fn is_name_part(s: &str) -> bool {
     !b.is_empty()
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// A label or annotation key: `[prefix/]name`, the prefix a DNS subdomain, the name at most 63
@@ -595,10 +469,8 @@ fn check_qualified_name(key: &str) -> Result<(), &'static str> {
         return Err("the prefix must be a DNS subdomain (e.g. example.com)");
     }
     if name.is_empty() || name.len() > 63 || !is_name_part(name) {
-        return Err(
-            "the name must be at most 63 alphanumerics, '-', '_' or '.', starting and ending \
-             with an alphanumeric",
-        );
+        return Err("the name must be at most 63 alphanumerics, '-', '_' or '.', starting and ending \
+             with an alphanumeric");
     }
     Ok(())
 }
@@ -606,10 +478,7 @@ fn check_qualified_name(key: &str) -> Result<(), &'static str> {
 /// The value of a Kubernetes quantity (`500m`, `1.5Gi`, `129e6`), `None` when it is not one.
 pub fn parse_quantity(s: &str) -> Option<f64> {
     let s = s.trim();
-    let number_end = s
-        .char_indices()
-        .find(|(i, c)| !(c.is_ascii_digit() || *c == '.' || (*i == 0 && (*c == '+' || *c == '-'))))
-        .map_or(s.len(), |(i, _)| i);
+    let number_end = s.char_indices().find(|(i, c)| !(c.is_ascii_digit() || *c == '.' || (*i == 0 && (*c == '+' || *c == '-')))).map_or(s.len(), |(i, _)| i);
     let (number, suffix) = s.split_at(number_end);
     let digits = number.trim_start_matches(['+', '-']);
     if digits.is_empty() || digits == "." || digits.matches('.').count() > 1 {

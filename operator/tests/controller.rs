@@ -68,11 +68,7 @@ impl Harness {
         let (pods, pod_writer) = reflector::store();
         let (services, service_writer) = reflector::store();
         let ctx = Arc::new(Context::new(api.client(), opts, Caches { pods, services }));
-        let h = Harness {
-            api,
-            ctx,
-            writers: Mutex::new((pod_writer, service_writer)),
-        };
+        let h = Harness { api, ctx, writers: Mutex::new((pod_writer, service_writer)) };
         h.sync();
         h
     }
@@ -81,29 +77,17 @@ impl Harness {
     fn sync(&self) {
         let objects = |prefix: &str| -> Vec<Value> {
             let st = self.api.state.lock().unwrap();
-            st.objects
-                .iter()
-                .filter(|(k, _)| k.starts_with(&format!("{prefix}/")))
-                .map(|(_, v)| v.clone())
-                .collect()
+            st.objects.iter().filter(|(k, _)| k.starts_with(&format!("{prefix}/"))).map(|(_, v)| v.clone()).collect()
         };
-        let pods = objects(PODS)
-            .into_iter()
-            .map(|v| serde_json::from_value(v).unwrap())
-            .collect();
-        let services = objects(SVCS)
-            .into_iter()
-            .map(|v| serde_json::from_value(v).unwrap())
-            .collect();
+        let pods = objects(PODS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+        let services = objects(SVCS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
         let mut w = self.writers.lock().unwrap();
         relist(&mut w.0, pods);
         relist(&mut w.1, services);
     }
 
     fn job(&self, name: &str) -> Option<TFJob> {
-        self.api
-            .get(&format!("{JOBS}/{name}"))
-            .map(|v| serde_json::from_value(v).unwrap())
+        self.api.get(&format!("{JOBS}/{name}")).map(|v| serde_json::from_value(v).unwrap())
     }
 
     /// Reconciles the job with caches that have caught up.
@@ -115,9 +99,7 @@ impl Harness {
     /// Reconciles the job with the caches as they are (maybe behind).
     async fn reconcile_stale(&self, name: &str) -> kube::runtime::controller::Action {
         let job = self.job(name).expect("job exists");
-        reconcile(Arc::new(job), self.ctx.clone())
-            .await
-            .expect("reconcile succeeds")
+        reconcile(Arc::new(job), self.ctx.clone()).await.expect("reconcile succeeds")
     }
 
     fn pods(&self) -> Vec<String> {
@@ -147,13 +129,7 @@ impl Harness {
             .unwrap_or_default()
             .conditions
             .iter()
-            .map(|c| {
-                (
-                    c.type_.clone(),
-                    c.status.clone(),
-                    c.reason.clone().unwrap_or_default(),
-                )
-            })
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone().unwrap_or_default()))
             .collect()
     }
 
@@ -161,12 +137,7 @@ impl Harness {
     fn last_condition(&self, name: &str) -> (String, String, String, String) {
         let st = self.job(name).unwrap().status.unwrap_or_default();
         let c = st.conditions.last().cloned().unwrap_or_default();
-        (
-            c.type_,
-            c.status,
-            c.reason.unwrap_or_default(),
-            c.message.unwrap_or_default(),
-        )
+        (c.type_, c.status, c.reason.unwrap_or_default(), c.message.unwrap_or_default())
     }
 
     fn event_reasons(&self) -> Vec<(String, String)> {
@@ -174,12 +145,7 @@ impl Harness {
         st.objects
             .iter()
             .filter(|(k, _)| k.starts_with(EVENTS))
-            .map(|(_, e)| {
-                (
-                    e["type"].as_str().unwrap_or("").to_string(),
-                    e["reason"].as_str().unwrap_or("").to_string(),
-                )
-            })
+            .map(|(_, e)| (e["type"].as_str().unwrap_or("").to_string(), e["reason"].as_str().unwrap_or("").to_string()))
             .collect()
     }
 }
@@ -189,12 +155,7 @@ fn env_of(pod: &Value, name: &str) -> Option<String> {
         .as_array()?
         .iter()
         .find(|e| e["name"] == name)
-        .map(|e| {
-            e["value"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| e["valueFrom"].to_string())
-        })
+        .map(|e| e["value"].as_str().map(str::to_string).unwrap_or_else(|| e["valueFrom"].to_string()))
 }
 
 fn c(t: &str, s: &str, r: &str) -> (String, String, String) {
@@ -204,19 +165,10 @@ fn c(t: &str, s: &str, r: &str) -> (String, String, String) {
 #[tokio::test]
 async fn new_job_gets_its_objects_and_status() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "mnist",
-            json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("mnist", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("mnist").await;
 
-    assert_eq!(
-        h.pods(),
-        vec!["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"]
-    );
+    assert_eq!(h.pods(), vec!["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"]);
     let w1 = h.api.get(&format!("{PODS}/mnist-worker-1")).unwrap();
     assert_eq!(
         env_of(&w1, "TF_CONFIG").as_deref(),
@@ -236,10 +188,7 @@ async fn new_job_gets_its_objects_and_status() {
     let token = secret["data"]["token"].clone();
     assert!(token.as_str().unwrap().len() >= 64);
 
-    assert_eq!(
-        h.conditions("mnist"),
-        vec![c("Created", "True", "TFJobCreated")]
-    );
+    assert_eq!(h.conditions("mnist"), vec![c("Created", "True", "TFJobCreated")]);
     let st = h.job("mnist").unwrap().status.unwrap();
     assert!(st.start_time.is_some());
     assert_eq!(st.replica_statuses["Worker"].active, 0);
@@ -248,34 +197,18 @@ async fn new_job_gets_its_objects_and_status() {
         st.objects
             .iter()
             .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == "SuccessfulCreatePod")
-            .map(|(_, e)| {
-                format!(
-                    "{} -> {}",
-                    e["note"].as_str().unwrap(),
-                    e["related"]["name"].as_str().unwrap()
-                )
-            })
+            .map(|(_, e)| format!("{} -> {}", e["note"].as_str().unwrap(), e["related"]["name"].as_str().unwrap()))
             .collect()
     };
     notes.sort();
     assert_eq!(
         notes,
-        vec![
-            "Created pod: mnist-ps-0 -> mnist-ps-0",
-            "Created pod: mnist-worker-0 -> mnist-worker-0",
-            "Created pod: mnist-worker-1 -> mnist-worker-1"
-        ]
+        vec!["Created pod: mnist-ps-0 -> mnist-ps-0", "Created pod: mnist-worker-0 -> mnist-worker-0", "Created pod: mnist-worker-1 -> mnist-worker-1"]
     );
     let mut reasons = h.event_reasons();
     reasons.sort();
     reasons.dedup();
-    assert_eq!(
-        reasons,
-        vec![
-            ("Normal".into(), "SuccessfulCreatePod".into()),
-            ("Normal".into(), "TFJobCreated".into())
-        ]
-    );
+    assert_eq!(reasons, vec![("Normal".into(), "SuccessfulCreatePod".into()), ("Normal".into(), "TFJobCreated".into())]);
 
     // A second pass changes nothing and asks nothing: the pods and the Service come from the
     // caches, the Secret is known to exist, the status is the same.
@@ -283,61 +216,29 @@ async fn new_job_gets_its_objects_and_status() {
     h.reconcile("mnist").await;
     let log = h.api.take_log();
     assert_eq!(log, Vec::<String>::new());
-    assert_eq!(
-        h.api.get(&format!("{SECRETS}/mnist-token")).unwrap()["data"]["token"],
-        token
-    );
+    assert_eq!(h.api.get(&format!("{SECRETS}/mnist-token")).unwrap()["data"]["token"], token);
 }
 
 #[tokio::test]
 async fn pod_phases_drive_the_status() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "mnist",
-            json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("mnist", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("mnist").await;
     for p in ["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"] {
         h.set_pod(p, "Running", None, 0);
     }
     h.reconcile("mnist").await;
-    assert_eq!(
-        h.conditions("mnist"),
-        vec![
-            c("Created", "True", "TFJobCreated"),
-            c("Running", "True", "TFJobRunning")
-        ]
-    );
+    assert_eq!(h.conditions("mnist"), vec![c("Created", "True", "TFJobCreated"), c("Running", "True", "TFJobRunning")]);
     let st = h.job("mnist").unwrap().status.unwrap();
-    assert_eq!(
-        (
-            st.replica_statuses["Worker"].active,
-            st.replica_statuses["PS"].active
-        ),
-        (2, 1)
-    );
+    assert_eq!((st.replica_statuses["Worker"].active, st.replica_statuses["PS"].active), (2, 1));
 
     h.set_pod("mnist-worker-0", "Succeeded", Some(0), 0);
     h.reconcile("mnist").await;
     assert_eq!(
         h.conditions("mnist"),
-        vec![
-            c("Running", "False", "TFJobRunning"),
-            c("Created", "True", "TFJobCreated"),
-            c("Succeeded", "True", "TFJobSucceeded")
-        ]
+        vec![c("Running", "False", "TFJobRunning"), c("Created", "True", "TFJobCreated"), c("Succeeded", "True", "TFJobSucceeded")]
     );
-    assert!(
-        h.job("mnist")
-            .unwrap()
-            .status
-            .unwrap()
-            .completion_time
-            .is_some()
-    );
+    assert!(h.job("mnist").unwrap().status.unwrap().completion_time.is_some());
     // Default cleanPodPolicy Running: the ps and the running worker are gone, the finished pod stays.
     assert_eq!(h.pods(), vec!["mnist-worker-0"]);
     let reasons: Vec<_> = h.event_reasons().into_iter().map(|(_, r)| r).collect();
@@ -345,10 +246,7 @@ async fn pod_phases_drive_the_status() {
         assert!(reasons.contains(&r.to_string()), "{reasons:?}");
     }
     // Terminal means terminal: a later failure report changes nothing.
-    h.api.put(
-        PODS,
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stray", "labels": {}}}),
-    );
+    h.api.put(PODS, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stray", "labels": {}}}));
     h.reconcile("mnist").await;
     assert!(h.conditions("mnist").iter().all(|(t, _, _)| t != "Failed"));
 }
@@ -356,13 +254,9 @@ async fn pod_phases_drive_the_status() {
 #[tokio::test]
 async fn failures_under_each_restart_policy() {
     // (policy, exit code, expect job failed, expect pod recreated)
-    for (policy, code, fails, recreated) in [
-        ("Never", 1, true, false),
-        ("OnFailure", 1, false, true),
-        ("Always", 2, false, true),
-        ("ExitCode", 137, false, true),
-        ("ExitCode", 3, true, false),
-    ] {
+    for (policy, code, fails, recreated) in
+        [("Never", 1, true, false), ("OnFailure", 1, false, true), ("Always", 2, false, true), ("ExitCode", 137, false, true), ("ExitCode", 3, true, false)]
+    {
         let h = Harness::new();
         h.api.put(JOBS, job("j", json!({"runPolicy": {"cleanPodPolicy": "All"}, "tfReplicaSpecs": {"Worker": replica(2, policy)}})));
         h.reconcile("j").await;
@@ -373,29 +267,15 @@ async fn failures_under_each_restart_policy() {
         let last = conds.last().unwrap().clone();
         if fails {
             assert_eq!(last, c("Failed", "True", "TFJobFailed"), "{policy} {code}");
-            assert!(
-                h.pods().is_empty(),
-                "{policy}: cleanPodPolicy All deletes every pod"
-            );
-            assert!(
-                h.event_reasons()
-                    .contains(&("Warning".into(), "TFJobFailed".into()))
-            );
+            assert!(h.pods().is_empty(), "{policy}: cleanPodPolicy All deletes every pod");
+            assert!(h.event_reasons().contains(&("Warning".into(), "TFJobFailed".into())));
         } else {
-            assert_eq!(
-                last,
-                c("Restarting", "True", "TFJobRestarting"),
-                "{policy} {code}"
-            );
+            assert_eq!(last, c("Restarting", "True", "TFJobRestarting"), "{policy} {code}");
             assert_eq!(h.pods(), vec!["j-worker-0"], "{policy}: failed pod deleted");
         }
         if recreated {
             h.reconcile("j").await;
-            assert_eq!(
-                h.pods(),
-                vec!["j-worker-0", "j-worker-1"],
-                "{policy}: pod recreated"
-            );
+            assert_eq!(h.pods(), vec!["j-worker-0", "j-worker-1"], "{policy}: pod recreated");
             let st = h.job("j").unwrap().status.unwrap();
             assert_eq!(st.replica_statuses["Worker"].recreated, 1);
         }
@@ -426,22 +306,14 @@ fn notes_of(h: &Harness, reason: &str) -> Vec<String> {
 #[tokio::test]
 async fn scaling_creates_and_deletes_replicas_and_announces_each_change_once() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "s",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("s", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
     let new = h.job("s").unwrap();
     h.reconcile("s").await;
     reconcile(Arc::new(new), h.ctx.clone()).await.unwrap();
     assert_eq!(notes_of(&h, "TFJobCreated"), vec!["TFJob s is created. x1"]);
 
     let scale_to = |n: i32| {
-        h.api.update(&format!("{JOBS}/s"), |j| {
-            j["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = json!(n)
-        });
+        h.api.update(&format!("{JOBS}/s"), |j| j["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = json!(n));
         h.job("s").unwrap()
     };
     let before_up = scale_to(3);
@@ -459,71 +331,31 @@ async fn scaling_creates_and_deletes_replicas_and_announces_each_change_once() {
     assert_eq!(h.pods(), vec!["s-worker-0"]);
     let status = h.job("s").unwrap().status.unwrap();
     assert_eq!(status.replica_statuses["Worker"].replicas, Some(1));
-    assert_eq!(
-        notes_of(&h, "Scaled"),
-        vec!["Worker 2 \u{2192} 3 x1", "Worker 3 \u{2192} 1 x1"]
-    );
+    assert_eq!(notes_of(&h, "Scaled"), vec!["Worker 2 \u{2192} 3 x1", "Worker 3 \u{2192} 1 x1"]);
 }
 
 #[tokio::test]
 async fn invalid_job_fails_and_others_are_served() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "bad",
-            json!({"tfReplicaSpecs": {"PS": replica(1, "Never")}}),
-        ),
-    );
-    h.api.put(
-        JOBS,
-        job(
-            "good",
-            json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("bad", json!({"tfReplicaSpecs": {"PS": replica(1, "Never")}})));
+    h.api.put(JOBS, job("good", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
     h.reconcile("bad").await;
     h.reconcile("good").await;
     let bad = h.job("bad").unwrap().status.unwrap();
     let last = bad.conditions.last().unwrap();
-    assert_eq!(
-        (last.type_.as_str(), last.reason.as_deref()),
-        ("Failed", Some("TFJobFailedValidation"))
-    );
-    assert!(
-        last.message
-            .as_deref()
-            .unwrap()
-            .contains("spec.tfReplicaSpecs: must contain a Chief, a Master or a Worker")
-    );
-    assert!(
-        h.event_reasons()
-            .contains(&("Warning".into(), "TFJobFailedValidation".into()))
-    );
+    assert_eq!((last.type_.as_str(), last.reason.as_deref()), ("Failed", Some("TFJobFailedValidation")));
+    assert!(last.message.as_deref().unwrap().contains("spec.tfReplicaSpecs: must contain a Chief, a Master or a Worker"));
+    assert!(h.event_reasons().contains(&("Warning".into(), "TFJobFailedValidation".into())));
     assert_eq!(h.pods(), vec!["good-worker-0"]);
     assert!(h.api.get(&format!("{SVCS}/bad")).is_none());
 }
 
 #[tokio::test]
 async fn deleting_the_job_leaves_nothing_behind() {
-    let h = Harness::with_opts(PlanOptions {
-        cluster_domain: None,
-        gang_scheduler: Some(GangScheduler::Volcano),
-        ..Default::default()
-    });
-    h.api.put(
-        JOBS,
-        job(
-            "d",
-            json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}),
-        ),
-    );
+    let h = Harness::with_opts(PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano), ..Default::default() });
+    h.api.put(JOBS, job("d", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("d").await;
-    assert!(
-        h.api
-            .get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d")
-            .is_some()
-    );
+    assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_some());
     let uid = h.job("d").unwrap().metadata.uid.unwrap();
     // Everything the controller made is owned by the job, so the garbage collector removes it.
     for key in h.api.all_keys() {
@@ -531,40 +363,22 @@ async fn deleting_the_job_leaves_nothing_behind() {
             continue;
         }
         let obj = h.api.get(&key).unwrap();
-        assert_eq!(
-            obj["metadata"]["ownerReferences"][0]["uid"],
-            uid.as_str(),
-            "{key}"
-        );
-        assert_eq!(
-            obj["metadata"]["ownerReferences"][0]["controller"], true,
-            "{key}"
-        );
+        assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], uid.as_str(), "{key}");
+        assert_eq!(obj["metadata"]["ownerReferences"][0]["controller"], true, "{key}");
     }
     // Finishing the job releases the gang.
     h.set_pod("d-worker-0", "Succeeded", Some(0), 0);
     h.reconcile("d").await;
-    assert!(
-        h.api
-            .get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d")
-            .is_none()
-    );
+    assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_none());
     // A job being deleted is left to the garbage collector: no writes.
     let mut deleting = h.job("d").unwrap();
-    deleting.metadata.deletion_timestamp = Some(
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
-    );
+    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
     h.api.take_log();
     reconcile(Arc::new(deleting), h.ctx.clone()).await.unwrap();
     assert!(h.api.take_log().is_empty());
     let jobs: kube::Api<TFJob> = kube::Api::namespaced(h.api.client(), "ns");
     jobs.delete("d", &Default::default()).await.unwrap();
-    let left: Vec<_> = h
-        .api
-        .all_keys()
-        .into_iter()
-        .filter(|k| !k.starts_with(EVENTS))
-        .collect();
+    let left: Vec<_> = h.api.all_keys().into_iter().filter(|k| !k.starts_with(EVENTS)).collect();
     assert!(left.is_empty(), "{left:#?}");
 }
 
@@ -591,32 +405,16 @@ async fn active_deadline_requeues_at_the_deadline() {
 #[tokio::test]
 async fn suspend_deletes_pods_and_resume_recreates_them() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "p",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("p", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
     h.reconcile("p").await;
-    h.api.update(&format!("{JOBS}/p"), |j| {
-        j["spec"]["runPolicy"] = json!({"suspend": true})
-    });
+    h.api.update(&format!("{JOBS}/p"), |j| j["spec"]["runPolicy"] = json!({"suspend": true}));
     h.reconcile("p").await;
     assert!(h.pods().is_empty());
-    assert_eq!(
-        h.conditions("p").last().unwrap(),
-        &c("Suspended", "True", "TFJobSuspended")
-    );
-    h.api.update(&format!("{JOBS}/p"), |j| {
-        j["spec"]["runPolicy"] = json!({"suspend": false})
-    });
+    assert_eq!(h.conditions("p").last().unwrap(), &c("Suspended", "True", "TFJobSuspended"));
+    h.api.update(&format!("{JOBS}/p"), |j| j["spec"]["runPolicy"] = json!({"suspend": false}));
     h.reconcile("p").await;
     assert_eq!(h.pods(), vec!["p-worker-0", "p-worker-1"]);
-    assert!(
-        h.conditions("p")
-            .contains(&c("Suspended", "False", "TFJobResumed"))
-    );
+    assert!(h.conditions("p").contains(&c("Suspended", "False", "TFJobResumed")));
 }
 
 #[tokio::test]
@@ -632,21 +430,12 @@ async fn jobs_managed_elsewhere_are_skipped() {
 #[tokio::test]
 async fn metrics_and_health() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "x",
-            json!({"tfReplicaSpecs": {"Worker": replica(1, "OnFailure")}}),
-        ),
-    );
+    h.api.put(JOBS, job("x", json!({"tfReplicaSpecs": {"Worker": replica(1, "OnFailure")}})));
     h.reconcile("x").await;
     h.set_pod("x-worker-0", "Failed", Some(1), 0);
     h.reconcile("x").await;
     let text = h.ctx.metrics.render();
-    assert!(
-        text.contains("tfjob_reconcile_duration_seconds_count 2"),
-        "{text}"
-    );
+    assert!(text.contains("tfjob_reconcile_duration_seconds_count 2"), "{text}");
     assert!(text.contains("tfjob_restarts_total 1"), "{text}");
     assert!(text.contains("tfjob_jobs{phase=\"Running\"} 0"), "{text}");
     let (code, _, _) = tfjob_operator::kube::http_response("/readyz", &h.ctx.metrics, false);
@@ -659,24 +448,10 @@ async fn metrics_and_health() {
 async fn missing_crd_is_reported_clearly() {
     let api = FakeApi::default();
     let client = api.client();
-    assert!(
-        tfjob_operator::kube::check_crd(&client, Some("ns"))
-            .await
-            .is_ok()
-    );
-    api.state
-        .lock()
-        .unwrap()
-        .unserved
-        .push("/apis/kubeflow.org/".into());
-    let err = tfjob_operator::kube::check_crd(&client, Some("ns"))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("CustomResourceDefinition (tfjobs.kubeflow.org) is not installed"),
-        "{err}"
-    );
+    assert!(tfjob_operator::kube::check_crd(&client, Some("ns")).await.is_ok());
+    api.state.lock().unwrap().unserved.push("/apis/kubeflow.org/".into());
+    let err = tfjob_operator::kube::check_crd(&client, Some("ns")).await.unwrap_err().to_string();
+    assert!(err.contains("CustomResourceDefinition (tfjobs.kubeflow.org) is not installed"), "{err}");
 }
 
 #[tokio::test]
@@ -690,26 +465,18 @@ async fn leader_election_on_a_lease() {
         lease_duration: std::time::Duration::from_secs(15),
     };
     let (a, b) = (elector("a"), elector("b"));
-    assert!(
-        a.try_acquire().await.unwrap(),
-        "first comer takes the free lease"
-    );
+    assert!(a.try_acquire().await.unwrap(), "first comer takes the free lease");
     assert!(!b.try_acquire().await.unwrap(), "a live lease is respected");
     assert!(a.try_acquire().await.unwrap(), "the holder renews");
     let key = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/tfjob-operator";
     assert_eq!(api.get(key).unwrap()["spec"]["holderIdentity"], "a");
     // The holder stops renewing: once the lease has expired another instance takes over.
-    api.update(key, |l| {
-        l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z")
-    });
+    api.update(key, |l| l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z"));
     assert!(b.try_acquire().await.unwrap());
     let lease = api.get(key).unwrap();
     assert_eq!(lease["spec"]["holderIdentity"], "b");
     assert_eq!(lease["spec"]["leaseTransitions"], 1);
-    assert!(
-        !a.try_acquire().await.unwrap(),
-        "the old holder has lost it"
-    );
+    assert!(!a.try_acquire().await.unwrap(), "the old holder has lost it");
 }
 
 #[tokio::test]
@@ -727,15 +494,10 @@ async fn health_and_metrics_over_http() {
         ("/nope", "404 Not Found", "not found"),
     ] {
         let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-        sock.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        sock.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
         let mut resp = String::new();
         sock.read_to_string(&mut resp).await.unwrap();
-        assert!(
-            resp.starts_with(&format!("HTTP/1.1 {status}")),
-            "{path}: {resp}"
-        );
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status}")), "{path}: {resp}");
         assert!(resp.contains(needle), "{path}: {resp}");
     }
     server.abort();
@@ -764,92 +526,50 @@ async fn the_controller_follows_watch_events() {
     let client = api.client();
     let (controller, caches) = build_controller(client.clone(), None, 4);
     let ctx = Arc::new(Context::new(client.clone(), PlanOptions::default(), caches));
-    let run = controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
+    let run = controller.run(reconcile, error_policy, ctx).for_each(|_| async {});
     let controller = tokio::spawn(run);
 
     let jobs: Api<TFJob> = Api::namespaced(client.clone(), "ns");
-    let manifest = job(
-        "w",
-        json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "OnFailure")}}),
-    );
-    jobs.create(
-        &PostParams::default(),
-        &serde_json::from_value(manifest).unwrap(),
-    )
-    .await
-    .unwrap();
-    eventually("3 pods, a service and a secret", || {
-        api.names(PODS).len() == 3 && api.names(SVCS) == ["w"] && api.names(SECRETS) == ["w-token"]
-    })
-    .await;
+    let manifest = job("w", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "OnFailure")}}));
+    jobs.create(&PostParams::default(), &serde_json::from_value(manifest).unwrap()).await.unwrap();
+    eventually("3 pods, a service and a secret", || api.names(PODS).len() == 3 && api.names(SVCS) == ["w"] && api.names(SECRETS) == ["w-token"]).await;
 
     // The kubelet reports the pods running: the status follows through the pod watch.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
     for p in ["w-ps-0", "w-worker-0", "w-worker-1"] {
         let st = json!({"status": {"phase": "Running"}});
-        pods.patch_status(p, &PatchParams::default(), &Patch::Merge(&st))
-            .await
-            .unwrap();
+        pods.patch_status(p, &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
     }
     let running = || {
-        api.get(&format!("{JOBS}/w")).is_some_and(|j| {
-            j["status"]["conditions"].as_array().is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c["type"] == "Running" && c["status"] == "True")
-            })
-        })
+        api.get(&format!("{JOBS}/w"))
+            .is_some_and(|j| j["status"]["conditions"].as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Running" && c["status"] == "True")))
     };
     eventually("Running condition", running).await;
 
     // A worker pod disappears (node lost): the controller recreates it.
-    pods.delete("w-worker-1", &Default::default())
-        .await
-        .unwrap();
-    eventually("w-worker-1 recreated", || {
-        api.names(PODS).contains(&"w-worker-1".to_string())
-    })
-    .await;
+    pods.delete("w-worker-1", &Default::default()).await.unwrap();
+    eventually("w-worker-1 recreated", || api.names(PODS).contains(&"w-worker-1".to_string())).await;
 
     // Scaling the job through the API adds a replica.
     let scale = json!({"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}});
-    jobs.patch("w", &PatchParams::default(), &Patch::Merge(&scale))
-        .await
-        .unwrap();
-    eventually("w-worker-2 created", || {
-        api.names(PODS).contains(&"w-worker-2".to_string())
-    })
-    .await;
+    jobs.patch("w", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    eventually("w-worker-2 created", || api.names(PODS).contains(&"w-worker-2".to_string())).await;
 
     // Deleting the job leaves nothing behind.
     jobs.delete("w", &Default::default()).await.unwrap();
-    eventually("everything gone", || {
-        api.all_keys()
-            .iter()
-            .all(|k| k.starts_with(EVENTS) || k.contains("/leases/"))
-    })
-    .await;
+    eventually("everything gone", || api.all_keys().iter().all(|k| k.starts_with(EVENTS) || k.contains("/leases/"))).await;
     controller.abort();
 }
 
 /// The requests of a log that touch `collection` (e.g. `POST /api/v1/namespaces/ns/pods`).
 fn requests_to<'l>(log: &'l [String], method: &str, collection: &str) -> Vec<&'l String> {
-    log.iter()
-        .filter(|l| l.starts_with(&format!("{method} {collection}")))
-        .collect()
+    log.iter().filter(|l| l.starts_with(&format!("{method} {collection}"))).collect()
 }
 
 #[tokio::test]
 async fn a_stale_cache_neither_creates_nor_recreates_twice() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "s",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "ExitCode")}}),
-        ),
-    );
+    h.api.put(JOBS, job("s", json!({"tfReplicaSpecs": {"Worker": replica(2, "ExitCode")}})));
     h.reconcile("s").await;
     assert_eq!(h.pods(), vec!["s-worker-0", "s-worker-1"]);
     // The pod cache has not seen the new pods yet: the job waits for it instead of creating
@@ -857,10 +577,7 @@ async fn a_stale_cache_neither_creates_nor_recreates_twice() {
     h.api.take_log();
     let action = h.reconcile_stale("s").await;
     assert_eq!(h.api.take_log(), Vec::<String>::new());
-    assert!(
-        format!("{action:?}").contains("requeue_after: Some"),
-        "{action:?}"
-    );
+    assert!(format!("{action:?}").contains("requeue_after: Some"), "{action:?}");
 
     // A retryable failure: the pod is deleted once and created again once, even when reconciles
     // run before the cache shows the deletion.
@@ -868,34 +585,20 @@ async fn a_stale_cache_neither_creates_nor_recreates_twice() {
     h.set_pod("s-worker-1", "Failed", Some(137), 0);
     h.reconcile("s").await;
     let stale_failed_pod = h.api.take_log();
-    assert_eq!(
-        requests_to(&stale_failed_pod, "DELETE", PODS),
-        vec!["DELETE /api/v1/namespaces/ns/pods/s-worker-1"]
-    );
+    assert_eq!(requests_to(&stale_failed_pod, "DELETE", PODS), vec!["DELETE /api/v1/namespaces/ns/pods/s-worker-1"]);
     h.reconcile_stale("s").await;
-    assert_eq!(
-        h.api.take_log(),
-        Vec::<String>::new(),
-        "the deletion is not seen yet"
-    );
+    assert_eq!(h.api.take_log(), Vec::<String>::new(), "the deletion is not seen yet");
     h.reconcile("s").await;
     let log = h.api.take_log();
     assert_eq!(requests_to(&log, "POST", PODS).len(), 1, "{log:#?}");
     assert_eq!(requests_to(&log, "DELETE", PODS).len(), 0, "{log:#?}");
     h.reconcile_stale("s").await;
-    assert_eq!(
-        h.api.take_log(),
-        Vec::<String>::new(),
-        "the new pod is not seen yet"
-    );
+    assert_eq!(h.api.take_log(), Vec::<String>::new(), "the new pod is not seen yet");
     h.reconcile("s").await;
     assert_eq!(h.pods(), vec!["s-worker-0", "s-worker-1"]);
     let st = h.job("s").unwrap().status.unwrap();
     assert_eq!(st.replica_statuses["Worker"].recreated, 1);
-    assert_eq!(
-        notes_of(&h, "ExitedWithCode"),
-        vec!["Pod: ns.s-worker-1 exited with code 137 x1"]
-    );
+    assert_eq!(notes_of(&h, "ExitedWithCode"), vec!["Pod: ns.s-worker-1 exited with code 137 x1"]);
 }
 
 #[tokio::test]
@@ -905,36 +608,19 @@ async fn the_token_secret_is_created_once_and_never_read() {
     let existing = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "t-token", "namespace": "ns"}, "data": {"token": "b2xk"}});
     h.api.put(SECRETS, existing);
-    h.api.put(
-        JOBS,
-        job(
-            "t",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "OnFailure")}}),
-        ),
-    );
+    h.api.put(JOBS, job("t", json!({"tfReplicaSpecs": {"Worker": replica(2, "OnFailure")}})));
     h.api.take_log();
     h.reconcile("t").await;
     assert_eq!(h.pods(), vec!["t-worker-0", "t-worker-1"]);
-    assert_eq!(
-        h.api.get(&format!("{SECRETS}/t-token")).unwrap()["data"]["token"],
-        "b2xk"
-    );
+    assert_eq!(h.api.get(&format!("{SECRETS}/t-token")).unwrap()["data"]["token"], "b2xk");
     // A pod recreated later needs no Secret write.
     h.set_pod("t-worker-1", "Failed", Some(1), 0);
     h.reconcile("t").await;
     h.reconcile("t").await;
     assert_eq!(h.pods(), vec!["t-worker-0", "t-worker-1"]);
     let log = h.api.take_log();
-    assert_eq!(
-        requests_to(&log, "POST", SECRETS),
-        vec!["POST /api/v1/namespaces/ns/secrets"],
-        "one create, answered AlreadyExists"
-    );
-    assert!(
-        !log.iter()
-            .any(|l| l.contains("/secrets") && !l.starts_with("POST")),
-        "the Secret is never read, listed or changed: {log:#?}"
-    );
+    assert_eq!(requests_to(&log, "POST", SECRETS), vec!["POST /api/v1/namespaces/ns/secrets"], "one create, answered AlreadyExists");
+    assert!(!log.iter().any(|l| l.contains("/secrets") && !l.starts_with("POST")), "the Secret is never read, listed or changed: {log:#?}");
     // No list of pods or Services either: they come from the caches.
     assert!(!log.iter().any(|l| l.starts_with("GET")), "{log:#?}");
 }
@@ -943,39 +629,13 @@ async fn the_token_secret_is_created_once_and_never_read() {
 async fn a_pod_the_api_server_refuses_fails_the_job_with_the_reason() {
     let h = Harness::new();
     let msg = "Pod \"r-worker-1\" is invalid: spec.dnsConfig.nameservers[0]: Invalid value: \"x\": must be valid IP address";
-    h.api.state.lock().unwrap().refusals.push((
-        format!("{PODS}/r-worker-1"),
-        422,
-        "Invalid".into(),
-        msg.into(),
-    ));
-    h.api.put(
-        JOBS,
-        job(
-            "r",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.state.lock().unwrap().refusals.push((format!("{PODS}/r-worker-1"), 422, "Invalid".into(), msg.into()));
+    h.api.put(JOBS, job("r", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
     h.reconcile("r").await;
-    let refused =
-        format!("TFJob ns/r has failed because the API server refused pod r-worker-1: {msg}");
-    assert_eq!(
-        h.last_condition("r"),
-        (
-            "Failed".into(),
-            "True".into(),
-            "TFJobFailedValidation".into(),
-            refused
-        )
-    );
-    assert_eq!(
-        notes_of(&h, "FailedCreatePod"),
-        vec![format!("Error creating: {msg} x1")]
-    );
-    assert!(
-        h.event_reasons()
-            .contains(&("Warning".into(), "FailedCreatePod".into()))
-    );
+    let refused = format!("TFJob ns/r has failed because the API server refused pod r-worker-1: {msg}");
+    assert_eq!(h.last_condition("r"), ("Failed".into(), "True".into(), "TFJobFailedValidation".into(), refused));
+    assert_eq!(notes_of(&h, "FailedCreatePod"), vec![format!("Error creating: {msg} x1")]);
+    assert!(h.event_reasons().contains(&("Warning".into(), "FailedCreatePod".into())));
     // The next reconcile cleans up (cleanPodPolicy Running) and tries nothing again.
     h.api.take_log();
     h.reconcile("r").await;
@@ -988,55 +648,24 @@ async fn a_pod_the_api_server_refuses_fails_the_job_with_the_reason() {
 async fn a_pod_refused_for_now_is_retried_and_shows_on_the_job_meanwhile() {
     let h = Harness::new();
     let msg = "pods \"q-worker-0\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, limited: pods=10";
-    h.api.state.lock().unwrap().refusals.push((
-        format!("{PODS}/q-worker-0"),
-        403,
-        "Forbidden".into(),
-        msg.into(),
-    ));
-    h.api.put(
-        JOBS,
-        job(
-            "q",
-            json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}}),
-        ),
-    );
+    h.api.state.lock().unwrap().refusals.push((format!("{PODS}/q-worker-0"), 403, "Forbidden".into(), msg.into()));
+    h.api.put(JOBS, job("q", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
     let action = h.reconcile("q").await;
-    assert!(
-        format!("{action:?}").contains("10s"),
-        "retried later: {action:?}"
-    );
+    assert!(format!("{action:?}").contains("10s"), "retried later: {action:?}");
     let retrying = format!("TFJob ns/q cannot create pod q-worker-0 (retrying): {msg}");
-    assert_eq!(
-        h.last_condition("q"),
-        (
-            "ReplicaFailure".into(),
-            "True".into(),
-            "FailedCreatePod".into(),
-            retrying
-        )
-    );
+    assert_eq!(h.last_condition("q"), ("ReplicaFailure".into(), "True".into(), "FailedCreatePod".into(), retrying));
     // Quota freed: the pod is created and the condition clears.
     h.api.state.lock().unwrap().refusals.clear();
     h.reconcile("q").await;
     assert_eq!(h.pods(), vec!["q-worker-0"]);
-    assert!(
-        h.conditions("q")
-            .contains(&c("ReplicaFailure", "False", "PodsCreated"))
-    );
+    assert!(h.conditions("q").contains(&c("ReplicaFailure", "False", "PodsCreated")));
     assert_eq!(h.conditions("q").last().unwrap().0, "Created");
 }
 
 #[tokio::test]
 async fn failures_name_the_pod_its_exit_code_and_reason() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "f",
-            json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("f", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("f").await;
     h.api.update(&format!("{PODS}/f-worker-1"), |p| {
         p["status"] = json!({"phase": "Failed", "containerStatuses": [{
@@ -1051,10 +680,7 @@ async fn failures_name_the_pod_its_exit_code_and_reason() {
         "TFJob ns/f has failed because 1 Worker replica(s) failed: pod f-worker-1 exited with \
          code 137 (OOMKilled)."
     );
-    assert_eq!(
-        notes_of(&h, "ExitedWithCode"),
-        vec!["Pod: ns.f-worker-1 exited with code 137 (OOMKilled) x1"]
-    );
+    assert_eq!(notes_of(&h, "ExitedWithCode"), vec!["Pod: ns.f-worker-1 exited with code 137 (OOMKilled) x1"]);
     let related: Vec<String> = {
         let st = h.api.state.lock().unwrap();
         st.objects
@@ -1069,13 +695,7 @@ async fn failures_name_the_pod_its_exit_code_and_reason() {
 #[tokio::test]
 async fn an_unschedulable_pod_shows_on_the_job() {
     let h = Harness::new();
-    h.api.put(
-        JOBS,
-        job(
-            "u",
-            json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}}),
-        ),
-    );
+    h.api.put(JOBS, job("u", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
     h.reconcile("u").await;
     let why = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.";
     h.api.update(&format!("{PODS}/u-worker-1"), |p| {
@@ -1084,15 +704,7 @@ async fn an_unschedulable_pod_shows_on_the_job() {
     });
     h.reconcile("u").await;
     let want = format!("1 pod(s) of TFJob ns/u cannot be scheduled (u-worker-1): {why}");
-    assert_eq!(
-        h.last_condition("u"),
-        (
-            "Unschedulable".into(),
-            "True".into(),
-            "Unschedulable".into(),
-            want.clone()
-        )
-    );
+    assert_eq!(h.last_condition("u"), ("Unschedulable".into(), "True".into(), "Unschedulable".into(), want.clone()));
     assert_eq!(notes_of(&h, "Unschedulable"), vec![format!("{want} x1")]);
     // Still unschedulable: no new event. Then scheduled and running: the condition clears.
     h.reconcile("u").await;
@@ -1102,9 +714,6 @@ async fn an_unschedulable_pod_shows_on_the_job() {
     }
     h.reconcile("u").await;
     let conds = h.conditions("u");
-    assert!(
-        conds.contains(&c("Unschedulable", "False", "Scheduled")),
-        "{conds:?}"
-    );
+    assert!(conds.contains(&c("Unschedulable", "False", "Scheduled")), "{conds:?}");
     assert_eq!(conds.last().unwrap(), &c("Running", "True", "TFJobRunning"));
 }

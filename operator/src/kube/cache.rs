@@ -43,15 +43,8 @@ impl Caches {
             .state()
             .into_iter()
             .filter(|p| p.namespace() == ns)
-            .filter(|p| {
-                p.labels().get(plan::LABEL_JOB_NAME).map(String::as_str) == Some(job.name())
-            })
-            .filter(|p| {
-                uid.is_none()
-                    || p.owner_references()
-                        .iter()
-                        .any(|o| Some(o.uid.as_str()) == uid)
-            })
+            .filter(|p| p.labels().get(plan::LABEL_JOB_NAME).map(String::as_str) == Some(job.name()))
+            .filter(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid))
             .collect()
     }
 
@@ -109,12 +102,8 @@ impl Pending {
     /// Drops what `pods` already show: a created pod is in the cache with its uid; a deleted
     /// one is gone, replaced by another, or being deleted.
     fn observe(&mut self, pods: &[CachedPod<'_>]) {
-        self.created
-            .retain(|name, uid| !pods.iter().any(|p| p.name == name && p.uid == uid));
-        self.deleted.retain(|name, uid| {
-            pods.iter()
-                .any(|p| p.name == name && p.uid == uid && !p.terminating)
-        });
+        self.created.retain(|name, uid| !pods.iter().any(|p| p.name == name && p.uid == uid));
+        self.deleted.retain(|name, uid| pods.iter().any(|p| p.name == name && p.uid == uid && !p.terminating));
     }
 
     fn is_empty(&self) -> bool {
@@ -158,13 +147,7 @@ impl Expectations {
     /// How long to wait before reconciling `job`: `None` once `pods` (the cache) show every
     /// write, or once the oldest unseen write is older than `ttl` (its expectations are then
     /// dropped).
-    pub fn wait(
-        &self,
-        job: &str,
-        pods: &[CachedPod<'_>],
-        now: Instant,
-        ttl: Duration,
-    ) -> Option<Duration> {
+    pub fn wait(&self, job: &str, pods: &[CachedPod<'_>], now: Instant, ttl: Duration) -> Option<Duration> {
         self.with(job, |p| {
             p.observe(pods);
             if p.is_empty() {
@@ -186,10 +169,7 @@ impl Expectations {
 
     /// Forgets a job (deleted).
     pub fn forget(&self, job: &str) {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(job);
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).remove(job);
     }
 }
 
@@ -204,26 +184,17 @@ pub struct Once {
 impl Once {
     /// Whether it was written for `uid`.
     pub fn contains(&self, uid: &str) -> bool {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(uid)
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).contains(uid)
     }
 
     /// It was written (or found to exist) for `uid`.
     pub fn insert(&self, uid: &str) {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(uid.to_string());
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string());
     }
 
     /// The job is finished or gone: nothing more is written for it.
     pub fn forget(&self, uid: &str) {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
     }
 }
 
@@ -234,12 +205,7 @@ pub fn service_is_current(existing: &Service, desired: &Service) -> bool {
         return false;
     };
     let ports = |s: &k8s_openapi::api::core::v1::ServiceSpec| {
-        let mut p: Vec<(Option<String>, i32)> = s
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| (p.name.clone(), p.port))
-            .collect();
+        let mut p: Vec<(Option<String>, i32)> = s.ports.iter().flatten().map(|p| (p.name.clone(), p.port)).collect();
         p.sort();
         p
     };
@@ -256,11 +222,7 @@ mod tests {
     use super::*;
 
     fn pod<'a>(name: &'a str, uid: &'a str, terminating: bool) -> CachedPod<'a> {
-        CachedPod {
-            name,
-            uid,
-            terminating,
-        }
+        CachedPod { name, uid, terminating }
     }
 
     #[test]
@@ -269,71 +231,17 @@ mod tests {
         let ttl = Duration::from_secs(30);
         let at = |s: u64| t0 + Duration::from_secs(s);
         // (writes: (created?, name, uid), cache, seconds later, wait?)
-        type Case = (
-            &'static str,
-            Vec<(bool, &'static str, &'static str)>,
-            Vec<CachedPod<'static>>,
-            u64,
-            Option<u64>,
-        );
+        type Case = (&'static str, Vec<(bool, &'static str, &'static str)>, Vec<CachedPod<'static>>, u64, Option<u64>);
         let cases: Vec<Case> = vec![
             ("nothing written", vec![], vec![], 0, None),
-            (
-                "created, not in the cache yet",
-                vec![(true, "w0", "u1")],
-                vec![],
-                1,
-                Some(29),
-            ),
-            (
-                "created and cached",
-                vec![(true, "w0", "u1")],
-                vec![pod("w0", "u1", false)],
-                1,
-                None,
-            ),
-            (
-                "created again: the old pod in the cache does not count",
-                vec![(true, "w0", "u2")],
-                vec![pod("w0", "u1", true)],
-                2,
-                Some(28),
-            ),
-            (
-                "deleted, still in the cache",
-                vec![(false, "w0", "u1")],
-                vec![pod("w0", "u1", false)],
-                3,
-                Some(27),
-            ),
-            (
-                "deleted, cached as terminating",
-                vec![(false, "w0", "u1")],
-                vec![pod("w0", "u1", true)],
-                3,
-                None,
-            ),
-            (
-                "deleted, gone from the cache",
-                vec![(false, "w0", "u1")],
-                vec![],
-                3,
-                None,
-            ),
-            (
-                "one of two seen",
-                vec![(true, "w0", "u1"), (true, "w1", "u2")],
-                vec![pod("w0", "u1", false)],
-                5,
-                Some(25),
-            ),
-            (
-                "never seen: given up after the TTL",
-                vec![(true, "w0", "u1")],
-                vec![],
-                30,
-                None,
-            ),
+            ("created, not in the cache yet", vec![(true, "w0", "u1")], vec![], 1, Some(29)),
+            ("created and cached", vec![(true, "w0", "u1")], vec![pod("w0", "u1", false)], 1, None),
+            ("created again: the old pod in the cache does not count", vec![(true, "w0", "u2")], vec![pod("w0", "u1", true)], 2, Some(28)),
+            ("deleted, still in the cache", vec![(false, "w0", "u1")], vec![pod("w0", "u1", false)], 3, Some(27)),
+            ("deleted, cached as terminating", vec![(false, "w0", "u1")], vec![pod("w0", "u1", true)], 3, None),
+            ("deleted, gone from the cache", vec![(false, "w0", "u1")], vec![], 3, None),
+            ("one of two seen", vec![(true, "w0", "u1"), (true, "w1", "u2")], vec![pod("w0", "u1", false)], 5, Some(25)),
+            ("never seen: given up after the TTL", vec![(true, "w0", "u1")], vec![], 30, None),
         ];
         for (what, writes, cache, later, want) in cases {
             let e = Expectations::default();
@@ -395,16 +303,11 @@ mod tests {
         spec.type_ = Some("ClusterIP".into());
         for p in spec.ports.iter_mut().flatten() {
             p.protocol = Some("TCP".into());
-            p.target_port =
-                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p.port));
+            p.target_port = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p.port));
         }
         assert!(service_is_current(&stored, &desired));
         let mut other_port = stored.clone();
-        other_port.spec.as_mut().unwrap().ports = Some(vec![ServicePort {
-            name: Some("tfjob-port".into()),
-            port: 3333,
-            ..Default::default()
-        }]);
+        other_port.spec.as_mut().unwrap().ports = Some(vec![ServicePort { name: Some("tfjob-port".into()), port: 3333, ..Default::default() }]);
         assert!(!service_is_current(&other_port, &desired));
         let mut not_headless = stored.clone();
         not_headless.spec.as_mut().unwrap().cluster_ip = Some("10.0.0.7".into());
