@@ -66,11 +66,12 @@ fn load_job(path: &Path) -> Result<TFJob> {
     jobs.remove(0).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// Every TFJob manifest the script applies: the examples and the two of tests/e2e/kind/.
+/// Every TFJob manifest the script applies: the examples and the three of tests/e2e/kind/.
 fn applied_manifests(script: &str) -> Result<Vec<PathBuf>> {
     let mut files = example_files()?;
     files.push(kind_manifest(script, "RESTART_MANIFEST")?);
     files.push(kind_manifest(script, "FAILURE_MANIFEST")?);
+    files.push(kind_manifest(script, "SCALE_MANIFEST")?);
     Ok(files)
 }
 
@@ -324,5 +325,103 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
         "a permanent failure must not be recreated: {:?}",
         out.actions
     );
+    Ok(())
+}
+
+/// The scaling step: run.sh scales an elastic job with `kubectl scale` 2 → 4 → 1 and checks what
+/// its chief reports; the manifest is such a job, and the operator creates and deletes exactly
+/// the workers the script waits for.
+#[test]
+fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
+    let text = script()?;
+    ensure!(!text.contains("SCALING STEP"), "run.sh still holds the placeholder of the scaling step");
+    let calls: Vec<&str> = text.lines().map(str::trim).filter(|l| *l == "run_elastic_scale").collect();
+    ensure!(calls.len() == 1, "run.sh must call run_elastic_scale once");
+    for scale in ["--replicas=4", "--replicas=1"] {
+        ensure!(
+            text.lines().any(|l| l.contains("k scale ") && l.contains("\"tfjob/$JOB\"") && l.contains(scale)),
+            "run.sh does not `kubectl scale tfjob/$JOB {scale}`"
+        );
+    }
+    let path = kind_manifest(&text, "SCALE_MANIFEST")?;
+    let raw = read(&path)?;
+    let epochs: u64 = assignment(&text, "SCALE_EPOCHS")?.parse().context("SCALE_EPOCHS")?;
+    for arg in ["--sync_replicas", "--replicas_to_aggregate=auto", "--model=linear", &format!("--num_epochs={epochs}")] {
+        let lines_with = raw.lines().filter(|l| l.contains("args:") && l.contains(arg)).count();
+        ensure!(lines_with == 2, "{}: ps and workers need {arg} (found in {lines_with} args)", path.display());
+    }
+    // The linear example's data: 101 points per epoch (runtime/src/data/synthetic.rs).
+    ensure!(assignment(&text, "SCALE_EXAMPLES")? == "$((SCALE_EPOCHS * 101))");
+    let job = load_job(&path)?;
+    let specs = api::replica_specs(&job.spec);
+    ensure!(specs.get(&ReplicaType::Worker).map(|w| w.replicas) == Some(2), "{}: 2 workers to start with", path.display());
+    ensure!(!specs.contains_key(&ReplicaType::Chief), "{}: worker 0 is the chief", path.display());
+
+    // What the operator does at each scale, from the state the script sees.
+    let running = |job: &TFJob, workers: i32| -> Vec<ObservedReplica> {
+        let mut r: Vec<ObservedReplica> = (0..workers)
+            .map(|i| ObservedReplica {
+                replica_type: ReplicaType::Worker,
+                index: i,
+                name: format!("{}-worker-{i}", job.name()),
+                phase: Phase::Running,
+                exit_code: None,
+                restart_count: 0,
+                terminating: false,
+            })
+            .collect();
+        r.push(ObservedReplica {
+            replica_type: ReplicaType::PS,
+            index: 0,
+            name: format!("{}-ps-0", job.name()),
+            phase: Phase::Running,
+            exit_code: None,
+            restart_count: 0,
+            terminating: false,
+        });
+        r
+    };
+    let scaled_to = |n: i32| {
+        let mut j = job.clone();
+        if let Some(w) = j.spec.tf_replica_specs.get_mut("Worker") {
+            w.replicas = n;
+        }
+        j
+    };
+    let act = |job: &TFJob, seen: &[ObservedReplica]| {
+        let status = TFJobStatus::default();
+        status::reconcile_status(&Observation {
+            namespace: "default",
+            name: job.name(),
+            spec: &job.spec,
+            status: &status,
+            replicas: seen,
+            invalid: &[],
+            now: Timestamp::now(),
+        })
+        .actions
+    };
+    let up = scaled_to(4);
+    let actions = act(&up, &running(&up, 2));
+    let created: Vec<i32> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateReplica { replica_type: ReplicaType::Worker, index } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    ensure!(created == vec![2, 3], "2 → 4 creates workers 2 and 3 only: {actions:?}");
+    let down = scaled_to(1);
+    let actions = act(&down, &running(&down, 4));
+    let mut deleted: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeleteReplica { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    deleted.sort();
+    let want: Vec<String> = (1..4).map(|i| format!("{}-worker-{i}", job.name())).collect();
+    ensure!(deleted == want, "4 → 1 deletes workers 1-3 only: {actions:?}");
     Ok(())
 }
