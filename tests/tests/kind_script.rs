@@ -262,32 +262,38 @@ fn the_labels_it_selects_by_are_the_operators() -> Result<()> {
     Ok(())
 }
 
+/// What the operator's state machine makes of `replicas` seen for a job with no status yet.
+fn reconcile(job: &TFJob, replicas: &[ObservedReplica]) -> status::Outcome {
+    let status = TFJobStatus::default();
+    status::reconcile_status(&Observation {
+        namespace: "default",
+        name: job.name(),
+        spec: &job.spec,
+        status: &status,
+        replicas,
+        invalid: &[],
+        now: Timestamp::now(),
+    })
+}
+
+/// Replica `index` of type `rtype` of `job`, seen in `phase`.
+fn seen(job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit_code: Option<i32>) -> ObservedReplica {
+    ObservedReplica {
+        replica_type: rtype,
+        index,
+        name: format!("{}-{}-{index}", job.name(), rtype.lower()),
+        phase,
+        exit_code,
+        restart_count: 0,
+        terminating: false,
+    }
+}
+
 /// The operator's state machine does what the script waits for: a missing worker pod is
 /// created again, and exit code 1 under ExitCode fails the job with FAILURE_MESSAGE.
 #[test]
 fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let text = script()?;
-    let observe = |job: &TFJob, replicas: &[ObservedReplica]| {
-        let status = TFJobStatus::default();
-        status::reconcile_status(&Observation {
-            namespace: "default",
-            name: job.name(),
-            spec: &job.spec,
-            status: &status,
-            replicas,
-            invalid: &[],
-            now: Timestamp::now(),
-        })
-    };
-    let replica = |job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit: Option<i32>| ObservedReplica {
-        replica_type: rtype,
-        index,
-        name: format!("{}-{}-{index}", job.name(), rtype.lower()),
-        phase,
-        exit_code: exit,
-        restart_count: 0,
-        terminating: false,
-    };
 
     // worker-restart: sync training over 2 or more workers (so the steps wait for the deleted
     // worker 1), and the operator creates worker 1 again when its pod is gone.
@@ -298,10 +304,10 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     ensure!(workers.replicas >= 2, "{}: worker 1 must exist", path.display());
     let raw = read(&path)?;
     ensure!(raw.contains("--sync_replicas") && raw.contains("--model=linear"), "{}: sync linear training", path.display());
-    let mut seen: Vec<ObservedReplica> =
-        specs.iter().flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i))).map(|(t, i)| replica(&job, t, i, Phase::Running, None)).collect();
-    seen.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
-    let out = observe(&job, &seen);
+    let mut observed: Vec<ObservedReplica> =
+        specs.iter().flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i))).map(|(t, i)| seen(&job, t, i, Phase::Running, None)).collect();
+    observed.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
+    let out = reconcile(&job, &observed);
     ensure!(
         out.actions.contains(&Action::CreateReplica { replica_type: ReplicaType::Worker, index: 1 }),
         "a deleted worker 1 is not created again: {:?}",
@@ -314,7 +320,7 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let specs = api::replica_specs(&job.spec);
     ensure!(specs.len() == 1 && specs.get(&ReplicaType::Worker).is_some_and(|w| w.replicas == 1), "{}: one Worker and nothing else", path.display());
     ensure!(specs[&ReplicaType::Worker].restart_policy == api::RestartPolicy::ExitCode, "{}: restartPolicy ExitCode", path.display());
-    let out = observe(&job, &[replica(&job, ReplicaType::Worker, 0, Phase::Failed, Some(1))]);
+    let out = reconcile(&job, &[seen(&job, ReplicaType::Worker, 0, Phase::Failed, Some(1))]);
     let failed =
         out.status.conditions.iter().find(|c| c.type_ == status::FAILED && c.status == "True").context("exit code 1 under ExitCode did not fail the job")?;
     let message = failed.message.clone().unwrap_or_default();
@@ -359,26 +365,8 @@ fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
 
     // What the operator does at each scale, from the state the script sees.
     let running = |job: &TFJob, workers: i32| -> Vec<ObservedReplica> {
-        let mut r: Vec<ObservedReplica> = (0..workers)
-            .map(|i| ObservedReplica {
-                replica_type: ReplicaType::Worker,
-                index: i,
-                name: format!("{}-worker-{i}", job.name()),
-                phase: Phase::Running,
-                exit_code: None,
-                restart_count: 0,
-                terminating: false,
-            })
-            .collect();
-        r.push(ObservedReplica {
-            replica_type: ReplicaType::PS,
-            index: 0,
-            name: format!("{}-ps-0", job.name()),
-            phase: Phase::Running,
-            exit_code: None,
-            restart_count: 0,
-            terminating: false,
-        });
+        let mut r: Vec<ObservedReplica> = (0..workers).map(|i| seen(job, ReplicaType::Worker, i, Phase::Running, None)).collect();
+        r.push(seen(job, ReplicaType::PS, 0, Phase::Running, None));
         r
     };
     let scaled_to = |n: i32| {
@@ -388,21 +376,8 @@ fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
         }
         j
     };
-    let act = |job: &TFJob, seen: &[ObservedReplica]| {
-        let status = TFJobStatus::default();
-        status::reconcile_status(&Observation {
-            namespace: "default",
-            name: job.name(),
-            spec: &job.spec,
-            status: &status,
-            replicas: seen,
-            invalid: &[],
-            now: Timestamp::now(),
-        })
-        .actions
-    };
     let up = scaled_to(4);
-    let actions = act(&up, &running(&up, 2));
+    let actions = reconcile(&up, &running(&up, 2)).actions;
     let created: Vec<i32> = actions
         .iter()
         .filter_map(|a| match a {
@@ -412,7 +387,7 @@ fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
         .collect();
     ensure!(created == vec![2, 3], "2 → 4 creates workers 2 and 3 only: {actions:?}");
     let down = scaled_to(1);
-    let actions = act(&down, &running(&down, 4));
+    let actions = reconcile(&down, &running(&down, 4)).actions;
     let mut deleted: Vec<String> = actions
         .iter()
         .filter_map(|a| match a {
