@@ -400,3 +400,23 @@ fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
     ensure!(deleted == want, "4 → 1 deletes workers 1-3 only: {actions:?}");
     Ok(())
 }
+
+/// run-here.sh is a CI job of its own (too slow for the default test run): the workflow parses,
+/// runs the script as root with the build caches kept, and is started weekly and on demand.
+#[test]
+fn the_run_here_workflow_runs_run_here_sh() -> Result<()> {
+    let path = repo().join(".github/workflows/e2e-kind-here.yml");
+    let wf = yaml(&path)?;
+    let on = &wf["on"];
+    ensure!(!on["workflow_dispatch"].is_null() || on.as_mapping().is_some_and(|m| m.contains_key("workflow_dispatch")), "no workflow_dispatch");
+    ensure!(on["schedule"].as_sequence().is_some_and(|s| !s.is_empty()), "no schedule");
+    let steps = wf["jobs"]["kind-here"]["steps"].as_sequence().context("jobs.kind-here.steps")?;
+    let runs: Vec<&str> = steps.iter().filter_map(|s| s["run"].as_str()).collect();
+    ensure!(runs.iter().any(|r| r.contains("sudo") && r.trim_end().ends_with("bash tests/e2e/kind/run-here.sh")), "no step runs run-here.sh as root: {runs:?}");
+    let cached = steps.iter().filter_map(|s| s["with"]["path"].as_str()).collect::<String>();
+    for dir in ["~/.cache/tfjob-rs/controlplane", "~/.cache/tfjob-rs/kind-node"] {
+        ensure!(cached.contains(dir), "the workflow does not keep {dir} between runs");
+    }
+    ensure!(wf["jobs"]["kind-here"]["timeout-minutes"].as_u64().is_some_and(|t| t >= 90), "a first node-image build takes most of an hour");
+    Ok(())
+}
