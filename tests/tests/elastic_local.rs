@@ -285,6 +285,7 @@ fn a_scaled_and_disturbed_sync_job_trains_every_epoch_once() -> Result<()> {
 fn dynamic_workers_train_in_every_shape() -> Result<()> {
     let cases = [
         ("two-ps", vec![("PS", 2), ("Worker", 3)], "[]", "worker-0"),
+        ("two-ps-sync", vec![("PS", 2), ("Worker", 3)], "[\"--sync_replicas\", \"--replicas_to_aggregate=auto\"]", "worker-0"),
         ("chief-sync", vec![("Chief", 1), ("PS", 1), ("Worker", 2)], "[\"--sync_replicas\"]", "chief-0"),
         ("chief-async", vec![("Chief", 1), ("PS", 1), ("Worker", 2)], "[]", "chief-0"),
     ];
