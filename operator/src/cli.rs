@@ -178,6 +178,9 @@ pub struct RenderArgs {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value = "yaml")]
     pub output: Output,
+    /// Also render the job's NetworkPolicy (the operator's `--network-policy`).
+    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub network_policy: bool,
 }
 
 /// Errors of the CLI.
@@ -302,6 +305,7 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
         gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
+        network_policy: args.network_policy,
     };
     let mut all: Vec<serde_json::Value> = Vec::new();
     for doc in docs {
@@ -320,6 +324,10 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
         }
         if let Some(pg) = objects.pod_group {
             values.push(pg);
+        }
+        if let Some(np) = objects.network_policy {
+            let np = serde_json::to_value(&np);
+            values.push(with_kind(to_value(np)?, "networking.k8s.io/v1", "NetworkPolicy"));
         }
         all.extend(values);
     }
