@@ -24,6 +24,7 @@ pub mod placement;
 pub mod ps;
 pub mod server;
 pub mod status;
+pub mod storage;
 pub mod sync;
 pub mod tensor;
 pub mod train;

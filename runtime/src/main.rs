@@ -17,6 +17,7 @@ use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Even
 use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
 use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
+use tfjob_runtime::storage::Location;
 use tfjob_runtime::tensor;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::metrics::TrainingMetrics;
@@ -59,8 +60,8 @@ enum Command {
     /// <layer name>/<weight name> in Keras's shapes (partitioned variables joined), for
     /// `layer.set_weights([w[f"{layer.name}/kernel"], w[f"{layer.name}/bias"]])`.
     Export {
-        #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-        checkpoint_dir: PathBuf,
+        #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+        checkpoint_dir: Location,
         /// The .npz file to write.
         #[arg(long)]
         out: PathBuf,
@@ -76,8 +77,8 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct InferenceArgs {
-    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-    checkpoint_dir: PathBuf,
+    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+    checkpoint_dir: Location,
     /// The examples: a CSV file with a header, or an IDX image file (plain or gzipped).
     #[arg(long)]
     input: PathBuf,
@@ -149,8 +150,12 @@ impl KerasArgs {
 
 #[derive(Subcommand, Debug)]
 enum CheckpointCommand {
-    /// Lists the checkpoints of a directory: step, state (complete, incomplete, damaged), variables.
-    Inspect { dir: PathBuf },
+    /// Lists the checkpoints of a directory (a path, or an s3://, gs:// or az:// URL): step,
+    /// state (complete, incomplete, damaged), variables.
+    Inspect {
+        #[arg(value_parser = parse_location)]
+        dir: Location,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -171,6 +176,11 @@ struct ClientArgs {
     model: ModelArgs,
     /// A constant to evaluate remotely: the task sends it back.
     message: Option<String>,
+}
+
+/// A path or an object-store URL, checked when the flags are read.
+fn parse_location(s: &str) -> Result<Location, String> {
+    Location::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_bool(s: &str) -> Result<bool, String> {
@@ -217,8 +227,9 @@ struct ModelArgs {
     /// to the workers as they ask; a lost worker's shard is handed out again.
     #[arg(long = "shard_size", visible_alias = "shard-size")]
     shard_size: Option<u64>,
-    /// Directory of the data (see --data_format): MNIST-named IDX files by default; without it,
-    /// softmax, mlp and softmax Keras classifiers use a synthetic set.
+    /// Directory of the data (see --data_format), a path or an s3://, gs:// or az:// URL:
+    /// MNIST-named IDX files by default; without it, softmax, mlp and softmax Keras classifiers
+    /// use a synthetic set.
     #[arg(long = "data_dir", visible_alias = "data-dir")]
     data_dir: Option<PathBuf>,
     /// Log every N local steps (0: never).
@@ -263,10 +274,11 @@ struct TaskArgs {
     /// backup workers) or `auto` (elastic: the workers alive, which may come and go).
     #[arg(long = "replicas_to_aggregate", visible_alias = "replicas-to-aggregate")]
     replicas_to_aggregate: Option<String>,
-    /// Directory of checkpoints (shared by the chief and the ps tasks); the ps tasks restore the
-    /// latest complete one at start.
-    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-    checkpoint_dir: Option<PathBuf>,
+    /// Directory of checkpoints (shared by the chief and the ps tasks): a path, or an s3://,
+    /// gs:// or az:// URL (credentials and endpoint from the environment: AWS_*, GOOGLE_*,
+    /// AZURE_*); the ps tasks restore the latest complete one at start.
+    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+    checkpoint_dir: Option<Location>,
     /// Checkpoint every N global steps.
     #[arg(long = "save_checkpoint_steps", visible_alias = "save-checkpoint-steps")]
     save_checkpoint_steps: Option<u64>,
@@ -276,9 +288,10 @@ struct TaskArgs {
     /// Complete checkpoints kept.
     #[arg(long = "keep_checkpoint_max", visible_alias = "keep-checkpoint-max", default_value_t = 5)]
     keep_checkpoint_max: usize,
-    /// TensorBoard event files of the chief and the evaluator go here.
-    #[arg(long = "log_dir", visible_alias = "log-dir")]
-    log_dir: Option<PathBuf>,
+    /// TensorBoard event files go here (a path or a URL, as --checkpoint_dir): the chief's
+    /// in the directory itself, the evaluator's in <log_dir>/eval.
+    #[arg(long = "log_dir", visible_alias = "log-dir", value_parser = parse_location)]
+    log_dir: Option<Location>,
     /// Serve Prometheus metrics on this port (/metrics).
     #[arg(long = "metrics_port", visible_alias = "metrics-port")]
     metrics_port: Option<u16>,
@@ -306,7 +319,8 @@ struct TaskArgs {
     /// Seconds between two evaluations of the evaluator.
     #[arg(long = "eval_interval_secs", visible_alias = "eval-interval-secs", default_value_t = 5.0)]
     eval_interval_secs: f64,
-    /// After the chief ends training, how long a ps waits for the other tasks to notice.
+    /// After the chief ends training, how long a ps waits for the other tasks to notice, and the
+    /// chief for the evaluator's final evaluation.
     #[arg(long = "shutdown_grace_secs", visible_alias = "shutdown-grace-secs", default_value_t = 30)]
     shutdown_grace_secs: u64,
     /// Pulls and pushes over the tensor channel (raw TCP on the ps's port,
@@ -355,12 +369,20 @@ fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
         activation: m.activation.clone(),
         weight_init: m.weight_init.clone(),
         batch_size: m.batch_size,
-        data_dir: m.data_dir.clone(),
+        data_dir: check_data_dir(m.data_dir.as_ref())?,
         seed: m.seed,
         eval_examples: m.eval_examples,
         keras: m.keras.options(),
         data: m.data.options()?,
     })
+}
+
+/// `--data_dir`, a path or an object-store URL (checked here, read later).
+fn check_data_dir(dir: Option<&PathBuf>) -> Result<Option<PathBuf>, String> {
+    if let Some(url) = dir.and_then(|d| d.to_str()).filter(|d| tfjob_runtime::storage::is_url(d)) {
+        Location::parse(url).map_err(|e| format!("--data_dir: {e}"))?;
+    }
+    Ok(dir.cloned())
 }
 
 fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
@@ -409,6 +431,7 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         checkpoints,
         log_dir: a.log_dir.clone(),
         heartbeat: Duration::from_secs_f64(a.heartbeat_secs.max(0.05)),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
     })
 }
 
@@ -560,7 +583,10 @@ async fn run_task(args: TaskArgs) -> u8 {
         let mut config = PsConfig::new(cluster.task.index as usize, num_ps, cluster.cluster.chief());
         config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
         let store = Arc::new(ParameterStore::new(config));
-        store.expect(&cluster.cluster.training_tasks());
+        // The evaluators too: each evaluates the final variables before it leaves.
+        let mut expected = cluster.cluster.training_tasks();
+        expected.extend(cluster.cluster.tasks("evaluator").into_iter().map(|(i, _)| cluster::TaskId::new("evaluator", i)));
+        store.expect(&expected);
         if let Some(dir) = &settings.checkpoints.directory
             && let Err(e) = restore(&store, dir, &cluster) {
                 return fail(e.0, e.1);
@@ -639,23 +665,25 @@ async fn run_task(args: TaskArgs) -> u8 {
 }
 
 /// Restores a ps from the latest complete checkpoint, if there is one.
-fn restore(store: &ParameterStore, dir: &std::path::Path, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
+fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
     use tfjob_runtime::checkpoint;
     // 0 when this ps does not know how many ps tasks there are: the
     // checkpoint's count is then taken.
     let num_ps = store.num_ps();
-    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (2, e.to_string()))?;
+    // Storage that cannot be reached may come back: a transient exit code.
+    let code = |e: &checkpoint::CheckpointError| if matches!(e, checkpoint::CheckpointError::Io(_)) { 138 } else { 2 };
+    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
     let Some(ckpt) = latest else {
-        tracing::info!("{}: no complete checkpoint in {}: starting fresh", cluster.task, dir.display());
+        tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
         return Ok(());
     };
-    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (2, e.to_string()))?;
+    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
     tracing::info!(
         "{}: restored {} variable(s) from {} (global_step={})",
         cluster.task,
         data.variables.len(),
-        ckpt.path.display(),
+        ckpt.path,
         ckpt.global_step
     );
     Ok(())
@@ -935,7 +963,7 @@ fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
     }
     let result = trained::evaluate(&model, &params, &input.x, &targets);
     print_report(&serde_json::json!({
-        "checkpoint": ckpt.path.display().to_string(),
+        "checkpoint": ckpt.path.to_string(),
         "global_step": ckpt.global_step,
         "examples": result.examples,
         "loss": result.loss,

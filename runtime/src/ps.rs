@@ -857,8 +857,8 @@ impl ParameterStore {
             }
             (data, state.progress.step, state.num_ps)
         };
-        let dir = std::path::Path::new(&req.directory);
-        let info = checkpoint::write_shard(dir, req.step, self.config.ps_index, num_ps, &data)
+        let dir = crate::storage::Location::parse(&req.directory).map_err(|e| StoreError::InvalidArgument(format!("directory: {e}")))?;
+        let info = checkpoint::write_shard(&dir, req.step, self.config.ps_index, num_ps, &data)
             .map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
@@ -1022,6 +1022,7 @@ impl ParameterStore {
             live_tasks: state.leases.keys().cloned().collect(),
             replicas_to_aggregate: state.accumulator.as_ref().map_or(0, |a| a.required() as u32),
             dispatch: state.dispatcher.as_ref().map(|d| progress_proto(&d.progress())),
+            pending: state.pending.iter().cloned().collect(),
         }
     }
 
@@ -1813,8 +1814,9 @@ mod tests {
         s.next_shard(&shard_request(1, Some(a), false)).unwrap();
         let req = proto::SaveCheckpointRequest { task: tid("worker", 0), directory: dir.path().display().to_string(), step: 0 };
         let info: checkpoint::ShardInfo = serde_json::from_str(&s.save_checkpoint(&TaskId::new("worker", 0), &req).unwrap().shard_info_json).unwrap();
-        checkpoint::write_index(dir.path(), 0, 1, &[info]).unwrap();
-        let ckpt = checkpoint::latest_complete(dir.path(), 1).unwrap().unwrap();
+        let location = crate::storage::Location::local(dir.path()).unwrap();
+        checkpoint::write_index(&location, 0, 1, &[info]).unwrap();
+        let ckpt = checkpoint::latest_complete(&location, 1).unwrap().unwrap();
         let restored = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
         restored.restore(&checkpoint::read_shard(&ckpt, 0).unwrap(), 0, 1).unwrap();
         let p = restored.stats().dispatch.unwrap();

@@ -3,7 +3,6 @@
 //! training configuration, joining the ps tasks, the chief's checkpoints and
 //! summaries). The math is in `model` and `optimizer`.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +23,7 @@ use crate::proto::{self, TaskState, UpdateMode};
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::status::TaskStatus;
+use crate::storage::Location;
 
 /// A model with its data: what a task trains or evaluates.
 pub struct Workload {
@@ -65,7 +65,8 @@ pub enum Aggregate {
 /// When the chief writes checkpoints.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CheckpointSettings {
-    pub directory: Option<PathBuf>,
+    /// A local path or an object-store URL.
+    pub directory: Option<Location>,
     pub every_steps: Option<u64>,
     pub every_secs: Option<f64>,
     /// Complete checkpoints kept.
@@ -98,10 +99,13 @@ pub struct TrainSettings {
     pub tensor_channel: bool,
     pub seed: u64,
     pub checkpoints: CheckpointSettings,
-    /// TensorBoard event files (chief and evaluator).
-    pub log_dir: Option<PathBuf>,
+    /// TensorBoard event files: the chief's in it, the evaluator's in `<log_dir>/eval`.
+    pub log_dir: Option<Location>,
     /// How often a training task renews its lease.
     pub heartbeat: Duration,
+    /// After training: how long a ps waits for the other tasks to notice,
+    /// and the chief for the evaluator's final evaluation.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for TrainSettings {
@@ -124,6 +128,7 @@ impl Default for TrainSettings {
             checkpoints: CheckpointSettings { keep: 5, ..Default::default() },
             log_dir: None,
             heartbeat: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -367,7 +372,7 @@ pub(crate) fn needs_recovery(e: &ClientError) -> bool {
 /// The chief's checkpoints: every ps writes its shard, then the chief
 /// writes the index and prunes old checkpoints.
 pub(crate) struct Checkpointer {
-    directory: PathBuf,
+    directory: Location,
     every_steps: Option<u64>,
     every: Option<Duration>,
     keep: usize,
@@ -391,8 +396,7 @@ impl Checkpointer {
 
     pub(crate) async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
         let start = Instant::now();
-        let dir = self.directory.display().to_string();
-        let shards = ps.save_checkpoint(&dir, step).await?;
+        let shards = ps.save_checkpoint(&self.directory.to_string(), step).await?;
         let infos = shards
             .iter()
             .map(|j| serde_json::from_str::<crate::checkpoint::ShardInfo>(j))
@@ -401,7 +405,7 @@ impl Checkpointer {
         let directory = self.directory.clone();
         let num_ps = ps.num_ps();
         let keep = self.keep;
-        let written = tokio::task::spawn_blocking(move || -> Result<PathBuf, crate::checkpoint::CheckpointError> {
+        let written = tokio::task::spawn_blocking(move || -> Result<crate::storage::Location, crate::checkpoint::CheckpointError> {
             let path = crate::checkpoint::write_index(&directory, step, num_ps, &infos)?;
             crate::checkpoint::prune(&directory, keep)?;
             Ok(path)
@@ -412,7 +416,7 @@ impl Checkpointer {
         let secs = start.elapsed().as_secs_f64();
         metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         metrics.checkpoint_seconds.set(secs);
-        tracing::info!("{}: checkpoint of global_step={step} written to {} in {secs:.3}s", ps.task, written.display());
+        tracing::info!("{}: checkpoint of global_step={step} written to {written} in {secs:.3}s", ps.task);
         self.last_step = step;
         self.last_time = Instant::now();
         Ok(())
@@ -427,8 +431,8 @@ pub(crate) struct Summaries {
 }
 
 impl Summaries {
-    pub(crate) fn new(log_dir: Option<&PathBuf>, suffix: &str) -> Self {
-        let writer = log_dir.and_then(|dir| match EventWriter::create(dir, suffix) {
+    pub(crate) fn new(log_dir: Option<&Location>, suffix: &str) -> Self {
+        let writer = log_dir.and_then(|dir| match EventWriter::create_in(dir, suffix) {
             Ok(w) => {
                 tracing::info!("writing TensorBoard events to {}", w.path().display());
                 Some(w)
@@ -492,7 +496,10 @@ pub async fn run_evaluator(
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
     let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
-    let mut summaries = Summaries::new(settings.log_dir.as_ref(), ".eval");
+    // As TensorFlow's estimators: the evaluator's events in `<log_dir>/eval`,
+    // so TensorBoard shows train and eval as two runs side by side.
+    let eval_dir = settings.log_dir.as_ref().map(|d| d.child("eval"));
+    let mut summaries = Summaries::new(eval_dir.as_ref(), ".eval");
     let mut evaluations = 0u64;
     let mut last;
     loop {
@@ -516,6 +523,7 @@ pub async fn run_evaluator(
         }
         summaries.add(pulled.steps[0], &scalars);
         if pulled.done {
+            tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
             break;
         }
         tokio::time::sleep(settings.eval_interval).await;
@@ -533,6 +541,8 @@ pub async fn run_evaluator(
         }
     }
     summaries.close();
+    // The chief waits for this before it ends the job.
+    ps.leave("final evaluation done").await;
     let mut r = report(&task, "evaluator", false, model, &params, Some(last));
     r.global_step = pulled.steps[0];
     r.local_steps = evaluations;

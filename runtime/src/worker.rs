@@ -160,6 +160,8 @@ struct Trainer<'a> {
     global_step: i64,
     started: Instant,
     first_gradient_seen: bool,
+    /// Evaluators of the cluster: the chief waits for their final evaluation.
+    evaluators: usize,
 }
 
 impl<'a> Trainer<'a> {
@@ -191,6 +193,7 @@ impl<'a> Trainer<'a> {
             global_step: 0,
             started: Instant::now(),
             first_gradient_seen: false,
+            evaluators: cluster.cluster.num_tasks("evaluator"),
         })
     }
 
@@ -460,6 +463,7 @@ impl<'a> Trainer<'a> {
             let reason = if data.is_some_and(|d| d.finished) { "every epoch trained" } else { "train_steps reached" };
             self.ps.shutdown(reason, global_step).await?;
             tracing::info!("{}: training done at global_step={global_step} ({reason}); told every ps to finish", self.task);
+            self.wait_for_final_evaluation().await;
         } else {
             self.ps.leave("training done").await;
         }
@@ -490,6 +494,39 @@ impl<'a> Trainer<'a> {
             summary_line(self.model, &self.params)
         );
         Ok(r)
+    }
+}
+
+impl Trainer<'_> {
+    /// The chief: once training is over, waits (up to the shutdown grace)
+    /// until every evaluator has evaluated the final variables and left, so
+    /// the job is done only after its final evaluation (the job ends when
+    /// the chief exits). An evaluator the ps tasks never heard of is not
+    /// waited for.
+    async fn wait_for_final_evaluation(&self) {
+        if self.evaluators == 0 {
+            return;
+        }
+        let started = Instant::now();
+        let evaluating = |stats: &[proto::StatsReply]| stats.iter().any(|s| s.pending.iter().any(|t| t.starts_with("evaluator:")));
+        tracing::info!("{}: waiting for the evaluator's final evaluation", self.task);
+        loop {
+            match self.ps.stats().await {
+                Ok(stats) if !evaluating(&stats) => {
+                    tracing::info!("{}: the evaluator evaluated the final variables ({:.1}s)", self.task, started.elapsed().as_secs_f64());
+                    return;
+                }
+                Ok(_) if started.elapsed() < self.settings.shutdown_grace => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(_) => {
+                    tracing::warn!("{}: no final evaluation within {:?}; ending anyway", self.task, self.settings.shutdown_grace);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("{}: cannot ask the ps tasks whether the evaluator is done ({e}); ending anyway", self.task);
+                    return;
+                }
+            }
+        }
     }
 }
 
