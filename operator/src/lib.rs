@@ -8,10 +8,12 @@
 //!   (entry point: [`status::reconcile_status`]).
 //! - [`kube`]: the Kubernetes controller that executes plans and status actions.
 //! - [`cli`]: the `tfjob` command.
+//! - [`plot`]: every picture the project draws (training under `tfjob run`, the benchmark's).
 
 pub mod api;
 pub mod cli;
 pub mod kube;
 pub mod local;
 pub mod plan;
+pub mod plot;
 pub mod status;

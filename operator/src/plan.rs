@@ -20,7 +20,7 @@ use std::sync::Arc;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort,
-    ServiceSpec,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
@@ -115,6 +115,10 @@ pub struct PlannedReplica {
     pub tf_config: Option<String>,
     /// Whether this replica carries `job-role: master`.
     pub is_master_role: bool,
+    /// The pod template's volumes and the `tensorflow` container's mounts of them (the local
+    /// backends map them to directories of the machine).
+    pub volumes: Vec<Volume>,
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 /// The `tfjob-port` of a replica set (port named `tfjob-port` on the `tensorflow` container,
@@ -415,6 +419,8 @@ impl<'a> ReplicaPlanner<'a> {
             env,
             tf_config,
             is_master_role: slot.is_master_role,
+            volumes: slot.spec.template.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default(),
+            volume_mounts: container.and_then(|c| c.volume_mounts.clone()).unwrap_or_default(),
         })
     }
 }

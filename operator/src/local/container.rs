@@ -614,6 +614,8 @@ impl PodOutput for ToConsole {
 
 pub struct ContainerBackend {
     job: String,
+    /// The run directory: the replicas' volumes live under it.
+    run_dir: std::path::PathBuf,
     kubelet: ContainerKubelet,
     images: BTreeMap<ReplicaType, String>,
     /// The planned replica of each pod.
@@ -623,13 +625,13 @@ pub struct ContainerBackend {
 impl ContainerBackend {
     /// Connects to the engine (see [`engine_candidates`]) and creates the
     /// job's network.
-    pub fn new(job: &TFJob, console: Arc<Console>) -> Result<Self, RunError> {
+    pub fn new(job: &TFJob, console: Arc<Console>, run_dir: &std::path::Path) -> Result<Self, RunError> {
         let name = job.name().to_string();
         let labels = [(LABEL_JOB.to_string(), name.clone())];
         let kubelet = ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone())))
             .map_err(|e| RunError::Backend(e.to_string()))?;
         console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
-        Ok(ContainerBackend { job: name, kubelet, images: images_of(job), planned: BTreeMap::new() })
+        Ok(ContainerBackend { job: name, run_dir: run_dir.to_path_buf(), kubelet, images: images_of(job), planned: BTreeMap::new() })
     }
 
     /// The container name of a running pod (for tests and messages).
@@ -645,6 +647,13 @@ impl ContainerBackend {
             .get(&planned.replica_type)
             .ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?
             .clone();
+        let volumes = super::volumes::local_volumes(&self.run_dir, planned)?;
+        super::volumes::create_dirs(&volumes.mounts).map_err(|e| format!("cannot create its volumes: {e}"))?;
+        let mounts = volumes
+            .mounts
+            .iter()
+            .map(|m| BindMount { host_path: m.host_path.display().to_string(), container_path: m.mount_path.clone(), read_only: m.read_only })
+            .collect();
         let mut env: Vec<(String, String)> = planned.env.iter().filter(|(k, _)| k != ENV_TOKEN).cloned().collect();
         env.push((ENV_TOKEN.to_string(), token.to_string()));
         Ok(PodContainer {
@@ -657,7 +666,7 @@ impl ContainerBackend {
             aliases: vec![format!("{}.{}", planned.pod_name, self.job), planned.pod_name.clone()],
             labels: vec![(LABEL_JOB.to_string(), self.job.clone()), (LABEL_REPLICA.to_string(), short)],
             restart_policy: planned.restart_policy.pod_restart_policy().to_string(),
-            mounts: Vec::new(),
+            mounts,
             extra_hosts: Vec::new(),
         })
     }

@@ -14,6 +14,8 @@ pub mod console;
 pub mod container;
 pub mod control;
 pub mod process;
+pub mod training;
+pub mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -182,8 +184,8 @@ pub fn run_file(path: &Path, kind: BackendKind, opts: &RunOptions) -> Result<Run
     std::fs::create_dir_all(&run_dir).map_err(|source| RunError::RunDir { path: run_dir.display().to_string(), source })?;
     let console = Arc::new(Console::new(&name, &run_dir, opts.quiet, opts.follow.clone()));
     let mut backend: Box<dyn Backend> = match kind {
-        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone())),
-        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone())?),
+        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone(), &run_dir)),
+        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone(), &run_dir)?),
     };
     let result = run_job(job, backend.as_mut(), console, &run_dir, opts);
     backend.shutdown();
@@ -370,7 +372,30 @@ fn start_replica(
         .replica(rtype, index)
         .ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
     console.info(&format!("starting {}", short_name(planner.job_name(), &replica.pod_name)));
+    if let Some(dir) = log_dir_of(&replica.args) {
+        // Where the events are on this machine: a path in a volume is its directory's.
+        let mounts = volumes::local_volumes(console.run_dir(), &replica).map(|v| v.mounts).unwrap_or_default();
+        console.add_log_dir(volumes::map_path(&dir, &mounts));
+    }
     backend.start(&replica, token)
+}
+
+/// The `--log_dir` (or `--log-dir`) of a replica's args, if any.
+pub fn log_dir_of(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        for flag in ["--log_dir", "--log-dir"] {
+            if let Some(v) = a.strip_prefix(flag) {
+                if let Some(v) = v.strip_prefix('=') {
+                    return Some(v.to_string()).filter(|v| !v.is_empty());
+                }
+                if v.is_empty() {
+                    return it.next().cloned();
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `(succeeded, reason, message)` once the job has finished.
@@ -414,6 +439,15 @@ mod tests {
         }
         assert_eq!(final_phase(0), status::Phase::Succeeded);
         assert_eq!(final_phase(2), status::Phase::Failed);
+    }
+
+    #[test]
+    fn log_dirs_of_args() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(log_dir_of(&args(&["--sync_replicas", "--log_dir=/mnt/tb"])), Some("/mnt/tb".into()));
+        assert_eq!(log_dir_of(&args(&["--log-dir", "s3://b/tb"])), Some("s3://b/tb".into()));
+        assert_eq!(log_dir_of(&args(&["--log_dir="])), None);
+        assert_eq!(log_dir_of(&args(&["--log_directory=x", "--checkpoint_dir=/c"])), None);
     }
 
     #[test]
