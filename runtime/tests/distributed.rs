@@ -211,5 +211,10 @@ fn chief_worker_evaluator_with_token() {
     let report = evaluator.report();
     assert_eq!(report["role"], "evaluator");
     assert!(report["global_step"].as_i64().unwrap() >= 3000, "final evaluation after the last step: {report}");
+    let ps = results.iter().find(|r| r.name == "ps0").unwrap().report();
+    assert_eq!(report["global_step"], ps["global_step"], "the evaluator saw the last step of the ps");
+    assert!(evaluator.stderr.contains("final evaluation at global_step="), "{}", evaluator.stderr);
+    let chief_log = &results.iter().find(|r| r.name == "chief0").unwrap().stderr;
+    assert!(chief_log.contains("the evaluator evaluated the final variables"), "the chief waited for it:\n{chief_log}");
     assert!(report["loss"].as_f64().unwrap() < 0.5, "{report}");
 }

@@ -41,7 +41,7 @@ const TF_MLP_ACCURACY: [f64; 5] = [0.675, 0.675, 0.671, 0.679, 0.666];
 const ACCURACY_TOLERANCE: f64 = 0.02;
 
 /// One line of the result table.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Row {
     section: String,
     metric: String,
@@ -106,6 +106,7 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("__tcp-send") => tcp_send_child(&args[1..]),
         Some("__plan-mem") => plan_mem_child(&args[1..]),
+        Some("--replot") => replot(args.get(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("bench-out"))),
         _ => run(&args),
     };
     if let Err(e) = code {
@@ -116,7 +117,7 @@ fn main() {
 
 fn usage() -> String {
     format!(
-        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
+        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n       tfjob-bench --replot DIR   (draws DIR/scaling.png again from DIR/bench.json)\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
         SECTIONS.join(" ")
     )
 }
@@ -160,6 +161,17 @@ fn parse(args: &[String]) -> Result<Options> {
     }
     o.only = only;
     Ok(o)
+}
+
+/// `--replot DIR`: the picture of a run again, from its `bench.json` (no measurement).
+fn replot(dir: PathBuf) -> Result<()> {
+    let path = dir.join("bench.json");
+    let json: Value = serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    let rows: Vec<Row> = serde_json::from_value(json["rows"].clone()).with_context(|| format!("{}: rows", path.display()))?;
+    let png = dir.join("scaling.png");
+    plot(&rows, &png)?;
+    println!("{}", png.display());
+    Ok(())
 }
 
 fn run(args: &[String]) -> Result<()> {
@@ -1051,85 +1063,78 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
 
 // ---------------------------------------------------------------- plot
 
-/// Bars without text (no system fonts needed): for each configuration, ours (blue) next to the
-/// TensorFlow reference (grey), with the target as a red tick. Left panel: MLP examples/s
-/// (single, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async); middle: linear regression
-/// global steps/s (1ps+2w async, 1ps+2w sync); right: ps bandwidth for 25M floats (tensor
-/// channel pull, push; gRPC pull, push; loopback TCP in grey). BENCHMARKS.md carries the legend.
+/// The picture of the run, drawn by the project's plotting module (titles, axes with units,
+/// tick labels, legends; the font is in the binary): for each configuration ours next to
+/// TensorFlow 2.20's reference, with the target as a red mark. Left: MLP examples/s; middle:
+/// linear regression global steps/s (the single process's millions of steps/s are in the
+/// table: next to them the distributed bars would be flat on the axis); right: ps bandwidth
+/// for 25M floats over the tensor channel and gRPC, next to loopback TCP.
 fn plot(rows: &[Row], path: &Path) -> Result<()> {
-    use plotters::prelude::*;
+    use tfjob_operator::plot::{Bars, Chart, Figure, Plot, write_png};
     let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
-    let mlp: Vec<(Option<&Row>, f64)> = vec![
-        (pick("mlp", "single process: examples/s"), 0.8),
-        (pick("mlp", "1ps+1w async"), 2.0),
-        (pick("mlp", "1ps+2w async"), 2.0),
-        (pick("mlp", "1ps+2w sync"), 2.0),
-        (pick("mlp", "2ps+2w async"), 2.0),
-    ];
-    // The single process's millions of steps/s are in the table: next to
-    // them the distributed bars would be flat on the axis.
-    let lin: Vec<(Option<&Row>, Option<f64>)> = vec![
-        (pick("linear", "1ps+2w async: global"), Some(6_700.0)),
-        (pick("linear", "1ps+2w sync: global"), Some(3_000.0)),
-    ];
-    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (left, rest) = root.split_horizontally(700);
-    let (right, ps_area) = rest.split_horizontally(300);
-    let panel = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, bars: Vec<(f64, f64, Option<f64>)>| -> Result<()> {
-        let (w, h) = area.dim_in_pixel();
-        let (w, h) = (w as i32, h as i32);
-        let max = bars.iter().flat_map(|b| [b.0, b.1, b.2.unwrap_or(0.0)]).filter(|x| x.is_finite()).fold(1.0, f64::max) * 1.1;
-        let base = h - 30;
-        let y = |v: f64| base - ((v / max) * (base - 20) as f64) as i32;
-        area.draw(&PathElement::new(vec![(20, base), (w - 20, base)], BLACK)).map_err(|e| anyhow::anyhow!("{e}"))?;
-        for k in 1..=4 {
-            let gy = y(max / 1.1 * k as f64 / 4.0);
-            area.draw(&PathElement::new(vec![(20, gy), (w - 20, gy)], RGBColor(220, 220, 220))).map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
-        let slot = (w - 40) / bars.len().max(1) as i32;
-        for (i, (ours, tf, target)) in bars.into_iter().enumerate() {
-            let x0 = 20 + i as i32 * slot + slot / 8;
-            let bw = slot * 3 / 8;
-            if ours.is_finite() {
-                area.draw(&Rectangle::new([(x0, y(ours)), (x0 + bw, base)], BLUE.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-            if tf.is_finite() {
-                area.draw(&Rectangle::new([(x0 + bw, y(tf)), (x0 + 2 * bw, base)], RGBColor(150, 150, 150).filled()))
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-            if let Some(t) = target {
-                let ty = y(t);
-                area.draw(&Rectangle::new([(x0 - 4, ty - 1), (x0 + 2 * bw + 4, ty + 1)], RED.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-        }
-        Ok(())
+    let ours = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.ours);
+    let tf = |r: Option<&Row>| r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN);
+    let comparison = |title: &str, y_label: &str, configs: Vec<(&str, Option<&Row>, f64)>| Chart {
+        title: title.into(),
+        x_label: "configuration (ps + workers)".into(),
+        y_label: y_label.into(),
+        plot: Plot::Bars {
+            categories: configs.iter().map(|c| c.0.to_string()).collect(),
+            bars: vec![
+                Bars { label: "tfjob-rs".into(), values: configs.iter().map(|c| ours(c.1)).collect(), grey: false },
+                Bars { label: "TensorFlow 2.20 (reference)".into(), values: configs.iter().map(|c| tf(c.1)).collect(), grey: true },
+            ],
+            marks: Some(("target".into(), configs.iter().map(|c| c.2).collect())),
+        },
     };
-    panel(
-        &left,
-        mlp.iter()
-            .map(|(r, f)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), r.and_then(|r| r.tf_reference).map(|t| t * f)))
-            .collect(),
-    )?;
-    panel(
-        &right,
-        lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect(),
-    )?;
-    // PS bandwidth, 25M floats: tensor channel pull and push (target tick at
-    // 0.6 x loopback), gRPC pull and push, and the loopback baseline in grey.
-    let ours = |prefix: &str| pick("ps", prefix).map_or(f64::NAN, |r| r.ours);
+    // MLP targets: 0.8x TensorFlow's single process, 2x its distributed runs.
+    let mlp_target = |r: Option<&Row>, f: f64| tf(r) * f;
+    let mlp: Vec<(&str, Option<&Row>, f64)> = [
+        ("single", "single process: examples/s", 0.8),
+        ("1+1 async", "1ps+1w async", 2.0),
+        ("1+2 async", "1ps+2w async", 2.0),
+        ("1+2 sync", "1ps+2w sync", 2.0),
+        ("2+2 async", "2ps+2w async", 2.0),
+    ]
+    .into_iter()
+    .map(|(name, prefix, f)| {
+        let r = pick("mlp", prefix);
+        (name, r, mlp_target(r, f))
+    })
+    .collect();
+    let linear = vec![("1+2 async", pick("linear", "1ps+2w async: global"), 6_700.0), ("1+2 sync", pick("linear", "1ps+2w sync: global"), 3_000.0)];
+    let bandwidth = |prefix: &str| ours(pick("ps", prefix));
     let loopback = pick("ps", "pull of a 25M").and_then(|r| r.baseline).unwrap_or(f64::NAN);
-    let target = loopback.is_finite().then_some(0.6 * loopback);
-    panel(
-        &ps_area,
-        vec![
-            (ours("pull of a 25M-float variable (1 ps)"), f64::NAN, target),
-            (ours("push of a 25M-float gradient (1 ps)"), f64::NAN, target),
-            (ours("pull of a 25M-float variable (1 ps, gRPC)"), f64::NAN, None),
-            (ours("push of a 25M-float gradient (1 ps, gRPC)"), f64::NAN, None),
-            (f64::NAN, loopback, None),
+    let ps = Chart {
+        title: "ps bandwidth, 25M floats (1 ps)".into(),
+        x_label: "transfer".into(),
+        y_label: "MB/s".into(),
+        plot: Plot::Bars {
+            categories: ["pull, channel", "push, channel", "pull, gRPC", "push, gRPC"].map(String::from).to_vec(),
+            bars: vec![
+                Bars {
+                    label: "tfjob-rs".into(),
+                    values: vec![
+                        bandwidth("pull of a 25M-float variable (1 ps)"),
+                        bandwidth("push of a 25M-float gradient (1 ps)"),
+                        bandwidth("pull of a 25M-float variable (1 ps, gRPC)"),
+                        bandwidth("push of a 25M-float gradient (1 ps, gRPC)"),
+                    ],
+                    grey: false,
+                },
+                Bars { label: "loopback TCP (baseline)".into(), values: vec![loopback; 4], grey: true },
+            ],
+            marks: Some(("target (0.6 x loopback)".into(), vec![0.6 * loopback, 0.6 * loopback, f64::NAN, f64::NAN])),
+        },
+    };
+    let figure = Figure {
+        title: "tfjob-bench: tfjob-rs against TensorFlow 2.20 and the machine's own limits".into(),
+        columns: 3,
+        charts: vec![
+            comparison("MLP 784-100-10, batch 100", "examples/s", mlp),
+            comparison("Linear regression y = 2x + 10", "global steps/s", linear),
+            ps,
         ],
-    )?;
-    root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-    Ok(())
+    };
+    write_png(&figure, path, (1800, 600)).map_err(|e| anyhow::anyhow!("{e}"))
 }
