@@ -268,7 +268,7 @@ fn draw_bars<DB: DrawingBackend>(
         .flat_map(|b| b.values.iter().copied())
         .chain(marks.iter().flat_map(|m| m.1.iter().copied()));
     let (_, top) = padded_range(values.chain([0.0]), true);
-    let top = top * 1.12; // room for the legend
+    let top = top * 1.4; // room for the legend above the bars
     let mut c = ChartBuilder::on(area)
         .caption(&chart.title, ("sans-serif", 20))
         .margin(12)

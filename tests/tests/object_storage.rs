@@ -269,7 +269,7 @@ fn s3_example_under_tfjob_run_restores_a_killed_ps_from_the_bucket() -> Result<(
     let ps_log = log("ps-0");
     let restored = ps_log
         .lines()
-        .find(|l| l.contains("restored"))
+        .find(|l| l.contains("variable(s) from"))
         .with_context(|| format!("the ps did not restore:\n{ps_log}"))?;
     ensure!(
         restored.contains("from s3://tfjob-examples/s3-checkpoints/checkpoints/ckpt-"),

@@ -46,6 +46,9 @@ pub struct ProcessBackend {
     run_dir: PathBuf,
     /// The metrics port of each replica that serves metrics (by pod name).
     metrics_ports: Mutex<BTreeMap<String, u16>>,
+    /// Every port handed out (task and metrics ports): none is handed out twice, though a
+    /// port is free again between its pick and its replica's start.
+    taken: Mutex<std::collections::BTreeSet<u16>>,
 }
 
 /// `tfjob-runtime` next to the current executable when it is there, else the
@@ -94,6 +97,7 @@ impl ProcessBackend {
             runtime: runtime_binary(),
             run_dir: run_dir.to_path_buf(),
             metrics_ports: Mutex::new(BTreeMap::new()),
+            taken: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -128,7 +132,7 @@ impl ProcessBackend {
         if argv[0] == RUNTIME_COMMAND {
             let mut ports = self.metrics_ports.lock().unwrap_or_else(|p| p.into_inner());
             let known = ports.get(&planned.pod_name).copied();
-            if let Some(port) = own_metrics_port(&mut argv, || known.unwrap_or_else(free_port)) {
+            if let Some(port) = own_metrics_port(&mut argv, || known.unwrap_or_else(|| self.new_port())) {
                 ports.insert(planned.pod_name.clone(), port);
                 if first_start {
                     self.console.info(&format!("{short}: metrics on http://127.0.0.1:{port}/metrics"));
@@ -178,6 +182,14 @@ impl ProcessBackend {
         Ok(child)
     }
 
+    /// A free port of 127.0.0.1 not handed out before by this run.
+    fn new_port(&self) -> u16 {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let port = (0..100).map(|_| free_port()).find(|p| !taken.contains(p)).unwrap_or(0);
+        taken.insert(port);
+        port
+    }
+
     /// SIGTERM to a replica's process group; SIGKILL after `grace`.
     fn stop_children(children: Vec<Child>, grace: Duration) {
         let mut children = children;
@@ -209,7 +221,7 @@ impl ProcessBackend {
 impl Backend for ProcessBackend {
     fn address(&self, rtype: ReplicaType, index: i32, _port: i32) -> String {
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        let port = *ports.entry((rtype, index)).or_insert_with(free_port);
+        let port = *ports.entry((rtype, index)).or_insert_with(|| self.new_port());
         format!("127.0.0.1:{port}")
     }
 
