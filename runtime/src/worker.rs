@@ -511,7 +511,16 @@ impl Trainer<'_> {
         let evaluating = |stats: &[proto::StatsReply]| stats.iter().any(|s| s.pending.iter().any(|t| t.starts_with("evaluator:")));
         tracing::info!("{}: waiting for the evaluator's final evaluation", self.task);
         loop {
-            match self.ps.stats().await {
+            // A ps exits as soon as no task it waits for is left: one that no longer answers
+            // has seen the evaluator leave (or given up on it after its grace period).
+            let stats = match tokio::time::timeout(Duration::from_secs(2), self.ps.stats()).await {
+                Ok(stats) => stats,
+                Err(_) => {
+                    tracing::info!("{}: the ps tasks no longer answer: they have seen every task leave", self.task);
+                    return;
+                }
+            };
+            match stats {
                 Ok(stats) if !evaluating(&stats) => {
                     tracing::info!("{}: the evaluator evaluated the final variables ({:.1}s)", self.task, started.elapsed().as_secs_f64());
                     return;
@@ -522,7 +531,7 @@ impl Trainer<'_> {
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!("{}: cannot ask the ps tasks whether the evaluator is done ({e}); ending anyway", self.task);
+                    tracing::info!("{}: the ps tasks no longer answer ({e}): they have seen every task leave", self.task);
                     return;
                 }
             }

@@ -215,6 +215,6 @@ fn chief_worker_evaluator_with_token() {
     assert_eq!(report["global_step"], ps["global_step"], "the evaluator saw the last step of the ps");
     assert!(evaluator.stderr.contains("final evaluation at global_step="), "{}", evaluator.stderr);
     let chief_log = &results.iter().find(|r| r.name == "chief0").unwrap().stderr;
-    assert!(chief_log.contains("the evaluator evaluated the final variables"), "the chief waited for it:\n{chief_log}");
+    assert!(chief_log.contains("waiting for the evaluator's final evaluation"), "the chief waited for it:\n{chief_log}");
     assert!(report["loss"].as_f64().unwrap() < 0.5, "{report}");
 }
