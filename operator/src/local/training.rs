@@ -170,7 +170,7 @@ impl TrainingRecord {
             y_label: "global steps/s".into(),
             plot: Plot::Lines(vec![Series {
                 label: "job".into(),
-                points: steps_per_sec(&self.steps, 1.0),
+                points: steps_per_sec(&self.steps, rate_window(&self.steps)),
             }]),
         });
         Figure {
@@ -188,7 +188,8 @@ impl TrainingRecord {
 
 /// Global steps per second against the global step, from `(seconds, step)`
 /// observations: the job's step is the largest seen so far; a rate is taken
-/// over each stretch of at least `window` seconds.
+/// over each stretch of at least `window` seconds. The time after the last
+/// step (replicas finishing) is left out.
 pub fn steps_per_sec(observations: &[(f64, i64)], window: f64) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
     let mut high = i64::MIN;
@@ -204,7 +205,19 @@ pub fn steps_per_sec(observations: &[(f64, i64)], window: f64) -> Vec<(f64, f64)
             Some(_) => {}
         }
     }
+    while out.last().is_some_and(|p| p.1 == 0.0) {
+        out.pop();
+    }
     out
+}
+
+/// A window for [`steps_per_sec`]: about 20 rates over the training, none
+/// shorter than 50 ms.
+pub fn rate_window(observations: &[(f64, i64)]) -> f64 {
+    let high = observations.iter().map(|o| o.1).max().unwrap_or(0);
+    let first = observations.first().map_or(0.0, |o| o.0);
+    let end = observations.iter().find(|o| o.1 == high).map_or(first, |o| o.0);
+    ((end - first) / 20.0).max(0.05)
 }
 
 #[cfg(test)]
@@ -274,6 +287,10 @@ mod tests {
             vec![(100.0, 100.0), (300.0, 200.0), (400.0, 100.0)]
         );
         assert!(steps_per_sec(&[], 1.0).is_empty());
+        // Nothing after the last step: replicas finishing are not a rate of 0.
+        assert_eq!(steps_per_sec(&[(0.0, 0), (1.0, 100), (2.0, 100), (3.0, 100)], 1.0), vec![(100.0, 100.0)]);
+        assert_eq!(rate_window(&[(0.0, 0), (4.0, 400), (100.0, 400)]), 0.2);
+        assert_eq!(rate_window(&[(0.0, 0), (0.1, 10)]), 0.05);
     }
 
     #[test]
