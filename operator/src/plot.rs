@@ -91,11 +91,7 @@ fn register_font() {
 
 /// The range `[lo, hi]` of `values` with a margin, never empty.
 fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
-    let (mut lo, mut hi) = values
-        .filter(|v| v.is_finite())
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-            (lo.min(v), hi.max(v))
-        });
+    let (mut lo, mut hi) = values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if !lo.is_finite() {
         return (0.0, 1.0);
     }
@@ -104,22 +100,11 @@ fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64
         hi = hi.max(0.0);
     }
     if hi - lo < 1e-12 {
-        let d = if hi.abs() > 1e-12 {
-            hi.abs() * 0.1
-        } else {
-            1.0
-        };
+        let d = if hi.abs() > 1e-12 { hi.abs() * 0.1 } else { 1.0 };
         return (lo - d, hi + d);
     }
     let margin = (hi - lo) * 0.05;
-    (
-        if from_zero && lo >= 0.0 {
-            lo
-        } else {
-            lo - margin
-        },
-        hi + margin,
-    )
+    (if from_zero && lo >= 0.0 { lo } else { lo - margin }, hi + margin)
 }
 
 /// A number as a tick label: short, without noise digits.
@@ -143,19 +128,13 @@ pub fn tick_label(v: f64) -> String {
 /// Draws `figure` as a PNG of `size` pixels.
 pub fn write_png(figure: &Figure, path: &Path, size: (u32, u32)) -> Result<(), PlotError> {
     register_font();
-    let err = |reason: String| PlotError {
-        path: path.display().to_string(),
-        reason,
-    };
+    let err = |reason: String| PlotError { path: path.display().to_string(), reason };
     let root = BitMapBackend::new(path, size).into_drawing_area();
     draw_figure(figure, &root).map_err(err)?;
     root.present().map_err(|e| err(e.to_string()))
 }
 
-fn draw_figure<DB: DrawingBackend>(
-    figure: &Figure,
-    root: &DrawingArea<DB, Shift>,
-) -> Result<(), String> {
+fn draw_figure<DB: DrawingBackend>(figure: &Figure, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let root = root.titled(&figure.title, ("sans-serif", 26)).map_err(e)?;
@@ -165,30 +144,16 @@ fn draw_figure<DB: DrawingBackend>(
     for (chart, area) in figure.charts.iter().zip(areas.iter()) {
         match &chart.plot {
             Plot::Lines(series) => draw_lines(chart, series, area)?,
-            Plot::Bars {
-                categories,
-                bars,
-                marks,
-            } => draw_bars(chart, categories, bars, marks.as_ref(), area)?,
+            Plot::Bars { categories, bars, marks } => draw_bars(chart, categories, bars, marks.as_ref(), area)?,
         }
     }
     Ok(())
 }
 
-fn draw_lines<DB: DrawingBackend>(
-    chart: &Chart,
-    series: &[Series],
-    area: &DrawingArea<DB, Shift>,
-) -> Result<(), String> {
+fn draw_lines<DB: DrawingBackend>(chart: &Chart, series: &[Series], area: &DrawingArea<DB, Shift>) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
-    let xs = padded_range(
-        series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
-        false,
-    );
-    let ys = padded_range(
-        series.iter().flat_map(|s| s.points.iter().map(|p| p.1)),
-        false,
-    );
+    let xs = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), false);
+    let ys = padded_range(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), false);
     let mut c = ChartBuilder::on(area)
         .caption(&chart.title, ("sans-serif", 20))
         .margin(12)
@@ -208,37 +173,20 @@ fn draw_lines<DB: DrawingBackend>(
         .map_err(e)?;
     for (i, s) in series.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
-        let points: Vec<(f64, f64)> = s
-            .points
-            .iter()
-            .copied()
-            .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .collect();
+        let points: Vec<(f64, f64)> = s.points.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()).collect();
         let drawn = if points.len() == 1 {
             // One point draws no line: a dot then.
-            c.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                .map_err(e)?
+            c.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled()))).map_err(e)?
         } else {
-            c.draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(e)?
+            c.draw_series(LineSeries::new(points, color.stroke_width(2))).map_err(e)?
         };
-        drawn.label(&s.label).legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-        });
+        drawn.label(&s.label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
     }
     // The legend where the lines are not: below them when they end high (an accuracy),
     // above them when they end low (a loss).
-    let ends: Vec<f64> = series
-        .iter()
-        .filter_map(|s| s.points.last().map(|p| p.1))
-        .filter(|y| y.is_finite())
-        .collect();
+    let ends: Vec<f64> = series.iter().filter_map(|s| s.points.last().map(|p| p.1)).filter(|y| y.is_finite()).collect();
     let end = ends.iter().sum::<f64>() / ends.len().max(1) as f64;
-    let position = if !ends.is_empty() && end > (ys.0 + ys.1) / 2.0 {
-        SeriesLabelPosition::LowerRight
-    } else {
-        SeriesLabelPosition::UpperRight
-    };
+    let position = if !ends.is_empty() && end > (ys.0 + ys.1) / 2.0 { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperRight };
     legend(&mut c, position).map_err(e)
 }
 
@@ -246,12 +194,7 @@ fn legend<'a, DB: DrawingBackend + 'a, X: Ranged, Y: Ranged>(
     c: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
     position: SeriesLabelPosition,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    c.configure_series_labels()
-        .position(position)
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font(("sans-serif", 14))
-        .draw()
+    c.configure_series_labels().position(position).background_style(WHITE.mix(0.85)).border_style(RGBColor(180, 180, 180)).label_font(("sans-serif", 14)).draw()
 }
 
 fn draw_bars<DB: DrawingBackend>(
@@ -263,10 +206,7 @@ fn draw_bars<DB: DrawingBackend>(
 ) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let n = categories.len().max(1);
-    let values = bars
-        .iter()
-        .flat_map(|b| b.values.iter().copied())
-        .chain(marks.iter().flat_map(|m| m.1.iter().copied()));
+    let values = bars.iter().flat_map(|b| b.values.iter().copied()).chain(marks.iter().flat_map(|m| m.1.iter().copied()));
     let (_, top) = padded_range(values.chain([0.0]), true);
     let top = top * 1.4; // room for the legend above the bars
     let mut c = ChartBuilder::on(area)
@@ -285,11 +225,7 @@ fn draw_bars<DB: DrawingBackend>(
         .x_label_formatter(&|v| {
             // A category's name under its middle.
             let i = v.floor();
-            if (v - i - 0.5).abs() < 1e-6 {
-                names.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
+            if (v - i - 0.5).abs() < 1e-6 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
         .y_label_formatter(&|v| tick_label(*v))
         .label_style(("sans-serif", 13))
@@ -306,19 +242,11 @@ fn draw_bars<DB: DrawingBackend>(
             colour += 1;
             PALETTE[(colour - 1) % PALETTE.len()]
         };
-        let rects = b
-            .values
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(move |(i, v)| {
-                let x0 = i as f64 + 0.1 + j as f64 * width;
-                Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v)], color.filled())
-            });
-        c.draw_series(rects)
-            .map_err(e)?
-            .label(&b.label)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
+        let rects = b.values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(move |(i, v)| {
+            let x0 = i as f64 + 0.1 + j as f64 * width;
+            Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v)], color.filled())
+        });
+        c.draw_series(rects).map_err(e)?.label(&b.label).legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
     }
     if let Some((label, values)) = marks {
         let red = RGBColor(220, 30, 30);
@@ -326,16 +254,8 @@ fn draw_bars<DB: DrawingBackend>(
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(move |(i, v)| {
-                PathElement::new(
-                    vec![(i as f64 + 0.05, *v), (i as f64 + 0.95, *v)],
-                    red.stroke_width(3),
-                )
-            });
-        c.draw_series(lines)
-            .map_err(e)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(3)));
+            .map(move |(i, v)| PathElement::new(vec![(i as f64 + 0.05, *v), (i as f64 + 0.95, *v)], red.stroke_width(3)));
+        c.draw_series(lines).map_err(e)?.label(label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(3)));
     }
     // The bars start at 0 and the range has room above them: the legend goes there.
     legend(&mut c, SeriesLabelPosition::UpperLeft).map_err(e)
@@ -367,27 +287,17 @@ mod tests {
 
     #[test]
     fn ranges_have_room_and_never_collapse() {
-        let cases: [(&[f64], bool, (f64, f64)); 4] = [
-            (&[], false, (0.0, 1.0)),
-            (&[2.0, 2.0], false, (1.8, 2.2)),
-            (&[0.0, 10.0], false, (-0.5, 10.5)),
-            (&[5.0, 10.0, f64::NAN], true, (0.0, 10.5)),
-        ];
+        let cases: [(&[f64], bool, (f64, f64)); 4] =
+            [(&[], false, (0.0, 1.0)), (&[2.0, 2.0], false, (1.8, 2.2)), (&[0.0, 10.0], false, (-0.5, 10.5)), (&[5.0, 10.0, f64::NAN], true, (0.0, 10.5))];
         for (values, from_zero, (lo, hi)) in cases {
             let got = padded_range(values.iter().copied(), from_zero);
-            assert!(
-                (got.0 - lo).abs() < 1e-9 && (got.1 - hi).abs() < 1e-9,
-                "{values:?}: {got:?}"
-            );
+            assert!((got.0 - lo).abs() < 1e-9 && (got.1 - hi).abs() < 1e-9, "{values:?}: {got:?}");
         }
     }
 
     #[test]
     fn a_figure_of_lines_and_bars_is_drawn_with_the_embedded_font() {
-        assert!(
-            plotters::style::register_font("test", FontStyle::Normal, FONT).is_ok(),
-            "the embedded font parses"
-        );
+        assert!(plotters::style::register_font("test", FontStyle::Normal, FONT).is_ok(), "the embedded font parses");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.png");
         let fig = Figure {
@@ -399,14 +309,8 @@ mod tests {
                     x_label: "global step".into(),
                     y_label: "loss".into(),
                     plot: Plot::Lines(vec![
-                        Series {
-                            label: "worker-0".into(),
-                            points: vec![(0.0, 3.0), (100.0, 1.0)],
-                        },
-                        Series {
-                            label: "one point".into(),
-                            points: vec![(50.0, 2.0)],
-                        },
+                        Series { label: "worker-0".into(), points: vec![(0.0, 3.0), (100.0, 1.0)] },
+                        Series { label: "one point".into(), points: vec![(50.0, 2.0)] },
                     ]),
                 },
                 Chart {
@@ -416,16 +320,8 @@ mod tests {
                     plot: Plot::Bars {
                         categories: vec!["a".into(), "b".into()],
                         bars: vec![
-                            Bars {
-                                label: "ours".into(),
-                                values: vec![1.0, f64::NAN],
-                                grey: false,
-                            },
-                            Bars {
-                                label: "TF".into(),
-                                values: vec![0.5, 2.0],
-                                grey: true,
-                            },
+                            Bars { label: "ours".into(), values: vec![1.0, f64::NAN], grey: false },
+                            Bars { label: "TF".into(), values: vec![0.5, 2.0], grey: true },
                         ],
                         marks: Some(("target".into(), vec![0.8, f64::NAN])),
                     },
@@ -443,8 +339,6 @@ mod tests {
     /// Dark pixels in the top 30 rows (the figure's title) of a PNG.
     fn plotters_bitmap_rgb(png: &[u8]) -> usize {
         let img = image::load_from_memory(png).unwrap().to_rgb8();
-        img.enumerate_pixels()
-            .filter(|(_, y, p)| *y < 30 && p.0.iter().all(|c| *c < 100))
-            .count()
+        img.enumerate_pixels().filter(|(_, y, p)| *y < 30 && p.0.iter().all(|c| *c < 100)).count()
     }
 }

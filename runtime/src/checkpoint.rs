@@ -271,14 +271,10 @@ fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(Stri
             match element_count(shape) {
                 Some(n) if n == values.len() => {}
                 _ => {
-                    return Err(invalid(
-                        path,
-                        format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len()),
-                    ));
+                    return Err(invalid(path, format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len())));
                 }
             }
-            tensors
-                .push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
+            tensors.push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
         }
     }
     for (key, count) in &data.updates {
@@ -302,13 +298,7 @@ fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(Stri
 /// ([`CheckpointError::AlreadyComplete`]); a damaged one (e.g. left by a crashed
 /// run that reached this step before) loses its index first, so it reads as
 /// incomplete until the chief writes a new index.
-pub fn write_shard(
-    dir: &Location,
-    step: i64,
-    ps_index: usize,
-    num_ps: usize,
-    data: &ShardData,
-) -> Result<ShardInfo, CheckpointError> {
+pub fn write_shard(dir: &Location, step: i64, ps_index: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -350,9 +340,7 @@ pub fn write_shard(
     let crc = crc32c::crc32c(&bytes);
     let len = bytes.len() as u64;
     shard_path.write(bytes)?;
-    let entries = |list: &[NamedTensor]| {
-        list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect()
-    };
+    let entries = |list: &[NamedTensor]| list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect();
     Ok(ShardInfo {
         ps_index,
         num_ps,
@@ -392,10 +380,7 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
         if s.num_ps != num_ps || s.global_step != step {
             return Err(invalid(
                 &ckpt,
-                format!(
-                    "shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}",
-                    s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
             ));
         }
         if s.file != shard_file_name(s.ps_index, num_ps) {
@@ -406,18 +391,12 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
         }
         for v in &s.variables {
             if let Some(other) = owner.insert(&v.name, s.ps_index) {
-                return Err(invalid(
-                    &ckpt,
-                    format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index),
-                ));
+                return Err(invalid(&ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
             }
         }
     }
     if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
-        return Err(CheckpointError::Incomplete {
-            path: ckpt,
-            reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()),
-        });
+        return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
     for s in by_ps.values() {
         let path = ckpt.child(&s.file);
@@ -439,8 +418,7 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
         checksum: CHECKSUM_ALGORITHM.to_string(),
         shards: by_ps.into_values().cloned().collect(),
     };
-    let mut json =
-        serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
+    let mut json = serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
     json.push(b'\n');
     let path = ckpt.child(INDEX_FILE);
     path.write(json)?;
@@ -457,8 +435,7 @@ fn read_index(ckpt: &Location, step: i64) -> Result<Checkpoint, CheckpointError>
             reason: format!("no {INDEX_FILE} (the chief had not written it); {shards} shard file(s) present"),
         });
     };
-    let index: IndexFile = serde_json::from_slice(&text)
-        .map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
+    let index: IndexFile = serde_json::from_slice(&text).map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
     if index.format != INDEX_FORMAT {
         return Err(damaged(&path, format!("format is {:?}, expected {INDEX_FORMAT:?}", index.format)));
     }
@@ -466,47 +443,25 @@ fn read_index(ckpt: &Location, step: i64) -> Result<Checkpoint, CheckpointError>
         return Err(damaged(&path, format!("unknown checksum algorithm {:?}", index.checksum)));
     }
     if index.global_step != step {
-        return Err(damaged(
-            &path,
-            format!("global_step is {}, but the directory is for step {step}", index.global_step),
-        ));
+        return Err(damaged(&path, format!("global_step is {}, but the directory is for step {step}", index.global_step)));
     }
     if index.num_ps == 0 || index.shards.len() != index.num_ps {
         return Err(damaged(&path, format!("lists {} shards for num_ps {}", index.shards.len(), index.num_ps)));
     }
     for (i, s) in index.shards.iter().enumerate() {
-        if s.ps_index != i
-            || s.num_ps != index.num_ps
-            || s.global_step != step
-            || s.file != shard_file_name(i, index.num_ps)
-        {
+        if s.ps_index != i || s.num_ps != index.num_ps || s.global_step != step || s.file != shard_file_name(i, index.num_ps) {
             return Err(damaged(
                 &path,
-                format!(
-                    "shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position",
-                    s.file, s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position", s.file, s.ps_index, s.global_step, s.num_ps),
             ));
         }
     }
-    Ok(Checkpoint {
-        path: ckpt.clone(),
-        global_step: step,
-        num_ps: index.num_ps,
-        created_unix_secs: index.created_unix_secs,
-        shards: index.shards,
-    })
+    Ok(Checkpoint { path: ckpt.clone(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
 }
 
 /// Final shard file names present in `ckpt` (temporary files excluded).
 fn shard_files(ckpt: &Location) -> Result<Vec<String>, CheckpointError> {
-    Ok(ckpt
-        .list()?
-        .files
-        .into_iter()
-        .map(|(n, _)| n)
-        .filter(|n| !n.starts_with('.') && n.starts_with("shard-") && n.ends_with(".safetensors"))
-        .collect())
+    Ok(ckpt.list()?.files.into_iter().map(|(n, _)| n).filter(|n| !n.starts_with('.') && n.starts_with("shard-") && n.ends_with(".safetensors")).collect())
 }
 
 fn meta_value<'m>(path: &Location, meta: &'m HashMap<String, String>, key: &str) -> Result<&'m str, CheckpointError> {
@@ -534,22 +489,14 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         return Err(damaged(&path, format!("listed in {INDEX_FILE} but missing")));
     };
     if bytes.len() as u64 != info.bytes {
-        return Err(damaged(
-            &path,
-            format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes),
-        ));
+        return Err(damaged(&path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
     }
     let crc = crc32c::crc32c(&bytes);
     if crc != info.crc32c {
-        return Err(damaged(
-            &path,
-            format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c),
-        ));
+        return Err(damaged(&path, format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c)));
     }
-    let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
     let empty = HashMap::new();
     let meta = header.metadata().as_ref().unwrap_or(&empty);
     let format = meta_value(&path, meta, "format")?;
@@ -560,8 +507,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     meta_number(&path, meta, "ps_index", info.ps_index)?;
     meta_number(&path, meta, "num_ps", ckpt.num_ps)?;
     let names = |key: &str| -> Result<Vec<String>, CheckpointError> {
-        serde_json::from_str(meta_value(&path, meta, key)?)
-            .map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
+        serde_json::from_str(meta_value(&path, meta, key)?).map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
     };
     let slot_names = names("slots")?;
     let update_keys = names("updates")?;
@@ -575,8 +521,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
-                let values =
-                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 f32s.insert(name, (view.shape().to_vec(), values));
             }
             Dtype::U64 if view.data().len() == 8 => {
@@ -590,10 +535,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     }
     let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
     if f32s.len() + u64s.len() != expected_tensors {
-        return Err(damaged(
-            &path,
-            format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len()),
-        ));
+        return Err(damaged(&path, format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len())));
     }
     let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
@@ -601,10 +543,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
             match f32s.remove(&e.name) {
                 Some((shape, values)) if shape == e.shape => out.push((e.name.clone(), shape, values)),
                 Some((shape, _)) => {
-                    return Err(damaged(
-                        &path,
-                        format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape),
-                    ));
+                    return Err(damaged(&path, format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape)));
                 }
                 None => return Err(damaged(&path, format!("has no f32 tensor {:?}", e.name))),
             }
@@ -648,8 +587,7 @@ fn reason_in(ckpt: &Location, e: &CheckpointError) -> String {
 
 /// `(step, path)` of every checkpoint directory in `dir`, oldest first. A missing `dir` has none.
 fn checkpoint_dirs(dir: &Location) -> Result<Vec<(i64, Location)>, CheckpointError> {
-    let mut out: Vec<(i64, Location)> =
-        dir.list()?.dirs.iter().filter_map(|name| Some((parse_dir_name(name)?, dir.child(name)))).collect();
+    let mut out: Vec<(i64, Location)> = dir.list()?.dirs.iter().filter_map(|name| Some((parse_dir_name(name)?, dir.child(name)))).collect();
     out.sort_by_key(|(step, _)| *step);
     Ok(out)
 }
@@ -690,9 +628,11 @@ pub fn latest_complete(dir: &Location, num_ps: usize) -> Result<Option<Checkpoin
 
 /// Reads (and verifies) the shard of ps `ps_index` of a complete checkpoint.
 pub fn read_shard(ckpt: &Checkpoint, ps_index: usize) -> Result<ShardData, CheckpointError> {
-    let info = ckpt.shards.iter().find(|s| s.ps_index == ps_index).ok_or_else(|| {
-        invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len()))
-    })?;
+    let info = ckpt
+        .shards
+        .iter()
+        .find(|s| s.ps_index == ps_index)
+        .ok_or_else(|| invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len())))?;
     load_shard(ckpt, info)
 }
 
@@ -761,12 +701,7 @@ pub fn inspect(dir: &Location) -> Result<String, CheckpointError> {
         CheckpointStatus::Complete(c) => Some(c.global_step),
         _ => None,
     });
-    let _ = writeln!(
-        out,
-        "{} checkpoint(s) in {dir}; latest complete: {}",
-        listing.len(),
-        latest.map_or("none".to_string(), |s| format!("step {s}"))
-    );
+    let _ = writeln!(out, "{} checkpoint(s) in {dir}; latest complete: {}", listing.len(), latest.map_or("none".to_string(), |s| format!("step {s}")));
     for l in &listing {
         let name = l.path.name();
         match &l.status {
@@ -780,8 +715,7 @@ pub fn inspect(dir: &Location) -> Result<String, CheckpointError> {
                     format_utc(c.created_unix_secs)
                 );
                 for s in &c.shards {
-                    let _ =
-                        writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
+                    let _ = writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
                     for v in &s.variables {
                         let _ = writeln!(out, "    variable  {}  {:?}", v.name, v.shape);
                     }

@@ -267,8 +267,7 @@ fn now_secs() -> f64 {
 /// The host name as it may appear in a file name (TensorFlow puts it there too).
 fn file_hostname() -> String {
     let raw = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let clean: String =
-        raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+    let clean: String = raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
     if clean.is_empty() { "localhost".to_string() } else { clean }
 }
 
@@ -374,8 +373,7 @@ impl EventWriter {
                 })
                 .map_err(|source| EventError::Io { path: path.clone(), source })?
         };
-        let mut writer =
-            EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
+        let mut writer = EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
         writer.write_event(&file_version_event(wall_time))?;
         writer.flush()?;
         Ok(writer)
@@ -424,11 +422,7 @@ impl EventWriter {
                 return Err(EventError::InvalidTag { path: self.path.clone(), tag: tag.into(), reason: "it is empty" });
             }
             if tag.chars().any(char::is_control) {
-                return Err(EventError::InvalidTag {
-                    path: self.path.clone(),
-                    tag: tag.into(),
-                    reason: "it contains a control character",
-                });
+                return Err(EventError::InvalidTag { path: self.path.clone(), tag: tag.into(), reason: "it contains a control character" });
             }
             value.push(SummaryValue { tag: tag.to_string(), value: Some(Value::SimpleValue(v)) });
         }
@@ -499,9 +493,7 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
         let len = u64::from_le_bytes(len_bytes);
         let available = (rest.len() - 12) as u64;
         if len > available.saturating_sub(4) {
-            return Err(truncated(format!(
-                "the record declares {len} data bytes + 4 checksum bytes, only {available} bytes follow"
-            )));
+            return Err(truncated(format!("the record declares {len} data bytes + 4 checksum bytes, only {available} bytes follow")));
         }
         let len = len as usize;
         let data = &rest[12..12 + len];
@@ -527,9 +519,7 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>, EventError> {
 pub fn decode_events(path: &Path, bytes: &[u8]) -> Result<Vec<Event>, EventError> {
     read_records(path, bytes)?
         .into_iter()
-        .map(|(offset, data)| {
-            Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source })
-        })
+        .map(|(offset, data)| Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source }))
         .collect()
 }
 

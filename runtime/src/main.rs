@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use tfjob_runtime::auth::TOKEN_ENV;
+use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::client::channel;
 use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, Role};
+use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
 use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
@@ -19,8 +21,6 @@ use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
 use tfjob_runtime::storage::Location;
 use tfjob_runtime::tensor;
-use tfjob_runtime::auth::{Credentials, TlsFiles};
-use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
@@ -343,11 +343,7 @@ struct TaskArgs {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,h2=warn,tower=warn".into());
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false);
     if format == "json" {
         builder.json().init();
     } else {
@@ -482,7 +478,7 @@ fn session_factory() -> WorkloadFactory {
 async fn termination() -> u8 {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => 130,
@@ -588,9 +584,10 @@ async fn run_task(args: TaskArgs) -> u8 {
         expected.extend(cluster.cluster.tasks("evaluator").into_iter().map(|(i, _)| cluster::TaskId::new("evaluator", i)));
         store.expect(&expected);
         if let Some(dir) = &settings.checkpoints.directory
-            && let Err(e) = restore(&store, dir, &cluster) {
-                return fail(e.0, e.1);
-            }
+            && let Err(e) = restore(&store, dir, &cluster)
+        {
+            return fail(e.0, e.1);
+        }
         Some((store.clone(), PsService::new(store)))
     } else {
         None
@@ -679,13 +676,7 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     };
     let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
-    tracing::info!(
-        "{}: restored {} variable(s) from {} (global_step={})",
-        cluster.task,
-        data.variables.len(),
-        ckpt.path,
-        ckpt.global_step
-    );
+    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
     Ok(())
 }
 
@@ -700,7 +691,14 @@ fn ps_metrics(task: &str, store: &ParameterStore) -> String {
     write_metric(&mut out, "tfjob_ps_bytes_received_total", "counter", "Gradient bytes received.", &l, s.bytes_received as f64);
     write_metric(&mut out, "tfjob_ps_bytes_sent_total", "counter", "Variable bytes sent.", &l, s.bytes_sent as f64);
     write_metric(&mut out, "tfjob_ps_stale_gradients_dropped_total", "counter", "Stale gradients dropped (sync).", &l, s.stale_gradients_dropped as f64);
-    write_metric(&mut out, "tfjob_ps_duplicate_gradients_dropped_total", "counter", "Retried or duplicate gradients not applied.", &l, s.duplicate_gradients_dropped as f64);
+    write_metric(
+        &mut out,
+        "tfjob_ps_duplicate_gradients_dropped_total",
+        "counter",
+        "Retried or duplicate gradients not applied.",
+        &l,
+        s.duplicate_gradients_dropped as f64,
+    );
     write_metric(&mut out, "tfjob_ps_workers_live", "gauge", "Training tasks with a live lease.", &l, s.live_tasks.len() as f64);
     write_metric(&mut out, "tfjob_ps_replicas_to_aggregate", "gauge", "Gradients a sync step needs now.", &l, s.replicas_to_aggregate as f64);
     write_metric(&mut out, "tfjob_ps_variable_bytes", "gauge", "Bytes of variables held.", &l, s.variables.iter().map(|v| v.bytes).sum::<u64>() as f64);
@@ -944,8 +942,9 @@ fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
         Ok(i) => i,
         Err(e) => return fail(2, e),
     };
-    let check = workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape())
-        .and_then(|()| model.check_inputs(&input.x).map_err(|e| workload::WorkloadError::Flag { field: "input", reason: format!("{}: {e}", args.input.display()) }));
+    let check = workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).and_then(|()| {
+        model.check_inputs(&input.x).map_err(|e| workload::WorkloadError::Flag { field: "input", reason: format!("{}: {e}", args.input.display()) })
+    });
     if let Err(e) = check {
         return fail(2, e);
     }

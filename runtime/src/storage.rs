@@ -40,15 +40,9 @@ pub enum StorageError {
     #[error("{location}: not found")]
     NotFound { location: String },
     #[error("{location}: {source}")]
-    Store {
-        location: String,
-        source: object_store::Error,
-    },
+    Store { location: String, source: object_store::Error },
     #[error("{location}: {source}")]
-    Io {
-        location: String,
-        source: std::io::Error,
-    },
+    Io { location: String, source: std::io::Error },
 }
 
 impl StorageError {
@@ -80,21 +74,13 @@ enum Kind {
 
 /// Whether `s` is an object-store URL (`scheme://...`) rather than a path.
 pub fn is_url(s: &str) -> bool {
-    s.split_once("://").is_some_and(|(scheme, _)| {
-        !scheme.is_empty()
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '+')
-    })
+    s.split_once("://").is_some_and(|(scheme, _)| !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '+'))
 }
 
 /// What a location string names: the store kind, and for URLs the parsed
 /// URL; for paths the absolute local path. Pure: reads no environment.
 fn classify(location: &str) -> Result<(Kind, Option<url::Url>, Option<PathBuf>), StorageError> {
-    let invalid = |reason: String| StorageError::InvalidLocation {
-        location: location.to_string(),
-        reason,
-    };
+    let invalid = |reason: String| StorageError::InvalidLocation { location: location.to_string(), reason };
     if location.is_empty() {
         return Err(invalid("empty".into()));
     }
@@ -104,21 +90,14 @@ fn classify(location: &str) -> Result<(Kind, Option<url::Url>, Option<PathBuf>),
     }
     let url = url::Url::parse(location).map_err(|e| invalid(format!("not a valid URL: {e}")))?;
     if url.scheme() == "file" {
-        let path = url
-            .to_file_path()
-            .map_err(|()| invalid("not a local file URL".into()))?;
+        let path = url.to_file_path().map_err(|()| invalid("not a local file URL".into()))?;
         return Ok((Kind::Local, None, Some(path)));
     }
     let kind = SCHEMES
         .iter()
         .find(|(s, _)| *s == url.scheme())
         .map(|(_, k)| *k)
-        .ok_or_else(|| {
-            invalid(format!(
-                "unsupported scheme {:?} (a path, or s3://, gs://, az://, file://)",
-                url.scheme()
-            ))
-        })?;
+        .ok_or_else(|| invalid(format!("unsupported scheme {:?} (a path, or s3://, gs://, az://, file://)", url.scheme())))?;
     if url.host_str().is_none_or(str::is_empty) {
         return Err(invalid("names no bucket or container".into()));
     }
@@ -127,9 +106,7 @@ fn classify(location: &str) -> Result<(Kind, Option<url::Url>, Option<PathBuf>),
 
 /// The endpoint of an S3-compatible server (`AWS_ENDPOINT_URL`, else `AWS_ENDPOINT`).
 fn s3_endpoint() -> Option<String> {
-    ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"].iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
 }
 
 /// TLS for the object stores' HTTP client: rustls with ring (tonic uses the
@@ -146,47 +123,29 @@ fn install_tls_provider() {
 /// and endpoints come from the environment (see the module's table).
 pub fn open(location: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
     let (kind, url, path) = classify(location)?;
-    let config = |source: object_store::Error| StorageError::Store {
-        location: location.to_string(),
-        source,
-    };
+    let config = |source: object_store::Error| StorageError::Store { location: location.to_string(), source };
     let store: Arc<dyn ObjectStore> = match kind {
         Kind::Local => {
             let path = path.expect("local paths are absolute");
             let key = ObjectPath::from_absolute_path(&path).map_err(|e| config(e.into()))?;
-            let fs = object_store::local::LocalFileSystem::new()
-                .with_fsync(true)
-                .with_automatic_cleanup(true);
+            let fs = object_store::local::LocalFileSystem::new().with_fsync(true).with_automatic_cleanup(true);
             return Ok((Arc::new(fs), key));
         }
         Kind::S3 => {
             install_tls_provider();
-            let mut b = object_store::aws::AmazonS3Builder::from_env()
-                .with_url(url.clone().expect("URL").as_str());
+            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url.clone().expect("URL").as_str());
             if let Some(endpoint) = s3_endpoint() {
-                b = b
-                    .with_allow_http(endpoint.starts_with("http://"))
-                    .with_endpoint(endpoint);
+                b = b.with_allow_http(endpoint.starts_with("http://")).with_endpoint(endpoint);
             }
             Arc::new(b.build().map_err(config)?)
         }
         Kind::Gcs => {
             install_tls_provider();
-            Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_url(url.clone().expect("URL").as_str())
-                    .build()
-                    .map_err(config)?,
-            )
+            Arc::new(object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.clone().expect("URL").as_str()).build().map_err(config)?)
         }
         Kind::Azure => {
             install_tls_provider();
-            Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_url(url.clone().expect("URL").as_str())
-                    .build()
-                    .map_err(config)?,
-            )
+            Arc::new(object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.clone().expect("URL").as_str()).build().map_err(config)?)
         }
     };
     let url = url.expect("URL");
@@ -205,13 +164,7 @@ pub fn read(location: &str) -> Result<Bytes, StorageError> {
 /// names ending in it. A missing directory has none.
 pub fn list_files(location: &str, suffix: &str) -> Result<Vec<Location>, StorageError> {
     let dir = Location::parse(location)?;
-    Ok(dir
-        .list()?
-        .files
-        .into_iter()
-        .filter(|(name, _)| name.ends_with(suffix))
-        .map(|(name, _)| dir.child(&name))
-        .collect())
+    Ok(dir.list()?.files.into_iter().filter(|(name, _)| name.ends_with(suffix)).map(|(name, _)| dir.child(&name)).collect())
 }
 
 /// The runtime every blocking operation runs on: one worker thread, for
@@ -219,12 +172,7 @@ pub fn list_files(location: &str, suffix: &str) -> Result<Vec<Location>, Storage
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("storage")
-            .enable_all()
-            .build()
-            .expect("the storage runtime starts")
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("storage").enable_all().build().expect("the storage runtime starts")
     })
 }
 
@@ -239,8 +187,7 @@ where
     runtime().spawn(async move {
         let _ = tx.send(future.await);
     });
-    rx.recv()
-        .expect("the storage runtime runs every task it is given")
+    rx.recv().expect("the storage runtime runs every task it is given")
 }
 
 /// One object or directory: a local path or a URL, with its store.
@@ -291,25 +238,14 @@ impl Location {
             Some(p) => p.display().to_string(),
             None => location.trim_end_matches('/').to_string(),
         };
-        Ok(Location {
-            store,
-            key,
-            shown,
-            local,
-        })
+        Ok(Location { store, key, shown, local })
     }
 
     /// A local path.
     pub fn local(path: &Path) -> Result<Location, StorageError> {
-        let shown = path.to_str().ok_or_else(|| StorageError::InvalidLocation {
-            location: path.display().to_string(),
-            reason: "is not valid UTF-8".into(),
-        })?;
+        let shown = path.to_str().ok_or_else(|| StorageError::InvalidLocation { location: path.display().to_string(), reason: "is not valid UTF-8".into() })?;
         if is_url(shown) {
-            return Err(StorageError::InvalidLocation {
-                location: shown.into(),
-                reason: "is a URL, not a path".into(),
-            });
+            return Err(StorageError::InvalidLocation { location: shown.into(), reason: "is a URL, not a path".into() });
         }
         Location::parse(shown)
     }
@@ -341,13 +277,8 @@ impl Location {
 
     fn err(&self, source: object_store::Error) -> StorageError {
         match source {
-            object_store::Error::NotFound { .. } => StorageError::NotFound {
-                location: self.shown.clone(),
-            },
-            source => StorageError::Store {
-                location: self.shown.clone(),
-                source,
-            },
+            object_store::Error::NotFound { .. } => StorageError::NotFound { location: self.shown.clone() },
+            source => StorageError::Store { location: self.shown.clone(), source },
         }
     }
 
@@ -404,19 +335,10 @@ impl Location {
             return Ok(Listing::default());
         }
         let (store, key) = (self.store.clone(), self.key.clone());
-        let result = block_on(async move { store.list_with_delimiter(Some(&key)).await })
-            .map_err(|e| self.err(e))?;
+        let result = block_on(async move { store.list_with_delimiter(Some(&key)).await }).map_err(|e| self.err(e))?;
         let mut listing = Listing {
-            dirs: result
-                .common_prefixes
-                .iter()
-                .filter_map(|p| p.filename().map(str::to_string))
-                .collect(),
-            files: result
-                .objects
-                .iter()
-                .filter_map(|o| Some((o.location.filename()?.to_string(), o.size)))
-                .collect(),
+            dirs: result.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect(),
+            files: result.objects.iter().filter_map(|o| Some((o.location.filename()?.to_string(), o.size))).collect(),
         };
         listing.dirs.sort();
         listing.files.sort();
@@ -430,19 +352,12 @@ impl Location {
             return match std::fs::remove_dir_all(dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(source) => Err(StorageError::Io {
-                    location: self.shown.clone(),
-                    source,
-                }),
+                Err(source) => Err(StorageError::Io { location: self.shown.clone(), source }),
             };
         }
         let (store, key) = (self.store.clone(), self.key.clone());
         block_on(async move {
-            let objects: Vec<_> = store
-                .list(Some(&key))
-                .map_ok(|m| m.location)
-                .try_collect()
-                .await?;
+            let objects: Vec<_> = store.list(Some(&key)).map_ok(|m| m.location).try_collect().await?;
             for o in objects {
                 match store.delete(&o).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -491,11 +406,7 @@ mod tests {
         let root = Location::local(dir.path()).unwrap();
         let sub = root.child("ckpt-1");
         assert_eq!(root.list().unwrap(), Listing::default());
-        assert_eq!(
-            root.child("missing").list().unwrap(),
-            Listing::default(),
-            "a missing directory is empty"
-        );
+        assert_eq!(root.child("missing").list().unwrap(), Listing::default(), "a missing directory is empty");
         assert!(sub.child("a").read().unwrap_err().is_not_found());
         assert_eq!(sub.child("a").read_if_exists().unwrap(), None);
         sub.child("a").write(&b"hello"[..]).unwrap();
@@ -504,11 +415,7 @@ mod tests {
         assert_eq!(sub.child("a").read().unwrap(), Bytes::from_static(b"hello"));
         assert_eq!(sub.child("a").size().unwrap(), Some(5));
         assert_eq!(sub.child("c").size().unwrap(), None);
-        assert_eq!(
-            std::fs::read(dir.path().join("ckpt-1/a")).unwrap(),
-            b"hello",
-            "a plain file"
-        );
+        assert_eq!(std::fs::read(dir.path().join("ckpt-1/a")).unwrap(), b"hello", "a plain file");
         let listing = root.list().unwrap();
         assert_eq!(listing.dirs, vec!["ckpt-1".to_string()]);
         assert_eq!(listing.files, vec![("top".to_string(), 1)]);
@@ -534,10 +441,7 @@ mod tests {
     fn urls_keep_their_form_in_messages() {
         let loc = Location::parse("s3://bucket/run/").unwrap();
         assert_eq!(loc.to_string(), "s3://bucket/run");
-        assert_eq!(
-            loc.child("ckpt-0000000001").to_string(),
-            "s3://bucket/run/ckpt-0000000001"
-        );
+        assert_eq!(loc.child("ckpt-0000000001").to_string(), "s3://bucket/run/ckpt-0000000001");
         assert_eq!(loc.store().1.as_ref(), "run");
         assert_eq!(loc.local_path(), None);
     }

@@ -12,7 +12,7 @@ use crate::train::Workload;
 
 mod keras;
 
-pub use keras::{check_example_shape, KerasOptions};
+pub use keras::{KerasOptions, check_example_shape};
 
 /// What to train, as given on the command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,7 +92,13 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
                 Some(dir) => {
                     let d = data::load_training_data(dir, &spec.data, data::LabelKind::Classes)?;
                     let classes = d.num_classes(&spec.data).unwrap_or(2);
-                    tracing::info!("read {} training and {} held-out examples of {} features, {classes} classes, from {}", d.train.len(), d.test.len(), d.train.input_dim(), dir.display());
+                    tracing::info!(
+                        "read {} training and {} held-out examples of {} features, {classes} classes, from {}",
+                        d.train.len(),
+                        d.test.len(),
+                        d.train.input_dim(),
+                        dir.display()
+                    );
                     (d.train, d.test, classes)
                 }
                 None => {
@@ -112,13 +118,7 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
             return Err(WorkloadError::Flag { field: "model", reason: format!("unknown model {other:?} (linear, softmax, mlp; or --keras_model FILE)") });
         }
     };
-    let model = model::build_model(&ModelConfig {
-        name: name.clone(),
-        input_dim,
-        num_classes,
-        hidden_units: spec.hidden_units.clone(),
-        activation,
-        weight_init,
-    })?;
+    let model =
+        model::build_model(&ModelConfig { name: name.clone(), input_dim, num_classes, hidden_units: spec.hidden_units.clone(), activation, weight_init })?;
     Ok((model, train, test, default_batch))
 }

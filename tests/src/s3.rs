@@ -46,19 +46,12 @@ impl S3Server {
     /// Serves the directory `root` on 127.0.0.1:`port` (0: a free port).
     pub fn serve(root: &Path, port: u16) -> Result<S3Server> {
         std::fs::create_dir_all(root)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("s3-server")
-            .enable_all()
-            .build()?;
-        let fs = s3s_fs::FileSystem::new(root)
-            .map_err(|e| anyhow::anyhow!("s3s-fs over {}: {e:?}", root.display()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("s3-server").enable_all().build()?;
+        let fs = s3s_fs::FileSystem::new(root).map_err(|e| anyhow::anyhow!("s3s-fs over {}: {e:?}", root.display()))?;
         let mut builder = S3ServiceBuilder::new(fs);
         builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = builder.build();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
-            .context("binding the S3 server")?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).context("binding the S3 server")?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         runtime.spawn(async move {
             let http = ConnBuilder::new(TokioExecutor::new());
@@ -66,20 +59,13 @@ impl S3Server {
                 let Ok((socket, _)) = listener.accept().await else {
                     continue;
                 };
-                let conn = http
-                    .serve_connection(TokioIo::new(socket), service.clone())
-                    .into_owned();
+                let conn = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
                 tokio::spawn(async move {
                     let _ = conn.await;
                 });
             }
         });
-        Ok(S3Server {
-            endpoint,
-            root: root.to_path_buf(),
-            _tmp: None,
-            runtime: Some(runtime),
-        })
+        Ok(S3Server { endpoint, root: root.to_path_buf(), _tmp: None, runtime: Some(runtime) })
     }
 
     /// Creates a bucket (a directory of the root).
@@ -94,15 +80,10 @@ impl S3Server {
 
     /// The environment that points an S3 client here.
     pub fn env(&self) -> Vec<(String, String)> {
-        [
-            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-            ("AWS_REGION", "us-east-1"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        [("AWS_ENDPOINT_URL", self.endpoint.as_str()), ("AWS_ACCESS_KEY_ID", ACCESS_KEY), ("AWS_SECRET_ACCESS_KEY", SECRET_KEY), ("AWS_REGION", "us-east-1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 }
 

@@ -26,8 +26,7 @@ const BUCKET: &str = "tfjob-examples";
 fn server() -> &'static S3Server {
     static SERVER: std::sync::OnceLock<S3Server> = std::sync::OnceLock::new();
     static ENV: Once = Once::new();
-    let server =
-        SERVER.get_or_init(|| S3Server::start(&[BUCKET, "unit"]).expect("the S3 server starts"));
+    let server = SERVER.get_or_init(|| S3Server::start(&[BUCKET, "unit"]).expect("the S3 server starts"));
     ENV.call_once(|| {
         for (k, v) in server.env() {
             // SAFETY: set once, before any thread of this test binary reads these variables
@@ -39,11 +38,7 @@ fn server() -> &'static S3Server {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 fn runtime_binary() -> Result<PathBuf> {
@@ -51,11 +46,7 @@ fn runtime_binary() -> Result<PathBuf> {
 }
 
 fn shard(step: i64) -> ShardData {
-    ShardData {
-        variables: vec![("w".into(), vec![2, 2], vec![step as f32; 4])],
-        updates: vec![("w".into(), step as u64)],
-        ..Default::default()
-    }
+    ShardData { variables: vec![("w".into(), vec![2, 2], vec![step as f32; 4])], updates: vec![("w".into(), step as u64)], ..Default::default() }
 }
 
 fn save(dir: &Location, step: i64) {
@@ -69,20 +60,14 @@ fn save(dir: &Location, step: i64) {
 fn checkpoints_in_a_bucket_keep_their_guarantees() -> Result<()> {
     let s3 = server();
     let dir = Location::parse("s3://unit/guarantees/ckpt")?;
-    assert!(
-        checkpoint::latest_complete(&dir, 1)?.is_none(),
-        "an empty prefix has no checkpoint"
-    );
+    assert!(checkpoint::latest_complete(&dir, 1)?.is_none(), "an empty prefix has no checkpoint");
     for step in [100, 200, 300] {
         save(&dir, step);
     }
     // 400: the ps wrote its shard, the chief never wrote the index.
     checkpoint::write_shard(&dir, 400, 0, 1, &shard(400))?;
     // 300: one flipped byte in the stored shard.
-    let stored = s3.object_path(
-        "unit",
-        "guarantees/ckpt/ckpt-0000000300/shard-00000-of-00001.safetensors",
-    );
+    let stored = s3.object_path("unit", "guarantees/ckpt/ckpt-0000000300/shard-00000-of-00001.safetensors");
     let mut bytes = std::fs::read(&stored)?;
     let last = bytes.len() - 2;
     bytes[last] ^= 0x40;
@@ -90,10 +75,7 @@ fn checkpoints_in_a_bucket_keep_their_guarantees() -> Result<()> {
 
     let latest = checkpoint::latest_complete(&dir, 1)?.context("a complete checkpoint")?;
     assert_eq!(latest.global_step, 200);
-    assert_eq!(
-        latest.path.to_string(),
-        "s3://unit/guarantees/ckpt/ckpt-0000000200"
-    );
+    assert_eq!(latest.path.to_string(), "s3://unit/guarantees/ckpt/ckpt-0000000200");
     assert_eq!(checkpoint::read_shard(&latest, 0)?, shard(200));
     let states: Vec<(i64, &str)> = checkpoint::list(&dir)?
         .iter()
@@ -109,32 +91,15 @@ fn checkpoints_in_a_bucket_keep_their_guarantees() -> Result<()> {
             )
         })
         .collect();
-    assert_eq!(
-        states,
-        [
-            (100, "complete"),
-            (200, "complete"),
-            (300, "damaged"),
-            (400, "incomplete")
-        ]
-    );
+    assert_eq!(states, [(100, "complete"), (200, "complete"), (300, "damaged"), (400, "incomplete")]);
     let listing = checkpoint::inspect(&dir)?;
-    assert!(
-        listing.contains("4 checkpoint(s) in s3://unit/guarantees/ckpt; latest complete: step 200"),
-        "{listing}"
-    );
+    assert!(listing.contains("4 checkpoint(s) in s3://unit/guarantees/ckpt; latest complete: step 200"), "{listing}");
 
     // Keep 1 complete (200): the older 100 goes; 300 and 400, newer than the newest complete
     // one, stay (they may still be being written).
-    let deleted: Vec<String> = checkpoint::prune(&dir, 1)?
-        .iter()
-        .map(|l| l.to_string())
-        .collect();
+    let deleted: Vec<String> = checkpoint::prune(&dir, 1)?.iter().map(|l| l.to_string()).collect();
     assert_eq!(deleted, ["s3://unit/guarantees/ckpt/ckpt-0000000100"]);
-    assert!(
-        !s3.object_path("unit", "guarantees/ckpt/ckpt-0000000100/index.json")
-            .exists()
-    );
+    assert!(!s3.object_path("unit", "guarantees/ckpt/ckpt-0000000100/index.json").exists());
     // A shard of a complete checkpoint is never overwritten.
     let err = checkpoint::write_shard(&dir, 200, 0, 1, &shard(200)).unwrap_err();
     assert!(err.to_string().contains("already complete"), "{err}");
@@ -147,10 +112,7 @@ fn checkpoints_in_a_bucket_keep_their_guarantees() -> Result<()> {
 fn event_files_in_a_bucket_roll_over_and_read_back_in_order() -> Result<()> {
     let s3 = server();
     let dir = Location::parse("s3://unit/events/run1")?;
-    let policy = FlushPolicy {
-        interval: Duration::from_millis(20),
-        max_pending: 1000,
-    };
+    let policy = FlushPolicy { interval: Duration::from_millis(20), max_pending: 1000 };
     let mut w = EventWriter::create_in_with(&dir, ".chief", policy, 300)?;
     for step in 0..40 {
         w.add_scalars(step, &[("loss", step as f32)])?;
@@ -163,26 +125,16 @@ fn event_files_in_a_bucket_roll_over_and_read_back_in_order() -> Result<()> {
     ensure!(objects.len() >= 3, "rolled over: {objects:?}");
     let mut steps = Vec::new();
     for (name, _) in &objects {
-        assert!(
-            name.starts_with("events.out.tfevents.") && name.contains(".chief"),
-            "{name}"
-        );
+        assert!(name.starts_with("events.out.tfevents.") && name.contains(".chief"), "{name}");
         let bytes = std::fs::read(s3.object_path("unit", &format!("events/run1/{name}")))?;
         let evs = events::decode_events(Path::new(name), &bytes)?;
-        assert!(
-            matches!(evs[0].what, Some(events::What::FileVersion(_))),
-            "{name} starts with file_version"
-        );
+        assert!(matches!(evs[0].what, Some(events::What::FileVersion(_))), "{name} starts with file_version");
         steps.extend(events::scalars_of(evs).into_iter().map(|(tag, step, v)| {
             assert_eq!((tag.as_str(), v), ("loss", step as f32));
             step
         }));
     }
-    assert_eq!(
-        steps,
-        (0..40).collect::<Vec<_>>(),
-        "every record once, in name order"
-    );
+    assert_eq!(steps, (0..40).collect::<Vec<_>>(), "every record once, in name order");
     Ok(())
 }
 
@@ -195,31 +147,16 @@ fn data_dir_in_a_bucket() -> Result<()> {
     std::fs::create_dir_all(&data)?;
     tfjob_tests::data::write_blobs(&data, 600, 200, 8, 3, 0.5, 7)?;
     let mut cmd = Command::new(runtime_binary()?);
-    cmd.args([
-        "--model=softmax",
-        "--data_dir=s3://tfjob-examples/blobs",
-        "--train_steps=200",
-        "--batch_size=50",
-        "--learning_rate=0.5",
-    ]);
+    cmd.args(["--model=softmax", "--data_dir=s3://tfjob-examples/blobs", "--train_steps=200", "--batch_size=50", "--learning_rate=0.5"]);
     let out = cmd.stdin(Stdio::null()).output()?;
     ensure!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        !stderr.contains("synthetic"),
-        "read the bucket's files: {stderr}"
-    );
+    ensure!(!stderr.contains("synthetic"), "read the bucket's files: {stderr}");
     let report = final_report(&String::from_utf8_lossy(&out.stdout), "local")?;
     ensure!(report["accuracy"].as_f64().unwrap_or(0.0) > 0.9, "{report}");
-    let out = Command::new(runtime_binary()?)
-        .args(["--model=softmax", "--data_dir=hdfs://namenode/mnist"])
-        .output()?;
+    let out = Command::new(runtime_binary()?).args(["--model=softmax", "--data_dir=hdfs://namenode/mnist"]).output()?;
     ensure!(out.status.code() == Some(2), "{}", text(&out));
-    ensure!(
-        String::from_utf8_lossy(&out.stderr).contains("unsupported scheme \"hdfs\""),
-        "{}",
-        text(&out)
-    );
+    ensure!(String::from_utf8_lossy(&out.stderr).contains("unsupported scheme \"hdfs\""), "{}", text(&out));
     Ok(())
 }
 
@@ -251,70 +188,34 @@ fn s3_example_under_tfjob_run_restores_a_killed_ps_from_the_bucket() -> Result<(
         if log.contains("checkpoint of global_step=300 written to s3://tfjob-examples/s3-checkpoints/checkpoints/ckpt-0000000300") {
             break;
         }
-        ensure!(
-            Instant::now() < deadline && child.try_wait()?.is_none(),
-            "no checkpoint in the bucket; chief log:\n{log}"
-        );
+        ensure!(Instant::now() < deadline && child.try_wait()?.is_none(), "no checkpoint in the bucket; chief log:\n{log}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (ps_pid, _) = marked_replicas(&marker)
-        .remove(&("ps".to_string(), 0))
-        .context("the ps process")?;
+    let (ps_pid, _) = marked_replicas(&marker).remove(&("ps".to_string(), 0)).context("the ps process")?;
     kill_9(ps_pid);
     let out = child.wait_with_output()?;
     ensure!(out.status.success(), "{}", text(&out));
-    let log = |replica: &str| {
-        std::fs::read_to_string(run_dir.path().join(format!("{replica}.log"))).unwrap_or_default()
-    };
+    let log = |replica: &str| std::fs::read_to_string(run_dir.path().join(format!("{replica}.log"))).unwrap_or_default();
     let ps_log = log("ps-0");
-    let restored = ps_log
-        .lines()
-        .find(|l| l.contains("variable(s) from"))
-        .with_context(|| format!("the ps did not restore:\n{ps_log}"))?;
-    ensure!(
-        restored.contains("from s3://tfjob-examples/s3-checkpoints/checkpoints/ckpt-"),
-        "{restored}"
-    );
+    let restored = ps_log.lines().find(|l| l.contains("variable(s) from")).with_context(|| format!("the ps did not restore:\n{ps_log}"))?;
+    ensure!(restored.contains("from s3://tfjob-examples/s3-checkpoints/checkpoints/ckpt-"), "{restored}");
     let report = |replica: &str| final_report(&log(replica), replica);
     let (chief, evaluator): (Value, Value) = (report("chief-0")?, report("evaluator-0")?);
     ensure!(chief["global_step"].as_i64() >= Some(1200), "{chief}");
     let last = final_step_of_ps(&ps_log, "ps-0")?;
-    ensure!(
-        evaluator["global_step"].as_i64() == Some(last),
-        "the evaluator saw the last step {last}: {evaluator}"
-    );
+    ensure!(evaluator["global_step"].as_i64() == Some(last), "the evaluator saw the last step {last}: {evaluator}");
 
-    let inspect = Command::new(runtime_binary()?)
-        .args([
-            "checkpoint",
-            "inspect",
-            "s3://tfjob-examples/s3-checkpoints/checkpoints",
-        ])
-        .envs(s3.env())
-        .output()?;
+    let inspect = Command::new(runtime_binary()?).args(["checkpoint", "inspect", "s3://tfjob-examples/s3-checkpoints/checkpoints"]).envs(s3.env()).output()?;
     ensure!(inspect.status.success(), "{}", text(&inspect));
-    ensure!(
-        String::from_utf8_lossy(&inspect.stdout)
-            .contains(&format!("latest complete: step {}", chief["global_step"])),
-        "{}",
-        text(&inspect)
-    );
+    ensure!(String::from_utf8_lossy(&inspect.stdout).contains(&format!("latest complete: step {}", chief["global_step"])), "{}", text(&inspect));
 
     let tags = |prefix: &str| -> Result<Vec<String>> {
         let dir = s3.object_path(BUCKET, prefix);
         let mut tags = Vec::new();
         for entry in std::fs::read_dir(&dir).with_context(|| format!("{}", dir.display()))? {
             let path = entry?.path();
-            if path.is_file()
-                && path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("events.out.tfevents."))
-            {
-                tags.extend(
-                    events::scalars_of(events::read_events(&path)?)
-                        .into_iter()
-                        .map(|(t, _, _)| t),
-                );
+            if path.is_file() && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("events.out.tfevents.")) {
+                tags.extend(events::scalars_of(events::read_events(&path)?).into_iter().map(|(t, _, _)| t));
             }
         }
         tags.sort();
@@ -322,17 +223,11 @@ fn s3_example_under_tfjob_run_restores_a_killed_ps_from_the_bucket() -> Result<(
         Ok(tags)
     };
     let train = tags("s3-checkpoints/logs")?;
-    ensure!(
-        train.contains(&"loss".to_string()) && train.contains(&"global_step/sec".to_string()),
-        "{train:?}"
-    );
+    ensure!(train.contains(&"loss".to_string()) && train.contains(&"global_step/sec".to_string()), "{train:?}");
     let eval = tags("s3-checkpoints/logs/eval")?;
     ensure!(eval.contains(&"eval/accuracy".to_string()), "{eval:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        stderr.contains("tensorboard --logdir s3://tfjob-examples/s3-checkpoints/logs"),
-        "{stderr}"
-    );
+    ensure!(stderr.contains("tensorboard --logdir s3://tfjob-examples/s3-checkpoints/logs"), "{stderr}");
     ensure!(run_dir.path().join("training.png").is_file(), "{stderr}");
     Ok(())
 }

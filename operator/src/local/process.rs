@@ -160,10 +160,8 @@ impl ProcessBackend {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| RunError::Start {
-            replica: short.clone(),
-            reason: format!("cannot start {:?}: {e}", program.display().to_string()),
-        })?;
+        let mut child =
+            cmd.spawn().map_err(|e| RunError::Start { replica: short.clone(), reason: format!("cannot start {:?}: {e}", program.display().to_string()) })?;
         for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>)]
             .into_iter()
             .flatten()
@@ -301,10 +299,7 @@ impl Backend for ProcessBackend {
                 }
             }
         }
-        self.replicas
-            .iter()
-            .map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count))
-            .collect()
+        self.replicas.iter().map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count)).collect()
     }
 
     fn shutdown(&mut self) {

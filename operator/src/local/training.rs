@@ -13,14 +13,7 @@ use std::path::Path;
 use crate::plot::{Chart, Figure, Plot, PlotError, Series};
 
 /// The figures a line may carry, as logged (`key=value`) and in the final JSON.
-const KEYS: [&str; 6] = [
-    "loss",
-    "accuracy",
-    "auc",
-    "eval_loss",
-    "eval_accuracy",
-    "eval_auc",
-];
+const KEYS: [&str; 6] = ["loss", "accuracy", "auc", "eval_loss", "eval_accuracy", "eval_auc"];
 
 /// What one line says about training: the global step and figures at it.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,9 +24,7 @@ pub struct Progress {
 
 /// The number at the start of `s` (a value of `key=value`, maybe followed by a quote or comma).
 fn leading_number(s: &str) -> Option<f64> {
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
-        .unwrap_or(s.len());
+    let end = s.find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'))).unwrap_or(s.len());
     s[..end].parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
@@ -51,11 +42,7 @@ pub fn progress_in(line: &str) -> Option<Progress> {
             .iter()
             .filter_map(|k| {
                 let value = v.get(*k)?.as_f64()?;
-                let key = if evaluator && !k.starts_with("eval_") {
-                    KEYS.iter().find(|e| e.strip_prefix("eval_") == Some(k))?
-                } else {
-                    k
-                };
+                let key = if evaluator && !k.starts_with("eval_") { KEYS.iter().find(|e| e.strip_prefix("eval_") == Some(k))? } else { k };
                 Some((*key, value))
             })
             .collect();
@@ -73,11 +60,7 @@ pub fn progress_in(line: &str) -> Option<Progress> {
             figures.extend(leading_number(value).map(|v| (*k, v)));
         }
     }
-    Some(Progress {
-        step: step?,
-        figures,
-    })
-    .filter(|p| !p.figures.is_empty())
+    Some(Progress { step: step?, figures }).filter(|p| !p.figures.is_empty())
 }
 
 /// One figure of one replica at a global step, and when it was read (seconds into the run).
@@ -105,12 +88,7 @@ impl TrainingRecord {
         }
         if let Some(p) = progress_in(line) {
             let samples = self.samples.entry(replica.to_string()).or_default();
-            samples.extend(p.figures.into_iter().map(|(key, value)| Sample {
-                secs,
-                step: p.step,
-                key,
-                value,
-            }));
+            samples.extend(p.figures.into_iter().map(|(key, value)| Sample { secs, step: p.step, key, value }));
         }
     }
 
@@ -123,17 +101,9 @@ impl TrainingRecord {
         let mut out = Vec::new();
         for (replica, samples) in &self.samples {
             for key in keys {
-                let points: Vec<(f64, f64)> = samples
-                    .iter()
-                    .filter(|s| s.key == *key)
-                    .map(|s| (s.step as f64, s.value))
-                    .collect();
+                let points: Vec<(f64, f64)> = samples.iter().filter(|s| s.key == *key).map(|s| (s.step as f64, s.value)).collect();
                 if !points.is_empty() {
-                    let label = if key.starts_with("eval_") {
-                        format!("{replica} (held-out)")
-                    } else {
-                        replica.clone()
-                    };
+                    let label = if key.starts_with("eval_") { format!("{replica} (held-out)") } else { replica.clone() };
                     out.push(Series { label, points });
                 }
             }
@@ -150,10 +120,7 @@ impl TrainingRecord {
             y_label: "loss (per replica's batches; held-out for eval)".into(),
             plot: Plot::Lines(self.series(&["loss", "eval_loss"])),
         }];
-        for (name, keys) in [
-            ("Accuracy", ["accuracy", "eval_accuracy"]),
-            ("AUC", ["auc", "eval_auc"]),
-        ] {
+        for (name, keys) in [("Accuracy", ["accuracy", "eval_accuracy"]), ("AUC", ["auc", "eval_auc"])] {
             let series = self.series(&keys);
             if !series.is_empty() {
                 charts.push(Chart {
@@ -168,16 +135,9 @@ impl TrainingRecord {
             title: "Training speed".into(),
             x_label: "global step".into(),
             y_label: "global steps/s".into(),
-            plot: Plot::Lines(vec![Series {
-                label: "job".into(),
-                points: steps_per_sec(&self.steps, rate_window(&self.steps)),
-            }]),
+            plot: Plot::Lines(vec![Series { label: "job".into(), points: steps_per_sec(&self.steps, rate_window(&self.steps)) }]),
         });
-        Figure {
-            title: format!("TFJob {job}: training under tfjob run"),
-            columns: 2,
-            charts,
-        }
+        Figure { title: format!("TFJob {job}: training under tfjob run"), columns: 2, charts }
     }
 
     /// Draws [`TrainingRecord::figure`] to `path`.
@@ -229,42 +189,24 @@ mod tests {
         let cases: [(&str, Option<Progress>); 8] = [
             (
                 "2024-01-01T00:00:00Z  INFO worker:0: local_step=100 global_step=205 loss=0.3100 W=1.9 b=9.8",
-                Some(Progress {
-                    step: 205,
-                    figures: vec![("loss", 0.31)],
-                }),
+                Some(Progress { step: 205, figures: vec![("loss", 0.31)] }),
             ),
             (
                 "INFO evaluator:0: global_step=400 eval_loss=0.5000 eval_accuracy=0.8125",
-                Some(Progress {
-                    step: 400,
-                    figures: vec![("eval_loss", 0.5), ("eval_accuracy", 0.8125)],
-                }),
+                Some(Progress { step: 400, figures: vec![("eval_loss", 0.5), ("eval_accuracy", 0.8125)] }),
             ),
             (
                 r#"{"task":"worker:0","global_step":4000,"loss":0.25,"accuracy":0.9,"W":2.0}"#,
-                Some(Progress {
-                    step: 4000,
-                    figures: vec![("loss", 0.25), ("accuracy", 0.9)],
-                }),
+                Some(Progress { step: 4000, figures: vec![("loss", 0.25), ("accuracy", 0.9)] }),
             ),
             (r#"{"task":"ps:0","role":"ps","global_step":4000}"#, None),
             (
                 r#"{"task":"evaluator:0","role":"evaluator","global_step":1200,"loss":0.5,"accuracy":0.8}"#,
-                Some(Progress {
-                    step: 1200,
-                    figures: vec![("eval_loss", 0.5), ("eval_accuracy", 0.8)],
-                }),
+                Some(Progress { step: 1200, figures: vec![("eval_loss", 0.5), ("eval_accuracy", 0.8)] }),
             ),
             ("ps:0: serving on 127.0.0.1:2222", None),
             ("worker:0: global_step=10 loss=NaN", None),
-            (
-                r#"{"fields":{"message":"worker:1: local_step=5 global_step=9 loss=1.5"}}"#,
-                Some(Progress {
-                    step: 9,
-                    figures: vec![("loss", 1.5)],
-                }),
-            ),
+            (r#"{"fields":{"message":"worker:1: local_step=5 global_step=9 loss=1.5"}}"#, Some(Progress { step: 9, figures: vec![("loss", 1.5)] })),
         ];
         for (line, want) in cases {
             assert_eq!(progress_in(line), want, "{line}");
@@ -273,19 +215,8 @@ mod tests {
 
     #[test]
     fn rates_over_windows_of_the_highest_step() {
-        let obs = [
-            (0.0, 0),
-            (0.5, 50),
-            (1.0, 100),
-            (1.2, 90),
-            (2.0, 300),
-            (2.5, 310),
-            (3.0, 400),
-        ];
-        assert_eq!(
-            steps_per_sec(&obs, 1.0),
-            vec![(100.0, 100.0), (300.0, 200.0), (400.0, 100.0)]
-        );
+        let obs = [(0.0, 0), (0.5, 50), (1.0, 100), (1.2, 90), (2.0, 300), (2.5, 310), (3.0, 400)];
+        assert_eq!(steps_per_sec(&obs, 1.0), vec![(100.0, 100.0), (300.0, 200.0), (400.0, 100.0)]);
         assert!(steps_per_sec(&[], 1.0).is_empty());
         // Nothing after the last step: replicas finishing are not a rate of 0.
         assert_eq!(steps_per_sec(&[(0.0, 0), (1.0, 100), (2.0, 100), (3.0, 100)], 1.0), vec![(100.0, 100.0)]);
@@ -296,28 +227,14 @@ mod tests {
     #[test]
     fn the_figure_has_a_chart_per_kind_of_figure() {
         let mut r = TrainingRecord::default();
-        r.line(
-            "worker-0",
-            "worker:0: local_step=1 global_step=1 loss=2.0",
-            0.1,
-        );
-        r.line(
-            "worker-0",
-            "worker:0: local_step=2 global_step=100 loss=1.0",
-            1.5,
-        );
-        r.line(
-            "evaluator-0",
-            "evaluator:0: global_step=100 eval_loss=1.1 eval_accuracy=0.7",
-            1.6,
-        );
+        r.line("worker-0", "worker:0: local_step=1 global_step=1 loss=2.0", 0.1);
+        r.line("worker-0", "worker:0: local_step=2 global_step=100 loss=1.0", 1.5);
+        r.line("evaluator-0", "evaluator:0: global_step=100 eval_loss=1.1 eval_accuracy=0.7", 1.6);
         r.line("ps-0", "ps:0: training is over at step 100", 2.0);
         let f = r.figure("j");
         let titles: Vec<&str> = f.charts.iter().map(|c| c.title.as_str()).collect();
         assert_eq!(titles, ["Loss", "Accuracy", "Training speed"]);
-        let Plot::Lines(loss) = &f.charts[0].plot else {
-            panic!()
-        };
+        let Plot::Lines(loss) = &f.charts[0].plot else { panic!() };
         let labels: Vec<&str> = loss.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(labels, ["evaluator-0 (held-out)", "worker-0"]);
         assert_eq!(loss[1].points, vec![(1.0, 2.0), (100.0, 1.0)]);

@@ -67,9 +67,7 @@ fn sub_path(sub: &str) -> Result<PathBuf, String> {
     if p.components().all(|c| matches!(c, Component::Normal(_))) {
         Ok(p.to_path_buf())
     } else {
-        Err(format!(
-            "subPath {sub:?} must be a relative path without `..`"
-        ))
+        Err(format!("subPath {sub:?} must be a relative path without `..`"))
     }
 }
 
@@ -78,35 +76,15 @@ fn sub_path(sub: &str) -> Result<PathBuf, String> {
 pub fn local_volumes(run_dir: &Path, replica: &PlannedReplica) -> Result<LocalVolumes, String> {
     let mut out = LocalVolumes::default();
     for m in &replica.volume_mounts {
-        let volume = replica
-            .volumes
-            .iter()
-            .find(|v| v.name == m.name)
-            .ok_or_else(|| {
-                format!(
-                    "volumeMount {:?} names no volume of the pod template",
-                    m.name
-                )
-            })?;
+        let volume =
+            replica.volumes.iter().find(|v| v.name == m.name).ok_or_else(|| format!("volumeMount {:?} names no volume of the pod template", m.name))?;
         if !m.mount_path.starts_with('/') {
-            return Err(format!(
-                "volumeMount {:?}: mountPath {:?} is not absolute",
-                m.name, m.mount_path
-            ));
+            return Err(format!("volumeMount {:?}: mountPath {:?} is not absolute", m.name, m.mount_path));
         }
         let (dir, created) = if let Some(claim) = &volume.persistent_volume_claim {
-            (
-                claim_dir(run_dir, segment("claimName", &claim.claim_name)?),
-                true,
-            )
+            (claim_dir(run_dir, segment("claimName", &claim.claim_name)?), true)
         } else if volume.empty_dir.is_some() {
-            (
-                volumes_root(run_dir)
-                    .join("pods")
-                    .join(segment("pod", &replica.pod_name)?)
-                    .join(segment("volume", &volume.name)?),
-                true,
-            )
+            (volumes_root(run_dir).join("pods").join(segment("pod", &replica.pod_name)?).join(segment("volume", &volume.name)?), true)
         } else if let Some(host) = &volume.host_path {
             (PathBuf::from(&host.path), false)
         } else {
@@ -119,25 +97,13 @@ pub fn local_volumes(run_dir: &Path, replica: &PlannedReplica) -> Result<LocalVo
             continue;
         };
         let host_path = match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            Some(sub) => {
-                dir.join(sub_path(sub).map_err(|e| format!("volumeMount {:?}: {e}", m.name))?)
-            }
+            Some(sub) => dir.join(sub_path(sub).map_err(|e| format!("volumeMount {:?}: {e}", m.name))?),
             None => dir,
         };
-        out.mounts.push(LocalMount {
-            mount_path: m.mount_path.trim_end_matches('/').to_string(),
-            host_path,
-            read_only: m.read_only.unwrap_or(false),
-            created,
-        });
+        out.mounts.push(LocalMount { mount_path: m.mount_path.trim_end_matches('/').to_string(), host_path, read_only: m.read_only.unwrap_or(false), created });
     }
     // Longest mount path first: a path is mapped by its innermost mount.
-    out.mounts.sort_by(|a, b| {
-        b.mount_path
-            .len()
-            .cmp(&a.mount_path.len())
-            .then_with(|| a.mount_path.cmp(&b.mount_path))
-    });
+    out.mounts.sort_by(|a, b| b.mount_path.len().cmp(&a.mount_path.len()).then_with(|| a.mount_path.cmp(&b.mount_path)));
     Ok(out)
 }
 
@@ -151,10 +117,7 @@ fn volume_kind(v: &k8s_openapi::api::core::v1::Volume) -> &'static str {
         ("nfs", v.nfs.is_some()),
         ("csi", v.csi.is_some()),
     ];
-    kinds
-        .iter()
-        .find(|(_, is)| *is)
-        .map_or("another kind", |(k, _)| k)
+    kinds.iter().find(|(_, is)| *is).map_or("another kind", |(k, _)| k)
 }
 
 /// Creates the directories `tfjob run` provides (emptyDir, claims, a
@@ -180,8 +143,7 @@ pub fn map_path(value: &str, mounts: &[LocalMount]) -> String {
     let map = |path: &str| -> Option<String> {
         mounts.iter().find_map(|m| {
             let rest = path.strip_prefix(m.mount_path.as_str())?;
-            (rest.is_empty() || rest.starts_with('/'))
-                .then(|| format!("{}{rest}", m.host_path.display()))
+            (rest.is_empty() || rest.starts_with('/')).then(|| format!("{}{rest}", m.host_path.display()))
         })
     };
     if let Some(mapped) = map(value) {
@@ -198,10 +160,7 @@ pub fn map_path(value: &str, mounts: &[LocalMount]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{
-        EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
-        VolumeMount,
-    };
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaimVolumeSource, Volume, VolumeMount};
 
     fn replica(volumes: Vec<Volume>, mounts: Vec<VolumeMount>) -> PlannedReplica {
         PlannedReplica {
@@ -222,21 +181,13 @@ mod tests {
     }
 
     fn mount(name: &str, path: &str, sub: Option<&str>) -> VolumeMount {
-        VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            sub_path: sub.map(String::from),
-            ..Default::default()
-        }
+        VolumeMount { name: name.into(), mount_path: path.into(), sub_path: sub.map(String::from), ..Default::default() }
     }
 
     fn claim(name: &str, claim: &str) -> Volume {
         Volume {
             name: name.into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim.into(),
-                read_only: None,
-            }),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource { claim_name: claim.into(), read_only: None }),
             ..Default::default()
         }
     }
@@ -246,24 +197,9 @@ mod tests {
         let run = Path::new("/runs/r1");
         let volumes = vec![
             claim("shared", "training-data"),
-            Volume {
-                name: "scratch".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Default::default()
-            },
-            Volume {
-                name: "host".into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: "/srv/data".into(),
-                    type_: None,
-                }),
-                ..Default::default()
-            },
-            Volume {
-                name: "model".into(),
-                config_map: Some(Default::default()),
-                ..Default::default()
-            },
+            Volume { name: "scratch".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+            Volume { name: "host".into(), host_path: Some(HostPathVolumeSource { path: "/srv/data".into(), type_: None }), ..Default::default() },
+            Volume { name: "model".into(), config_map: Some(Default::default()), ..Default::default() },
         ];
         let mounts = vec![
             mount("shared", "/mnt/shared/", None),
@@ -273,44 +209,18 @@ mod tests {
             mount("shared", "/mnt/shared/logs", Some("tb")),
         ];
         let got = local_volumes(run, &replica(volumes, mounts)).unwrap();
-        let pairs: Vec<(&str, String, bool)> = got
-            .mounts
-            .iter()
-            .map(|m| {
-                (
-                    m.mount_path.as_str(),
-                    m.host_path.display().to_string(),
-                    m.created,
-                )
-            })
-            .collect();
+        let pairs: Vec<(&str, String, bool)> = got.mounts.iter().map(|m| (m.mount_path.as_str(), m.host_path.display().to_string(), m.created)).collect();
         assert_eq!(
             pairs,
             [
-                (
-                    "/mnt/shared/logs",
-                    "/runs/r1/volumes/claims/training-data/tb".to_string(),
-                    true
-                ),
-                (
-                    "/tmp/scratch",
-                    "/runs/r1/volumes/pods/job-ps-0/scratch".to_string(),
-                    true
-                ),
-                (
-                    "/mnt/shared",
-                    "/runs/r1/volumes/claims/training-data".to_string(),
-                    true
-                ),
+                ("/mnt/shared/logs", "/runs/r1/volumes/claims/training-data/tb".to_string(), true),
+                ("/tmp/scratch", "/runs/r1/volumes/pods/job-ps-0/scratch".to_string(), true),
+                ("/mnt/shared", "/runs/r1/volumes/claims/training-data".to_string(), true),
                 ("/data", "/srv/data/mnist".to_string(), false),
             ]
         );
         assert_eq!(got.notes.len(), 1);
-        assert!(
-            got.notes[0].contains("\"model\" (configMap) is not mapped"),
-            "{:?}",
-            got.notes
-        );
+        assert!(got.notes[0].contains("\"model\" (configMap) is not mapped"), "{:?}", got.notes);
     }
 
     #[test]
@@ -318,21 +228,9 @@ mod tests {
         let run = Path::new("/runs/r1");
         let cases: [(Vec<Volume>, VolumeMount, &str); 4] = [
             (vec![], mount("gone", "/x", None), "names no volume"),
-            (
-                vec![claim("c", "ok")],
-                mount("c", "relative", None),
-                "not absolute",
-            ),
-            (
-                vec![claim("c", "../up")],
-                mount("c", "/x", None),
-                "cannot name a directory",
-            ),
-            (
-                vec![claim("c", "ok")],
-                mount("c", "/x", Some("../escape")),
-                "without `..`",
-            ),
+            (vec![claim("c", "ok")], mount("c", "relative", None), "not absolute"),
+            (vec![claim("c", "../up")], mount("c", "/x", None), "cannot name a directory"),
+            (vec![claim("c", "ok")], mount("c", "/x", Some("../escape")), "without `..`"),
         ];
         for (volumes, m, want) in cases {
             let err = local_volumes(run, &replica(volumes, vec![m])).unwrap_err();
@@ -343,35 +241,16 @@ mod tests {
     #[test]
     fn paths_under_a_mount_are_mapped_in_values_and_flags() {
         let mounts = vec![
-            LocalMount {
-                mount_path: "/mnt/shared/logs".into(),
-                host_path: "/r/claims/c/tb".into(),
-                read_only: false,
-                created: true,
-            },
-            LocalMount {
-                mount_path: "/mnt/shared".into(),
-                host_path: "/r/claims/c".into(),
-                read_only: false,
-                created: true,
-            },
+            LocalMount { mount_path: "/mnt/shared/logs".into(), host_path: "/r/claims/c/tb".into(), read_only: false, created: true },
+            LocalMount { mount_path: "/mnt/shared".into(), host_path: "/r/claims/c".into(), read_only: false, created: true },
         ];
         let cases = [
             ("/mnt/shared", "/r/claims/c"),
             ("/mnt/shared/ckpt", "/r/claims/c/ckpt"),
-            (
-                "--checkpoint_dir=/mnt/shared/ckpt",
-                "--checkpoint_dir=/r/claims/c/ckpt",
-            ),
-            (
-                "--log_dir=/mnt/shared/logs/run1",
-                "--log_dir=/r/claims/c/tb/run1",
-            ),
+            ("--checkpoint_dir=/mnt/shared/ckpt", "--checkpoint_dir=/r/claims/c/ckpt"),
+            ("--log_dir=/mnt/shared/logs/run1", "--log_dir=/r/claims/c/tb/run1"),
             ("/mnt/sharedother", "/mnt/sharedother"),
-            (
-                "--data_dir=s3://bucket/mnt/shared",
-                "--data_dir=s3://bucket/mnt/shared",
-            ),
+            ("--data_dir=s3://bucket/mnt/shared", "--data_dir=s3://bucket/mnt/shared"),
             ("relative/mnt/shared", "relative/mnt/shared"),
             ("--sync_replicas", "--sync_replicas"),
             ("{\"cluster\":{}}", "{\"cluster\":{}}"),
@@ -384,21 +263,9 @@ mod tests {
     #[test]
     fn created_directories_are_writable_by_anyone() {
         let dir = tempfile::tempdir().unwrap();
-        let m = LocalMount {
-            mount_path: "/m".into(),
-            host_path: dir.path().join("claims/c"),
-            read_only: false,
-            created: true,
-        };
+        let m = LocalMount { mount_path: "/m".into(), host_path: dir.path().join("claims/c"), read_only: false, created: true };
         create_dirs(std::slice::from_ref(&m)).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(
-            std::fs::metadata(&m.host_path)
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777,
-            0o777
-        );
+        assert_eq!(std::fs::metadata(&m.host_path).unwrap().permissions().mode() & 0o777, 0o777);
     }
 }

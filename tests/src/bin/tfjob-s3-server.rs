@@ -12,13 +12,7 @@ fn main() -> Result<()> {
     let mut rest = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--port" => {
-                port = args
-                    .next()
-                    .context("--port needs a number")?
-                    .parse()
-                    .context("--port")?
-            }
+            "--port" => port = args.next().context("--port needs a number")?.parse().context("--port")?,
             "-h" | "--help" => {
                 println!("usage: tfjob-s3-server [--port PORT (9000)] DIR [BUCKET...]");
                 return Ok(());
@@ -26,17 +20,12 @@ fn main() -> Result<()> {
             _ => rest.push(a),
         }
     }
-    let Some((dir, buckets)) = rest.split_first() else {
-        bail!("usage: tfjob-s3-server [--port PORT] DIR [BUCKET...]")
-    };
+    let Some((dir, buckets)) = rest.split_first() else { bail!("usage: tfjob-s3-server [--port PORT] DIR [BUCKET...]") };
     let server = S3Server::serve(std::path::Path::new(dir), port)?;
     for b in buckets {
         server.create_bucket(b)?;
     }
-    eprintln!(
-        "S3 server at {} serving {dir}; point the runtime at it with:",
-        server.endpoint
-    );
+    eprintln!("S3 server at {} serving {dir}; point the runtime at it with:", server.endpoint);
     for (k, v) in server.env() {
         println!("export {k}={v}");
     }
