@@ -20,6 +20,14 @@
 //! any safetensors reader can open it. The shard of ps 0 also holds the shard
 //! dispatcher's state (JSON) under `dispatcher`.
 //!
+//! An embedding partition holds only its materialised rows: its values as an
+//! `F32` tensor `[rows, dim]` under its own name (and its slots likewise),
+//! the rows' ids as an `I64` tensor `[rows]` named `<partition>:ids`, listed
+//! in the metadata `row_ids` (a JSON array of partition names), and the
+//! partition's description (table size, strategy, initializer: what gives
+//! every other row its value) in the metadata `embeddings` (a JSON object by
+//! partition name).
+//!
 //! `index.json` records `format` (`tfjob-checkpoint/1`), `global_step`,
 //! `num_ps`, the creation time, `checksum: "crc32c"` and, for every shard: its
 //! file name, size in bytes, the CRC-32C of the whole file (8 hex digits, the
@@ -63,6 +71,8 @@ pub const CHECKSUM_ALGORITHM: &str = "crc32c";
 pub const UPDATES_SUFFIX: &str = ":updates";
 /// Metadata key of the shard dispatcher's state.
 pub const DISPATCHER_KEY: &str = "dispatcher";
+/// Suffix of the tensor that stores an embedding partition's row ids.
+pub const IDS_SUFFIX: &str = ":ids";
 
 const DIR_PREFIX: &str = "ckpt-";
 const TMP_MARKER: &str = ".tmp-";
@@ -84,6 +94,13 @@ pub struct ShardData {
     /// [`crate::dispatch::DispatcherState`], kept in the metadata key
     /// `dispatcher`, so a restarted ps 0 resumes mid-epoch.
     pub dispatcher: Option<String>,
+    /// The row ids of each embedding partition, by partition name: its
+    /// values (a variable of this name, `[rows, dim]`) and slots hold those
+    /// rows in this order.
+    pub row_ids: Vec<(String, Vec<i64>)>,
+    /// Each embedding partition's description (JSON of
+    /// [`crate::embedding::EmbeddingPart`]), by partition name.
+    pub embeddings: Vec<(String, String)>,
 }
 
 /// Name and shape of one tensor of a shard, as listed in `index.json`.
@@ -110,6 +127,9 @@ pub struct ShardInfo {
     pub slots: Vec<TensorEntry>,
     /// Keys of the update counters.
     pub updates: Vec<String>,
+    /// The row ids of embedding partitions (`<partition>:ids`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_ids: Vec<TensorEntry>,
 }
 
 /// A complete checkpoint (every shard verified when it was found).
@@ -326,14 +346,10 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
             match element_count(shape) {
                 Some(n) if n == values.len() => {}
                 _ => {
-                    return Err(invalid(
-                        path,
-                        format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len()),
-                    ));
+                    return Err(invalid(path, format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len())));
                 }
             }
-            tensors
-                .push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
+            tensors.push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
         }
     }
     for (key, count) in &data.updates {
@@ -344,6 +360,19 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
         check_name("update counter", &name)?;
         let bytes = count.to_le_bytes().to_vec();
         tensors.push((name, RawTensor { dtype: Dtype::U64, shape: vec![1], data: bytes.into() }));
+    }
+    for (partition, ids) in &data.row_ids {
+        let rows = data.variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) {
+            return Err(invalid(path, format!("row ids of {partition:?}: {} ids, but its values hold {rows:?} rows", ids.len())));
+        }
+        if !data.embeddings.iter().any(|(n, _)| n == partition) {
+            return Err(invalid(path, format!("embedding partition {partition:?} has no description")));
+        }
+        let name = format!("{partition}{IDS_SUFFIX}");
+        check_name("row ids", &name)?;
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        tensors.push((name, RawTensor { dtype: Dtype::I64, shape: vec![ids.len()], data: bytes.into() }));
     }
     Ok(tensors)
 }
@@ -357,13 +386,7 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
 /// ([`CheckpointError::AlreadyComplete`]); a damaged one (e.g. left by a crashed
 /// run that reached this step before) loses its index first, so it reads as
 /// incomplete until the chief writes a new index.
-pub fn write_shard(
-    dir: &Path,
-    step: i64,
-    ps_index: usize,
-    num_ps: usize,
-    data: &ShardData,
-) -> Result<ShardInfo, CheckpointError> {
+pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -381,6 +404,8 @@ pub fn write_shard(
         ("num_ps", num_ps.to_string()),
         ("slots", json_names(data.slots.iter().map(|s| &s.0))),
         ("updates", json_names(data.updates.iter().map(|u| &u.0))),
+        ("row_ids", json_names(data.row_ids.iter().map(|r| &r.0))),
+        ("embeddings", embeddings_json(&data.embeddings).map_err(|e| invalid(&shard_path, e))?),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -395,7 +420,9 @@ pub fn write_shard(
     let index = ckpt.join(INDEX_FILE);
     if index.exists() {
         match verify(&ckpt, step) {
-            CheckpointStatus::Complete(_) => return Err(CheckpointError::AlreadyComplete { path: ckpt }),
+            CheckpointStatus::Complete(_) => {
+                return Err(CheckpointError::AlreadyComplete { path: ckpt });
+            }
             CheckpointStatus::Incomplete(_) => {}
             CheckpointStatus::Damaged(reason) => {
                 tracing::warn!(checkpoint = %ckpt.display(), %reason, "rewriting a damaged checkpoint; removing its index first");
@@ -408,9 +435,7 @@ pub fn write_shard(
         }
     }
     write_atomic(&shard_path, &bytes)?;
-    let entries = |list: &[NamedTensor]| {
-        list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect()
-    };
+    let entries = |list: &[NamedTensor]| list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect();
     Ok(ShardInfo {
         ps_index,
         num_ps,
@@ -421,7 +446,18 @@ pub fn write_shard(
         variables: entries(&data.variables),
         slots: entries(&data.slots),
         updates: data.updates.iter().map(|(k, _)| k.clone()).collect(),
+        row_ids: data.row_ids.iter().map(|(n, ids)| TensorEntry { name: format!("{n}{IDS_SUFFIX}"), shape: vec![ids.len()] }).collect(),
     })
+}
+
+/// The embeddings' descriptions as one JSON object (each one already JSON).
+fn embeddings_json(embeddings: &[(String, String)]) -> Result<String, String> {
+    let mut map = serde_json::Map::new();
+    for (name, json) in embeddings {
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("embedding {name:?}: description is not JSON: {e}"))?;
+        map.insert(name.clone(), value);
+    }
+    Ok(serde_json::Value::Object(map).to_string())
 }
 
 fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
@@ -450,10 +486,7 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         if s.num_ps != num_ps || s.global_step != step {
             return Err(invalid(
                 &ckpt,
-                format!(
-                    "shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}",
-                    s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
             ));
         }
         if s.file != shard_file_name(s.ps_index, num_ps) {
@@ -464,29 +497,22 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         }
         for v in &s.variables {
             if let Some(other) = owner.insert(&v.name, s.ps_index) {
-                return Err(invalid(
-                    &ckpt,
-                    format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index),
-                ));
+                return Err(invalid(&ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
             }
         }
     }
     if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
-        return Err(CheckpointError::Incomplete {
-            path: ckpt,
-            reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()),
-        });
+        return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
     for s in by_ps.values() {
         let path = ckpt.join(&s.file);
         match fs::metadata(&path) {
             Ok(m) if m.len() == s.bytes => {}
-            Ok(m) => return Err(damaged(&path, format!("{} bytes on disk, the ps reported {}", m.len(), s.bytes))),
+            Ok(m) => {
+                return Err(damaged(&path, format!("{} bytes on disk, the ps reported {}", m.len(), s.bytes)));
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CheckpointError::Incomplete {
-                    path: ckpt.clone(),
-                    reason: format!("{} is missing", s.file),
-                });
+                return Err(CheckpointError::Incomplete { path: ckpt.clone(), reason: format!("{} is missing", s.file) });
             }
             Err(e) => return Err(io_err(&path)(e)),
         }
@@ -501,8 +527,7 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         checksum: CHECKSUM_ALGORITHM.to_string(),
         shards: by_ps.into_values().cloned().collect(),
     };
-    let mut json =
-        serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
+    let mut json = serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
     json.push(b'\n');
     let path = ckpt.join(INDEX_FILE);
     write_atomic(&path, &json)?;
@@ -523,8 +548,7 @@ fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
         }
         Err(e) => return Err(io_err(&path)(e)),
     };
-    let index: IndexFile = serde_json::from_slice(&text)
-        .map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
+    let index: IndexFile = serde_json::from_slice(&text).map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
     if index.format != INDEX_FORMAT {
         return Err(damaged(&path, format!("format is {:?}, expected {INDEX_FORMAT:?}", index.format)));
     }
@@ -532,41 +556,27 @@ fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
         return Err(damaged(&path, format!("unknown checksum algorithm {:?}", index.checksum)));
     }
     if index.global_step != step {
-        return Err(damaged(
-            &path,
-            format!("global_step is {}, but the directory is for step {step}", index.global_step),
-        ));
+        return Err(damaged(&path, format!("global_step is {}, but the directory is for step {step}", index.global_step)));
     }
     if index.num_ps == 0 || index.shards.len() != index.num_ps {
         return Err(damaged(&path, format!("lists {} shards for num_ps {}", index.shards.len(), index.num_ps)));
     }
     for (i, s) in index.shards.iter().enumerate() {
-        if s.ps_index != i
-            || s.num_ps != index.num_ps
-            || s.global_step != step
-            || s.file != shard_file_name(i, index.num_ps)
-        {
+        if s.ps_index != i || s.num_ps != index.num_ps || s.global_step != step || s.file != shard_file_name(i, index.num_ps) {
             return Err(damaged(
                 &path,
-                format!(
-                    "shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position",
-                    s.file, s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position", s.file, s.ps_index, s.global_step, s.num_ps),
             ));
         }
     }
-    Ok(Checkpoint {
-        path: ckpt.to_path_buf(),
-        global_step: step,
-        num_ps: index.num_ps,
-        created_unix_secs: index.created_unix_secs,
-        shards: index.shards,
-    })
+    Ok(Checkpoint { path: ckpt.to_path_buf(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
 }
 
 /// Final shard file names present in `ckpt` (temporary files excluded).
 fn shard_files(ckpt: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(ckpt) else { return Vec::new() };
+    let Ok(entries) = fs::read_dir(ckpt) else {
+        return Vec::new();
+    };
     let mut names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| !is_temp_name(n) && n.starts_with("shard-") && n.ends_with(".safetensors"))
@@ -604,22 +614,14 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         Err(e) => return Err(io_err(&path)(e)),
     };
     if bytes.len() as u64 != info.bytes {
-        return Err(damaged(
-            &path,
-            format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes),
-        ));
+        return Err(damaged(&path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
     }
     let crc = crc32c::crc32c(&bytes);
     if crc != info.crc32c {
-        return Err(damaged(
-            &path,
-            format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c),
-        ));
+        return Err(damaged(&path, format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c)));
     }
-    let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
     let empty = HashMap::new();
     let meta = header.metadata().as_ref().unwrap_or(&empty);
     let format = meta_value(&path, meta, "format")?;
@@ -630,8 +632,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     meta_number(&path, meta, "ps_index", info.ps_index)?;
     meta_number(&path, meta, "num_ps", ckpt.num_ps)?;
     let names = |key: &str| -> Result<Vec<String>, CheckpointError> {
-        serde_json::from_str(meta_value(&path, meta, key)?)
-            .map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
+        serde_json::from_str(meta_value(&path, meta, key)?).map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
     };
     let slot_names = names("slots")?;
     let update_keys = names("updates")?;
@@ -639,31 +640,43 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     if slot_names != listed(&info.slots) || update_keys != info.updates {
         return Err(damaged(&path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
     }
+    // Shards written before embeddings existed have neither key.
+    let partitions = if meta.contains_key("row_ids") { names("row_ids")? } else { Vec::new() };
+    let id_names: Vec<String> = partitions.iter().map(|p| format!("{p}{IDS_SUFFIX}")).collect();
+    if id_names != listed(&info.row_ids) {
+        return Err(damaged(&path, format!("its row_ids metadata differs from {INDEX_FILE}")));
+    }
+    let embeddings: BTreeMap<String, serde_json::Value> = match meta.get("embeddings") {
+        Some(json) => serde_json::from_str(json).map_err(|e| damaged(&path, format!("metadata embeddings is not a JSON object: {e}")))?,
+        None => BTreeMap::new(),
+    };
 
     let mut f32s: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     let mut u64s: HashMap<String, u64> = HashMap::new();
+    let mut i64s: HashMap<String, Vec<i64>> = HashMap::new();
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
-                let values =
-                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 f32s.insert(name, (view.shape().to_vec(), values));
             }
             Dtype::U64 if view.data().len() == 8 => {
                 let d = view.data();
                 u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
             }
+            Dtype::I64 if view.shape().len() == 1 => {
+                let ids = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                i64s.insert(name, ids);
+            }
             other => {
                 return Err(damaged(&path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
             }
         }
     }
-    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
-    if f32s.len() + u64s.len() != expected_tensors {
-        return Err(damaged(
-            &path,
-            format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len()),
-        ));
+    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len() + info.row_ids.len();
+    let held = f32s.len() + u64s.len() + i64s.len();
+    if held != expected_tensors {
+        return Err(damaged(&path, format!("holds {held} tensors, {INDEX_FILE} lists {expected_tensors}")));
     }
     let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
@@ -671,10 +684,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
             match f32s.remove(&e.name) {
                 Some((shape, values)) if shape == e.shape => out.push((e.name.clone(), shape, values)),
                 Some((shape, _)) => {
-                    return Err(damaged(
-                        &path,
-                        format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape),
-                    ));
+                    return Err(damaged(&path, format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape)));
                 }
                 None => return Err(damaged(&path, format!("has no f32 tensor {:?}", e.name))),
             }
@@ -689,7 +699,19 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         let count = u64s.remove(&name).ok_or_else(|| damaged(&path, format!("has no u64 tensor {name:?}")))?;
         updates.push((key.clone(), count));
     }
-    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned() })
+    let mut row_ids = Vec::with_capacity(partitions.len());
+    let mut descriptions = Vec::with_capacity(partitions.len());
+    for (partition, entry) in partitions.iter().zip(&info.row_ids) {
+        let ids = i64s.remove(&entry.name).ok_or_else(|| damaged(&path, format!("has no i64 tensor {:?}", entry.name)))?;
+        let rows = variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) || entry.shape != [ids.len()] {
+            return Err(damaged(&path, format!("{} ids for embedding partition {partition:?}, whose values hold {rows:?} rows", ids.len())));
+        }
+        let description = embeddings.get(partition).ok_or_else(|| damaged(&path, format!("embedding partition {partition:?} has no description")))?;
+        row_ids.push((partition.clone(), ids));
+        descriptions.push((partition.clone(), description.to_string()));
+    }
+    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned(), row_ids, embeddings: descriptions })
 }
 
 /// Fully checks the checkpoint directory `ckpt` (named for `step`): index and every shard.
@@ -727,7 +749,9 @@ fn checkpoint_dirs(dir: &Path) -> Result<Vec<(i64, PathBuf)>, CheckpointError> {
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(io_err(dir))?;
-        let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else { continue };
+        let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else {
+            continue;
+        };
         if entry.path().is_dir() {
             out.push((step, entry.path()));
         }
@@ -755,7 +779,9 @@ pub fn list(dir: &Path) -> Result<Vec<CheckpointListing>, CheckpointError> {
 pub fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
     for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
         match verify(&path, step) {
-            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => return Ok(Some(c)),
+            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => {
+                return Ok(Some(c));
+            }
             CheckpointStatus::Complete(c) => {
                 return Err(CheckpointError::NumPsMismatch { path, found: c.num_ps, expected: num_ps });
             }
@@ -772,9 +798,11 @@ pub fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, 
 
 /// Reads (and verifies) the shard of ps `ps_index` of a complete checkpoint.
 pub fn read_shard(ckpt: &Checkpoint, ps_index: usize) -> Result<ShardData, CheckpointError> {
-    let info = ckpt.shards.iter().find(|s| s.ps_index == ps_index).ok_or_else(|| {
-        invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len()))
-    })?;
+    let info = ckpt
+        .shards
+        .iter()
+        .find(|s| s.ps_index == ps_index)
+        .ok_or_else(|| invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len())))?;
     load_shard(ckpt, info)
 }
 
@@ -788,6 +816,8 @@ pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
         all.variables.extend(s.variables);
         all.slots.extend(s.slots);
         all.updates.extend(s.updates);
+        all.row_ids.extend(s.row_ids);
+        all.embeddings.extend(s.embeddings);
     }
     Ok(all)
 }
@@ -848,13 +878,8 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
         CheckpointStatus::Complete(c) => Some(c.global_step),
         _ => None,
     });
-    let _ = writeln!(
-        out,
-        "{} checkpoint(s) in {}; latest complete: {}",
-        listing.len(),
-        dir.display(),
-        latest.map_or("none".to_string(), |s| format!("step {s}"))
-    );
+    let _ =
+        writeln!(out, "{} checkpoint(s) in {}; latest complete: {}", listing.len(), dir.display(), latest.map_or("none".to_string(), |s| format!("step {s}")));
     for l in &listing {
         let name = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match &l.status {
@@ -868,8 +893,7 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
                     format_utc(c.created_unix_secs)
                 );
                 for s in &c.shards {
-                    let _ =
-                        writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
+                    let _ = writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
                     for v in &s.variables {
                         let _ = writeln!(out, "    variable  {}  {:?}", v.name, v.shape);
                     }
@@ -878,6 +902,9 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
                     }
                     for k in &s.updates {
                         let _ = writeln!(out, "    updates   {k}");
+                    }
+                    for r in &s.row_ids {
+                        let _ = writeln!(out, "    row ids   {}  {} row(s) materialised", r.name, r.shape.first().copied().unwrap_or(0));
                     }
                 }
                 if let Some(line) = dispatcher_line(c) {

@@ -4,8 +4,8 @@
 //! summaries). The math is in `model` and `optimizer`.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
@@ -17,12 +17,12 @@ use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
+use crate::events::EventWriter;
+use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
 use crate::optimizer::Optimizer;
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
-use crate::events::EventWriter;
-use crate::metrics::TrainingMetrics;
 use crate::status::TaskStatus;
 
 /// A model with its data: what a task trains or evaluates.
@@ -47,8 +47,7 @@ pub const DEFAULT_BATCHES_PER_SHARD: u64 = 10;
 /// presents to the dispatcher.
 pub fn shard_plan(workload: &Workload, settings: &TrainSettings) -> Result<ShardPlan, TrainError> {
     let shard_size = settings.shard_size.unwrap_or(DEFAULT_BATCHES_PER_SHARD * workload.batch_size as u64);
-    ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs)
-        .map_err(|e| TrainError::Config(e.to_string()))
+    ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs).map_err(|e| TrainError::Config(e.to_string()))
 }
 
 /// How many gradients a sync step averages.
@@ -249,7 +248,9 @@ pub fn train_single_process(
     let steps_done = |step: u64| settings.train_steps.is_some_and(|n| step >= n);
     'shards: while !steps_done(step) {
         let reply = dispatcher.next("local", finished.take(), true).map_err(|e| TrainError::Config(e.to_string()))?;
-        let Some(Handout::Assigned(shard, _)) = reply.handout else { break };
+        let Some(Handout::Assigned(shard, _)) = reply.handout else {
+            break;
+        };
         for batch in workload.train.shard_batches(&plan, shard, workload.batch_size) {
             if steps_done(step) {
                 break 'shards;
@@ -309,38 +310,43 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
         Aggregate::Auto => Ok(config(0, 0, true, false)),
         Aggregate::AllWorkers if dynamic => Ok(config(0, 0, true, true)),
         Aggregate::AllWorkers => Ok(config(total, total, false, true)),
-        Aggregate::Count(n) if n == 0 || (!dynamic && n > total) => Err(TrainError::Config(format!(
-            "--replicas_to_aggregate: {n} is not between 1 and the {total} training task(s) of the cluster"
-        ))),
+        Aggregate::Count(n) if n == 0 || (!dynamic && n > total) => {
+            Err(TrainError::Config(format!("--replicas_to_aggregate: {n} is not between 1 and the {total} training task(s) of the cluster")))
+        }
         Aggregate::Count(n) => Ok(config(n, if dynamic { 0 } else { total }, false, false)),
     }
 }
 
 pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
     let specs = model.variables();
-    let inputs: Vec<PlacementInput> = specs.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let inputs: Vec<PlacementInput> = specs
+        .iter()
+        .map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone(), embedding: v.embedding.filter(|e| e.sparse).map(|e| e.partition) })
+        .collect();
     let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
-    let variables = specs.iter().map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone() }).collect();
-    let mut ps = PsSet::new(
-        cluster.task.clone(),
-        &ps_addresses,
-        credentials,
-        variables,
-        placement,
-        training_config(cluster, settings)?,
-        settings.connect_timeout,
-    )?;
+    let variables = specs
+        .iter()
+        .map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone(), rows: v.is_sparse().then(|| (v.init.clone(), settings.seed)) })
+        .collect();
+    let mut ps =
+        PsSet::new(cluster.task.clone(), &ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?;
     ps.set_tensor_channel(settings.tensor_channel);
     Ok(ps)
 }
 
 /// Waits until the chief has initialised the variables, logging while it
-/// waits, and pulls them.
-pub(crate) async fn wait_for_variables(ps: &PsSet, params: &mut [ArrayD<f32>], chief: &str, timeout: Duration) -> Result<crate::client::Pulled, TrainError> {
+/// waits, and pulls them (the sparse embeddings' rows `rows`).
+pub(crate) async fn wait_for_variables(
+    ps: &PsSet,
+    params: &mut [ArrayD<f32>],
+    rows: crate::client::Rows<'_>,
+    chief: &str,
+    timeout: Duration,
+) -> Result<crate::client::Pulled, TrainError> {
     let start = Instant::now();
     loop {
-        match ps.pull(params, &[], true, Duration::from_secs(5)).await {
+        match ps.pull(params, rows, &[], true, Duration::from_secs(5)).await {
             Ok(p) => return Ok(p),
             Err(e) if e.code() == Some(Code::DeadlineExceeded) || matches!(e, ClientError::Interrupted { .. }) => {
                 let waited = start.elapsed();
@@ -385,8 +391,7 @@ impl Checkpointer {
 
     pub(crate) fn due(&self, step: i64) -> bool {
         step > self.last_step
-            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64)
-                || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
+            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64) || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
     }
 
     pub(crate) async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
@@ -461,9 +466,10 @@ impl Summaries {
 
     pub(crate) fn close(self) {
         if let Some(w) = self.writer
-            && let Err(e) = w.close() {
-                tracing::warn!("TensorBoard events: {e}");
-            }
+            && let Err(e) = w.close()
+        {
+            tracing::warn!("TensorBoard events: {e}");
+        }
     }
 }
 
@@ -484,14 +490,13 @@ pub async fn run_evaluator(
     let ps = ps_set(cluster, model, settings, credentials)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
-    let eval = workload
-        .eval
-        .take()
-        .ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
+    let eval = workload.eval.take().ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
-    let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+    // The rows of the held-out examples' sparse embeddings: all it reads of them.
+    let eval_rows = model.row_ids(&eval);
+    let mut pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
     let mut summaries = Summaries::new(settings.log_dir.as_ref(), ".eval");
     let mut evaluations = 0u64;
     let mut last;
@@ -521,13 +526,13 @@ pub async fn run_evaluator(
         tokio::time::sleep(settings.eval_interval).await;
         // Long poll: returns as soon as the step moved on or training ended.
         let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
-        match ps.pull(&mut params, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        match ps.pull(&mut params, &eval_rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
             Ok(p) => pulled = p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
             Err(e) if needs_recovery(&e) => {
                 tracing::warn!("{task}: {e}; waiting for the parameter servers");
                 ps.handshake(true).await?;
-                pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+                pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
             }
             Err(e) => return Err(e.into()),
         }

@@ -12,25 +12,24 @@
 //!   checkpoints, the final report.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
 use tonic::Code;
 
 use crate::auth::Credentials;
-use crate::client::{ClientError, Pulled, PsSet};
+use crate::client::{ClientError, PsSet, Pulled, StepRequest};
 use crate::cluster::ClusterConfig;
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::metrics::TrainingMetrics;
 use crate::model::Model;
-use crate::proto::{self, next_shard_reply::Outcome, TaskState};
+use crate::proto::{self, TaskState, next_shard_reply::Outcome};
 use crate::status::TaskStatus;
 use crate::train::{
-    self, needs_recovery, summary_line, wait_for_variables, zeros_like, Aggregate, Checkpointer, FinalReport, Summaries, TrainError,
-    TrainSettings, Workload,
+    self, Aggregate, Checkpointer, FinalReport, Summaries, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables, zeros_like,
 };
 
 /// How long a task with nothing to train waits before it asks again.
@@ -86,6 +85,11 @@ impl ShardFeed {
             Some((shard, generation, rest)) if rest.is_empty() => Some((shard_ref(*shard), *generation)),
             _ => None,
         }
+    }
+
+    /// The batch after the one just taken, when it is in the shard in hand.
+    fn peek(&self) -> Option<&Batch> {
+        self.current.as_ref().and_then(|(_, _, rest)| rest.front())
     }
 
     async fn next(&mut self, ps: &PsSet) -> Result<Fed, TrainError> {
@@ -149,6 +153,9 @@ struct Trainer<'a> {
     is_chief: bool,
     chief: String,
     params: Vec<ArrayD<f32>>,
+    /// The model has sparse embeddings: `params` hold their rows `held_rows`.
+    sparse: bool,
+    held_rows: Vec<Vec<i64>>,
     pulled: Pulled,
     /// The values may be older than the ps tasks' (the task sat idle): pull
     /// before the next step.
@@ -182,6 +189,8 @@ impl<'a> Trainer<'a> {
             is_chief: cluster.is_chief(),
             chief: cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default(),
             params: zeros_like(model),
+            sparse: model.variables().iter().any(|v| v.is_sparse()),
+            held_rows: vec![Vec::new(); model.variables().len()],
             pulled: Pulled { steps: vec![0; cluster.cluster.num_tasks("ps")], done: false, waited: Duration::ZERO, bytes: 0 },
             behind: false,
             local_steps: 0,
@@ -230,7 +239,8 @@ impl<'a> Trainer<'a> {
                 if already { "variables were already initialised (or restored): resuming" } else { "initialised the variables" }
             );
         }
-        self.pulled = wait_for_variables(&self.ps, &mut self.params, &self.chief, self.settings.init_timeout).await?;
+        self.pulled = wait_for_variables(&self.ps, &mut self.params, crate::client::NO_ROWS, &self.chief, self.settings.init_timeout).await?;
+        self.held_rows = vec![Vec::new(); self.params.len()];
         self.behind = false;
         self.global_step = self.global_step.max(self.pulled.steps[0]);
         self.status.set(TaskState::Training, self.local_steps, self.global_step, "training");
@@ -241,7 +251,9 @@ impl<'a> Trainer<'a> {
     /// another one, is not the chief (a sparse cluster spec that does not
     /// list the chief leaves worker 0 believing it is).
     fn learn_chief(&mut self, replies: &[proto::HandshakeReply]) {
-        let Some(named) = replies.iter().find_map(|r| r.chief.as_ref()) else { return };
+        let Some(named) = replies.iter().find_map(|r| r.chief.as_ref()) else {
+            return;
+        };
         let named = format!("{}:{}", named.job, named.index);
         if self.is_chief && named != self.task {
             tracing::info!("{}: the ps tasks name {named} as the chief: this task is not the chief", self.task);
@@ -255,8 +267,13 @@ impl<'a> Trainer<'a> {
     /// job without `--replicas_to_aggregate=auto`).
     fn note_aggregation(&self, replies: &[proto::HandshakeReply]) {
         let ours = &self.ps.config;
-        let Some(agreed) = replies.iter().find_map(|r| r.agreed) else { return };
-        if !self.settings.sync_replicas || !ours.follow_chief_aggregation || agreed.elastic == ours.elastic && agreed.replicas_to_aggregate == ours.replicas_to_aggregate {
+        let Some(agreed) = replies.iter().find_map(|r| r.agreed) else {
+            return;
+        };
+        if !self.settings.sync_replicas
+            || !ours.follow_chief_aggregation
+            || agreed.elastic == ours.elastic && agreed.replicas_to_aggregate == ours.replicas_to_aggregate
+        {
             return;
         }
         if agreed.elastic {
@@ -285,7 +302,9 @@ impl<'a> Trainer<'a> {
 
     /// Has every ps (sync) or ps 0 (async) reached `--train_steps`?
     fn steps_done(&self) -> bool {
-        let Some(n) = self.settings.train_steps else { return false };
+        let Some(n) = self.settings.train_steps else {
+            return false;
+        };
         let reached = |s: &i64| *s >= n as i64;
         if self.settings.sync_replicas { self.pulled.steps.iter().all(reached) } else { reached(&self.pulled.steps[0]) }
     }
@@ -306,13 +325,19 @@ impl<'a> Trainer<'a> {
     /// the step (each ps counts its own steps). Returns true when training is
     /// over.
     async fn train_on(&mut self, batch: &Batch, feed: &mut ShardFeed, summaries: &mut Summaries) -> Result<bool, TrainError> {
-        if self.behind {
-            match self.ps.pull(&mut self.params, &[], false, self.settings.step_timeout).await {
+        // The rows of the batch's sparse embeddings: pulled with the last
+        // step when that knew the batch (within a shard), else now.
+        let rows = if self.sparse { self.model.row_ids(batch) } else { Vec::new() };
+        if self.behind || rows != self.held_rows {
+            match self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
                 Ok(p) => {
                     self.pulled = p;
                     self.behind = false;
+                    self.held_rows = rows.clone();
                 }
-                Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
+                Err(e) if needs_recovery(&e) => {
+                    return self.recover(&e, feed).await.map(|()| false);
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -328,7 +353,13 @@ impl<'a> Trainer<'a> {
         let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
         let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
         let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
-        let stepped = self.ps.push_pull(&self.pulled.steps, &push_to, &lg.gradients, &mut self.params, &min_steps, self.settings.step_timeout).await;
+        let next_rows = match feed.peek() {
+            Some(next) if self.sparse => self.model.row_ids(next),
+            _ if self.sparse => vec![Vec::new(); self.params.len()],
+            _ => Vec::new(),
+        };
+        let step = StepRequest { steps: &self.pulled.steps, push_to: &push_to, gradients: &lg.gradients, pushed_rows: &rows, pulled_rows: &next_rows };
+        let stepped = self.ps.push_pull(step, &mut self.params, &min_steps, self.settings.step_timeout).await;
         let crate::client::Stepped { pushed: replies, pulled: next, first_reply } = match stepped {
             Ok(r) => r,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
@@ -344,10 +375,12 @@ impl<'a> Trainer<'a> {
         m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
         m.pull_seconds.add(t1.elapsed().saturating_sub(first_reply).as_secs_f64());
         m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
-        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum(), Ordering::Relaxed);
+        let ids_sent: usize = rows.iter().map(Vec::len).sum();
+        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
         m.local_steps.fetch_add(1, Ordering::Relaxed);
         m.last_loss.set(self.last_loss as f64);
         self.pulled = next;
+        self.held_rows = next_rows;
         self.local_steps += 1;
         if replies.iter().any(|r| r.stale) {
             self.stale += 1;
@@ -401,7 +434,9 @@ impl<'a> Trainer<'a> {
             for _ in 0..3 {
                 let replies = match self.ps.abstain(&steps).await {
                     Ok(r) => r,
-                    Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
+                    Err(e) if needs_recovery(&e) => {
+                        return self.recover(&e, feed).await.map(|()| false);
+                    }
                     Err(e) => return Err(e.into()),
                 };
                 if replies.iter().any(|r| r.done) {
@@ -420,6 +455,21 @@ impl<'a> Trainer<'a> {
         Ok(false)
     }
 
+    /// The model's figures on held-out data with the latest values (a
+    /// sparse model's rows of those examples pulled first; none when that
+    /// fails).
+    async fn evaluate(&mut self, batch: &Batch) -> Option<crate::model::Metrics> {
+        if self.sparse {
+            let rows = self.model.row_ids(batch);
+            if let Err(e) = self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
+                tracing::warn!("{}: no final evaluation: pulling the held-out examples' rows failed: {e}", self.task);
+                return None;
+            }
+            self.held_rows = rows;
+        }
+        Some(self.model.evaluate(&self.params, batch))
+    }
+
     /// The chief checkpoints when due. Checkpoints are named by the step of
     /// the values just pulled: in sync training every ps holds exactly that
     /// step now.
@@ -434,7 +484,7 @@ impl<'a> Trainer<'a> {
     /// The end: the chief writes the last checkpoint and summaries and tells
     /// every ps that training is over; any other task leaves. Then the report.
     async fn finish(
-        self,
+        mut self,
         workload: &Workload,
         feed: &mut ShardFeed,
         checkpointer: Option<Checkpointer>,
@@ -442,7 +492,10 @@ impl<'a> Trainer<'a> {
         train_secs: f64,
     ) -> Result<FinalReport, TrainError> {
         let global_step = self.global_step.max(self.pulled.steps[0]);
-        let eval = workload.eval.as_ref().map(|b| self.model.evaluate(&self.params, b));
+        let eval = match workload.eval.as_ref() {
+            Some(b) => self.evaluate(b).await,
+            None => None,
+        };
         let data = feed.close(&self.ps).await;
         if self.is_chief {
             if let Some(mut c) = checkpointer

@@ -2,10 +2,7 @@
 
 use ndarray::{Array1, ArrayD, ArrayView2, Zip};
 
-use super::{
-    as_matrix, check_params, metrics, targets_view, Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView,
-    VariableSpec,
-};
+use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, as_matrix, check_params, metrics, targets_view};
 use crate::data::Batch;
 
 /// `pred = x·W + b`, loss = mean over the batch of `(y - pred)^2` (TF's
@@ -25,10 +22,8 @@ impl LinearRegression {
     /// If `n_features` is 0 ([`build_model`](super::build_model) reports that as an error).
     pub fn new(n_features: usize) -> Self {
         assert!(n_features > 0, "linear: n_features must be at least 1");
-        let specs = vec![
-            VariableSpec { name: "W".into(), shape: vec![n_features, 1], init: Init::Normal { stddev: 1.0 } },
-            VariableSpec { name: "b".into(), shape: vec![1], init: Init::Normal { stddev: 1.0 } },
-        ];
+        let specs =
+            vec![VariableSpec::new("W", vec![n_features, 1], Init::Normal { stddev: 1.0 }), VariableSpec::new("b", vec![1], Init::Normal { stddev: 1.0 })];
         LinearRegression { n_features, specs }
     }
 
@@ -43,7 +38,9 @@ impl LinearRegression {
         assert_eq!(x.ncols(), self.n_features, "linear: batch has {} features, the model {}", x.ncols(), self.n_features);
         let y = match t {
             TargetsView::Values(y) => y,
-            TargetsView::Labels(_) => panic!("linear: needs regression targets (Targets::Values), got class labels"),
+            TargetsView::Labels(_) => {
+                panic!("linear: needs regression targets (Targets::Values), got class labels")
+            }
         };
         assert_eq!(y.dim(), (n, 1), "linear: targets have shape {:?}, expected [{n}, 1]", y.shape());
         let w = as_matrix(&params[0]);
