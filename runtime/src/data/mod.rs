@@ -19,9 +19,16 @@ use rand::SeedableRng;
 use crate::dispatch::{ShardId, ShardPlan};
 
 mod csv;
+mod generate;
 mod idx;
 mod source;
+mod sparse;
+mod stream;
 mod synthetic;
+
+pub use generate::{auc, Generator, GENERATED_EVAL_BASE};
+pub use sparse::{feature_key, sparse_batch, Feature, SparseExample, SparseFeatures, SparseFormat, CRITEO_CATEGORICALS, CRITEO_INTEGERS};
+pub use stream::{expand_files, read_head, FileSet, GeneratedTrainingSet, StreamedTrainingSet};
 
 pub use csv::{read_csv, CsvData, CsvOptions, LabelKind, DEFAULT_LABEL_COLUMN};
 pub use idx::{load_idx_dir, load_mnist, read_idx_examples, read_idx_images, read_idx_labels, read_idx_pair, read_mnist_pair, IdxSets, Mnist, MNIST_CLASSES, MNIST_FILES};
@@ -44,6 +51,8 @@ pub enum Targets {
 pub struct Batch {
     pub x: Array2<f32>,
     pub targets: Targets,
+    /// Sparse features (libsvm, criteo), beside the dense inputs in `x`.
+    pub sparse: Option<SparseFeatures>,
 }
 
 impl Batch {
@@ -122,6 +131,16 @@ pub enum DataError {
     NoExamples { path: PathBuf },
     #[error("{}: images without labels (give the labels file)", path.display())]
     NoLabels { path: PathBuf },
+    #[error("{}: line {line}: {reason} (--skip_bad_lines goes on without it)", path.display())]
+    BadLine { path: PathBuf, line: u64, reason: String },
+    #[error("{pattern:?}: no file matches")]
+    NoMatch { pattern: String },
+    #[error("{}: cannot write the decompressed copy: {source}", path.display())]
+    Spill {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Inputs (one row per example) with their targets.
@@ -180,7 +199,7 @@ impl Dataset {
     /// # Panics
     /// If an index is out of range.
     pub fn select(&self, indices: &[usize]) -> Batch {
-        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices) }
+        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices), sparse: None }
     }
 
     /// The first `n` examples (all of them if there are fewer), e.g. for
@@ -191,12 +210,12 @@ impl Dataset {
             Targets::Values(v) => Targets::Values(v.slice(ndarray::s![..n, ..]).to_owned()),
             Targets::Labels(l) => Targets::Labels(l[..n].to_vec()),
         };
-        Batch { x: self.x.slice(ndarray::s![..n, ..]).to_owned(), targets }
+        Batch { x: self.x.slice(ndarray::s![..n, ..]).to_owned(), targets, sparse: None }
     }
 
     /// The whole set as one batch.
     pub fn to_batch(&self) -> Batch {
-        Batch { x: self.x.clone(), targets: self.targets.clone() }
+        Batch { x: self.x.clone(), targets: self.targets.clone(), sparse: None }
     }
 }
 
