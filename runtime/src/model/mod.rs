@@ -33,9 +33,11 @@ use crate::embedding::{PartitionStrategy, RowInit};
 mod dense;
 pub mod keras;
 mod linear;
+mod sparse;
 
 pub use dense::{Mlp, SoftmaxRegression};
 pub use linear::LinearRegression;
+pub use sparse::{SparseModel, SparseModelConfig};
 
 /// How a variable's initial value is drawn.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -114,6 +116,8 @@ pub struct Metrics {
     /// Fraction of correct predictions, for classifiers.
     pub accuracy: Option<f32>,
     pub examples: usize,
+    /// Area under the ROC curve, for binary classifiers (the sparse models).
+    pub auc: Option<f32>,
 }
 
 /// Loss and gradients of one batch.
@@ -469,6 +473,7 @@ pub(crate) fn metrics(pass_loss: f64, correct: Option<usize>, batch: &Batch) -> 
             _ => None,
         },
         examples: n,
+        auc: None,
     }
 }
 

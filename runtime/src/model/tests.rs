@@ -211,7 +211,7 @@ fn linear_loss_is_the_mean_squared_error_not_halved() {
     assert!((lg.gradients[0][[0, 0]] - (-4.0 / 3.0)).abs() < 1e-6);
     assert!((lg.gradients[1][[0]] - 2.0 / 3.0).abs() < 1e-6);
     let metrics = m.evaluate(&params, &batch);
-    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3 });
+    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3, auc: None });
     assert_eq!(m.summary(&params), vec![("W".to_string(), 2.0), ("b".to_string(), 1.0)]);
 }
 
