@@ -288,6 +288,20 @@ impl RowTable {
         RowTable { name: name.to_string(), part, index: HashMap::new(), ids: Vec::new(), values: Vec::new(), slots: Slots::default() }
     }
 
+    /// The whole of an embedding in one partition (single-process training).
+    pub fn whole(variable: &str, rows: usize, dim: usize, init: Init, seed: u64) -> Self {
+        let part = EmbeddingPart {
+            variable: variable.to_string(),
+            rows: rows as u64,
+            dim,
+            strategy: PartitionStrategy::Mod,
+            partition: 0,
+            num_partitions: 1,
+            init: RowInit::new(variable, init, seed),
+        };
+        RowTable::new(variable, part)
+    }
+
     pub fn dim(&self) -> usize {
         self.part.dim
     }

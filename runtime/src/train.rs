@@ -17,6 +17,7 @@ use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
+use crate::embedding::RowTable;
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
@@ -139,6 +140,12 @@ pub struct FinalReport {
     pub loss: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f32>,
+    /// Binary classifiers (the sparse models): area under the ROC curve and
+    /// log loss on the held-out examples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auc: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_loss: Option<f32>,
     /// Model figures (`W` and `b` for the linear model).
     #[serde(flatten)]
     pub summary: std::collections::BTreeMap<String, f64>,
@@ -220,6 +227,8 @@ pub(crate) fn report(task: &str, role: &str, chief: bool, model: &dyn Model, par
         role: role.into(),
         chief,
         loss: eval.as_ref().map(|m| m.loss),
+        auc: eval.as_ref().and_then(|m| m.auc),
+        log_loss: eval.as_ref().filter(|m| m.auc.is_some()).map(|m| m.loss),
         accuracy: eval.and_then(|m| m.accuracy),
         summary: model.summary(params).into_iter().collect(),
         ..Default::default()
@@ -242,6 +251,9 @@ pub fn train_single_process(
     let specs = model.variables();
     let mut params = crate::model::init_values(&specs, settings.seed);
     let mut slots: Vec<_> = params.iter().map(|p| settings.optimizer.new_slots(p.len())).collect();
+    // Sparse embeddings: their rows here, as a ps would hold them.
+    let mut tables: Vec<Option<RowTable>> =
+        specs.iter().map(|s| s.is_sparse().then(|| RowTable::whole(&s.name, s.shape[0], s.shape[1], s.init.clone(), settings.seed))).collect();
     let mut loss = f32::NAN;
     let mut step = 0u64;
     let mut finished = None;
@@ -255,10 +267,15 @@ pub fn train_single_process(
             if steps_done(step) {
                 break 'shards;
             }
+            let rows = gather_rows(model, &tables, &mut params, &batch);
             let lg = model.loss_and_gradients(&params, &batch);
             loss = lg.loss;
-            for ((p, s), g) in params.iter_mut().zip(&mut slots).zip(&lg.gradients) {
-                settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g.as_slice().expect("standard layout"));
+            for (v, ((p, s), g)) in params.iter_mut().zip(&mut slots).zip(&lg.gradients).enumerate() {
+                let g = g.as_slice().expect("standard layout");
+                match &mut tables[v] {
+                    Some(t) => t.apply(&settings.optimizer, &rows[v], g),
+                    None => settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
+                }
             }
             step += 1;
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
@@ -270,7 +287,10 @@ pub fn train_single_process(
     if finished.is_some() {
         dispatcher.next("local", finished, false).map_err(|e| TrainError::Config(e.to_string()))?;
     }
-    let eval = workload.eval.as_ref().map(|b| model.evaluate(&params, b));
+    let eval = workload.eval.as_ref().map(|b| {
+        gather_rows(model, &tables, &mut params, b);
+        model.evaluate(&params, b)
+    });
     let mut r = report("local", "single-process", true, model, &params, eval).with_data(&dispatcher.progress());
     if r.loss.is_none() {
         r.loss = Some(loss);
@@ -280,6 +300,23 @@ pub fn train_single_process(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     r.steps_per_sec = step as f64 / r.elapsed_secs.max(1e-9);
     Ok(r)
+}
+
+/// Puts the rows `batch` touches of every local embedding table into
+/// `params`; returns them (per variable).
+fn gather_rows(model: &dyn Model, tables: &[Option<RowTable>], params: &mut [ArrayD<f32>], batch: &Batch) -> Vec<Vec<i64>> {
+    if tables.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    let rows = model.row_ids(batch);
+    for (v, t) in tables.iter().enumerate() {
+        if let Some(t) = t {
+            let mut values = Vec::with_capacity(rows[v].len() * t.dim());
+            t.gather(&rows[v], &mut values);
+            params[v] = ArrayD::from_shape_vec(vec![rows[v].len(), t.dim()], values).expect("rows x dim");
+        }
+    }
+    rows
 }
 
 /// The training configuration every ps must agree on.
@@ -509,17 +546,14 @@ pub async fn run_evaluator(
         metrics.last_loss.set(metrics_now.loss as f64);
         status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
         tracing::info!(
-            "{task}: global_step={} eval_loss={:.4}{}{}",
+            "{task}: global_step={} eval_loss={:.4}{}{}{}",
             pulled.steps[0],
             metrics_now.loss,
             metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+            metrics_now.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
             summary_line(model, &params)
         );
-        let mut scalars = vec![("eval/loss", metrics_now.loss)];
-        if let Some(a) = metrics_now.accuracy {
-            scalars.push(("eval/accuracy", a));
-        }
-        summaries.add(pulled.steps[0], &scalars);
+        summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
             break;
         }
@@ -544,6 +578,18 @@ pub async fn run_evaluator(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
     Ok(r)
+}
+
+/// The held-out figures as TensorBoard scalars: `eval/loss`,
+/// `eval/accuracy`, and for binary classifiers `eval/auc` and `eval/log_loss`.
+pub(crate) fn eval_scalars(m: &Metrics) -> Vec<(&'static str, f32)> {
+    let mut scalars = vec![("eval/loss", m.loss)];
+    scalars.extend(m.accuracy.map(|a| ("eval/accuracy", a)));
+    if let Some(auc) = m.auc {
+        scalars.push(("eval/auc", auc));
+        scalars.push(("eval/log_loss", m.loss));
+    }
+    scalars
 }
 
 /// The task id of the single-process mode.

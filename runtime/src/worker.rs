@@ -504,11 +504,7 @@ impl<'a> Trainer<'a> {
                 c.save(&self.ps, global_step, &self.metrics).await?;
             }
             if let Some(m) = &eval {
-                let mut scalars = vec![("eval/loss", m.loss)];
-                if let Some(a) = m.accuracy {
-                    scalars.push(("eval/accuracy", a));
-                }
-                summaries.add(global_step, &scalars);
+                summaries.add(global_step, &train::eval_scalars(m));
             }
             let reason = if data.is_some_and(|d| d.finished) { "every epoch trained" } else { "train_steps reached" };
             self.ps.shutdown(reason, global_step).await?;
@@ -539,7 +535,7 @@ impl<'a> Trainer<'a> {
             self.task,
             self.local_steps,
             r.loss.unwrap_or(f32::NAN),
-            r.accuracy.map(|a| format!(" accuracy={a:.4}")).unwrap_or_default(),
+            r.accuracy.map(|a| format!(" accuracy={a:.4}")).unwrap_or_default() + &r.auc.map(|a| format!(" auc={a:.4}")).unwrap_or_default(),
             summary_line(self.model, &self.params)
         );
         Ok(r)

@@ -393,23 +393,8 @@ mod tests {
             let mut sp = crate::model::init_values(&sparse.variables(), 9);
             let mut sslots: Vec<_> = sp.iter().map(|p| opt.new_slots(p.len())).collect();
             let specs = sparse.variables();
-            let mut tables: Vec<Option<RowTable>> = specs
-                .iter()
-                .map(|s| {
-                    s.is_sparse().then(|| {
-                        let part = crate::embedding::EmbeddingPart {
-                            variable: s.name.clone(),
-                            rows: s.shape[0] as u64,
-                            dim: s.shape[1],
-                            strategy: PartitionStrategy::Mod,
-                            partition: 0,
-                            num_partitions: 1,
-                            init: crate::embedding::RowInit::new(&s.name, s.init.clone(), 9),
-                        };
-                        RowTable::new(&s.name, part)
-                    })
-                })
-                .collect();
+            let mut tables: Vec<Option<RowTable>> =
+                specs.iter().map(|s| s.is_sparse().then(|| RowTable::whole(&s.name, s.shape[0], s.shape[1], s.init.clone(), 9))).collect();
             for step in 0..8u64 {
                 let examples: Vec<_> = (step * 16..step * 16 + 16).map(|i| g.example(i).0).collect();
                 let batch = sparse_batch(&examples, format);
