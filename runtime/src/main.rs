@@ -546,8 +546,19 @@ async fn termination() -> u8 {
     }
 }
 
+/// Prints a task's final figures as one JSON line, with the process's peak
+/// resident memory (`peak_rss_mib`, Linux's VmHWM) when it is known.
 fn print_report(report: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string(report).expect("report serialises"));
+    let mut value = serde_json::to_value(report).expect("report serialises");
+    if let (Some(map), Some(kib)) = (value.as_object_mut(), peak_rss_kib()) {
+        map.insert("peak_rss_mib".into(), serde_json::json!(kib as f64 / 1024.0));
+    }
+    println!("{value}");
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn main() -> ExitCode {

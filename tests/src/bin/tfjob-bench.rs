@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup operator
+//! sections: raw ps linear mlp startup operator sparse
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "operator"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "operator", "sparse"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -169,7 +169,7 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") { Some(runtime_binary()?) } else { None };
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("sparse") { Some(runtime_binary()?) } else { None };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -181,6 +181,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("operator") {
         operator(&opts, &mut report)?;
+    }
+    if want("sparse") {
+        sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
     let doc = json!({ "rows": report.rows, "details": report.details });
@@ -453,6 +456,125 @@ async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result
     }
     drop(stop);
     Ok((median(pulls), median(pushes)))
+}
+
+// ---------------------------------------------------------------- sparse embeddings
+
+/// Sparse pull + push of one batch's rows of an embedding on an in-process ps against pulling
+/// and pushing the same table whole (the baseline), then sparse_lr and wide_deep as processes
+/// (1 ps + 2 workers and 2 ps + 2 workers) against the same models with --dense_embeddings.
+fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    tfjob_runtime::tune_allocator();
+    let (rows, dim, batch_rows) = if opts.quick { (1 << 14, 16, 512) } else { (1 << 20, 16, 4096) };
+    let reps = if opts.quick { 3 } else { 10 };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (sparse_secs, sparse_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, true))?;
+    let (dense_secs, dense_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, false))?;
+    let what = format!("pull + push of {batch_rows} rows of a {rows}x{dim} embedding (1 ps)");
+    report.row(
+        "sparse",
+        &format!("{what}: steps/s"),
+        1.0 / sparse_secs,
+        "steps/s",
+        Some(("the table pulled and pushed whole", 1.0 / dense_secs)),
+        None,
+        "",
+        None,
+    );
+    report.row("sparse", &format!("{what}: bytes on the wire"), sparse_bytes, "B/step", Some(("the table whole", dense_bytes)), None, "", None);
+
+    let examples = if opts.quick { 2_000 } else { 20_000 };
+    let buckets = if opts.quick { 1 << 14 } else { 1 << 18 };
+    let mut details = vec![];
+    // --quick: one configuration, so that the smoke test stays short.
+    let models: &[&str] = if opts.quick { &["sparse_lr"] } else { &["sparse_lr", "wide_deep"] };
+    let shapes: &[(usize, usize)] = if opts.quick { &[(1, 2)] } else { &[(1, 2), (2, 2)] };
+    for &model in models {
+        for &(nps, nw) in shapes {
+            let mut figures = vec![];
+            for dense in [false, true] {
+                let mut a =
+                    strs(&["--optimizer=adagrad", "--learning_rate=0.2", "--num_epochs=1", "--log_every_steps=0", "--eval_examples=1000", "--hidden_units=16"]);
+                a.extend([format!("--model={model}"), format!("--generated_examples={examples}"), format!("--hash_buckets={buckets}")]);
+                if dense {
+                    a.push("--dense_embeddings".into());
+                }
+                let label = format!("sparse-{model}-{nps}ps{nw}w-{}", if dense { "dense" } else { "sparse" });
+                let run = run_cluster(opts, bin, &label, nps, nw, &a)?;
+                let ex = run.global_steps_per_sec() * 100.0;
+                let steps: f64 = run.ps.iter().map(|p| p["pushes_applied"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max).max(1.0);
+                let wire: f64 =
+                    run.ps.iter().map(|p| p["bytes_sent"].as_f64().unwrap_or(0.0) + p["bytes_received"].as_f64().unwrap_or(0.0)).sum::<f64>() / steps;
+                let worker_rss = run.workers.iter().filter_map(|w| w["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                let ps_rss = run.ps.iter().filter_map(|p| p["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                figures.push((ex, wire, worker_rss, ps_rss));
+                details.push(json!({ "config": label, "workers": run.workers, "ps": run.ps, "examples_per_sec": ex, "bytes_per_step": wire }));
+            }
+            let [(ex, wire, wrss, prss), (dex, dwire, dwrss, dprss)] = [figures[0], figures[1]];
+            let cfg = format!("{model} {nps}ps+{nw}w async, {buckets}-row tables");
+            report.row("sparse", &format!("{cfg}: examples/s"), ex, "ex/s", Some(("--dense_embeddings", dex)), None, "", None);
+            report.row("sparse", &format!("{cfg}: bytes on the wire per step"), wire, "B/step", Some(("--dense_embeddings", dwire)), None, "", None);
+            report.row("sparse", &format!("{cfg}: worker peak RSS"), wrss, "MiB", Some(("--dense_embeddings", dwrss)), None, "", None);
+            report.row("sparse", &format!("{cfg}: ps peak RSS"), prss, "MiB", Some(("--dense_embeddings", dprss)), None, "", None);
+        }
+    }
+    report.details.insert("sparse".into(), json!(details));
+    Ok(())
+}
+
+/// Seconds per pull + push (median of `reps`) and bytes per step: `batch_rows` rows of a
+/// `rows`x`dim` embedding by id (`sparse`), or the whole table as a dense variable.
+async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usize, sparse: bool) -> Result<(f64, f64)> {
+    use tfjob_runtime::auth::Credentials;
+    use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest};
+    use tfjob_runtime::cluster::TaskId;
+    use tfjob_runtime::embedding::PartitionStrategy;
+    use tfjob_runtime::model::Init;
+    use tfjob_runtime::optimizer::Optimizer;
+    use tfjob_runtime::placement::{self, PlacementInput};
+    use tfjob_runtime::proto::{self, UpdateMode};
+    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+    use tfjob_runtime::server::{self, WorkerService};
+    use tfjob_runtime::status::TaskStatus;
+
+    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
+    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: sparse.then_some((Init::Uniform { limit: 0.05 }, 1)) };
+    let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: sparse.then_some(PartitionStrategy::Mod) };
+    let placement = placement::place(&[input], 1, usize::MAX)?;
+    let config = proto::TrainingConfig { mode: UpdateMode::Async as i32, optimizer: Some(Optimizer::sgd(1e-6).to_proto()), ..Default::default() };
+    let ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vec![var], placement, config, Duration::from_secs(10))?;
+    ps.handshake(false).await?;
+    let init = ndarray::ArrayD::from_elem(if sparse { vec![0, dim] } else { vec![rows, dim] }, 0.01f32);
+    ps.init(std::slice::from_ref(&init), 0).await?;
+    let ids: Vec<i64> = (0..batch_rows as i64).map(|k| k * (rows / batch_rows) as i64).collect();
+    let wanted = vec![if sparse { ids.clone() } else { vec![] }];
+    let rows_arg: &[Vec<i64>] = if sparse { &wanted } else { NO_ROWS };
+    let mut params = vec![init.clone()];
+    let grads = vec![ndarray::ArrayD::from_elem(if sparse { vec![batch_rows, dim] } else { vec![rows, dim] }, 0.5f32)];
+    let pushed_bytes = if sparse { (batch_rows * (8 + 4 * dim)) as f64 } else { (rows * dim * 4) as f64 };
+    let mut steps = ps.pull(&mut params, rows_arg, &[0], false, Duration::from_secs(10)).await?.steps;
+    let (mut times, mut bytes) = (vec![], 0.0);
+    // One step: the push of a gradient and the pull of the next values, as training does.
+    for r in 0..=reps {
+        let t = Instant::now();
+        let step = StepRequest { steps: &steps, push_to: &[true], gradients: &grads, pushed_rows: rows_arg, pulled_rows: rows_arg };
+        let stepped = ps.push_pull(step, &mut params, &[0], Duration::from_secs(10)).await?;
+        if r > 0 {
+            times.push(t.elapsed().as_secs_f64());
+            bytes = stepped.pulled.bytes as f64 + pushed_bytes;
+        }
+        steps = stepped.pulled.steps;
+    }
+    drop(stop);
+    Ok((median(times), bytes))
 }
 
 // ---------------------------------------------------------------- runtime processes
