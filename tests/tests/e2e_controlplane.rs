@@ -212,7 +212,6 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
             "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "chief-evaluator" => ensure!(scene.report(&format!("{name}-chief-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "ctr-wide-deep" => ensure!(scene.report(&format!("{name}-worker-0"))?["auc"].as_f64().unwrap_or(0.0) > 0.85),
-            "ctr-wide-deep" => ensure!(scene.report(&format!("{name}-worker-0"))?["auc"].as_f64().unwrap_or(0.0) > 0.85),
             _ => {}
         }
         scene.delete_job(&name, &mut tl)?;
