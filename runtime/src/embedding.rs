@@ -457,7 +457,8 @@ mod tests {
     fn partition_strategies() {
         use PartitionStrategy::{Div, Mod};
         // (strategy, rows, parts, owner of rows 0.., rows per partition)
-        let cases: Vec<(PartitionStrategy, u64, u64, Vec<u64>, Vec<u64>)> = vec![
+        type Case = (PartitionStrategy, u64, u64, Vec<u64>, Vec<u64>);
+        let cases: Vec<Case> = vec![
             (Mod, 7, 3, vec![0, 1, 2, 0, 1, 2, 0], vec![3, 2, 2]),
             (Div, 7, 3, vec![0, 0, 0, 1, 1, 2, 2], vec![3, 2, 2]),
             (Div, 6, 3, vec![0, 0, 1, 1, 2, 2], vec![2, 2, 2]),

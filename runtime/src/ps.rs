@@ -196,8 +196,14 @@ impl PulledRows {
     }
 }
 
-/// The rows of a push, by variable: the pieces (ids, value bytes) of each.
-type RowPieces<'a> = Vec<(usize, Vec<(Vec<i64>, &'a [u8])>)>;
+/// One piece of a push's rows: ids and their values' bytes.
+type RowPiece<'a> = (Vec<i64>, &'a [u8]);
+
+/// The rows of a push, by variable: the pieces of each.
+type RowPieces<'a> = Vec<(usize, Vec<RowPiece<'a>>)>;
+
+/// What a pull over gRPC takes: dense variables encoded as parts, rows.
+pub type GrpcPull = (Vec<TensorPart>, Vec<PulledRows>);
 
 /// A push's rows of one partition as one list of ids and one of value
 /// bytes (borrowed when the push sent them in one piece).
@@ -600,12 +606,7 @@ impl ParameterStore {
     /// A pull over gRPC: the named dense variables (all when `names` is
     /// empty) as parts of at most `part_bytes`, and the rows asked for, at
     /// one step.
-    pub fn pull_snapshot(
-        &self,
-        names: &[String],
-        rows: &[proto::RowsRequest],
-        part_bytes: usize,
-    ) -> Result<(Progress, (Vec<TensorPart>, Vec<PulledRows>)), StoreError> {
+    pub fn pull_snapshot(&self, names: &[String], rows: &[proto::RowsRequest], part_bytes: usize) -> Result<(Progress, GrpcPull), StoreError> {
         let mut state = self.lock();
         Self::check_initialized(&state)?;
         let pulled_rows = Self::gather_rows(&mut state, rows)?;
@@ -616,7 +617,7 @@ impl ParameterStore {
     /// A pull over the tensor channel: the named dense variables (all when
     /// `names` is empty) shared rather than encoded, and the rows asked for,
     /// at one step.
-    pub fn shared_pull(&self, names: &[String], rows: &[proto::RowsRequest]) -> Result<(Progress, (Vec<SharedVariable>, Vec<PulledRows>)), StoreError> {
+    pub fn shared_pull(&self, names: &[String], rows: &[proto::RowsRequest]) -> Result<(Progress, SharedPull), StoreError> {
         let mut state = self.lock();
         Self::check_initialized(&state)?;
         let pulled_rows = Self::gather_rows(&mut state, rows)?;
@@ -759,7 +760,7 @@ impl ParameterStore {
     /// each piece's length fits its partition's row width, every id is in
     /// the table and in this partition, and appears once in the push.
     fn group_rows<'a>(state: &State, rows: &'a [RowsPart]) -> Result<RowPieces<'a>, StoreError> {
-        let mut groups: BTreeMap<usize, Vec<(Vec<i64>, &'a [u8])>> = BTreeMap::new();
+        let mut groups: BTreeMap<usize, Vec<RowPiece<'a>>> = BTreeMap::new();
         for r in rows {
             let i = Self::table_index(state, &r.name)?;
             let table = state.vars[i].table.as_ref().expect("a table");

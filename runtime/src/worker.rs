@@ -37,7 +37,7 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// What the feed gives the loop next.
 enum Fed {
-    Batch(Batch),
+    Batch(Box<Batch>),
     /// Nothing to train now; ask again shortly.
     Wait,
     /// Every shard of every epoch is done.
@@ -94,7 +94,7 @@ impl ShardFeed {
 
     async fn next(&mut self, ps: &PsSet) -> Result<Fed, TrainError> {
         if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.pop_front()) {
-            return Ok(Fed::Batch(batch));
+            return Ok(Fed::Batch(Box::new(batch)));
         }
         let reply = ps.next_shard(self.plan_proto(), self.finished(), true).await?;
         self.current = None;
@@ -109,7 +109,7 @@ impl ShardFeed {
                 let mut batches: VecDeque<Batch> = self.data.shard_batches(&self.plan, shard, self.batch_size).into();
                 let first = batches.pop_front().ok_or_else(|| protocol(&format!("{shard} holds no example")))?;
                 self.current = Some((shard, reply.generation, batches));
-                Ok(Fed::Batch(first))
+                Ok(Fed::Batch(Box::new(first)))
             }
             Ok(Outcome::Wait) => Ok(Fed::Wait),
             Ok(Outcome::Finished) => Ok(Fed::Finished),

@@ -212,7 +212,8 @@ mod tests {
 
     #[test]
     fn libsvm_lines() {
-        let ok: Vec<(&str, Option<(u32, Vec<(u64, f32)>)>)> = vec![
+        type Parsed = Option<(u32, Vec<(u64, f32)>)>;
+        let ok: Vec<(&str, Parsed)> = vec![
             ("1 3:0.5 10:1", Some((1, vec![(3, 0.5), (10, 1.0)]))),
             ("-1 7:2", Some((0, vec![(7, 2.0)]))),
             ("+1 qid:4 2:1e-3 # a comment", Some((1, vec![(2, 0.001)]))),

@@ -163,14 +163,11 @@ impl FileSet {
                 if let (Some(w), Some(s)) = (writer.as_mut(), spill.as_ref()) {
                     w.write_all(line.as_bytes()).map_err(|source| DataError::Spill { path: s.0.clone(), source })?;
                 }
-                match self_parse(format, &line, path, line_no, skip_bad_lines, &mut set.skipped)? {
-                    Some(_) => {
-                        if examples % INDEX_STRIDE == 0 {
-                            marks.push(offset);
-                        }
-                        examples += 1;
+                if self_parse(format, &line, path, line_no, skip_bad_lines, &mut set.skipped)?.is_some() {
+                    if examples % INDEX_STRIDE == 0 {
+                        marks.push(offset);
                     }
-                    None => {}
+                    examples += 1;
                 }
                 offset += n as u64;
             }

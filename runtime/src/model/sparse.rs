@@ -231,12 +231,12 @@ impl SparseModel {
         let mut inputs = vec![h0];
         let mut pre = Vec::new();
         for k in 0..self.cfg.hidden_units.len() {
-            let z = inputs[k].dot(&matrix(&params[first + 2 * k])) + &row_vector(&params[first + 2 * k + 1]);
+            let z = inputs[k].dot(&matrix(&params[first + 2 * k])) + row_vector(&params[first + 2 * k + 1]);
             inputs.push(z.mapv(|v| if v > F::zero() { v } else { F::zero() }));
             pre.push(z);
         }
         let last = first + 2 * self.cfg.hidden_units.len();
-        let logits = inputs.last().expect("the input").dot(&matrix(&params[last])) + &row_vector(&params[last + 1]);
+        let logits = inputs.last().expect("the input").dot(&matrix(&params[last])) + row_vector(&params[last + 1]);
         DeepForward { inputs, pre, logits, norms }
     }
 

@@ -103,7 +103,7 @@ pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
         sparse_embeddings: !o.dense_embeddings,
     };
     let model = if name == "wide_deep" {
-        if cfg.hidden_units.iter().any(|&h| h == 0) {
+        if cfg.hidden_units.contains(&0) {
             return Err(flag("hidden_units", "every layer needs at least 1 unit"));
         }
         SparseModel::wide_deep(cfg)
