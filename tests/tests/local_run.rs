@@ -48,9 +48,7 @@ fn assert_linear(run_dir: &Path, replica: &str) {
 #[test]
 fn every_example_succeeds() -> Result<()> {
     let examples = repo_root().join("examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     files.sort();
     assert!(files.len() >= 6, "examples: {files:?}");
@@ -151,11 +149,8 @@ fn exit_code_policy() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let sh = r#"["sh", "-c"]"#;
     // Exit 1: a permanent error.
-    let permanent = write(
-        dir.path(),
-        "permanent.yaml",
-        &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]),
-    );
+    let permanent =
+        write(dir.path(), "permanent.yaml", &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]));
     let (out, run_dir) = run(&permanent, &[])?;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let status = status_yaml(&run_dir);
@@ -203,18 +198,9 @@ fn ctrl_c_leaves_no_process() -> Result<()> {
     let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
     let args = r#"["--model=linear", "--train_steps=100000000", "--log_every_steps=1000"]"#;
     let cmd = r#"["tfjob-runtime"]"#;
-    let manifest = write(
-        dir.path(),
-        "long.yaml",
-        &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]),
-    );
-    let mut child = Command::new(tfjob()?)
-        .args(["run", "--quiet"])
-        .arg(&manifest)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let manifest =
+        write(dir.path(), "long.yaml", &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]));
+    let mut child = Command::new(tfjob()?).args(["run", "--quiet"]).arg(&manifest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while marked_replicas(&marker).len() < 3 {
         assert!(Instant::now() < deadline, "the replicas never started");
@@ -244,14 +230,7 @@ fn bad_input_starts_nothing() -> Result<()> {
         (dir.path().join("missing.yaml"), "cannot read"),
         (write(dir.path(), "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), "ConfigMap"),
         (write(dir.path(), "broken.yaml", "apiVersion: kubeflow.org/v1\nkind: TFJob\n  bad: [indent\n"), "broken.yaml"),
-        (
-            write(
-                dir.path(),
-                "invalid.yaml",
-                &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)]),
-            ),
-            "restartPolicy",
-        ),
+        (write(dir.path(), "invalid.yaml", &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)])), "restartPolicy"),
         (
             write(
                 dir.path(),
