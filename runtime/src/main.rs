@@ -562,6 +562,7 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 fn main() -> ExitCode {
+    tfjob_runtime::process_age();
     tfjob_runtime::tune_allocator();
     let cli = Cli::parse();
     let format = cli.task.log_format.clone();

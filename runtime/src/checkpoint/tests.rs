@@ -161,9 +161,7 @@ fn a_flipped_byte_in_tensor_data_is_caught_by_the_checksum() {
     fs::write(&path, &bytes).unwrap();
 
     match status_of(dir, 200) {
-        CheckpointStatus::Damaged(reason) => {
-            assert!(reason.contains("checksum mismatch"), "{reason}")
-        }
+        CheckpointStatus::Damaged(reason) => assert!(reason.contains("checksum mismatch"), "{reason}"),
         other => panic!("{other:?}"),
     }
     assert_eq!(latest_complete(dir, 2).unwrap().unwrap().global_step, 100);
@@ -332,9 +330,7 @@ fn write_index_checks_the_shards_it_is_given() {
     let infos: Vec<ShardInfo> = (0..2).map(|ps| write_shard(dir, 100, ps, 2, &shard(ps, 100)).unwrap()).collect();
     let index = checkpoint_path(dir, 100).join("index.json");
     let is_invalid = |r: Result<PathBuf, CheckpointError>, what: &str| match r {
-        Err(e @ CheckpointError::InvalidArgument { .. }) => {
-            assert!(e.to_string().contains(what), "{e}")
-        }
+        Err(e @ CheckpointError::InvalidArgument { .. }) => assert!(e.to_string().contains(what), "{e}"),
         other => panic!("expected InvalidArgument containing {what:?}, got {other:?}"),
     };
     assert!(matches!(write_index(dir, 100, 2, &infos[..1]), Err(CheckpointError::Incomplete { reason, .. }) if reason.contains("ps 1")));

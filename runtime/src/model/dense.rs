@@ -122,9 +122,7 @@ impl Mlp {
 fn labels_of<'a, F>(model: &str, t: TargetsView<'a, F>) -> &'a [u32] {
     match t {
         TargetsView::Labels(l) => l,
-        TargetsView::Values(_) => {
-            panic!("{model}: needs class labels (Targets::Labels), got regression values")
-        }
+        TargetsView::Values(_) => panic!("{model}: needs class labels (Targets::Labels), got regression values"),
     }
 }
 

@@ -38,9 +38,7 @@ impl LinearRegression {
         assert_eq!(x.ncols(), self.n_features, "linear: batch has {} features, the model {}", x.ncols(), self.n_features);
         let y = match t {
             TargetsView::Values(y) => y,
-            TargetsView::Labels(_) => {
-                panic!("linear: needs regression targets (Targets::Values), got class labels")
-            }
+            TargetsView::Labels(_) => panic!("linear: needs regression targets (Targets::Values), got class labels"),
         };
         assert_eq!(y.dim(), (n, 1), "linear: targets have shape {:?}, expected [{n}, 1]", y.shape());
         let w = as_matrix(&params[0]);

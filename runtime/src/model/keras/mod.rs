@@ -208,9 +208,7 @@ impl KerasModel {
         let first_trained = self.layers.iter().position(|l| l.num_variables > 0).unwrap_or(self.layers.len());
         let mut dy = Some(z.into_dyn());
         for (i, layer) in self.layers.iter().enumerate().rev() {
-            let (Some(d), Some(cache)) = (dy.take(), caches.pop()) else {
-                break;
-            };
+            let (Some(d), Some(cache)) = (dy.take(), caches.pop()) else { break };
             dy = layer.backward(params, cache, d, &mut gradients, i > first_trained);
         }
         Pass { loss, correct, gradients }
@@ -381,9 +379,7 @@ fn output_head(layers: &mut [Layer], loss: Loss, from_logits: bool) -> Result<He
     };
     let ends_in = act.as_ref().map_or(Act::Linear, |a| **a);
     let wanted = match loss {
-        Loss::MeanSquaredError if from_logits => {
-            return Err(err("--from_logits goes with a cross-entropy loss, not mse".into()));
-        }
+        Loss::MeanSquaredError if from_logits => return Err(err("--from_logits goes with a cross-entropy loss, not mse".into())),
         Loss::MeanSquaredError => return Ok(Head::Identity),
         Loss::BinaryCrossentropy => (Act::Sigmoid, Head::Sigmoid),
         _ => (Act::Softmax, Head::Softmax),
