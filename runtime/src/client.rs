@@ -159,23 +159,28 @@ pub fn is_transient(status: &Status) -> bool {
 
 /// Tells every ps that `task` leaves the job, concurrently, waiting at most
 /// two seconds; errors are ignored (a ps that is gone does not need to know).
-async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) {
+async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
     let calls = clients.iter().map(|c| {
         let mut c = c.clone();
         let req = proto::LeaveRequest { task: Some(proto::TaskId { job: task.job.clone(), index: task.index }), reason: reason.into() };
-        async move {
-            let _ = c.leave(deadline(req, Duration::from_secs(2))).await;
-        }
+        async move { c.leave(deadline(req, LEAVE_DEADLINE)).await.is_ok() }
     });
-    futures::future::join_all(calls).await;
+    futures::future::join_all(calls).await.into_iter().filter(|told| *told).count()
 }
+
+/// How long a leaving task waits for each ps's answer (a ps that has exited
+/// never answers): well inside Kubernetes' default grace period of 30 s, and
+/// inside the 3 s the test node agent grants.
+const LEAVE_DEADLINE: Duration = Duration::from_millis(1500);
 
 /// Deregisters `task` from every ps at `addresses` (a task stopping on
 /// purpose: SIGTERM, a scale-down), so no sync step waits for its lease to
 /// run out and its shard of the data is handed to another worker at once.
-pub async fn leave_job(task: &TaskId, addresses: &[String], credentials: &Credentials, reason: &str) {
-    let clients: Vec<PsGrpc> = addresses.iter().filter_map(|a| ps_client(a, credentials, Duration::from_secs(1)).ok()).collect();
-    leave_all(&clients, task, reason).await;
+/// Returns how many ps tasks acknowledged; bounded by [`LEAVE_DEADLINE`]
+/// however the connections fare.
+pub async fn leave_job(task: &TaskId, addresses: &[String], credentials: &Credentials, reason: &str) -> usize {
+    let clients: Vec<PsGrpc> = addresses.iter().filter_map(|a| ps_client(a, credentials, LEAVE_DEADLINE).ok()).collect();
+    tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&clients, task, reason)).await.unwrap_or(0)
 }
 
 /// A variable of the model as the client knows it.
@@ -938,7 +943,7 @@ impl PsSet {
     /// Tells every ps this task is leaving; errors are ignored (a ps that is
     /// already gone does not need to know).
     pub async fn leave(&self, reason: &str) {
-        leave_all(&self.clients, &self.task, reason).await;
+        tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&self.clients, &self.task, reason)).await.ok();
     }
 
     /// Tells every ps `i` that this task has nothing to train at

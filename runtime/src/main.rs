@@ -709,8 +709,13 @@ async fn run_task(args: TaskArgs) -> u8 {
                 // Stopped on purpose (a scale-down, a deleted pod): deregister
                 // at once, so that no sync step waits for this task's lease to
                 // run out and its shard of the data goes to another worker.
-                tfjob_runtime::client::leave_job(&cluster.task, &cluster.cluster.addresses("ps"), &credentials, "stopping on a signal").await;
-                tracing::info!("{}: left the job", cluster.task);
+                let ps = cluster.cluster.addresses("ps");
+                let told = tfjob_runtime::client::leave_job(&cluster.task, &ps, &credentials, "stopping on a signal").await;
+                if told == ps.len() {
+                    tracing::info!("{}: left the job", cluster.task);
+                } else {
+                    tracing::warn!("{}: stopping; {} of {} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps.len() - told, ps.len());
+                }
             }
             code
         }

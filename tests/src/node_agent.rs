@@ -323,6 +323,28 @@ struct Agent {
 }
 
 impl Agent {
+    /// Stops the containers of every pod being deleted, all at once as
+    /// kubelets do (each gets its grace period, capped at 3 s here), then
+    /// removes the pod objects.
+    fn finish_terminating(&mut self, listed: &BTreeMap<String, Pod>) {
+        let terminating: Vec<(&String, &Pod)> = listed.iter().filter(|(_, p)| p.metadata.deletion_timestamp.is_some()).collect();
+        let mut by_grace: BTreeMap<i32, Vec<&str>> = BTreeMap::new();
+        for (key, pod) in &terminating {
+            let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).clamp(0, 3) as i32;
+            by_grace.entry(grace).or_default().push(key.as_str());
+        }
+        for (grace, keys) in by_grace {
+            self.kubelet.delete_pods(&keys, grace);
+        }
+        for (key, pod) in terminating {
+            self.written.remove(key);
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            let mut dp = DeleteParams::default().grace_period(0);
+            dp.preconditions = Some(kube::api::Preconditions { uid: pod.uid(), resource_version: None });
+            let _ = self.rt.block_on(api.delete(&pod.name_any(), &dp));
+        }
+    }
+
     /// One pass: start new pods, finish deleted ones, write statuses.
     fn sync(&mut self) -> Result<()> {
         let mut listed: BTreeMap<String, Pod> = BTreeMap::new();
@@ -340,16 +362,11 @@ impl Agent {
                 self.written.remove(&key);
             }
         }
+        self.finish_terminating(&listed);
         for (key, pod) in &listed {
             let ns = pod.namespace().unwrap_or_default();
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             if pod.metadata.deletion_timestamp.is_some() {
-                let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).clamp(0, 3) as i32;
-                self.kubelet.delete_pod(key, grace);
-                self.written.remove(key);
-                let mut dp = DeleteParams::default().grace_period(0);
-                dp.preconditions = Some(kube::api::Preconditions { uid: pod.uid(), resource_version: None });
-                let _ = self.rt.block_on(api.delete(&pod.name_any(), &dp));
                 continue;
             }
             let known = self.kubelet.pods().any(|p| p == key);

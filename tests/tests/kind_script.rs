@@ -284,8 +284,10 @@ fn seen(job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit_code: Op
         name: format!("{}-{}-{index}", job.name(), rtype.lower()),
         phase,
         exit_code,
+        exit_reason: None,
         restart_count: 0,
         terminating: false,
+        unschedulable: None,
     }
 }
 

@@ -232,6 +232,20 @@ fn bad_input_starts_nothing() -> Result<()> {
         (write(dir.path(), "broken.yaml", "apiVersion: kubeflow.org/v1\nkind: TFJob\n  bad: [indent\n"), "broken.yaml"),
         (write(dir.path(), "invalid.yaml", &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)])), "restartPolicy"),
         (
+            // A typo in the pod template (`resource` for `resources`) is an error, not ignored.
+            write(
+                dir.path(),
+                "typo.yaml",
+                &job(
+                    "typo",
+                    "",
+                    &[replica("Worker", 1, "Never", r#"["tfjob-runtime"]"#, ok_args, &env)
+                        .replace("image: tfjob-runtime:latest", "image: tfjob-runtime:latest\n              resource: {}")],
+                ),
+            ),
+            "spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource: unknown field; did you mean \"resources\"?",
+        ),
+        (
             write(
                 dir.path(),
                 "nocommand.yaml",

@@ -1184,8 +1184,10 @@ fn operator(opts: &Options, report: &mut Report) -> Result<()> {
                 name: pod_name("bench", replica_type, index),
                 phase: Phase::Running,
                 exit_code: None,
+                exit_reason: None,
                 restart_count: 0,
                 terminating: false,
+                unschedulable: None,
             })
             .collect();
         assert_eq!(running.len(), n);
