@@ -46,20 +46,39 @@ pub const MANAGED_BY_MULTIKUEUE: &str = "kueue.x-k8s.io/multikueue";
     derive = "PartialEq",
     derive = "Default",
     doc = "TFJob represents a distributed TensorFlow training job (Kubeflow-compatible).",
-    printcolumn(name = "State", type_ = "string", description = "The latest condition of the job", json_path = ".status.conditions[-1:].type"),
-    printcolumn(name = "Replicas", type_ = "integer", description = "Number of Worker replicas", json_path = ".spec.tfReplicaSpecs.Worker.replicas"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        description = "The latest condition of the job",
+        json_path = ".status.conditions[-1:].type"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        description = "Worker pods running",
+        json_path = ".status.replicaStatuses.Worker.active"
+    ),
+    printcolumn(
+        name = "Workers",
+        type_ = "integer",
+        description = "Worker replicas requested",
+        json_path = ".spec.tfReplicaSpecs.Worker.replicas"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     scale(
         spec_replicas_path = ".spec.tfReplicaSpecs.Worker.replicas",
         status_replicas_path = ".status.replicaStatuses.Worker.replicas",
         label_selector_path = ".status.replicaStatuses.Worker.selector"
-    )
+    ),
+    validation = name_rule(),
+    validation = name_length_rule()
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": WORKER_FLOOR_RULE,
-    "message": WORKER_FLOOR_MESSAGE
-}]))]
+#[schemars(extend("required" = ["tfReplicaSpecs"]))]
 pub struct TFJobSpec {
     /// Policies that apply to the whole job (cleanup, TTL, deadline, backoff, scheduling, ...).
     #[serde(default)]
@@ -73,6 +92,7 @@ pub struct TFJobSpec {
     /// The replica sets of the job, keyed by replica type (`PS`, `Worker`, `Chief`, `Master`,
     /// `Evaluator`; other spellings are normalised).
     #[serde(default)]
+    #[schemars(schema_with = "replica_specs_schema", transform = no_default)]
     pub tf_replica_specs: BTreeMap<String, ReplicaSpec>,
 
     /// Give workers and ps a sparse cluster in `TF_CONFIG` (a worker: itself, every ps and the
@@ -86,13 +106,154 @@ pub struct TFJobSpec {
 /// and of the CRD's rule).
 pub const WORKER_FLOOR_MESSAGE: &str = "Worker replicas must be at least 1 when the job has no Chief or Master: worker 0 is the chief";
 
-/// The CRD's rule for [`WORKER_FLOOR_MESSAGE`], so that the API server refuses what validation
-/// refuses, `kubectl scale --replicas=0` included. It reads the keys the scale subresource
-/// writes (`Worker`) and the usual spellings of the chief's; [`validate_spec`] checks every
-/// spelling.
-const WORKER_FLOOR_RULE: &str = "!has(self.tfReplicaSpecs) || !('Worker' in self.tfReplicaSpecs) \
-    || ['Chief', 'chief', 'CHIEF', 'Master', 'master', 'MASTER'].exists(k, k in self.tfReplicaSpecs) \
-    || !has(self.tfReplicaSpecs['Worker'].replicas) || self.tfReplicaSpecs['Worker'].replicas >= 1";
+// ---------------------------------------------------------------------------------------------
+// Admission rules: what the API server itself refuses at `kubectl apply`.
+//
+// The CRD carries CEL rules (`x-kubernetes-validations`) for what CEL can express of
+// [`validate`]: replica type keys (any case, each type once, Chief or Master, a Chief, Master or
+// Worker, at most one chief, worker 0 as chief), the `tensorflow` container and every container's
+// name and image, and the job name as a DNS label short enough for the names generated from it;
+// enums and minimums are plain schema. The controller still runs [`validate`] (for clusters with
+// an older CRD, and for what CEL cannot see: the rest of the pod template, see
+// [`crate::template`]). Every list and map the rules iterate has a bound (`maxItems`,
+// `maxProperties`, `maxLength`) so that the API server's cost estimate of each rule stays within
+// its budget.
+
+/// The replica types, lower case, as CEL compares keys (`k.lowerAscii()`).
+const CEL_TYPES: &str = "['chief', 'master', 'ps', 'worker', 'evaluator']";
+
+/// One CEL rule: its expression, its message (or message expression) and the field it names.
+fn cel_rule(rule: &str, message: &str, field_path: Option<&str>) -> serde_json::Value {
+    let mut r = serde_json::json!({"rule": rule, "message": message});
+    if let Some(p) = field_path {
+        r["fieldPath"] = p.into();
+    }
+    r
+}
+
+/// The rules on `spec.tfReplicaSpecs` (`self` is the map of replica sets).
+fn replica_type_rules() -> serde_json::Value {
+    // No message expression names the unknown keys: map keys have no length bound, and the
+    // API server estimates the cost of joining them far over its budget.
+    let known = format!("self.all(k, k.lowerAscii() in {CEL_TYPES})");
+    serde_json::json!([
+        cel_rule(&known, "unknown replica type: the keys must be PS, Worker, Chief, Master or Evaluator (any case)", None,),
+        cel_rule(
+            "self.all(k, self.filter(j, j.lowerAscii() == k.lowerAscii()).size() == 1)",
+            "each replica type may appear once (PS and ps are the same type)",
+            None,
+        ),
+        cel_rule("self.exists(k, k.lowerAscii() in ['chief', 'master', 'worker'])", "must contain a Chief, a Master or a Worker replica type", None,),
+        cel_rule(
+            "!(self.exists(k, k.lowerAscii() == 'chief') && self.exists(k, k.lowerAscii() == 'master'))",
+            "at most one of Chief and Master may be set",
+            None,
+        ),
+        cel_rule(
+            "self.all(k, !(k.lowerAscii() in ['chief', 'master']) || !has(self[k].replicas) || self[k].replicas <= 1)",
+            "Chief and Master must have 0 or 1 replicas",
+            None,
+        ),
+        cel_rule(
+            "self.exists(k, k.lowerAscii() in ['chief', 'master']) || self.all(k, k.lowerAscii() != 'worker' || !has(self[k].replicas) || self[k].replicas >= 1)",
+            WORKER_FLOOR_MESSAGE,
+            None,
+        ),
+    ])
+}
+
+/// Drops the `default` schemars derives from `#[serde(default)]`: the replica sets are
+/// required (and at least one), an empty default would only turn a missing field into a
+/// confusing error.
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
+}
+
+fn replica_specs_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let replica_set = generator.subschema_for::<ReplicaSpec>();
+    schemars::json_schema!({
+        "type": "object",
+        "description": "The replica sets of the job, keyed by replica type (PS, Worker, Chief, Master, Evaluator; other spellings are normalised).",
+        "minProperties": 1,
+        "maxProperties": ReplicaType::ALL.len(),
+        "additionalProperties": replica_set,
+        "x-kubernetes-validations": replica_type_rules(),
+    })
+}
+
+/// Most containers a replica's template may have (bounds the cost of the container rules).
+pub const MAX_CONTAINERS: usize = 64;
+/// Longest container image reference the CRD accepts.
+pub const MAX_IMAGE_LENGTH: usize = 1024;
+
+/// The schema of a replica's `template`: any pod template (unknown fields are kept; the
+/// controller reads it strictly, see [`crate::template`]), with the containers' names and images
+/// declared so that the CRD's rules can check them.
+fn template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let image_rule = cel_rule("has(self.image) && self.image.trim() != ''", "must not be empty", Some(".image"));
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A pod template (core/v1 PodTemplateSpec).",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "spec": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {
+                    "containers": {
+                        "type": "array",
+                        "maxItems": MAX_CONTAINERS,
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true,
+                            "required": ["name"],
+                            "properties": {
+                                "name": {
+                                    "type": "string",
+                                    "maxLength": DNS_LABEL_MAX,
+                                    "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                                },
+                                "image": {"type": "string", "maxLength": MAX_IMAGE_LENGTH},
+                            },
+                            "x-kubernetes-validations": [image_rule],
+                        },
+                    },
+                },
+            },
+        },
+    })
+}
+
+/// The rule on a replica set (`self`): a `tensorflow` container.
+const TENSORFLOW_CONTAINER_RULE: &str = "has(self.template) && has(self.template.spec) \
+    && has(self.template.spec.containers) \
+    && self.template.spec.containers.exists(c, c.name == 'tensorflow')";
+
+/// The root rule on the job's name: a DNS-1035 label (it names the job's Service).
+fn name_rule() -> kube::core::Rule {
+    kube::core::Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message(
+        "metadata.name must be a DNS-1035 label (it names the job's Service): lower case \
+             alphanumeric characters or '-', starting with a letter and ending with an \
+             alphanumeric character",
+    )
+}
+
+/// The root rule on the length of the names generated from the job's name: pods and hostnames
+/// `<job>-<type>-<index>` and the Secret `<job>-token` are DNS labels (at most 63 characters).
+fn name_length_rule() -> kube::core::Rule {
+    let rule = format!(
+        "size(self.metadata.name) + {} <= {DNS_LABEL_MAX} && self.spec.tfReplicaSpecs.all(k, \
+         size(self.metadata.name) + size(k) + 2 + size(string(self.spec.tfReplicaSpecs[k].replicas > 1 \
+         ? self.spec.tfReplicaSpecs[k].replicas - 1 : 0)) <= {DNS_LABEL_MAX})",
+        SECRET_SUFFIX.len()
+    );
+    kube::core::Rule::new(rule).message(
+        "metadata.name is too long: the names generated from it (pods <name>-<type>-<index>, \
+             the Secret <name>-token) must be at most 63 characters",
+    )
+}
 
 /// When a job without chief counts as succeeded.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -142,6 +303,11 @@ string_enum_schema!(CleanPodPolicy, "Which pods to delete once the job has finis
 /// One replica set.
 #[derive(Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": TENSORFLOW_CONTAINER_RULE,
+    "message": "must contain a container named \"tensorflow\"",
+    "fieldPath": ".template.spec.containers"
+}]))]
 pub struct ReplicaSpec {
     /// Number of replicas (default 1).
     #[serde(default = "default_replicas")]
@@ -149,17 +315,18 @@ pub struct ReplicaSpec {
     pub replicas: i32,
     /// The pod template of every replica of this type.
     #[serde(default)]
-    #[schemars(schema_with = "preserve_unknown_object")]
+    #[schemars(schema_with = "template_schema")]
     pub template: PodTemplateSpec,
     /// What happens when a replica exits (default `Never`).
     #[serde(default)]
     pub restart_policy: RestartPolicy,
-    /// Why `template` could not be read as a pod template (it is then left empty). The schema
-    /// lets any object through (`x-kubernetes-preserve-unknown-fields`), so the API server
-    /// stores such jobs; they must fail validation instead of failing to deserialise, which
-    /// would break the controller's list of every TFJob. Not part of the API.
+    /// What reading `template` strictly found: fields a pod template does not have, or a value
+    /// that could not be decoded (the template is then left empty). The schema keeps unknown
+    /// fields (`x-kubernetes-preserve-unknown-fields`), so the API server stores such jobs; they
+    /// must fail validation instead of failing to deserialise, which would break the
+    /// controller's list of every TFJob. Not part of the API.
     #[serde(skip)]
-    pub template_error: Option<String>,
+    pub template_reading: crate::template::Reading,
 }
 
 impl<'de> Deserialize<'de> for ReplicaSpec {
@@ -175,27 +342,16 @@ impl<'de> Deserialize<'de> for ReplicaSpec {
             restart_policy: RestartPolicy,
         }
         let raw = Raw::deserialize(deserializer)?;
-        let (template, template_error) = match raw.template {
-            None | Some(serde_json::Value::Null) => (PodTemplateSpec::default(), None),
-            Some(v) => match serde_json::from_value::<PodTemplateSpec>(v) {
-                Ok(t) => (t, None),
-                Err(e) => (PodTemplateSpec::default(), Some(e.to_string())),
-            },
+        let (template, template_reading) = match raw.template {
+            None | Some(serde_json::Value::Null) => Default::default(),
+            Some(v) => crate::template::read(v),
         };
-        Ok(ReplicaSpec { replicas: raw.replicas, template, restart_policy: raw.restart_policy, template_error })
+        Ok(ReplicaSpec { replicas: raw.replicas, template, restart_policy: raw.restart_policy, template_reading })
     }
 }
 
 fn default_replicas() -> i32 {
     1
-}
-
-fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "description": "A pod template (core/v1 PodTemplateSpec).",
-        "x-kubernetes-preserve-unknown-fields": true
-    })
 }
 
 /// Restart policy of a replica set.
@@ -303,6 +459,7 @@ fn resource_list_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 pub struct SchedulingPolicy {
     /// Minimum number of pods scheduled together (default: all replicas).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub min_available: Option<i32>,
     /// Scheduler queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -316,6 +473,7 @@ pub struct SchedulingPolicy {
     pub priority_class: Option<String>,
     /// Scheduling timeout of the gang.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub schedule_timeout_seconds: Option<i32>,
 }
 
@@ -466,7 +624,8 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A problem of `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         FieldError { field: field.into(), message: message.into() }
     }
 }
@@ -619,9 +778,12 @@ pub fn longest_generated_name(job_name: &str, spec: &TFJobSpec) -> usize {
     longest
 }
 
+/// What the name of a job's Secret adds to the job's name.
+const SECRET_SUFFIX: &str = "-token";
+
 /// Name of the per-job Secret holding `TFJOB_TOKEN`.
 pub fn secret_name(job_name: &str) -> String {
-    format!("{job_name}-token")
+    format!("{job_name}{SECRET_SUFFIX}")
 }
 
 /// Validates a TFJob (name and spec) and returns every problem found, each naming its field.
@@ -755,7 +917,8 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
     errs
 }
 
-fn unsupported(field: &str, value: &str, allowed: &[&str]) -> FieldError {
+/// `unsupported value "x"; supported values: "a", "b"`.
+pub fn unsupported(field: &str, value: &str, allowed: &[&str]) -> FieldError {
     FieldError::new(
         field,
         format!("unsupported value {value:?}; supported values: {}", allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ")),
@@ -769,10 +932,15 @@ fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
     if rs.replicas < 0 {
         errs.push(FieldError::new(format!("{path}.replicas"), format!("must be >= 0, got {}", rs.replicas)));
     }
-    if let Some(e) = &rs.template_error {
-        errs.push(FieldError::new(format!("{path}.template"), format!("is not a valid pod template: {e}")));
+    let tpath = format!("{path}.template");
+    let in_template =
+        |e: &FieldError| FieldError { field: if e.field.is_empty() { tpath.clone() } else { format!("{tpath}.{}", e.field) }, message: e.message.clone() };
+    errs.extend(rs.template_reading.unknown_fields.iter().map(in_template));
+    if let Some(e) = &rs.template_reading.error {
+        errs.push(in_template(e));
         return;
     }
+    errs.extend(crate::template::check(&rs.template).iter().map(in_template));
     let cpath = format!("{path}.template.spec.containers");
     let containers = rs.template.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or(&[]);
     if containers.is_empty() {
@@ -912,14 +1080,6 @@ pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
     if let Some(specs) = spec.get("tfReplicaSpecs").and_then(|v| v.as_object()) {
         for (key, rs) in specs {
             check_object(rs, &format!("spec.tfReplicaSpecs.{key}"), &[("replicas", Int), ("template", Object), ("restartPolicy", Str)], &mut errs);
-            if let Some(t) = rs.get("template") {
-                check_object(t, &format!("spec.tfReplicaSpecs.{key}.template"), &[("metadata", Object), ("spec", Object)], &mut errs);
-                if let Some(ps) = t.get("spec").filter(|v| v.is_object())
-                    && let Some(c) = ps.get("containers").filter(|c| !c.is_array() && !c.is_null())
-                {
-                    errs.push(FieldError::new(format!("spec.tfReplicaSpecs.{key}.template.spec.containers"), format!("must be a list, got {c}")));
-                }
-            }
         }
     }
     errs
@@ -1145,11 +1305,38 @@ spec:
             })
         );
         let schema = &version["schema"]["openAPIV3Schema"]["properties"];
-        let rules = &schema["spec"]["x-kubernetes-validations"];
-        assert_eq!(rules[0]["message"], WORKER_FLOOR_MESSAGE, "{rules}");
+        let rules = &schema["spec"]["properties"]["tfReplicaSpecs"]["x-kubernetes-validations"];
+        assert!(rules.as_array().unwrap().iter().any(|r| r["message"] == WORKER_FLOOR_MESSAGE), "{rules}");
         let status = &schema["status"]["properties"]["replicaStatuses"]["additionalProperties"];
         assert_eq!(status["properties"]["replicas"]["type"], "integer", "{status}");
         assert_eq!(status["properties"]["selector"]["type"], "string", "{status}");
+    }
+
+    #[test]
+    fn crd_has_the_admission_rules_with_bounds_for_their_cost() {
+        let crd = serde_json::to_value(TFJob::crd()).unwrap();
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let messages = |node: &serde_json::Value| -> Vec<String> {
+            node["x-kubernetes-validations"].as_array().into_iter().flatten().map(|r| r["message"].as_str().unwrap_or_default().to_string()).collect()
+        };
+        let root_rules = messages(root);
+        assert_eq!(root_rules.len(), 2, "{root_rules:?}");
+        assert!(root_rules[0].starts_with("metadata.name must be a DNS-1035 label"));
+        assert!(root_rules[1].starts_with("metadata.name is too long"));
+        let specs = &root["properties"]["spec"]["properties"]["tfReplicaSpecs"];
+        assert_eq!(messages(specs).len(), 6);
+        assert_eq!(specs["maxProperties"], 5);
+        assert_eq!(specs["minProperties"], 1);
+        assert_eq!(root["properties"]["spec"]["required"], serde_json::json!(["tfReplicaSpecs"]));
+        let replica_set = &specs["additionalProperties"];
+        assert_eq!(messages(replica_set), vec!["must contain a container named \"tensorflow\"".to_string()]);
+        let containers = &replica_set["properties"]["template"]["properties"]["spec"]["properties"]["containers"];
+        assert_eq!(containers["maxItems"], MAX_CONTAINERS);
+        assert_eq!(containers["x-kubernetes-list-map-keys"], serde_json::json!(["name"]));
+        assert_eq!(messages(&containers["items"]), vec!["must not be empty".to_string()]);
+        let c = &containers["items"]["properties"];
+        assert_eq!(c["name"]["maxLength"], 63);
+        assert_eq!(c["image"]["maxLength"], MAX_IMAGE_LENGTH);
     }
 
     #[test]
@@ -1265,25 +1452,66 @@ spec:
         let job = &jobs[0];
         let worker = &job.spec.tf_replica_specs["Worker"];
         assert_eq!(worker.template, PodTemplateSpec::default());
-        let why = worker.template_error.as_deref().unwrap();
-        assert!(why.contains("expected a sequence"), "{why}");
-        assert_eq!(job.spec.tf_replica_specs["PS"].template_error, None);
+        let why = worker.template_reading.error.clone().unwrap();
+        assert_eq!(why.field, "spec.containers");
+        assert!(why.message.contains("expected a sequence"), "{why}");
+        assert_eq!(job.spec.tf_replica_specs["PS"].template_reading, Default::default());
         assert_eq!(job.spec.tf_replica_specs["PS"].replicas, 1);
+        // Validation (the controller's) names the field, once.
         let errs = validate(job);
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template");
-        assert!(errs[0].message.starts_with("is not a valid pod template: invalid type: string"), "{errs:?}");
-        // The error is not part of the API: serialising drops it.
+        assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template.spec.containers");
+        assert!(errs[0].message.starts_with("cannot be decoded: invalid type: string \"tensorflow\""), "{errs:?}");
+        // What reading found is not part of the API: serialising drops it.
         let back = serde_json::to_value(worker).unwrap();
-        assert!(back.get("templateError").is_none(), "{back}");
+        assert!(back.get("templateReading").is_none(), "{back}");
         // `tfjob validate` reports the problem once, with the path of the bad value.
         let errs = parse_and_validate(doc).unwrap_err().0;
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template.spec.containers");
         // No template at all, or null, is an empty template (no container: invalid).
         let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"template": null})).unwrap();
-        assert_eq!(rs.template_error, None);
+        assert_eq!(rs.template_reading, Default::default());
         assert_eq!(rs.replicas, 1);
+    }
+
+    #[test]
+    fn typos_and_bad_values_in_a_template_are_errors_with_their_paths() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: typo}
+spec:
+  tfReplicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: tensorflow
+            image: x
+            imagePullPolicy: Sometimes
+            resource: {limits: {cpu: "1"}}
+            ports: [{name: tfjob_port, containerPort: 2222}]
+"#;
+        let errs = parse_and_validate(job(y)).unwrap_err().0;
+        let got: Vec<(String, String)> = errs.into_iter().map(|e| (e.field, e.message)).collect();
+        let c = "spec.tfReplicaSpecs.Worker.template.spec.containers[0]";
+        let want: Vec<(String, String)> = vec![
+            (format!("{c}.resource"), "unknown field; did you mean \"resources\"?".to_string()),
+            (
+                format!("{c}.imagePullPolicy"),
+                "unsupported value \"Sometimes\"; supported values: \"Always\", \
+                 \"IfNotPresent\", \"Never\""
+                    .to_string(),
+            ),
+            (
+                format!("{c}.ports[0].name"),
+                "\"tfjob_port\" is not a valid port name (IANA_SVC_NAME): it may contain only \
+                 lower case letters, digits and '-'"
+                    .to_string(),
+            ),
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]

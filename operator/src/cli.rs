@@ -101,6 +101,9 @@ pub struct RenderArgs {
     /// Gang scheduler (`volcano` or a scheduler-plugins scheduler name).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
+    /// Also render the job's NetworkPolicy (the operator's `--network-policy`).
+    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub network_policy: bool,
 }
 
 /// Errors of the CLI.
@@ -186,6 +189,7 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
         gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
+        network_policy: args.network_policy,
     };
     let mut out = String::new();
     for doc in docs {
@@ -204,6 +208,10 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
         }
         if let Some(pg) = objects.pod_group {
             values.push(pg);
+        }
+        if let Some(np) = objects.network_policy {
+            let np = serde_json::to_value(&np);
+            values.push(with_kind(to_value(np)?, "networking.k8s.io/v1", "NetworkPolicy"));
         }
         for v in values {
             out.push_str("---\n");

@@ -1,7 +1,15 @@
-//! The Kubernetes controller: watches TFJobs and the pods, services and secrets they own,
-//! executes the plan ([`crate::plan`]) and the status state machine ([`crate::status`]) with
-//! server-side apply, writes status through the status subresource, emits Events, and serves
+//! The Kubernetes controller: watches TFJobs and the pods and Services they own (into watch
+//! caches, see [`cache`]), executes the plan ([`crate::plan`]) and the status state machine
+//! ([`crate::status`]), writes status through the status subresource, emits Events, and serves
 //! `/metrics`, `/healthz` and `/readyz`. Leader election uses a `coordination.k8s.io` Lease.
+//!
+//! Light on the API server: a reconcile reads nothing from it. The job comes from the
+//! controller's own watch, its pods and Service from the watch caches; it writes only what
+//! changes: a pod created or deleted, the Service when it is missing or differs, the status when
+//! it changed, the token Secret once per job (it never reads or watches Secrets), each Event
+//! once.
+
+pub mod cache;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -12,20 +20,23 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action as CtrlAction, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::{self, TFJob, TFJobStatus};
 use crate::plan::{self, GangScheduler, PlanOptions};
-use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase};
+use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase, PodRefusal};
+
+use cache::{CachedPod, Caches, EXPECTATION_TTL, Expectations, Once};
 
 /// Field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "tfjob-operator";
@@ -48,6 +59,9 @@ pub enum Error {
     /// The object lacks a namespace or name.
     #[error("object without {0}")]
     MissingField(&'static str),
+    /// The watch caches of pods and Services have not loaded (RBAC, connectivity).
+    #[error("the pod and Service caches are not ready yet")]
+    CacheNotReady,
 }
 
 impl Error {
@@ -59,6 +73,7 @@ impl Error {
             Error::Kube { .. } => "transport",
             Error::Serialization(_) => "serialization",
             Error::MissingField(_) => "invalid_object",
+            Error::CacheNotReady => "cache",
         }
     }
 }
@@ -154,11 +169,20 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Clock (overridable in tests).
     pub now: fn() -> Timestamp,
+    /// The watch caches of the jobs' pods and Services.
+    pub caches: Caches,
+    /// Pod writes the pod cache does not show yet, per job.
+    pub expectations: Expectations,
+    /// Jobs whose token Secret this process has created (or found to exist).
+    pub secrets: Once,
+    /// Jobs whose PodGroup this process has applied.
+    pub pod_groups: Once,
 }
 
 impl Context {
-    /// A context with the default reporter `tfjob-operator`.
-    pub fn new(client: Client, opts: PlanOptions) -> Self {
+    /// A context with the default reporter `tfjob-operator`, reading pods and Services from
+    /// `caches` (see [`build_controller`]).
+    pub fn new(client: Client, opts: PlanOptions, caches: Caches) -> Self {
         let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: std::env::var("POD_NAME").ok() };
         Context {
             recorder: Recorder::new(client.clone(), reporter.clone()),
@@ -167,6 +191,10 @@ impl Context {
             opts,
             metrics: Arc::new(Metrics::default()),
             now: Timestamp::now,
+            caches,
+            expectations: Expectations::default(),
+            secrets: Once::default(),
+            pod_groups: Once::default(),
         }
     }
 }
@@ -184,17 +212,32 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
         _ => Phase::Pending,
     };
     let cs = st.and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs.iter().find(|c| c.name == api::DEFAULT_CONTAINER_NAME));
-    let exit_code = cs.and_then(|c| {
-        c.state.as_ref().and_then(|s| s.terminated.as_ref()).or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref())).map(|t| t.exit_code)
+    let terminated =
+        cs.and_then(|c| c.state.as_ref().and_then(|s| s.terminated.as_ref()).or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref())));
+    // Without a terminated container, a failed pod says why itself (`Evicted: ...`).
+    let pod_reason = st.and_then(|s| s.reason.as_deref()).map(|r| match st.and_then(|s| s.message.as_deref()).filter(|m| !m.is_empty()) {
+        Some(m) => format!("{r}: {m}"),
+        None => r.to_string(),
     });
+    let exit_reason = match terminated {
+        Some(t) => t.reason.clone(),
+        None if phase == Phase::Failed => pod_reason,
+        None => None,
+    };
+    let unschedulable = st
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")))
+        .map(|c| c.message.clone().unwrap_or_else(|| "Unschedulable".to_string()));
     Some(ObservedReplica {
         replica_type,
         index,
         name: pod.name_any(),
         phase,
-        exit_code,
+        exit_code: terminated.map(|t| t.exit_code),
+        exit_reason,
         restart_count: cs.map(|c| c.restart_count).unwrap_or(0),
         terminating: pod.metadata.deletion_timestamp.is_some(),
+        unschedulable,
     })
 }
 
@@ -206,16 +249,76 @@ fn pod_group_resource(gang: &GangScheduler) -> ApiResource {
     ApiResource::from_gvk_with_plural(&gvk, "podgroups")
 }
 
-async fn ensure_secret(api: &Api<Secret>, job: &TFJob) -> Result<(), Error> {
-    let name = api::secret_name(job.name());
-    if api.get_opt(&name).await.map_err(kerr("get secret"))?.is_some() {
+fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() }
+}
+
+/// Creates the job's token Secret, once: the controller never reads Secrets (it may not), so a
+/// Secret that exists already (`AlreadyExists`: created by an earlier run of the operator) is
+/// the job's and is kept, token and all.
+async fn ensure_secret(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.secrets.contains(uid) {
         return Ok(());
     }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let secret = plan::build_secret(job, &plan::random_token());
-    match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        Err(e) if is_status(&e, 409) => Ok(()),
-        Err(e) => Err(kerr("create secret")(e)),
+    match api.create(&post_params(), &secret).await {
+        Ok(_) => {}
+        Err(e) if is_status(&e, 409) => {}
+        Err(e) => return Err(kerr("create secret")(e)),
+    }
+    ctx.secrets.insert(uid);
+    Ok(())
+}
+
+/// Applies the job's Service (and, when configured, its NetworkPolicy) when the cache shows it
+/// missing or different; otherwise writes nothing.
+async fn ensure_service(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let desired = plan::build_service(job);
+    if let Some(existing) = ctx.caches.service_of(job)
+        && cache::service_is_current(&existing, &desired)
+    {
+        return Ok(());
+    }
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    svc_api.patch(job.name(), &apply, &Patch::Apply(&desired)).await.map_err(kerr("apply service"))?;
+    if ctx.opts.network_policy {
+        let np_api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+        let np = plan::build_network_policy(job);
+        np_api.patch(job.name(), &apply, &Patch::Apply(&np)).await.map_err(kerr("apply networkpolicy"))?;
+    }
+    Ok(())
+}
+
+/// Applies the job's PodGroup once per job (and process).
+async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let Some(gang) = &ctx.opts.gang_scheduler else {
+        return Ok(());
+    };
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.pod_groups.contains(uid) {
+        return Ok(());
+    }
+    let ar = pod_group_resource(gang);
+    let pg_api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
+    let pg = plan::build_pod_group(job, gang);
+    pg_api.patch(job.name(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
+    ctx.pod_groups.insert(uid);
+    Ok(())
+}
+
+/// What the API server's refusal to create a pod means for the job, or `None` when the call
+/// failed for another reason (connection, timeout, overload: the reconcile is retried).
+fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
+    match e {
+        // Invalid (422) or malformed (400): the same pod would be refused again.
+        // Forbidden (403): admission (quota, pod security) may let a later attempt through.
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
+            Some(PodRefusal { pod: pod.to_string(), message: s.message.clone(), permanent: s.code != 403 })
+        }
+        _ => None,
     }
 }
 
@@ -263,44 +366,46 @@ pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction,
 }
 
 async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
+    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    // What the controller remembers of a job is keyed by its uid: a job deleted and created
+    // again under the same name is another job.
+    let key = if uid.is_empty() { format!("{ns}/{name}") } else { uid.clone() };
     if job.metadata.deletion_timestamp.is_some() {
         // Children carry owner references: the garbage collector removes them.
+        forget(ctx, &key, &uid);
         return Ok(CtrlAction::await_change());
     }
     if job.managed_elsewhere() {
         tracing::debug!(job = job.name(), "managed by another controller; skipped");
         return Ok(CtrlAction::await_change());
     }
-    let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
-    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
-    let client = ctx.client.clone();
+    if !ctx.caches.wait_until_ready(Duration::from_secs(30)).await {
+        return Err(Error::CacheNotReady);
+    }
+    let pods = ctx.caches.pods_of(job);
+    let cached: Vec<CachedPod> = pods.iter().map(|p| CachedPod::of(p)).collect();
+    if let Some(wait) = ctx.expectations.wait(&key, &cached, Instant::now(), EXPECTATION_TTL) {
+        tracing::debug!(job = %name, "waiting for the pod cache to show the last writes");
+        return Ok(CtrlAction::requeue(wait));
+    }
     let invalid = api::validate(job);
     let mut defaulted = job.clone();
     api::apply_defaults(&mut defaulted.spec);
     let old_status = job.status.clone().unwrap_or_default();
-
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let finished = status::is_finished(&old_status);
-    if invalid.is_empty() && !finished && !defaulted.spec.run_policy.suspend {
-        ensure_secret(&Api::namespaced(client.clone(), &ns), &defaulted).await?;
-        let svc_api: Api<Service> = Api::namespaced(client.clone(), &ns);
-        let svc = plan::build_service(&defaulted);
-        svc_api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&svc)).await.map_err(kerr("apply service"))?;
-        if let Some(gang) = &ctx.opts.gang_scheduler {
-            let ar = pod_group_resource(gang);
-            let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-            let pg = plan::build_pod_group(&defaulted, gang);
-            pg_api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
-        }
+    if finished {
+        // A finished job creates nothing any more.
+        ctx.secrets.forget(&uid);
+        ctx.pod_groups.forget(&uid);
+    } else if invalid.is_empty() && !defaulted.spec.run_policy.suspend {
+        ensure_service(ctx, &ns, &defaulted).await?;
+        ensure_pod_group(ctx, &ns, &defaulted).await?;
     }
 
-    let selector = format!("{}={},{}={}", plan::LABEL_JOB_NAME, name, plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME);
-    let pods = pods_api.list(&ListParams::default().labels(&selector)).await.map_err(kerr("list pods"))?;
-    let uid = job.metadata.uid.clone();
-    let observed: Vec<ObservedReplica> =
-        pods.items.iter().filter(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref())).filter_map(observe_pod).collect();
-
-    let outcome = status::reconcile_status(&Observation {
+    let observed: Vec<ObservedReplica> = pods.iter().filter_map(|p| observe_pod(p)).collect();
+    let mut outcome = status::reconcile_status(&Observation {
         namespace: &ns,
         name: &name,
         spec: &defaulted.spec,
@@ -309,76 +414,110 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         invalid: &invalid,
         now: (ctx.now)(),
     });
+    let creates = outcome.actions.iter().filter(|a| matches!(a, Action::CreateReplica { .. })).count();
+    if creates > 0 {
+        ensure_secret(ctx, &ns, &defaulted).await?;
+    }
 
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid_of = |pod: &str| -> Option<String> { pods.iter().find(|p| p.metadata.name.as_deref() == Some(pod)).and_then(|p| p.metadata.uid.clone()) };
     let mut job_deleted = false;
     // The state machine's events are published once the status they come with is written: a
     // status computed from a stale copy of the job is refused (409 below) and so are its events,
     // which the next reconcile computes again if they are still due. (Otherwise a `TFJobCreated`
     // or a `Scaled` would be sent again by every reconcile that runs before the watch delivers
     // the status just written.)
-    let mut job_events: Vec<(EventKind, &str, &str)> = Vec::new();
+    let mut job_events: Vec<Action> = Vec::new();
+    let mut refused: Vec<PodRefusal> = Vec::new();
     // Planned at the first pod to create, once per reconcile: the cluster spec is written once
     // and each pod's TF_CONFIG only when that pod is sent.
     let mut planner: Option<plan::PodPlanner> = None;
     for action in &outcome.actions {
         match action {
+            // After an invalid pod the job fails: no point sending its other pods.
+            Action::CreateReplica { .. } if refused.iter().any(|r| r.permanent) => {}
             Action::CreateReplica { replica_type, index } => {
                 let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
-                if let Some(planned) = planner.pod(*replica_type, *index) {
-                    let pod_name = planned.name().to_string();
-                    pods_api
-                        .patch(&pod_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(planned.into_pod()))
-                        .await
-                        .map_err(kerr(format!("create pod {pod_name}")))?;
-                    let msg = format!("Created pod: {pod_name}");
-                    let related = Some(pod_ref(job, &pod_name));
-                    publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg, related).await;
+                let Some(planned) = planner.pod(*replica_type, *index) else {
+                    continue;
+                };
+                let pod_name = planned.name().to_string();
+                match pods_api.create(&post_params(), &planned.into_pod()).await {
+                    Ok(created) => {
+                        let new_uid = created.metadata.uid.unwrap_or_default();
+                        ctx.expectations.created(&key, &pod_name, &new_uid, Instant::now());
+                        let msg = format!("Created pod: {pod_name}");
+                        let related = Some(pod_ref(job, &pod_name));
+                        publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg, related).await;
+                    }
+                    // The cache was behind: the pod is there.
+                    Err(e) if is_status(&e, 409) => {}
+                    Err(e) => match pod_refusal(&pod_name, &e) {
+                        Some(r) => {
+                            tracing::warn!(job = %name, pod = %pod_name, error = %e, "pod refused");
+                            refused.push(r);
+                        }
+                        None => return Err(kerr(format!("create pod {pod_name}"))(e)),
+                    },
                 }
             }
             Action::DeleteReplica { name: pod } | Action::RecreateReplica { name: pod, .. } => {
                 if matches!(action, Action::RecreateReplica { .. }) {
                     ctx.metrics.restarts.fetch_add(1, Ordering::Relaxed);
                 }
-                match pods_api.delete(pod, &DeleteParams::default()).await {
+                // Exactly the pod observed: never a newer pod of the same name.
+                let pod_uid = uid_of(pod);
+                let params = DeleteParams {
+                    preconditions: pod_uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+                    ..Default::default()
+                };
+                match pods_api.delete(pod, &params).await {
                     Ok(_) => {
+                        if let Some(u) = &pod_uid {
+                            ctx.expectations.deleted(&key, pod, u, Instant::now());
+                        }
                         let msg = format!("Deleted pod: {pod}");
                         let related = Some(pod_ref(job, pod));
                         publish(ctx, job, EventKind::Normal, "SuccessfulDeletePod", &msg, related).await;
                     }
-                    Err(e) if is_status(&e, 404) => {}
+                    Err(e) if is_status(&e, 404) || is_status(&e, 409) => {}
                     Err(e) => return Err(kerr(format!("delete pod {pod}"))(e)),
                 }
             }
-            Action::Event { kind, reason, message } => job_events.push((*kind, reason.as_str(), message.as_str())),
+            Action::Event { .. } => job_events.push(action.clone()),
             Action::RequeueAfter(_) => {}
             Action::DeleteJob => {
-                let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
+                let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &ns);
                 match jobs.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => {}
                     Err(e) if is_status(&e, 404) => {}
                     Err(e) => return Err(kerr("delete job")(e)),
                 }
+                forget(ctx, &key, &uid);
                 job_deleted = true;
             }
         }
+    }
+    if creates > 0 || !refused.is_empty() {
+        let full_name = format!("{ns}/{name}");
+        let now = (ctx.now)();
+        job_events.extend(status::record_pod_creations(&mut outcome.status, &full_name, creates, &refused, now));
     }
 
     // A finished job releases its gang: the PodGroup goes with the pods.
     let newly_finished = !job_deleted && !finished && status::is_finished(&outcome.status);
     if let Some(gang) = ctx.opts.gang_scheduler.as_ref().filter(|_| newly_finished) {
-        {
-            let ar = pod_group_resource(gang);
-            let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-            match pg_api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if is_status(&e, 404) => {}
-                Err(e) => return Err(kerr("delete podgroup")(e)),
-            }
+        let ar = pod_group_resource(gang);
+        let pg_api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
+        match pg_api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(kerr("delete podgroup")(e)),
         }
     }
 
     if !job_deleted && status_changed(&old_status, &outcome.status) {
-        let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
+        let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = status_patch(job, &outcome.status);
         match jobs.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
             Ok(_) => {}
@@ -393,14 +532,26 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
             Err(e) => return Err(kerr("patch status")(e)),
         }
     }
-    for (kind, reason, message) in job_events {
-        publish(ctx, job, kind, reason, message, None).await;
+    for event in job_events {
+        if let Action::Event { kind, reason, message, pod } = event {
+            let related = pod.map(|p| pod_ref(job, &p));
+            publish(ctx, job, kind, &reason, &message, related).await;
+        }
     }
 
-    Ok(match outcome.requeue_after() {
+    // A pod refused for now (quota, admission) is tried again later.
+    let retry = (!refused.is_empty()).then_some(Duration::from_secs(10));
+    Ok(match outcome.requeue_after().into_iter().chain(retry).min() {
         Some(d) => CtrlAction::requeue(d.max(Duration::from_millis(100))),
         None => CtrlAction::await_change(),
     })
+}
+
+/// Drops what the context remembers of a job that is finished or gone.
+fn forget(ctx: &Context, key: &str, uid: &str) {
+    ctx.expectations.forget(key);
+    ctx.secrets.forget(uid);
+    ctx.pod_groups.forget(uid);
 }
 
 /// The server-side apply body of a status write. It carries the `resourceVersion` of the job the
@@ -459,6 +610,9 @@ pub struct OperatorArgs {
     /// Gang scheduler: `volcano` or a scheduler-plugins scheduler name (none when unset).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
+    /// Give every job a NetworkPolicy: only the job's own pods reach its replicas' ports.
+    #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub network_policy: bool,
     /// Use leader election (a Lease) so that only one replica reconciles.
     #[arg(long, env = "TFJOB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -563,8 +717,10 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
         gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
+        network_policy: args.network_policy,
     };
-    let ctx = Arc::new(Context::new(client.clone(), opts));
+    let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
+    let ctx = Arc::new(Context::new(client.clone(), opts, caches));
     let ready = Arc::new(AtomicBool::new(false));
     let listener =
         tokio::net::TcpListener::bind(&args.metrics_addr).await.map_err(|source| OperatorError::Listen { addr: args.metrics_addr.clone(), source })?;
@@ -616,7 +772,6 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
         leader = Some((elector, renewals));
     }
 
-    let controller = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     if let Ok(mut s) = ctx.metrics.store.lock() {
         *s = Some(controller.store());
     }
@@ -659,9 +814,10 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     Ok(())
 }
 
-/// The kube-rs `Controller` over TFJobs (in `namespace`, or all namespaces) and the pods,
-/// services and secrets they own (selected by the operator-name label).
-pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u16) -> Controller<TFJob> {
+/// The kube-rs `Controller` over TFJobs (in `namespace`, or all namespaces), triggered also by
+/// the pods and Services they own (selected by the operator-name label), whose watches fill the
+/// returned [`Caches`]: give them to the [`Context`] of the reconciler. Secrets are not watched.
+pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u16) -> (Controller<TFJob>, Caches) {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -672,11 +828,24 @@ pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u1
         }
     }
     let owned = watcher::Config::default().labels(&format!("{}={}", plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME));
-    Controller::new(api::<TFJob>(&client, namespace), watcher::Config::default())
-        .owns(api::<Pod>(&client, namespace), owned.clone())
-        .owns(api::<Service>(&client, namespace), owned.clone())
-        .owns(api::<Secret>(&client, namespace), owned)
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (services, service_writer) = reflector::store::<Service>();
+    // The caches keep what a reconcile reads, not the managed fields of every object.
+    let pod_events = watcher(api::<Pod>(&client, namespace), owned.clone())
+        .default_backoff()
+        .modify(|p| p.managed_fields_mut().clear())
+        .reflect(pod_writer)
+        .touched_objects();
+    let service_events = watcher(api::<Service>(&client, namespace), owned)
+        .default_backoff()
+        .modify(|s| s.managed_fields_mut().clear())
+        .reflect(service_writer)
+        .touched_objects();
+    let controller = Controller::new(api::<TFJob>(&client, namespace), watcher::Config::default())
+        .owns_stream(pod_events)
+        .owns_stream(service_events)
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+    (controller, Caches { pods, services })
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.

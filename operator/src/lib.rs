@@ -4,6 +4,8 @@
 //! - [`plan`]: pure planning: the replicas, pods, Service, Secret and `TF_CONFIG` of a job
 //!   (entry points: [`plan::ReplicaPlanner`] for every backend, [`plan::PodPlanner`] for the
 //!   controller).
+//! - [`template`]: pod templates read strictly (unknown fields, wrongly typed values) and
+//!   checked for the values the API server would refuse.
 //! - [`status`]: pure state machine: observed replicas in, new status and actions out
 //!   (entry point: [`status::reconcile_status`]).
 //! - [`kube`]: the Kubernetes controller that executes plans and status actions.
@@ -17,3 +19,4 @@ pub mod local;
 pub mod plan;
 pub mod plot;
 pub mod status;
+pub mod template;

@@ -21,7 +21,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -421,6 +423,9 @@ pub struct PlanOptions {
     pub cluster_domain: Option<String>,
     /// Gang scheduler, if any.
     pub gang_scheduler: Option<GangScheduler>,
+    /// Give each job a NetworkPolicy that lets only its own pods reach its replicas' ports
+    /// ([`build_network_policy`]).
+    pub network_policy: bool,
 }
 
 /// Everything the controller applies for a job.
@@ -434,6 +439,8 @@ pub struct DesiredObjects {
     pub pods: Vec<PlannedPod>,
     /// The PodGroup when gang scheduling is configured.
     pub pod_group: Option<Value>,
+    /// The NetworkPolicy when configured.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// Owner reference pointing at the job (controller, blocks owner deletion).
@@ -484,8 +491,7 @@ pub fn build_secret(job: &TFJob, token: &str) -> Secret {
 
 /// The headless Service `<job>` that gives every replica its DNS name.
 pub fn build_service(job: &TFJob) -> Service {
-    let ports: BTreeSet<i32> = api::replica_specs(&job.spec).values().map(|rs| replica_port(rs)).collect();
-    let ports = ports
+    let ports = job_ports(job)
         .into_iter()
         .enumerate()
         .map(|(i, port)| ServicePort {
@@ -505,6 +511,51 @@ pub fn build_service(job: &TFJob) -> Service {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The ports of a job's replicas (`tfjob-port` of each replica type), sorted.
+fn job_ports(job: &TFJob) -> BTreeSet<i32> {
+    api::replica_specs(&job.spec).values().map(|rs| replica_port(rs)).collect()
+}
+
+/// The NetworkPolicy `<job>` of a job: on the job's pods, the replicas' ports (`tfjob-port`,
+/// where the gRPC servers and the tensor channel listen, protected by the job's token) accept
+/// connections from the job's own pods only. Every other port (metrics, TensorBoard, whatever
+/// else a template serves) stays open as it was: TCP around the replicas' ports, all of UDP and
+/// SCTP.
+pub fn build_network_policy(job: &TFJob) -> NetworkPolicy {
+    let tcp = |port: i32, end_port: Option<i32>| NetworkPolicyPort { port: Some(IntOrString::Int(port)), end_port, protocol: Some("TCP".to_string()) };
+    let ports = job_ports(job);
+    let mut other_ports = Vec::new();
+    let mut next = 1;
+    for &p in &ports {
+        if p > next {
+            other_ports.push(tcp(next, (p - 1 > next).then_some(p - 1)));
+        }
+        next = p + 1;
+    }
+    if next <= 65535 {
+        other_ports.push(tcp(next, (next < 65535).then_some(65535)));
+    }
+    for protocol in ["UDP", "SCTP"] {
+        other_ports.push(NetworkPolicyPort { protocol: Some(protocol.to_string()), ..Default::default() });
+    }
+    let job_pods = LabelSelector { match_labels: Some(job_labels(job.name())), match_expressions: None };
+    NetworkPolicy {
+        metadata: meta(job, job.name().to_string(), job_labels(job.name())),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(job_pods.clone()),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer { pod_selector: Some(job_pods), ..Default::default() }]),
+                    ports: Some(ports.iter().map(|&p| tcp(p, None)).collect()),
+                },
+                NetworkPolicyIngressRule { from: None, ports: Some(other_ports) },
+            ]),
+            egress: None,
+        }),
     }
 }
 
@@ -672,6 +723,7 @@ pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredO
         service: build_service(job),
         pods,
         pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
+        network_policy: opts.network_policy.then(|| build_network_policy(job)),
     }
 }
 
@@ -888,7 +940,7 @@ spec:
                 }
             }
             // The controller's pods carry the same text once written out.
-            let opts = PlanOptions { cluster_domain: Some("cluster.local".into()), gang_scheduler: None };
+            let opts = PlanOptions { cluster_domain: Some("cluster.local".into()), gang_scheduler: None, ..Default::default() };
             let planner = PodPlanner::new(j, &opts);
             for (t, i) in planner.replicas.replica_ids() {
                 let pod = planner.pod(t, i).unwrap().into_pod();
@@ -1039,7 +1091,7 @@ spec:
     #[test]
     fn gang_scheduling() {
         let j = mnist("  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n", &[("PS", 2), ("Worker", 3)]);
-        let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) };
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano), ..Default::default() };
         let d = desired_objects(&j, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
@@ -1050,7 +1102,7 @@ spec:
         assert_eq!(p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"], "mnist");
 
         let j2 = mnist("  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n", &[("Worker", 3)]);
-        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler") };
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler"), ..Default::default() };
         let d = desired_objects(&j2, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
@@ -1089,6 +1141,72 @@ spec:
         let big = mnist("", &[("Worker", 3)]);
         assert_eq!(cfg_of(&small, "mnist-worker-0").unwrap().matches("mnist-worker-").count(), 2);
         assert_eq!(cfg_of(&big, "mnist-worker-2").unwrap().matches("mnist-worker-").count(), 3);
+    }
+
+    #[test]
+    fn network_policy_opens_the_replica_ports_to_the_job_only() {
+        /// (protocol, port, endPort) of a rule's ports.
+        fn ports(rule: &NetworkPolicyIngressRule) -> Vec<(String, Option<i32>, Option<i32>)> {
+            rule.ports
+                .iter()
+                .flatten()
+                .map(|p| {
+                    let port = match &p.port {
+                        Some(IntOrString::Int(n)) => Some(*n),
+                        _ => None,
+                    };
+                    (p.protocol.clone().unwrap_or_default(), port, p.end_port)
+                })
+                .collect()
+        }
+        let tcp = |a: i32, b: Option<i32>| ("TCP".to_string(), Some(a), b);
+        let rest = [("UDP".to_string(), None, None), ("SCTP".to_string(), None, None)];
+        let with_port = |t: &str, port: i32| {
+            format!(
+                "    {t}:\n      template:\n        spec:\n          containers: [{{name: tensorflow, image: i, ports: [{{name: tfjob-port, containerPort: {port}}}]}}]\n"
+            )
+        };
+        // (replica sets, the job's ports, every other port)
+        let cases = vec![
+            (mnist("", &[("Worker", 2)]), vec![tcp(2222, None)], vec![tcp(1, Some(2221)), tcp(2223, Some(65535))]),
+            (
+                job(&format!(
+                    "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: mnist, namespace: default, uid: u-1}}\nspec:\n  tfReplicaSpecs:\n{}{}",
+                    with_port("PS", 1),
+                    with_port("Worker", 3)
+                )),
+                vec![tcp(1, None), tcp(3, None)],
+                vec![tcp(2, None), tcp(4, Some(65535))],
+            ),
+            (
+                job(&format!(
+                    "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: mnist, namespace: default, uid: u-1}}\nspec:\n  tfReplicaSpecs:\n{}",
+                    with_port("Worker", 65535)
+                )),
+                vec![tcp(65535, None)],
+                vec![tcp(1, Some(65534))],
+            ),
+        ];
+        for (j, own, others) in cases {
+            let np = build_network_policy(&j);
+            assert_eq!(np.metadata.name.as_deref(), Some("mnist"));
+            assert_eq!(np.metadata.owner_references, Some(vec![owner_reference(&j)]));
+            let spec = np.spec.unwrap();
+            let job_pods = Some(job_labels("mnist"));
+            assert_eq!(spec.pod_selector.unwrap().match_labels, job_pods);
+            assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+            let rules = spec.ingress.unwrap();
+            assert_eq!(rules.len(), 2);
+            let from = rules[0].from.clone().unwrap();
+            assert_eq!(from.len(), 1);
+            assert_eq!(from[0].pod_selector.clone().unwrap().match_labels, job_pods);
+            assert!(from[0].namespace_selector.is_none() && from[0].ip_block.is_none());
+            assert_eq!(ports(&rules[0]), own);
+            assert!(rules[1].from.is_none(), "other ports: from anywhere");
+            let mut want = others.clone();
+            want.extend(rest.iter().cloned());
+            assert_eq!(ports(&rules[1]), want);
+        }
     }
 
     #[test]

@@ -30,6 +30,20 @@ pub const SUCCEEDED: &str = "Succeeded";
 pub const SUSPENDED: &str = "Suspended";
 /// Condition type `Failed`.
 pub const FAILED: &str = "Failed";
+/// Condition type `Unschedulable`: some pod of the job cannot be scheduled (not a phase).
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// Condition type `ReplicaFailure`: the API server refuses to create a pod of the job for now
+/// (quota, admission); not a phase. The name and meaning are a ReplicaSet's.
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+
+/// The condition types that are phases of a job ([`job_phase`]); the others ([`UNSCHEDULABLE`],
+/// [`REPLICA_FAILURE`]) say something about the job's pods.
+pub const PHASES: [&str; 6] = [CREATED, RUNNING, RESTARTING, SUCCEEDED, SUSPENDED, FAILED];
+
+/// Event reason of a terminated `tensorflow` container (Kubeflow's).
+pub const EXITED_WITH_CODE: &str = "ExitedWithCode";
+/// Event reason of a pod the API server refused (Kubeflow's).
+pub const FAILED_CREATE_POD: &str = "FailedCreatePod";
 
 /// Phase of an observed replica (the pod phase, or its process equivalent).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,10 +73,39 @@ pub struct ObservedReplica {
     pub phase: Phase,
     /// Exit code of the `tensorflow` container when it has terminated.
     pub exit_code: Option<i32>,
+    /// Why the `tensorflow` container last terminated, as the kubelet says (`Error`,
+    /// `OOMKilled`, `Completed`), or why the pod failed without it (`Evicted: ...`).
+    pub exit_reason: Option<String>,
     /// In-place restarts of the `tensorflow` container.
     pub restart_count: i32,
     /// Being deleted: not counted, not recreated until gone.
     pub terminating: bool,
+    /// The scheduler's message while the pod cannot be scheduled (its `PodScheduled` condition
+    /// is `False` with reason `Unschedulable`).
+    pub unschedulable: Option<String>,
+}
+
+impl ObservedReplica {
+    /// `pod job-worker-1 exited with code 137 (OOMKilled)`, or `pod job-worker-1 failed
+    /// (Evicted: ...)` when no exit code is known.
+    pub fn failure(&self) -> String {
+        let reason = self.exit_reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+        match self.exit_code {
+            Some(code) => format!("pod {} exited with code {code}{reason}", self.name),
+            None => format!("pod {} failed{reason}", self.name),
+        }
+    }
+}
+
+/// The failures of `failed`, at most five named: `pod a exited with code 1 (Error); pod b ...
+/// (and 3 more)`.
+fn describe_failures(failed: &[&ObservedReplica]) -> String {
+    const NAMED: usize = 5;
+    let mut text: Vec<String> = failed.iter().take(NAMED).map(|r| r.failure()).collect();
+    if failed.len() > NAMED {
+        text.push(format!("and {} more", failed.len() - NAMED));
+    }
+    text.join("; ")
 }
 
 /// Everything the state machine needs to know about a job at one instant.
@@ -125,6 +168,8 @@ pub enum Action {
         reason: String,
         /// Message.
         message: String,
+        /// The pod the event is about, if any (the event's related object).
+        pod: Option<String>,
     },
     /// Look at the job again after this long even if nothing changes.
     RequeueAfter(Duration),
@@ -164,9 +209,10 @@ pub fn is_finished(status: &TFJobStatus) -> bool {
     has_condition(status, SUCCEEDED) || has_condition(status, FAILED)
 }
 
-/// The phase shown for a job: the type of the last true condition (`Created` when none).
+/// The phase of a job: the type of the last true condition that is a phase ([`PHASES`];
+/// `Created` when none).
 pub fn job_phase(status: &TFJobStatus) -> &str {
-    status.conditions.iter().rev().find(|c| c.status == "True").map(|c| c.type_.as_str()).unwrap_or(CREATED)
+    status.conditions.iter().rev().find(|c| c.status == "True" && PHASES.contains(&c.type_.as_str())).map(|c| c.type_.as_str()).unwrap_or(CREATED)
 }
 
 /// Whether an exit code of the `tensorflow` container is retryable under `ExitCode` (>= 128:
@@ -192,66 +238,42 @@ struct Tally<'o> {
     /// Replica count planned per type ([`api::planned_replicas`]).
     planned: BTreeMap<ReplicaType, i32>,
     /// Replicas that failed and must not be restarted (dynamic workers aside).
-    permanent_failures: Vec<(ReplicaType, i32)>,
-    /// Indices of dynamic workers (`enableDynamicWorker`) that failed for good.
-    failed_dynamic_workers: Vec<i32>,
+    permanent_failures: Vec<&'o ObservedReplica>,
+    /// Dynamic workers (`enableDynamicWorker`) that failed for good.
+    failed_dynamic_workers: Vec<&'o ObservedReplica>,
     /// Failed replicas that their restart policy recreates.
     to_recreate: Vec<&'o ObservedReplica>,
     /// In-place restarts of the `tensorflow` containers (the kubelet's).
     in_place_restarts: i64,
+    /// Replicas restarted in place at least once (for the message of the backoff limit).
+    restarted: Vec<&'o ObservedReplica>,
+    /// Pending replicas the scheduler cannot place.
+    unschedulable: Vec<&'o ObservedReplica>,
 }
 
 impl<'a> Machine<'a> {
     fn event(&mut self, kind: EventKind, reason: &str, message: &str) {
-        self.actions.push(Action::Event { kind, reason: reason.to_string(), message: message.to_string() });
+        self.actions.push(event(kind, reason, message, None));
     }
 
-    /// Kubeflow's `UpdateJobConditions`: no change when a condition of that type already has the
-    /// same status and reason; otherwise Running and Restarting replace each other, a terminal
-    /// (or Suspended) condition turns Running and Restarting false, and the new condition goes
-    /// last. Returns whether anything
-    /// changed.
     fn set_condition(&mut self, type_: &str, status: &str, reason: &str, message: &str) -> bool {
-        if let Some(c) = self.status.conditions.iter().find(|c| c.type_ == type_)
-            && c.status == status
-            && c.reason.as_deref() == Some(reason)
-        {
-            return false;
-        }
-        let now = self.now.clone();
-        let mut kept = Vec::new();
-        for mut c in std::mem::take(&mut self.status.conditions) {
-            if c.type_ == type_ || (type_ == RESTARTING && c.type_ == RUNNING) || (type_ == RUNNING && c.type_ == RESTARTING) {
-                continue;
-            }
-            if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED) && (c.type_ == RUNNING || c.type_ == RESTARTING) && c.status == "True" {
-                c.status = "False".into();
-                c.last_update_time = Some(now.clone());
-                c.last_transition_time = Some(now.clone());
-            }
-            kept.push(c);
-        }
-        kept.push(JobCondition {
-            type_: type_.to_string(),
-            status: status.to_string(),
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            last_update_time: Some(now.clone()),
-            last_transition_time: Some(now),
-        });
-        self.status.conditions = kept;
-        true
+        set_condition(&mut self.status, &self.now, type_, status, reason, message)
     }
 
     fn finish(&mut self, type_: &str, reason: &str, message: &str) {
-        if self.set_condition(type_, "True", reason, message) {
-            let kind = if type_ == SUCCEEDED { EventKind::Normal } else { EventKind::Warning };
-            self.event(kind, reason, message);
-        }
-        if self.status.completion_time.is_none() {
-            self.status.completion_time = Some(self.now.clone());
-        }
+        let events = finish(&mut self.status, &self.now, type_, reason, message);
+        self.actions.extend(events);
         self.terminal();
+    }
+
+    /// An `ExitedWithCode` event (Kubeflow's) for each failed replica with an exit code.
+    fn exited(&mut self, failed: &[&ObservedReplica]) {
+        for r in failed.iter().filter(|r| r.exit_code.is_some()) {
+            let reason = r.exit_reason.as_deref().map(|x| format!(" ({x})")).unwrap_or_default();
+            let message = format!("Pod: {}.{} exited with code {}{reason}", self.obs.namespace, r.name, r.exit_code.unwrap_or_default());
+            let kind = if r.exit_code == Some(0) { EventKind::Normal } else { EventKind::Warning };
+            self.actions.push(event(kind, EXITED_WITH_CODE, &message, Some(r.name.clone())));
+        }
     }
 
     /// Seconds from `since` (now when unset) to now, never negative.
@@ -285,6 +307,108 @@ impl<'a> Machine<'a> {
             }
         }
     }
+}
+
+fn event(kind: EventKind, reason: &str, message: &str, pod: Option<String>) -> Action {
+    Action::Event { kind, reason: reason.to_string(), message: message.to_string(), pod }
+}
+
+/// Kubeflow's `UpdateJobConditions`: no change when a condition of that type already has the
+/// same status and reason; otherwise Running and Restarting replace each other, a terminal (or
+/// Suspended) condition turns Running, Restarting and Unschedulable false, and the new condition
+/// goes last among the true ones: false conditions come first, so the last condition is always
+/// the job's latest true state (what `kubectl get tfjobs` shows as State). Returns whether
+/// anything changed.
+fn set_condition(st: &mut TFJobStatus, now: &Time, type_: &str, status: &str, reason: &str, message: &str) -> bool {
+    if let Some(c) = st.conditions.iter().find(|c| c.type_ == type_)
+        && c.status == status
+        && c.reason.as_deref() == Some(reason)
+    {
+        return false;
+    }
+    let mut kept = Vec::new();
+    for mut c in std::mem::take(&mut st.conditions) {
+        if c.type_ == type_ || (type_ == RESTARTING && c.type_ == RUNNING) || (type_ == RUNNING && c.type_ == RESTARTING) {
+            continue;
+        }
+        if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED)
+            && [RUNNING, RESTARTING, UNSCHEDULABLE].contains(&c.type_.as_str())
+            && c.status == "True"
+        {
+            c.status = "False".into();
+            c.last_update_time = Some(now.clone());
+            c.last_transition_time = Some(now.clone());
+        }
+        kept.push(c);
+    }
+    kept.push(JobCondition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now.clone()),
+    });
+    // A stable partition: false (and unknown) conditions first, true ones after.
+    let (mut ordered, true_ones): (Vec<_>, Vec<_>) = kept.into_iter().partition(|c| c.status != "True");
+    ordered.extend(true_ones);
+    st.conditions = ordered;
+    true
+}
+
+/// Ends the job with condition `type_` (`Succeeded` or `Failed`): the condition, its event
+/// (when new) and the completion time.
+fn finish(st: &mut TFJobStatus, now: &Time, type_: &str, reason: &str, message: &str) -> Vec<Action> {
+    let mut events = Vec::new();
+    if set_condition(st, now, type_, "True", reason, message) {
+        let kind = if type_ == SUCCEEDED { EventKind::Normal } else { EventKind::Warning };
+        events.push(event(kind, reason, message, None));
+    }
+    if st.completion_time.is_none() {
+        st.completion_time = Some(now.clone());
+    }
+    events
+}
+
+/// A pod the API server refused to create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRefusal {
+    /// The pod's name.
+    pub pod: String,
+    /// The API server's answer (e.g. `Pod "j-worker-0" is invalid: spec.containers[0]...`).
+    pub message: String,
+    /// Whether the same pod would be refused again: the API server found it invalid (422).
+    /// Otherwise (quota, admission) a later attempt may succeed.
+    pub permanent: bool,
+}
+
+/// Records on the status what happened to the pods a reconcile tried to create (`attempted`
+/// pods, of which `refused` were refused), and returns the events to publish: a Warning
+/// `FailedCreatePod` per refusal; a refused invalid pod fails the job (an invalid template fails
+/// every time), any other refusal sets `ReplicaFailure` until a later attempt creates every pod.
+pub fn record_pod_creations(st: &mut TFJobStatus, full_name: &str, attempted: usize, refused: &[PodRefusal], now: Timestamp) -> Vec<Action> {
+    let now = Time(now);
+    let mut events: Vec<Action> = refused
+        .iter()
+        .map(|r| {
+            let message = format!("Error creating: {}", r.message);
+            event(EventKind::Warning, FAILED_CREATE_POD, &message, Some(r.pod.clone()))
+        })
+        .collect();
+    if is_finished(st) {
+        return events;
+    }
+    if let Some(r) = refused.iter().find(|r| r.permanent) {
+        let msg = format!("TFJob {full_name} has failed because the API server refused pod {}: {}", r.pod, r.message);
+        events.extend(finish(st, &now, FAILED, "TFJobFailedValidation", &msg));
+    } else if let Some(r) = refused.first() {
+        let msg = format!("TFJob {full_name} cannot create pod {} (retrying): {}", r.pod, r.message);
+        set_condition(st, &now, REPLICA_FAILURE, "True", FAILED_CREATE_POD, &msg);
+    } else if attempted > 0 && has_condition(st, REPLICA_FAILURE) {
+        let msg = format!("TFJob {full_name} has created its pods.");
+        set_condition(st, &now, REPLICA_FAILURE, "False", "PodsCreated", &msg);
+    }
+    events
 }
 
 /// Computes the new status of a job and the actions that move it forward.
@@ -328,6 +452,9 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
     if !finished_or_restarting {
         m.mark_running();
     }
+    if !is_finished(&m.status) {
+        m.mark_unschedulable(&tally);
+    }
     m.into_outcome()
 }
 
@@ -340,13 +467,16 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// Fails a job whose spec is not valid. A running job whose only problem is a `Worker`
-    /// count below its chief ([`api::worker_floor_error`]: only an API server without the CRD's
-    /// rule lets it through) is not failed: [`Machine::count_replicas`] keeps its worker 0.
+    /// Fails a job whose spec is not valid. A job that has already started (some replica type
+    /// was planned) is not failed for what only an older operator or an older CRD let through:
+    /// a `Worker` count below its chief ([`api::worker_floor_error`];
+    /// [`Machine::count_replicas`] keeps its worker 0), or a problem in a pod template (its
+    /// pods run already; an upgrade of the operator must not kill them).
     fn fail_if_invalid(&mut self) -> bool {
-        let planned_before = self.status.replica_statuses.get(ReplicaType::Worker.as_str()).is_some_and(|s| s.replicas.is_some());
-        let tolerated = api::worker_floor_error(self.obs.spec).filter(|_| planned_before);
-        let problems: Vec<String> = self.obs.invalid.iter().filter(|e| Some(*e) != tolerated.as_ref()).map(ToString::to_string).collect();
+        let started = self.status.replica_statuses.values().any(|s| s.replicas.is_some());
+        let floor = api::worker_floor_error(self.obs.spec);
+        let tolerated = |e: &api::FieldError| started && (Some(e) == floor.as_ref() || e.field.contains(".template"));
+        let problems: Vec<String> = self.obs.invalid.iter().filter(|e| !tolerated(e)).map(ToString::to_string).collect();
         if problems.is_empty() {
             return false;
         }
@@ -432,6 +562,9 @@ impl<'a> Machine<'a> {
                 }
                 for &r in here.iter().filter(|r| !r.terminating) {
                     tally.in_place_restarts += i64::from(r.restart_count.max(0));
+                    if r.restart_count > 0 {
+                        tally.restarted.push(r);
+                    }
                     match r.phase {
                         Phase::Running => st.active += 1,
                         Phase::Succeeded => st.succeeded += 1,
@@ -440,10 +573,13 @@ impl<'a> Machine<'a> {
                             if restarts_after_failure(&rs.restart_policy, r.exit_code) {
                                 tally.to_recreate.push(r);
                             } else if dynamic && rtype == ReplicaType::Worker {
-                                tally.failed_dynamic_workers.push(index);
+                                tally.failed_dynamic_workers.push(r);
                             } else {
-                                tally.permanent_failures.push((rtype, index));
+                                tally.permanent_failures.push(r);
                             }
+                        }
+                        Phase::Pending if r.unschedulable.is_some() => {
+                            tally.unschedulable.push(r);
                         }
                         Phase::Pending | Phase::Unknown => {}
                     }
@@ -513,19 +649,23 @@ impl<'a> Machine<'a> {
         self.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
     }
 
+    /// A replica failed for good: the job fails, naming the pods, their exit codes and
+    /// reasons, with an `ExitedWithCode` event per pod.
     fn fail_on_permanent_failure(&mut self, tally: &Tally) -> bool {
-        let why = match tally.permanent_failures.first() {
-            Some(&(rtype, _)) => {
-                let n = tally.permanent_failures.iter().filter(|(t, _)| *t == rtype).count();
-                format!("{n} {rtype} replica(s) failed")
+        let (why, failed): (String, Vec<&ObservedReplica>) = match tally.permanent_failures.first() {
+            Some(first) => {
+                let rtype = first.replica_type;
+                let of_type: Vec<_> = tally.permanent_failures.iter().copied().filter(|r| r.replica_type == rtype).collect();
+                (format!("{} {rtype} replica(s) failed", of_type.len()), tally.permanent_failures.clone())
             }
             None => match self.lost_dynamic_workers(tally) {
-                Some(why) => why,
+                Some(why) => (why, tally.failed_dynamic_workers.clone()),
                 None => return false,
             },
         };
         self.drop_creations();
-        let msg = format!("TFJob {} has failed because {why}.", self.full_name);
+        let msg = format!("TFJob {} has failed because {why}: {}.", self.full_name, describe_failures(&failed));
+        self.exited(&failed);
         self.finish(FAILED, "TFJobFailed", &msg);
         true
     }
@@ -541,7 +681,7 @@ impl<'a> Machine<'a> {
             None
         } else if failed.len() >= usize::try_from(workers).unwrap_or(0) {
             Some(format!("all {} Worker replica(s) failed", failed.len()))
-        } else if failed.contains(&0) && api::worker0_is_chief(self.obs.spec) {
+        } else if failed.iter().any(|r| r.index == 0) && api::worker0_is_chief(self.obs.spec) {
             Some(format!(
                 "Worker 0, the chief of a job without Chief or Master, failed ({} of {workers} \
                  Worker replica(s) failed)",
@@ -565,7 +705,24 @@ impl<'a> Machine<'a> {
             return false;
         }
         self.drop_creations();
-        let msg = format!("TFJob {} has failed because it has reached the specified backoff limit", self.full_name);
+        let mut failures: Vec<String> = tally
+            .restarted
+            .iter()
+            .map(|r| {
+                let last = r
+                    .exit_code
+                    .map(|c| {
+                        let reason = r.exit_reason.as_deref().map(|x| format!(" ({x})"));
+                        format!(", last exit code {c}{}", reason.unwrap_or_default())
+                    })
+                    .unwrap_or_default();
+                format!("pod {} restarted {} time(s){last}", r.name, r.restart_count)
+            })
+            .collect();
+        failures.extend(tally.to_recreate.iter().map(|r| r.failure()));
+        let detail = if failures.is_empty() { String::new() } else { format!(": {}", failures.join("; ")) };
+        let msg = format!("TFJob {} has failed because it has reached the specified backoff limit{detail}", self.full_name);
+        self.exited(&tally.to_recreate);
         self.finish(FAILED, "TFJobFailed", &msg);
         true
     }
@@ -585,7 +742,8 @@ impl<'a> Machine<'a> {
             }
         }
         let (t, n) = by_type.iter().next().map(|(t, n)| (*t, *n)).unwrap_or((ReplicaType::Worker, 0));
-        let msg = format!("TFJob {} is restarting because {n} {t} replica(s) failed.", self.full_name);
+        let msg = format!("TFJob {} is restarting because {n} {t} replica(s) failed: {}.", self.full_name, describe_failures(&tally.to_recreate));
+        self.exited(&tally.to_recreate);
         if self.set_condition(RESTARTING, "True", "TFJobRestarting", &msg) {
             self.event(EventKind::Warning, "TFJobRestarting", &msg);
         }
@@ -603,6 +761,38 @@ impl<'a> Machine<'a> {
             if self.set_condition(RUNNING, "True", "TFJobRunning", &msg) {
                 self.event(EventKind::Normal, "TFJobRunning", &msg);
             }
+        }
+    }
+
+    /// Pods the scheduler cannot place show on the job: `Unschedulable` (true, with the
+    /// scheduler's message, a Warning event when it turns true) until every pod is placed.
+    fn mark_unschedulable(&mut self, tally: &Tally) {
+        let Some(first) = tally.unschedulable.first() else {
+            if has_condition(&self.status, UNSCHEDULABLE) {
+                let msg = format!("Every pod of TFJob {} is scheduled.", self.full_name);
+                self.set_condition(UNSCHEDULABLE, "False", "Scheduled", &msg);
+            }
+            return;
+        };
+        let names: Vec<&str> = tally.unschedulable.iter().take(5).map(|r| r.name.as_str()).collect();
+        let more = match tally.unschedulable.len() {
+            n if n > names.len() => format!(" and {} more", n - names.len()),
+            _ => String::new(),
+        };
+        let msg = format!(
+            "{} pod(s) of TFJob {} cannot be scheduled ({}{more}): {}",
+            tally.unschedulable.len(),
+            self.full_name,
+            names.join(", "),
+            first.unschedulable.as_deref().unwrap_or_default()
+        );
+        if self.set_condition(UNSCHEDULABLE, "True", UNSCHEDULABLE, &msg) {
+            let pod = Some(first.name.clone());
+            self.actions.push(event(EventKind::Warning, UNSCHEDULABLE, &msg, pod));
+        } else if let Some(c) = self.status.conditions.iter_mut().find(|c| c.type_ == UNSCHEDULABLE && c.message.as_deref() != Some(&msg)) {
+            // Same state, news: the message follows the pods, without a new event.
+            c.message = Some(msg);
+            c.last_update_time = Some(self.now.clone());
         }
     }
 

@@ -1,13 +1,19 @@
 //! The reconcile function against an in-memory fake API server: every test goes through the
-//! real kube client calls (list, get, create, server-side apply, status patch, delete, events).
+//! real kube client calls (create, server-side apply, status patch, delete, events). The watch
+//! caches a reconcile reads are filled from the fake's objects before each reconcile
+//! ([`Harness::sync`]), or left stale on purpose.
 
 mod fake;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fake::FakeApi;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tfjob_operator::api::TFJob;
+use tfjob_operator::kube::cache::Caches;
 use tfjob_operator::kube::{Context, reconcile};
 use tfjob_operator::plan::{GangScheduler, PlanOptions};
 
@@ -37,6 +43,19 @@ fn replica(n: i32, policy: &str) -> Value {
 struct Harness {
     api: FakeApi,
     ctx: Arc<Context>,
+    writers: Mutex<(Writer<Pod>, Writer<Service>)>,
+}
+
+/// Replaces what a cache holds with `objects` (a watch's initial list).
+fn relist<K>(writer: &mut Writer<K>, objects: Vec<K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
 impl Harness {
@@ -46,15 +65,39 @@ impl Harness {
 
     fn with_opts(opts: PlanOptions) -> Self {
         let api = FakeApi::default();
-        let ctx = Arc::new(Context::new(api.client(), opts));
-        Harness { api, ctx }
+        let (pods, pod_writer) = reflector::store();
+        let (services, service_writer) = reflector::store();
+        let ctx = Arc::new(Context::new(api.client(), opts, Caches { pods, services }));
+        let h = Harness { api, ctx, writers: Mutex::new((pod_writer, service_writer)) };
+        h.sync();
+        h
+    }
+
+    /// The watch caches catch up with the fake's pods and Services.
+    fn sync(&self) {
+        let objects = |prefix: &str| -> Vec<Value> {
+            let st = self.api.state.lock().unwrap();
+            st.objects.iter().filter(|(k, _)| k.starts_with(&format!("{prefix}/"))).map(|(_, v)| v.clone()).collect()
+        };
+        let pods = objects(PODS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+        let services = objects(SVCS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
+        let mut w = self.writers.lock().unwrap();
+        relist(&mut w.0, pods);
+        relist(&mut w.1, services);
     }
 
     fn job(&self, name: &str) -> Option<TFJob> {
         self.api.get(&format!("{JOBS}/{name}")).map(|v| serde_json::from_value(v).unwrap())
     }
 
+    /// Reconciles the job with caches that have caught up.
     async fn reconcile(&self, name: &str) -> kube::runtime::controller::Action {
+        self.sync();
+        self.reconcile_stale(name).await
+    }
+
+    /// Reconciles the job with the caches as they are (maybe behind).
+    async fn reconcile_stale(&self, name: &str) -> kube::runtime::controller::Action {
         let job = self.job(name).expect("job exists");
         reconcile(Arc::new(job), self.ctx.clone()).await.expect("reconcile succeeds")
     }
@@ -88,6 +131,13 @@ impl Harness {
             .iter()
             .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone().unwrap_or_default()))
             .collect()
+    }
+
+    /// (type, status, reason, message) of the job's last condition: its state.
+    fn last_condition(&self, name: &str) -> (String, String, String, String) {
+        let st = self.job(name).unwrap().status.unwrap_or_default();
+        let c = st.conditions.last().cloned().unwrap_or_default();
+        (c.type_, c.status, c.reason.unwrap_or_default(), c.message.unwrap_or_default())
     }
 
     fn event_reasons(&self) -> Vec<(String, String)> {
@@ -160,12 +210,12 @@ async fn new_job_gets_its_objects_and_status() {
     reasons.dedup();
     assert_eq!(reasons, vec![("Normal".into(), "SuccessfulCreatePod".into()), ("Normal".into(), "TFJobCreated".into())]);
 
-    // A second pass changes nothing: same token, no pod writes, no status write.
+    // A second pass changes nothing and asks nothing: the pods and the Service come from the
+    // caches, the Secret is known to exist, the status is the same.
     h.api.take_log();
     h.reconcile("mnist").await;
     let log = h.api.take_log();
-    assert!(!log.iter().any(|l| l.starts_with("PATCH /api/v1/namespaces/ns/pods") || l.starts_with("DELETE")), "{log:#?}");
-    assert!(!log.iter().any(|l| l.ends_with("/status")), "{log:#?}");
+    assert_eq!(log, Vec::<String>::new());
     assert_eq!(h.api.get(&format!("{SECRETS}/mnist-token")).unwrap()["data"]["token"], token);
 }
 
@@ -186,7 +236,7 @@ async fn pod_phases_drive_the_status() {
     h.reconcile("mnist").await;
     assert_eq!(
         h.conditions("mnist"),
-        vec![c("Created", "True", "TFJobCreated"), c("Running", "False", "TFJobRunning"), c("Succeeded", "True", "TFJobSucceeded")]
+        vec![c("Running", "False", "TFJobRunning"), c("Created", "True", "TFJobCreated"), c("Succeeded", "True", "TFJobSucceeded")]
     );
     assert!(h.job("mnist").unwrap().status.unwrap().completion_time.is_some());
     // Default cleanPodPolicy Running: the ps and the running worker are gone, the finished pod stays.
@@ -302,7 +352,7 @@ async fn invalid_job_fails_and_others_are_served() {
 
 #[tokio::test]
 async fn deleting_the_job_leaves_nothing_behind() {
-    let h = Harness::with_opts(PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) });
+    let h = Harness::with_opts(PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano), ..Default::default() });
     h.api.put(JOBS, job("d", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("d").await;
     assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_some());
@@ -474,8 +524,9 @@ async fn the_controller_follows_watch_events() {
 
     let api = FakeApi::default();
     let client = api.client();
-    let ctx = Arc::new(Context::new(client.clone(), PlanOptions::default()));
-    let run = build_controller(client.clone(), None, 4).run(reconcile, error_policy, ctx).for_each(|_| async {});
+    let (controller, caches) = build_controller(client.clone(), None, 4);
+    let ctx = Arc::new(Context::new(client.clone(), PlanOptions::default(), caches));
+    let run = controller.run(reconcile, error_policy, ctx).for_each(|_| async {});
     let controller = tokio::spawn(run);
 
     let jobs: Api<TFJob> = Api::namespaced(client.clone(), "ns");
@@ -508,4 +559,161 @@ async fn the_controller_follows_watch_events() {
     jobs.delete("w", &Default::default()).await.unwrap();
     eventually("everything gone", || api.all_keys().iter().all(|k| k.starts_with(EVENTS) || k.contains("/leases/"))).await;
     controller.abort();
+}
+
+/// The requests of a log that touch `collection` (e.g. `POST /api/v1/namespaces/ns/pods`).
+fn requests_to<'l>(log: &'l [String], method: &str, collection: &str) -> Vec<&'l String> {
+    log.iter().filter(|l| l.starts_with(&format!("{method} {collection}"))).collect()
+}
+
+#[tokio::test]
+async fn a_stale_cache_neither_creates_nor_recreates_twice() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("s", json!({"tfReplicaSpecs": {"Worker": replica(2, "ExitCode")}})));
+    h.reconcile("s").await;
+    assert_eq!(h.pods(), vec!["s-worker-0", "s-worker-1"]);
+    // The pod cache has not seen the new pods yet: the job waits for it instead of creating
+    // them again.
+    h.api.take_log();
+    let action = h.reconcile_stale("s").await;
+    assert_eq!(h.api.take_log(), Vec::<String>::new());
+    assert!(format!("{action:?}").contains("requeue_after: Some"), "{action:?}");
+
+    // A retryable failure: the pod is deleted once and created again once, even when reconciles
+    // run before the cache shows the deletion.
+    h.reconcile("s").await;
+    h.set_pod("s-worker-1", "Failed", Some(137), 0);
+    h.reconcile("s").await;
+    let stale_failed_pod = h.api.take_log();
+    assert_eq!(requests_to(&stale_failed_pod, "DELETE", PODS), vec!["DELETE /api/v1/namespaces/ns/pods/s-worker-1"]);
+    h.reconcile_stale("s").await;
+    assert_eq!(h.api.take_log(), Vec::<String>::new(), "the deletion is not seen yet");
+    h.reconcile("s").await;
+    let log = h.api.take_log();
+    assert_eq!(requests_to(&log, "POST", PODS).len(), 1, "{log:#?}");
+    assert_eq!(requests_to(&log, "DELETE", PODS).len(), 0, "{log:#?}");
+    h.reconcile_stale("s").await;
+    assert_eq!(h.api.take_log(), Vec::<String>::new(), "the new pod is not seen yet");
+    h.reconcile("s").await;
+    assert_eq!(h.pods(), vec!["s-worker-0", "s-worker-1"]);
+    let st = h.job("s").unwrap().status.unwrap();
+    assert_eq!(st.replica_statuses["Worker"].recreated, 1);
+    assert_eq!(notes_of(&h, "ExitedWithCode"), vec!["Pod: ns.s-worker-1 exited with code 137 x1"]);
+}
+
+#[tokio::test]
+async fn the_token_secret_is_created_once_and_never_read() {
+    let h = Harness::new();
+    // A Secret left by an earlier run of the operator: kept, not replaced.
+    let existing = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "t-token", "namespace": "ns"}, "data": {"token": "b2xk"}});
+    h.api.put(SECRETS, existing);
+    h.api.put(JOBS, job("t", json!({"tfReplicaSpecs": {"Worker": replica(2, "OnFailure")}})));
+    h.api.take_log();
+    h.reconcile("t").await;
+    assert_eq!(h.pods(), vec!["t-worker-0", "t-worker-1"]);
+    assert_eq!(h.api.get(&format!("{SECRETS}/t-token")).unwrap()["data"]["token"], "b2xk");
+    // A pod recreated later needs no Secret write.
+    h.set_pod("t-worker-1", "Failed", Some(1), 0);
+    h.reconcile("t").await;
+    h.reconcile("t").await;
+    assert_eq!(h.pods(), vec!["t-worker-0", "t-worker-1"]);
+    let log = h.api.take_log();
+    assert_eq!(requests_to(&log, "POST", SECRETS), vec!["POST /api/v1/namespaces/ns/secrets"], "one create, answered AlreadyExists");
+    assert!(!log.iter().any(|l| l.contains("/secrets") && !l.starts_with("POST")), "the Secret is never read, listed or changed: {log:#?}");
+    // No list of pods or Services either: they come from the caches.
+    assert!(!log.iter().any(|l| l.starts_with("GET")), "{log:#?}");
+}
+
+#[tokio::test]
+async fn a_pod_the_api_server_refuses_fails_the_job_with_the_reason() {
+    let h = Harness::new();
+    let msg = "Pod \"r-worker-1\" is invalid: spec.dnsConfig.nameservers[0]: Invalid value: \"x\": must be valid IP address";
+    h.api.state.lock().unwrap().refusals.push((format!("{PODS}/r-worker-1"), 422, "Invalid".into(), msg.into()));
+    h.api.put(JOBS, job("r", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
+    h.reconcile("r").await;
+    let refused = format!("TFJob ns/r has failed because the API server refused pod r-worker-1: {msg}");
+    assert_eq!(h.last_condition("r"), ("Failed".into(), "True".into(), "TFJobFailedValidation".into(), refused));
+    assert_eq!(notes_of(&h, "FailedCreatePod"), vec![format!("Error creating: {msg} x1")]);
+    assert!(h.event_reasons().contains(&("Warning".into(), "FailedCreatePod".into())));
+    // The next reconcile cleans up (cleanPodPolicy Running) and tries nothing again.
+    h.api.take_log();
+    h.reconcile("r").await;
+    let log = h.api.take_log();
+    assert!(requests_to(&log, "POST", PODS).is_empty(), "{log:#?}");
+    assert!(h.pods().is_empty(), "{:?}", h.pods());
+}
+
+#[tokio::test]
+async fn a_pod_refused_for_now_is_retried_and_shows_on_the_job_meanwhile() {
+    let h = Harness::new();
+    let msg = "pods \"q-worker-0\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, limited: pods=10";
+    h.api.state.lock().unwrap().refusals.push((format!("{PODS}/q-worker-0"), 403, "Forbidden".into(), msg.into()));
+    h.api.put(JOBS, job("q", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    let action = h.reconcile("q").await;
+    assert!(format!("{action:?}").contains("10s"), "retried later: {action:?}");
+    let retrying = format!("TFJob ns/q cannot create pod q-worker-0 (retrying): {msg}");
+    assert_eq!(h.last_condition("q"), ("ReplicaFailure".into(), "True".into(), "FailedCreatePod".into(), retrying));
+    // Quota freed: the pod is created and the condition clears.
+    h.api.state.lock().unwrap().refusals.clear();
+    h.reconcile("q").await;
+    assert_eq!(h.pods(), vec!["q-worker-0"]);
+    assert!(h.conditions("q").contains(&c("ReplicaFailure", "False", "PodsCreated")));
+    assert_eq!(h.conditions("q").last().unwrap().0, "Created");
+}
+
+#[tokio::test]
+async fn failures_name_the_pod_its_exit_code_and_reason() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("f", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
+    h.reconcile("f").await;
+    h.api.update(&format!("{PODS}/f-worker-1"), |p| {
+        p["status"] = json!({"phase": "Failed", "containerStatuses": [{
+            "name": "tensorflow", "image": "img", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]});
+    });
+    h.reconcile("f").await;
+    let failed = h.last_condition("f");
+    assert_eq!(failed.0, "Failed");
+    assert_eq!(
+        failed.3,
+        "TFJob ns/f has failed because 1 Worker replica(s) failed: pod f-worker-1 exited with \
+         code 137 (OOMKilled)."
+    );
+    assert_eq!(notes_of(&h, "ExitedWithCode"), vec!["Pod: ns.f-worker-1 exited with code 137 (OOMKilled) x1"]);
+    let related: Vec<String> = {
+        let st = h.api.state.lock().unwrap();
+        st.objects
+            .iter()
+            .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == "ExitedWithCode")
+            .map(|(_, e)| format!("{} {}", e["type"], e["related"]["name"]))
+            .collect()
+    };
+    assert_eq!(related, vec!["\"Warning\" \"f-worker-1\""]);
+}
+
+#[tokio::test]
+async fn an_unschedulable_pod_shows_on_the_job() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("u", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
+    h.reconcile("u").await;
+    let why = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.";
+    h.api.update(&format!("{PODS}/u-worker-1"), |p| {
+        p["status"] = json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}]});
+    });
+    h.reconcile("u").await;
+    let want = format!("1 pod(s) of TFJob ns/u cannot be scheduled (u-worker-1): {why}");
+    assert_eq!(h.last_condition("u"), ("Unschedulable".into(), "True".into(), "Unschedulable".into(), want.clone()));
+    assert_eq!(notes_of(&h, "Unschedulable"), vec![format!("{want} x1")]);
+    // Still unschedulable: no new event. Then scheduled and running: the condition clears.
+    h.reconcile("u").await;
+    assert_eq!(notes_of(&h, "Unschedulable"), vec![format!("{want} x1")]);
+    for p in ["u-worker-0", "u-worker-1"] {
+        h.set_pod(p, "Running", None, 0);
+    }
+    h.reconcile("u").await;
+    let conds = h.conditions("u");
+    assert!(conds.contains(&c("Unschedulable", "False", "Scheduled")), "{conds:?}");
+    assert_eq!(conds.last().unwrap(), &c("Running", "True", "TFJobRunning"));
 }

@@ -26,7 +26,7 @@ fn tfjob() -> Command {
 }
 
 fn render_args() -> RenderArgs {
-    RenderArgs { file: PathBuf::from("-"), namespace: "default".into(), cluster_domain: None, gang_scheduler: None }
+    RenderArgs { file: PathBuf::from("-"), namespace: "default".into(), cluster_domain: None, gang_scheduler: None, network_policy: false }
 }
 
 /// Renders and checks the invariants every rendered job must satisfy.
@@ -151,6 +151,12 @@ fn cli_render_and_crd() {
         r#"{"cluster":{"ps":["linear-ps-0.linear.team.svc.cluster.local:2222"],"worker":["linear-worker-0.linear.team.svc.cluster.local:2222","linear-worker-1.linear.team.svc.cluster.local:2222"]},"environment":"cloud","task":{"index":1,"type":"worker"}}"#
     ), "{text}");
     assert!(text.contains("publishNotReadyAddresses: true"));
+    assert!(!text.contains("kind: NetworkPolicy"), "{text}");
+    // With --network-policy (before the file: it takes no value but `=false`) the job's
+    // NetworkPolicy too.
+    let out = tfjob().args(["render", "--network-policy"]).arg(&f).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("kind: NetworkPolicy"), "{text}");
 
     let out = tfjob().arg("crd").output().unwrap();
     assert!(out.status.success());
@@ -166,9 +172,16 @@ fn cli_render_and_crd() {
 fn operator_flags_have_env_fallbacks_and_fail_clearly_without_a_cluster() {
     let out = tfjob().args(["operator", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for env in
-        ["TFJOB_NAMESPACE", "TFJOB_CONCURRENCY", "TFJOB_CLUSTER_DOMAIN", "TFJOB_METRICS_ADDR", "TFJOB_LOG_LEVEL", "TFJOB_LOG_FORMAT", "TFJOB_GANG_SCHEDULER"]
-    {
+    for env in [
+        "TFJOB_NAMESPACE",
+        "TFJOB_CONCURRENCY",
+        "TFJOB_CLUSTER_DOMAIN",
+        "TFJOB_METRICS_ADDR",
+        "TFJOB_LOG_LEVEL",
+        "TFJOB_LOG_FORMAT",
+        "TFJOB_GANG_SCHEDULER",
+        "TFJOB_NETWORK_POLICY",
+    ] {
         assert!(help.contains(env), "{env} missing from:\n{help}");
     }
     let home = tempfile::tempdir().unwrap();

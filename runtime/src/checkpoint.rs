@@ -20,6 +20,14 @@
 //! any safetensors reader can open it. The shard of ps 0 also holds the shard
 //! dispatcher's state (JSON) under `dispatcher`.
 //!
+//! An embedding partition holds only its materialised rows: its values as an
+//! `F32` tensor `[rows, dim]` under its own name (and its slots likewise),
+//! the rows' ids as an `I64` tensor `[rows]` named `<partition>:ids`, listed
+//! in the metadata `row_ids` (a JSON array of partition names), and the
+//! partition's description (table size, strategy, initializer: what gives
+//! every other row its value) in the metadata `embeddings` (a JSON object by
+//! partition name).
+//!
 //! `index.json` records `format` (`tfjob-checkpoint/1`), `global_step`,
 //! `num_ps`, the creation time, `checksum: "crc32c"` and, for every shard: its
 //! file name, size in bytes, the CRC-32C of the whole file (8 hex digits, the
@@ -62,6 +70,8 @@ pub const CHECKSUM_ALGORITHM: &str = "crc32c";
 pub const UPDATES_SUFFIX: &str = ":updates";
 /// Metadata key of the shard dispatcher's state.
 pub const DISPATCHER_KEY: &str = "dispatcher";
+/// Suffix of the tensor that stores an embedding partition's row ids.
+pub const IDS_SUFFIX: &str = ":ids";
 
 const DIR_PREFIX: &str = "ckpt-";
 
@@ -82,6 +92,13 @@ pub struct ShardData {
     /// [`crate::dispatch::DispatcherState`], kept in the metadata key
     /// `dispatcher`, so a restarted ps 0 resumes mid-epoch.
     pub dispatcher: Option<String>,
+    /// The row ids of each embedding partition, by partition name: its
+    /// values (a variable of this name, `[rows, dim]`) and slots hold those
+    /// rows in this order.
+    pub row_ids: Vec<(String, Vec<i64>)>,
+    /// Each embedding partition's description (JSON of
+    /// [`crate::embedding::EmbeddingPart`]), by partition name.
+    pub embeddings: Vec<(String, String)>,
 }
 
 /// Name and shape of one tensor of a shard, as listed in `index.json`.
@@ -108,6 +125,9 @@ pub struct ShardInfo {
     pub slots: Vec<TensorEntry>,
     /// Keys of the update counters.
     pub updates: Vec<String>,
+    /// The row ids of embedding partitions (`<partition>:ids`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_ids: Vec<TensorEntry>,
 }
 
 /// A complete checkpoint (every shard verified when it was found).
@@ -286,6 +306,19 @@ fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(Stri
         let bytes = count.to_le_bytes().to_vec();
         tensors.push((name, RawTensor { dtype: Dtype::U64, shape: vec![1], data: bytes.into() }));
     }
+    for (partition, ids) in &data.row_ids {
+        let rows = data.variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) {
+            return Err(invalid(path, format!("row ids of {partition:?}: {} ids, but its values hold {rows:?} rows", ids.len())));
+        }
+        if !data.embeddings.iter().any(|(n, _)| n == partition) {
+            return Err(invalid(path, format!("embedding partition {partition:?} has no description")));
+        }
+        let name = format!("{partition}{IDS_SUFFIX}");
+        check_name("row ids", &name)?;
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        tensors.push((name, RawTensor { dtype: Dtype::I64, shape: vec![ids.len()], data: bytes.into() }));
+    }
     Ok(tensors)
 }
 
@@ -316,6 +349,8 @@ pub fn write_shard(dir: &Location, step: i64, ps_index: usize, num_ps: usize, da
         ("num_ps", num_ps.to_string()),
         ("slots", json_names(data.slots.iter().map(|s| &s.0))),
         ("updates", json_names(data.updates.iter().map(|u| &u.0))),
+        ("row_ids", json_names(data.row_ids.iter().map(|r| &r.0))),
+        ("embeddings", embeddings_json(&data.embeddings).map_err(|e| invalid(&shard_path, e))?),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -329,7 +364,9 @@ pub fn write_shard(dir: &Location, step: i64, ps_index: usize, num_ps: usize, da
     let index = ckpt.child(INDEX_FILE);
     if index.size()?.is_some() {
         match verify(&ckpt, step) {
-            CheckpointStatus::Complete(_) => return Err(CheckpointError::AlreadyComplete { path: ckpt }),
+            CheckpointStatus::Complete(_) => {
+                return Err(CheckpointError::AlreadyComplete { path: ckpt });
+            }
             CheckpointStatus::Incomplete(_) => {}
             CheckpointStatus::Damaged(reason) => {
                 tracing::warn!(checkpoint = %ckpt, %reason, "rewriting a damaged checkpoint; removing its index first");
@@ -351,7 +388,18 @@ pub fn write_shard(dir: &Location, step: i64, ps_index: usize, num_ps: usize, da
         variables: entries(&data.variables),
         slots: entries(&data.slots),
         updates: data.updates.iter().map(|(k, _)| k.clone()).collect(),
+        row_ids: data.row_ids.iter().map(|(n, ids)| TensorEntry { name: format!("{n}{IDS_SUFFIX}"), shape: vec![ids.len()] }).collect(),
     })
+}
+
+/// The embeddings' descriptions as one JSON object (each one already JSON).
+fn embeddings_json(embeddings: &[(String, String)]) -> Result<String, String> {
+    let mut map = serde_json::Map::new();
+    for (name, json) in embeddings {
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("embedding {name:?}: description is not JSON: {e}"))?;
+        map.insert(name.clone(), value);
+    }
+    Ok(serde_json::Value::Object(map).to_string())
 }
 
 fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
@@ -515,9 +563,20 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     if slot_names != listed(&info.slots) || update_keys != info.updates {
         return Err(damaged(&path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
     }
+    // Shards written before embeddings existed have neither key.
+    let partitions = if meta.contains_key("row_ids") { names("row_ids")? } else { Vec::new() };
+    let id_names: Vec<String> = partitions.iter().map(|p| format!("{p}{IDS_SUFFIX}")).collect();
+    if id_names != listed(&info.row_ids) {
+        return Err(damaged(&path, format!("its row_ids metadata differs from {INDEX_FILE}")));
+    }
+    let embeddings: BTreeMap<String, serde_json::Value> = match meta.get("embeddings") {
+        Some(json) => serde_json::from_str(json).map_err(|e| damaged(&path, format!("metadata embeddings is not a JSON object: {e}")))?,
+        None => BTreeMap::new(),
+    };
 
     let mut f32s: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     let mut u64s: HashMap<String, u64> = HashMap::new();
+    let mut i64s: HashMap<String, Vec<i64>> = HashMap::new();
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
@@ -528,14 +587,19 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
                 let d = view.data();
                 u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
             }
+            Dtype::I64 if view.shape().len() == 1 => {
+                let ids = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                i64s.insert(name, ids);
+            }
             other => {
                 return Err(damaged(&path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
             }
         }
     }
-    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
-    if f32s.len() + u64s.len() != expected_tensors {
-        return Err(damaged(&path, format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len())));
+    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len() + info.row_ids.len();
+    let held = f32s.len() + u64s.len() + i64s.len();
+    if held != expected_tensors {
+        return Err(damaged(&path, format!("holds {held} tensors, {INDEX_FILE} lists {expected_tensors}")));
     }
     let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
@@ -558,7 +622,19 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         let count = u64s.remove(&name).ok_or_else(|| damaged(&path, format!("has no u64 tensor {name:?}")))?;
         updates.push((key.clone(), count));
     }
-    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned() })
+    let mut row_ids = Vec::with_capacity(partitions.len());
+    let mut descriptions = Vec::with_capacity(partitions.len());
+    for (partition, entry) in partitions.iter().zip(&info.row_ids) {
+        let ids = i64s.remove(&entry.name).ok_or_else(|| damaged(&path, format!("has no i64 tensor {:?}", entry.name)))?;
+        let rows = variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) || entry.shape != [ids.len()] {
+            return Err(damaged(&path, format!("{} ids for embedding partition {partition:?}, whose values hold {rows:?} rows", ids.len())));
+        }
+        let description = embeddings.get(partition).ok_or_else(|| damaged(&path, format!("embedding partition {partition:?} has no description")))?;
+        row_ids.push((partition.clone(), ids));
+        descriptions.push((partition.clone(), description.to_string()));
+    }
+    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned(), row_ids, embeddings: descriptions })
 }
 
 /// Fully checks the checkpoint directory `ckpt` (named for `step`): index and every shard.
@@ -611,7 +687,9 @@ pub fn list(dir: &Location) -> Result<Vec<CheckpointListing>, CheckpointError> {
 pub fn latest_complete(dir: &Location, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
     for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
         match verify(&path, step) {
-            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => return Ok(Some(c)),
+            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => {
+                return Ok(Some(c));
+            }
             CheckpointStatus::Complete(c) => {
                 return Err(CheckpointError::NumPsMismatch { path, found: c.num_ps, expected: num_ps });
             }
@@ -646,6 +724,8 @@ pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
         all.variables.extend(s.variables);
         all.slots.extend(s.slots);
         all.updates.extend(s.updates);
+        all.row_ids.extend(s.row_ids);
+        all.embeddings.extend(s.embeddings);
     }
     Ok(all)
 }
@@ -724,6 +804,9 @@ pub fn inspect(dir: &Location) -> Result<String, CheckpointError> {
                     }
                     for k in &s.updates {
                         let _ = writeln!(out, "    updates   {k}");
+                    }
+                    for r in &s.row_ids {
+                        let _ = writeln!(out, "    row ids   {}  {} row(s) materialised", r.name, r.shape.first().copied().unwrap_or(0));
                     }
                 }
                 if let Some(line) = dispatcher_line(c) {

@@ -73,6 +73,27 @@ enum Command {
     /// Loss and accuracy of a Keras model with the latest complete checkpoint's weights on a
     /// labelled set (--input: CSV with its label column, or IDX images with --labels), as JSON.
     Evaluate(Box<InferenceArgs>),
+    /// Writes learnable click-through data with known weights (libsvm or criteo) and prints the
+    /// AUC the true model reaches on the held-out file: what --model=sparse_lr or wide_deep can hope for.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// libsvm or criteo.
+    #[arg(long = "data_format", visible_alias = "data-format", default_value = "criteo")]
+    data_format: String,
+    /// Directory to write train.txt and eval.txt into (.gz with --gzip).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long = "train_examples", visible_alias = "train-examples", default_value_t = 20_000)]
+    train_examples: u64,
+    #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 5_000)]
+    eval_examples: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    gzip: bool,
 }
 
 #[derive(Args, Debug)]
@@ -194,7 +215,7 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 /// Model, data and optimizer flags, named as in TensorFlow's distributed examples.
 #[derive(Args, Debug, Clone)]
 struct ModelArgs {
-    /// linear (y = 2x + 10, the classic example), softmax, or mlp.
+    /// linear (y = 2x + 10, the classic example), softmax, mlp, sparse_lr or wide_deep.
     #[arg(long, default_value = "linear")]
     model: String,
     /// Hidden layer widths of the mlp, comma separated (784-100-10: --hidden_units=100).
@@ -206,7 +227,7 @@ struct ModelArgs {
     /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example) or normal (N(0,1)).
     #[arg(long = "weight_init", visible_alias = "weight-init", default_value = "truncated_normal")]
     weight_init: String,
-    /// sgd, momentum, nesterov, adagrad or adam.
+    /// sgd, momentum, nesterov, adagrad, adam or ftrl.
     #[arg(long, default_value = "sgd")]
     optimizer: String,
     #[arg(long = "learning_rate", visible_alias = "learning-rate", default_value_t = 0.01)]
@@ -240,6 +261,37 @@ struct ModelArgs {
     /// Held-out examples used by the evaluator and for the final figures.
     #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 10_000)]
     eval_examples: usize,
+    /// sparse_lr, wide_deep: training files, comma-separated paths or globs, plain or gzipped
+    /// (--data_format libsvm or criteo); without them learnable data are generated.
+    #[arg(long = "train_files", visible_alias = "train-files")]
+    train_files: Option<String>,
+    /// sparse_lr, wide_deep: held-out files (the first --eval_examples examples are read).
+    #[arg(long = "eval_files", visible_alias = "eval-files")]
+    eval_files: Option<String>,
+    /// Leave out malformed lines of --train_files/--eval_files (counted and logged) instead of failing.
+    #[arg(long = "skip_bad_lines", visible_alias = "skip-bad-lines")]
+    skip_bad_lines: bool,
+    /// wide_deep: width of the categorical fields' embeddings.
+    #[arg(long = "embedding_dim", visible_alias = "embedding-dim", default_value_t = 8)]
+    embedding_dim: usize,
+    /// sparse_lr, wide_deep: rows of the tables; a feature's row is hash(feature) % hash_buckets.
+    #[arg(long = "hash_buckets", visible_alias = "hash-buckets", default_value_t = 1 << 20)]
+    hash_buckets: usize,
+    /// How embedding rows are cut over the ps tasks: mod (row id % ps) or div (contiguous runs).
+    #[arg(long = "partition_strategy", visible_alias = "partition-strategy", default_value = "mod")]
+    partition_strategy: String,
+    /// Pull and push the embeddings whole, as dense variables (the baseline of sparse training).
+    #[arg(long = "dense_embeddings", visible_alias = "dense-embeddings")]
+    dense_embeddings: bool,
+    /// Training examples generated when no --train_files is given.
+    #[arg(long = "generated_examples", visible_alias = "generated-examples", default_value_t = 20_000)]
+    generated_examples: u64,
+    /// ftrl: L1 regularization strength.
+    #[arg(long = "l1_regularization_strength", visible_alias = "l1-regularization-strength", default_value_t = 0.0)]
+    l1_regularization_strength: f32,
+    /// ftrl: L2 regularization strength.
+    #[arg(long = "l2_regularization_strength", visible_alias = "l2-regularization-strength", default_value_t = 0.0)]
+    l2_regularization_strength: f32,
     #[command(flatten)]
     keras: KerasArgs,
     #[command(flatten)]
@@ -359,7 +411,28 @@ fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
         .collect::<Result<Vec<_>, _>>()?;
+    let sparse_format = match m.data.data_format.as_deref().map(str::parse::<tfjob_runtime::data::SparseFormat>) {
+        Some(Ok(f)) => Some(f),
+        _ => None,
+    };
+    let mut data = if sparse_format.is_some() { DataArgs { data_format: None, ..m.data.clone() }.options()? } else { m.data.options()? };
+    if sparse_format.is_none() && m.data.data_format.is_some() && workload::is_sparse_model(&m.model) {
+        return Err("--data_format: the sparse models read libsvm or criteo".into());
+    }
+    data.format = data.format.filter(|_| sparse_format.is_none());
+    let sparse = workload::SparseOptions {
+        format: sparse_format,
+        train_files: m.train_files.clone(),
+        eval_files: m.eval_files.clone(),
+        skip_bad_lines: m.skip_bad_lines,
+        embedding_dim: m.embedding_dim,
+        hash_buckets: m.hash_buckets,
+        partition: m.partition_strategy.parse().map_err(|e| format!("--partition_strategy: {e}"))?,
+        dense_embeddings: m.dense_embeddings,
+        generated_examples: m.generated_examples,
+    };
     Ok(WorkloadSpec {
+        sparse,
         model: m.model.clone(),
         hidden_units,
         activation: m.activation.clone(),
@@ -369,7 +442,7 @@ fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
         seed: m.seed,
         eval_examples: m.eval_examples,
         keras: m.keras.options(),
-        data: m.data.options()?,
+        data,
     })
 }
 
@@ -383,7 +456,10 @@ fn check_data_dir(dir: Option<&PathBuf>) -> Result<Option<PathBuf>, String> {
 
 fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
     let m = &a.model;
-    let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum).map_err(|e| format!("--{e}"))?;
+    let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum)
+        .map_err(|e| format!("--{e}"))?
+        .with_regularization(m.l1_regularization_strength, m.l2_regularization_strength)
+        .map_err(|e| e.to_string())?;
     for (flag, v) in [("eval_interval_secs", a.eval_interval_secs), ("lease_secs", a.lease_secs), ("heartbeat_secs", a.heartbeat_secs)] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(format!("--{flag}: must be a non-negative number"));
@@ -454,6 +530,7 @@ fn session_factory() -> WorkloadFactory {
             eval_examples: 10_000,
             keras: Default::default(),
             data: Default::default(),
+            sparse: Default::default(),
         };
         let optimizer = Optimizer::from_name(
             if run.optimizer.is_empty() { "sgd" } else { &run.optimizer },
@@ -492,11 +569,23 @@ async fn termination() -> u8 {
     }
 }
 
+/// Prints a task's final figures as one JSON line, with the process's peak
+/// resident memory (`peak_rss_mib`, Linux's VmHWM) when it is known.
 fn print_report(report: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string(report).expect("report serialises"));
+    let mut value = serde_json::to_value(report).expect("report serialises");
+    if let (Some(map), Some(kib)) = (value.as_object_mut(), peak_rss_kib()) {
+        map.insert("peak_rss_mib".into(), serde_json::json!(kib as f64 / 1024.0));
+    }
+    println!("{value}");
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn main() -> ExitCode {
+    tfjob_runtime::process_age();
     tfjob_runtime::tune_allocator();
     let cli = Cli::parse();
     let format = cli.task.log_format.clone();
@@ -521,6 +610,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(2, e),
             },
             Some(Command::Predict(args)) => run_inference(&args, false),
+            Some(Command::Generate(args)) => run_generate(&args),
             Some(Command::Evaluate(args)) => run_inference(&args, true),
             None => run_task(cli.task).await,
         }
@@ -645,8 +735,13 @@ async fn run_task(args: TaskArgs) -> u8 {
                 // Stopped on purpose (a scale-down, a deleted pod): deregister
                 // at once, so that no sync step waits for this task's lease to
                 // run out and its shard of the data goes to another worker.
-                tfjob_runtime::client::leave_job(&cluster.task, &cluster.cluster.addresses("ps"), &credentials, "stopping on a signal").await;
-                tracing::info!("{}: left the job", cluster.task);
+                let ps = cluster.cluster.addresses("ps");
+                let told = tfjob_runtime::client::leave_job(&cluster.task, &ps, &credentials, "stopping on a signal").await;
+                if told == ps.len() {
+                    tracing::info!("{}: left the job", cluster.task);
+                } else {
+                    tracing::warn!("{}: stopping; {} of {} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps.len() - told, ps.len());
+                }
             }
             code
         }
@@ -967,6 +1062,43 @@ fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
         "examples": result.examples,
         "loss": result.loss,
         "accuracy": result.accuracy,
+    }));
+    0
+}
+
+/// `generate`: learnable data with known weights, and the AUC they allow.
+fn run_generate(args: &GenerateArgs) -> u8 {
+    use std::io::Write;
+    use tfjob_runtime::data::{GENERATED_EVAL_BASE, Generator, SparseFormat};
+    let format: SparseFormat = match args.data_format.parse() {
+        Ok(f) => f,
+        Err(e) => return fail(2, format_args!("--data_format: {e}")),
+    };
+    let g = Generator::new(format, args.seed);
+    let write = |name: &str, range: std::ops::Range<u64>| -> std::io::Result<PathBuf> {
+        let path = args.out.join(if args.gzip { format!("{name}.txt.gz") } else { format!("{name}.txt") });
+        let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        let mut out: Box<dyn Write> = if args.gzip { Box::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast())) } else { Box::new(file) };
+        for i in range {
+            out.write_all(g.line(i).as_bytes())?;
+        }
+        out.flush()?;
+        Ok(path)
+    };
+    let written = std::fs::create_dir_all(&args.out)
+        .and_then(|()| Ok((write("train", 0..args.train_examples)?, write("eval", GENERATED_EVAL_BASE..GENERATED_EVAL_BASE + args.eval_examples)?)));
+    let (train, eval) = match written {
+        Ok(w) => w,
+        Err(e) => return fail(2, format_args!("{}: {e}", args.out.display())),
+    };
+    print_report(&serde_json::json!({
+        "data_format": format.as_str(),
+        "seed": args.seed,
+        "train": train.display().to_string(),
+        "eval": eval.display().to_string(),
+        "train_examples": args.train_examples,
+        "eval_examples": args.eval_examples,
+        "achievable_auc": g.achievable_auc(args.eval_examples),
     }));
     0
 }

@@ -16,6 +16,7 @@ use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
+use crate::embedding::RowTable;
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
@@ -144,6 +145,12 @@ pub struct FinalReport {
     pub loss: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f32>,
+    /// Binary classifiers (the sparse models): area under the ROC curve and
+    /// log loss on the held-out examples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auc: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_loss: Option<f32>,
     /// Model figures (`W` and `b` for the linear model).
     #[serde(flatten)]
     pub summary: std::collections::BTreeMap<String, f64>,
@@ -225,6 +232,8 @@ pub(crate) fn report(task: &str, role: &str, chief: bool, model: &dyn Model, par
         role: role.into(),
         chief,
         loss: eval.as_ref().map(|m| m.loss),
+        auc: eval.as_ref().and_then(|m| m.auc),
+        log_loss: eval.as_ref().filter(|m| m.auc.is_some()).map(|m| m.loss),
         accuracy: eval.and_then(|m| m.accuracy),
         summary: model.summary(params).into_iter().collect(),
         ..Default::default()
@@ -247,21 +256,31 @@ pub fn train_single_process(
     let specs = model.variables();
     let mut params = crate::model::init_values(&specs, settings.seed);
     let mut slots: Vec<_> = params.iter().map(|p| settings.optimizer.new_slots(p.len())).collect();
+    // Sparse embeddings: their rows here, as a ps would hold them.
+    let mut tables: Vec<Option<RowTable>> =
+        specs.iter().map(|s| s.is_sparse().then(|| RowTable::whole(&s.name, s.shape[0], s.shape[1], s.init.clone(), settings.seed))).collect();
     let mut loss = f32::NAN;
     let mut step = 0u64;
     let mut finished = None;
     let steps_done = |step: u64| settings.train_steps.is_some_and(|n| step >= n);
     'shards: while !steps_done(step) {
         let reply = dispatcher.next("local", finished.take(), true).map_err(|e| TrainError::Config(e.to_string()))?;
-        let Some(Handout::Assigned(shard, _)) = reply.handout else { break };
+        let Some(Handout::Assigned(shard, _)) = reply.handout else {
+            break;
+        };
         for batch in workload.train.shard_batches(&plan, shard, workload.batch_size) {
             if steps_done(step) {
                 break 'shards;
             }
+            let rows = gather_rows(model, &tables, &mut params, &batch);
             let lg = model.loss_and_gradients(&params, &batch);
             loss = lg.loss;
-            for ((p, s), g) in params.iter_mut().zip(&mut slots).zip(&lg.gradients) {
-                settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g.as_slice().expect("standard layout"));
+            for (v, ((p, s), g)) in params.iter_mut().zip(&mut slots).zip(&lg.gradients).enumerate() {
+                let g = g.as_slice().expect("standard layout");
+                match &mut tables[v] {
+                    Some(t) => t.apply(&settings.optimizer, &rows[v], g),
+                    None => settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
+                }
             }
             step += 1;
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
@@ -273,7 +292,10 @@ pub fn train_single_process(
     if finished.is_some() {
         dispatcher.next("local", finished, false).map_err(|e| TrainError::Config(e.to_string()))?;
     }
-    let eval = workload.eval.as_ref().map(|b| model.evaluate(&params, b));
+    let eval = workload.eval.as_ref().map(|b| {
+        gather_rows(model, &tables, &mut params, b);
+        model.evaluate(&params, b)
+    });
     let mut r = report("local", "single-process", true, model, &params, eval).with_data(&dispatcher.progress());
     if r.loss.is_none() {
         r.loss = Some(loss);
@@ -283,6 +305,23 @@ pub fn train_single_process(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     r.steps_per_sec = step as f64 / r.elapsed_secs.max(1e-9);
     Ok(r)
+}
+
+/// Puts the rows `batch` touches of every local embedding table into
+/// `params`; returns them (per variable).
+fn gather_rows(model: &dyn Model, tables: &[Option<RowTable>], params: &mut [ArrayD<f32>], batch: &Batch) -> Vec<Vec<i64>> {
+    if tables.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    let rows = model.row_ids(batch);
+    for (v, t) in tables.iter().enumerate() {
+        if let Some(t) = t {
+            let mut values = Vec::with_capacity(rows[v].len() * t.dim());
+            t.gather(&rows[v], &mut values);
+            params[v] = ArrayD::from_shape_vec(vec![rows[v].len(), t.dim()], values).expect("rows x dim");
+        }
+    }
+    rows
 }
 
 /// The training configuration every ps must agree on.
@@ -322,10 +361,16 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
 
 pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
     let specs = model.variables();
-    let inputs: Vec<PlacementInput> = specs.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let inputs: Vec<PlacementInput> = specs
+        .iter()
+        .map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone(), embedding: v.embedding.filter(|e| e.sparse).map(|e| e.partition) })
+        .collect();
     let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
-    let variables = specs.iter().map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let variables = specs
+        .iter()
+        .map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone(), rows: v.is_sparse().then(|| (v.init.clone(), settings.seed)) })
+        .collect();
     let mut ps =
         PsSet::new(cluster.task.clone(), &ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?;
     ps.set_tensor_channel(settings.tensor_channel);
@@ -333,11 +378,17 @@ pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &Trai
 }
 
 /// Waits until the chief has initialised the variables, logging while it
-/// waits, and pulls them.
-pub(crate) async fn wait_for_variables(ps: &PsSet, params: &mut [ArrayD<f32>], chief: &str, timeout: Duration) -> Result<crate::client::Pulled, TrainError> {
+/// waits, and pulls them (the sparse embeddings' rows `rows`).
+pub(crate) async fn wait_for_variables(
+    ps: &PsSet,
+    params: &mut [ArrayD<f32>],
+    rows: crate::client::Rows<'_>,
+    chief: &str,
+    timeout: Duration,
+) -> Result<crate::client::Pulled, TrainError> {
     let start = Instant::now();
     loop {
-        match ps.pull(params, &[], true, Duration::from_secs(5)).await {
+        match ps.pull(params, rows, &[], true, Duration::from_secs(5)).await {
             Ok(p) => return Ok(p),
             Err(e) if e.code() == Some(Code::DeadlineExceeded) || matches!(e, ClientError::Interrupted { .. }) => {
                 let waited = start.elapsed();
@@ -484,7 +535,9 @@ pub async fn run_evaluator(
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
-    let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+    // The rows of the held-out examples' sparse embeddings: all it reads of them.
+    let eval_rows = model.row_ids(&eval);
+    let mut pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
     // As TensorFlow's estimators: the evaluator's events in `<log_dir>/eval`,
     // so TensorBoard shows train and eval as two runs side by side.
     let eval_dir = settings.log_dir.as_ref().map(|d| d.child("eval"));
@@ -500,17 +553,14 @@ pub async fn run_evaluator(
         metrics.last_loss.set(metrics_now.loss as f64);
         status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
         tracing::info!(
-            "{task}: global_step={} eval_loss={:.4}{}{}",
+            "{task}: global_step={} eval_loss={:.4}{}{}{}",
             pulled.steps[0],
             metrics_now.loss,
             metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+            metrics_now.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
             summary_line(model, &params)
         );
-        let mut scalars = vec![("eval/loss", metrics_now.loss)];
-        if let Some(a) = metrics_now.accuracy {
-            scalars.push(("eval/accuracy", a));
-        }
-        summaries.add(pulled.steps[0], &scalars);
+        summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
             tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
             break;
@@ -518,13 +568,13 @@ pub async fn run_evaluator(
         tokio::time::sleep(settings.eval_interval).await;
         // Long poll: returns as soon as the step moved on or training ended.
         let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
-        match ps.pull(&mut params, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        match ps.pull(&mut params, &eval_rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
             Ok(p) => pulled = p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
             Err(e) if needs_recovery(&e) => {
                 tracing::warn!("{task}: {e}; waiting for the parameter servers");
                 ps.handshake(true).await?;
-                pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+                pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
             }
             Err(e) => return Err(e.into()),
         }
@@ -538,6 +588,18 @@ pub async fn run_evaluator(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
     Ok(r)
+}
+
+/// The held-out figures as TensorBoard scalars: `eval/loss`,
+/// `eval/accuracy`, and for binary classifiers `eval/auc` and `eval/log_loss`.
+pub(crate) fn eval_scalars(m: &Metrics) -> Vec<(&'static str, f32)> {
+    let mut scalars = vec![("eval/loss", m.loss)];
+    scalars.extend(m.accuracy.map(|a| ("eval/accuracy", a)));
+    if let Some(auc) = m.auc {
+        scalars.push(("eval/auc", auc));
+        scalars.push(("eval/log_loss", m.loss));
+    }
+    scalars
 }
 
 /// The task id of the single-process mode.

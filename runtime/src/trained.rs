@@ -202,7 +202,7 @@ pub fn evaluate(model: &dyn Model, params: &[ArrayD<f32>], x: &Array2<f32>, targ
     let (mut loss, mut correct, mut any_accuracy) = (0.0f64, 0.0f64, false);
     for start in (0..n).step_by(CHUNK) {
         let indices: Vec<usize> = (start..(start + CHUNK).min(n)).collect();
-        let batch = Batch { x: x.select(Axis(0), &indices), targets: targets.select(&indices) };
+        let batch = Batch { x: x.select(Axis(0), &indices), targets: targets.select(&indices), sparse: None };
         let m = model.evaluate(params, &batch);
         loss += m.loss as f64 * m.examples as f64;
         if let Some(a) = m.accuracy {
@@ -247,10 +247,7 @@ mod tests {
     #[test]
     fn params_come_in_the_model_order_with_their_shapes_checked() {
         use crate::model::Init;
-        let specs = vec![
-            VariableSpec { name: "d/kernel".into(), shape: vec![2, 1], init: Init::Zeros },
-            VariableSpec { name: "d/bias".into(), shape: vec![1], init: Init::Zeros },
-        ];
+        let specs = vec![VariableSpec::new("d/kernel", vec![2, 1], Init::Zeros), VariableSpec::new("d/bias", vec![1], Init::Zeros)];
         let mut values = BTreeMap::new();
         values.insert("d/bias".to_string(), ArrayD::from_elem(vec![1], 7.0f32));
         values.insert("d/kernel".to_string(), ArrayD::from_elem(vec![2, 1], 3.0f32));

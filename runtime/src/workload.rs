@@ -11,8 +11,10 @@ use crate::model::{self, Activation, Model, ModelConfig, WeightInit};
 use crate::train::Workload;
 
 mod keras;
+mod sparse;
 
 pub use keras::{KerasOptions, check_example_shape};
+pub use sparse::{SparseOptions, is_sparse_model};
 
 /// What to train, as given on the command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +34,8 @@ pub struct WorkloadSpec {
     pub keras: KerasOptions,
     /// `--data_format`, `--label_column`, `--feature_columns`, `--num_classes`.
     pub data: data::DataOptions,
+    /// The sparse models' flags (`--train_files`, `--embedding_dim`, ...).
+    pub sparse: SparseOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +57,15 @@ pub const SYNTHETIC_TRAIN_EXAMPLES: usize = 20_000;
 /// examples a task trains is the shard dispatcher's decision) and the
 /// held-out data for evaluation.
 pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
+    if is_sparse_model(&spec.model) && spec.keras.model_file.is_none() {
+        return sparse::build(spec);
+    }
+    if spec.sparse.train_files.is_some() || spec.sparse.format.is_some() {
+        return Err(WorkloadError::Flag {
+            field: "train_files",
+            reason: "--train_files and the libsvm and criteo formats are for --model=sparse_lr or wide_deep".into(),
+        });
+    }
     keras::check_flags(spec)?;
     let (model, train, test, default_batch) = match &spec.keras.model_file {
         Some(file) => keras::model_and_data(spec, file)?,
@@ -115,7 +128,10 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
             (train, test, dim, classes, 100)
         }
         other => {
-            return Err(WorkloadError::Flag { field: "model", reason: format!("unknown model {other:?} (linear, softmax, mlp; or --keras_model FILE)") });
+            return Err(WorkloadError::Flag {
+                field: "model",
+                reason: format!("unknown model {other:?} (linear, softmax, mlp, sparse_lr, wide_deep; or --keras_model FILE)"),
+            });
         }
     };
     let model =

@@ -26,6 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
 
 use crate::controlplane::ControlPlane;
 
@@ -111,4 +112,39 @@ fn service_account_name(manifest: &str) -> Result<String> {
         [] => bail!("the chart rendered no ServiceAccount (serviceAccount.create=false?)"),
         _ => bail!("the chart rendered {} ServiceAccounts", sas.len()),
     }
+}
+
+/// Whether `user` may do what `args` describes, in `kubectl auth can-i` syntax
+/// (`VERB RESOURCE[.GROUP][/NAME] [--subresource=S] [-n NS | --all-namespaces]`), asked with a
+/// SubjectAccessReview: unlike `kubectl auth can-i` it needs no discovery, so it also answers for
+/// resources whose CRD is not installed (podgroups).
+pub fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> Result<bool> {
+    let [verb, target, flags @ ..] = args else { bail!("can_i needs a verb and a resource: {args:?}") };
+    let (kind, name) = target.split_once('/').unwrap_or((target, ""));
+    let (resource, group) = kind.split_once('.').unwrap_or((kind, ""));
+    let mut namespace = String::new();
+    let mut subresource = String::new();
+    let mut it = flags.iter();
+    while let Some(f) = it.next() {
+        match *f {
+            "-n" => namespace = it.next().context("-n without a namespace")?.to_string(),
+            "--all-namespaces" => namespace.clear(),
+            f if f.starts_with("--subresource=") => subresource = f["--subresource=".len()..].to_string(),
+            f => bail!("can_i: unknown flag {f}"),
+        }
+    }
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "resourceAttributes": {
+                "verb": verb, "group": group, "resource": resource, "subresource": subresource,
+                "name": name, "namespace": namespace,
+            },
+        },
+    });
+    let out = cp.kubectl_stdin(["create", "-f", "-", "-o", "json"], &review.to_string())?;
+    let status: Value = serde_json::from_str(&out)?;
+    Ok(status["status"]["allowed"] == true)
 }

@@ -552,6 +552,8 @@ impl ControlPlane {
 
         // kube-apiserver
         let pki_path = |f: &str| pki_dir.join(f).display().to_string();
+        let audit_policy = dir.join("audit-policy.yaml");
+        fs::write(&audit_policy, AUDIT_POLICY)?;
         self.spawn(
             "kube-apiserver",
             [
@@ -571,6 +573,10 @@ impl ControlPlane {
                 format!("--service-account-key-file={}", sa_pub.display()),
                 format!("--service-account-signing-key-file={}", sa_key.display()),
                 "--authorization-mode=RBAC".into(),
+                format!("--audit-policy-file={}", audit_policy.display()),
+                format!("--audit-log-path={}", self.audit_log_path().display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
                 "--allow-privileged=true".into(),
                 "--profiling=false".into(),
                 "--v=1".into(),
@@ -721,6 +727,26 @@ impl ControlPlane {
         self.dir.join("logs").join(format!("{component}.log"))
     }
 
+    /// The API server's audit log ([`AUDIT_POLICY`]: one JSON line per completed request of a
+    /// service account outside kube-system).
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.dir.join("logs").join("audit.log")
+    }
+
+    /// The completed requests of `user` (e.g. `system:serviceaccount:ns:tfjob-operator`) in the
+    /// audit log, oldest first: each an audit event (`verb`, `objectRef`, `responseStatus`, ...).
+    pub fn audit_events(&self, user: &str) -> Result<Vec<serde_json::Value>> {
+        let text = fs::read_to_string(self.audit_log_path()).with_context(|| format!("reading {}", self.audit_log_path().display()))?;
+        let mut events = Vec::new();
+        for line in text.lines().filter(|l| l.contains(user)) {
+            let e: serde_json::Value = serde_json::from_str(line).context("parsing an audit event")?;
+            if e["user"]["username"] == user && e["stage"] == "ResponseComplete" {
+                events.push(e);
+            }
+        }
+        Ok(events)
+    }
+
     /// Versions pinned in go.mod (what the binaries report).
     pub fn versions(&self) -> &Versions {
         &self.versions
@@ -853,6 +879,21 @@ impl Drop for ControlPlane {
         self.stop();
     }
 }
+
+/// What the API server audits: every request of a service account (at `Metadata` level: who,
+/// verb, object, response code), but none of kube-controller-manager's controllers (service
+/// accounts of kube-system), each once it has completed. Tests count an operator's requests with
+/// it ([`ControlPlane::audit_events`]).
+pub const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: None
+  userGroups: [\"system:serviceaccounts:kube-system\"]
+- level: Metadata
+  userGroups: [\"system:serviceaccounts\"]
+- level: None
+";
 
 /// Controllers run by kube-controller-manager. No kubelet or scheduler runs, so pods stay Pending;
 /// the workload controllers still create their pods, and the garbage collector deletes dependents

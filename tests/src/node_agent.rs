@@ -66,13 +66,17 @@ enum Request {
     Kill { pod: String, signal: String, reply: mpsc::Sender<Result<()>> },
 }
 
+/// What the agent times in the pods' logs: the first line of a pod that contains each of these.
+const WATCHED: [&str; 2] = ["global_step", "first gradient accepted"];
+
 /// Every line of every pod, in files `<dir>/<namespace>_<pod>.log` (appended across restarts,
 /// as `kubectl logs` and `--previous` together would show them), and the time each pod's
-/// first line mentioning `global_step` was seen. The kubelet's messages go to stderr.
+/// first line containing each of [`WATCHED`] was seen. The kubelet's messages go to stderr.
 struct Logs {
     dir: PathBuf,
     files: Mutex<HashMap<String, File>>,
-    first_step: Mutex<BTreeMap<String, Instant>>,
+    /// (watched text, `<namespace>/<pod>`) → when first seen.
+    first_seen: Mutex<BTreeMap<(&'static str, String), Instant>>,
 }
 
 impl Logs {
@@ -92,8 +96,8 @@ impl PodOutput for Logs {
         if let Some(f) = files.get_mut(pod_key) {
             let _ = writeln!(f, "{line}");
         }
-        if line.contains("global_step") {
-            self.first_step.lock().unwrap_or_else(|p| p.into_inner()).entry(pod_key.to_string()).or_insert_with(Instant::now);
+        for watched in WATCHED.iter().filter(|w| line.contains(*w)) {
+            self.first_seen.lock().unwrap_or_else(|p| p.into_inner()).entry((watched, pod_key.to_string())).or_insert_with(Instant::now);
         }
     }
 
@@ -119,7 +123,7 @@ impl NodeAgent {
     pub fn start(cp: &ControlPlane, namespaces: &[&str], docker_host: &str) -> Result<NodeAgent> {
         Podman::setup()?;
         let dir = tempfile::Builder::new().prefix("tfjob-node-agent.").tempdir().context("agent directory")?;
-        let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_step: Mutex::new(BTreeMap::new()) });
+        let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_seen: Mutex::new(BTreeMap::new()) });
         fs::create_dir_all(&logs.dir)?;
         let labels = [(LABEL.to_string(), std::process::id().to_string())];
         let kubelet = ContainerKubelet::connect_to(&[docker_host.to_string()], "tfjob-node", &labels, logs.clone()).map_err(|e| anyhow!("{e}"))?;
@@ -187,8 +191,19 @@ impl NodeAgent {
     /// When the first line with `global_step` of any pod of `namespace` whose name starts with
     /// `prefix` was seen.
     pub fn first_step(&self, namespace: &str, prefix: &str) -> Option<Instant> {
+        self.first_seen("global_step", namespace, prefix)
+    }
+
+    /// When the first line with a new gradient accepted ("first gradient accepted") of any pod of
+    /// `namespace` whose name starts with `prefix` was seen.
+    pub fn first_gradient(&self, namespace: &str, prefix: &str) -> Option<Instant> {
+        self.first_seen("first gradient accepted", namespace, prefix)
+    }
+
+    fn first_seen(&self, watched: &str, namespace: &str, prefix: &str) -> Option<Instant> {
         let key = format!("{namespace}/{prefix}");
-        self.logs.first_step.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|(k, _)| k.starts_with(&key)).map(|(_, t)| *t).min()
+        let seen = self.logs.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().filter(|((w, pod), _)| *w == watched && pod.starts_with(&key)).map(|(_, t)| *t).min()
     }
 
     /// Kills the container of a pod with a signal (`KILL`, `TERM`), as a crash would.
@@ -308,6 +323,28 @@ struct Agent {
 }
 
 impl Agent {
+    /// Stops the containers of every pod being deleted, all at once as
+    /// kubelets do (each gets its grace period, capped at 3 s here), then
+    /// removes the pod objects.
+    fn finish_terminating(&mut self, listed: &BTreeMap<String, Pod>) {
+        let terminating: Vec<(&String, &Pod)> = listed.iter().filter(|(_, p)| p.metadata.deletion_timestamp.is_some()).collect();
+        let mut by_grace: BTreeMap<i32, Vec<&str>> = BTreeMap::new();
+        for (key, pod) in &terminating {
+            let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).clamp(0, 3) as i32;
+            by_grace.entry(grace).or_default().push(key.as_str());
+        }
+        for (grace, keys) in by_grace {
+            self.kubelet.delete_pods(&keys, grace);
+        }
+        for (key, pod) in terminating {
+            self.written.remove(key);
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            let mut dp = DeleteParams::default().grace_period(0);
+            dp.preconditions = Some(kube::api::Preconditions { uid: pod.uid(), resource_version: None });
+            let _ = self.rt.block_on(api.delete(&pod.name_any(), &dp));
+        }
+    }
+
     /// One pass: start new pods, finish deleted ones, write statuses.
     fn sync(&mut self) -> Result<()> {
         let mut listed: BTreeMap<String, Pod> = BTreeMap::new();
@@ -325,16 +362,11 @@ impl Agent {
                 self.written.remove(&key);
             }
         }
+        self.finish_terminating(&listed);
         for (key, pod) in &listed {
             let ns = pod.namespace().unwrap_or_default();
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             if pod.metadata.deletion_timestamp.is_some() {
-                let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).clamp(0, 3) as i32;
-                self.kubelet.delete_pod(key, grace);
-                self.written.remove(key);
-                let mut dp = DeleteParams::default().grace_period(0);
-                dp.preconditions = Some(kube::api::Preconditions { uid: pod.uid(), resource_version: None });
-                let _ = self.rt.block_on(api.delete(&pod.name_any(), &dp));
                 continue;
             }
             let known = self.kubelet.pods().any(|p| p == key);

@@ -133,17 +133,20 @@ pub fn install_crd(cp: &ControlPlane) -> Result<()> {
 
 pub use crate::chart::RELEASE;
 
-/// Helm values of every test install: namespaced mode, watching the release namespace. (The
-/// tests share one API server; a cluster-wide operator would reconcile other tests' jobs.)
-fn values(namespace: &str) -> [(&'static str, &str); 1] {
-    [("watchNamespace", namespace)]
+/// Helm values of every test install: namespaced mode, watching the release namespace (the
+/// tests share one API server; a cluster-wide operator would reconcile other tests' jobs), plus
+/// `extra`.
+fn values<'a>(namespace: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut v = vec![("watchNamespace", namespace)];
+    v.extend_from_slice(extra);
+    v
 }
 
 /// THE RBAC of the operator in these tests: exactly what the Helm chart ships
 /// (`templates/serviceaccount.yaml` and `templates/rbac.yaml` rendered by the real helm through
 /// [`crate::chart::render_rbac`]), for release [`RELEASE`] in `namespace`, watching `namespace`.
 pub fn operator_rbac(cp: &ControlPlane, namespace: &str) -> Result<String> {
-    crate::chart::render_rbac(cp, namespace, &values(namespace))
+    crate::chart::render_rbac(cp, namespace, &values(namespace, &[]))
 }
 
 /// The YAML documents of a multi-document manifest, as JSON values (empty documents skipped).
@@ -198,8 +201,14 @@ impl OperatorSetup {
 /// Installs the CRD, applies [`operator_rbac`] in `namespace` and returns a kubeconfig for the
 /// chart's ServiceAccount plus the Deployment's environment. Waits until the RBAC is in force.
 pub fn operator_account(cp: &ControlPlane, namespace: &str) -> Result<OperatorSetup> {
+    operator_account_with(cp, namespace, &[])
+}
+
+/// [`operator_account`] with more chart values (`helm --set` syntax), e.g.
+/// `("networkPolicy.enabled", "true")`.
+pub fn operator_account_with(cp: &ControlPlane, namespace: &str, extra: &[(&str, &str)]) -> Result<OperatorSetup> {
     install_crd(cp)?;
-    let rbac = operator_rbac(cp, namespace)?;
+    let rbac = crate::chart::render_rbac(cp, namespace, &values(namespace, extra))?;
     let sas: Vec<String> =
         yaml_documents(&rbac)?.iter().filter(|d| d["kind"] == "ServiceAccount").filter_map(|d| d["metadata"]["name"].as_str().map(String::from)).collect();
     let [service_account] = sas.as_slice() else {
@@ -208,7 +217,7 @@ pub fn operator_account(cp: &ControlPlane, namespace: &str) -> Result<OperatorSe
     let service_account = service_account.clone();
     cp.kubectl_stdin(["apply", "-n", namespace, "-f", "-"], &rbac).context("applying the chart's RBAC")?;
 
-    let deployment = crate::chart::template(cp, RELEASE, namespace, &values(namespace), &["templates/deployment.yaml"])?;
+    let deployment = crate::chart::template(cp, RELEASE, namespace, &values(namespace, extra), &["templates/deployment.yaml"])?;
     let docs = yaml_documents(&deployment)?;
     let dep = docs.iter().find(|d| d["kind"] == "Deployment").ok_or_else(|| anyhow!("the chart renders no Deployment:\n{deployment}"))?;
     let sa_in_pod = dep["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or_default();

@@ -19,7 +19,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tfjob_tests::chart::{self, chart_dir};
+use tfjob_tests::chart::{self, can_i, chart_dir};
 use tfjob_tests::controlplane::ControlPlane;
 
 const RELEASE: &str = "tfjob-operator";
@@ -35,9 +35,9 @@ const OPERATOR_RULES: &[Row] = &[
     ("kubeflow.org", "tfjobs", &["list", "watch", "delete"]),
     ("kubeflow.org", "tfjobs/status", &["patch"]),
     ("kubeflow.org", "tfjobs/finalizers", &["update"]),
-    ("", "pods", &["list", "watch", "create", "patch", "delete"]),
+    ("", "pods", &["list", "watch", "create", "delete"]),
     ("", "services", &["list", "watch", "create", "patch"]),
-    ("", "secrets", &["get", "list", "watch", "create"]),
+    ("", "secrets", &["create"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
@@ -46,6 +46,10 @@ type Grant = (String, String, Option<String>, String);
 
 fn grants_of_rows(rows: &[Row]) -> BTreeSet<Grant> {
     rows.iter().flat_map(|(g, r, verbs)| verbs.iter().map(move |v| (g.to_string(), r.to_string(), None, v.to_string()))).collect()
+}
+
+fn network_policy_grants() -> BTreeSet<Grant> {
+    ["create", "patch"].iter().map(|v| ("networking.k8s.io".to_string(), "networkpolicies".to_string(), None, v.to_string())).collect()
 }
 
 fn podgroup_grants(group: &str) -> BTreeSet<Grant> {
@@ -312,7 +316,7 @@ fn chart_app_version_is_the_operator_version() -> Result<()> {
 fn every_environment_variable_of_the_deployment_is_read_by_the_operator() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let source = std::fs::read_to_string(chart_dir().join("../../operator/src/kube.rs"))?;
-    let all = [("watchNamespace", "team-a"), ("clusterDomain", "cluster.local"), ("gangScheduler", "volcano")];
+    let all = [("watchNamespace", "team-a"), ("clusterDomain", "cluster.local"), ("gangScheduler", "volcano"), ("networkPolicy.enabled", "true")];
     let r = render(cp, &all)?;
     for name in env_of(r.deployment()).keys() {
         assert!(
@@ -339,6 +343,7 @@ const VARIANTS: &[&[(&str, &str)]] = &[
     &[("image.repository", "registry.example.com/ml/tfjob-operator"), ("image.tag", "v9"), ("image.pullPolicy", "Always")],
     &[("serviceAccount.create", "false"), ("serviceAccount.name", "existing")],
     &[("rbac.create", "false")],
+    &[("networkPolicy.enabled", "true")],
 ];
 
 #[test]
@@ -492,6 +497,29 @@ fn gang_scheduling_adds_podgroup_rules_of_its_api_group_only() -> Result<()> {
             assert_eq!(env.get("TFJOB_GANG_SCHEDULER").map(String::as_str), group.map(|_| setting), "{values:?}");
         }
     }
+    Ok(())
+}
+
+#[test]
+fn a_network_policy_per_job_is_off_by_default_and_adds_its_rules_when_on() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let base = grants_of_rows(OPERATOR_RULES);
+    for watch in [None, Some("team-a")] {
+        let mut values = vec![];
+        values.extend(watch.map(|w| ("watchNamespace", w)));
+        let off = render(cp, &values)?;
+        assert_eq!(operator_grants(&off, watch)?, base, "{values:?}");
+        assert!(!env_of(off.deployment()).contains_key("TFJOB_NETWORK_POLICY"));
+        values.push(("networkPolicy.enabled", "true"));
+        let on = render(cp, &values)?;
+        let mut want = base.clone();
+        want.extend(network_policy_grants());
+        assert_eq!(operator_grants(&on, watch)?, want, "{values:?}");
+        let env = env_of(on.deployment());
+        assert_eq!(env["TFJOB_NETWORK_POLICY"], "true", "{values:?}");
+    }
+    let err = chart::template(cp, RELEASE, RELEASE_NS, &[("networkPolicy.enabled", "yes")], &[]).expect_err("a string for networkPolicy.enabled");
+    assert!(format!("{err:#}").contains("networkPolicy"), "{err:#}");
     Ok(())
 }
 
@@ -723,11 +751,12 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
     assert!(!ok && out.to_lowercase().contains("forbidden"), "get service must be forbidden (the operator never reads one): {out}");
     let (ok, out) = as_operator(&["delete", "service", "job"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
-    // Secrets: create and get; never update or delete.
+    // Secrets: create, and nothing else: not even read back.
     assert!(as_operator(&["create", "secret", "generic", "tok", "--from-literal=token=x"], None)?.0);
-    assert!(as_operator(&["get", "secret", "tok"], None)?.0);
-    assert!(!as_operator(&["label", "secret", "tok", "a=b"], None)?.0);
-    assert!(!as_operator(&["delete", "secret", "tok"], None)?.0);
+    for verb in [&["get", "secret", "tok"][..], &["get", "secrets"], &["label", "secret", "tok", "a=b"], &["delete", "secret", "tok"]] {
+        let (ok, out) = as_operator(verb, None)?;
+        assert!(!ok && out.to_lowercase().contains("forbidden"), "{verb:?}: {out}");
+    }
     // Nothing else.
     let (ok, out) = as_operator(&["create", "configmap", "x"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
@@ -753,41 +782,6 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
 
 // ---------------------------------------------------------------------------------------------
 // helm install into the test API server.
-
-/// Whether `user` may do what `args` describes, in `kubectl auth can-i` syntax
-/// (`VERB RESOURCE[.GROUP][/NAME] [--subresource=S] [-n NS | --all-namespaces]`), asked with a
-/// SubjectAccessReview: unlike `kubectl auth can-i` it needs no discovery, so it also answers for
-/// resources whose CRD is not installed (podgroups).
-fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> Result<bool> {
-    let [verb, target, flags @ ..] = args else { bail!("can_i needs a verb and a resource: {args:?}") };
-    let (kind, name) = target.split_once('/').unwrap_or((target, ""));
-    let (resource, group) = kind.split_once('.').unwrap_or((kind, ""));
-    let mut namespace = String::new();
-    let mut subresource = String::new();
-    let mut it = flags.iter();
-    while let Some(f) = it.next() {
-        match *f {
-            "-n" => namespace = it.next().context("-n without a namespace")?.to_string(),
-            "--all-namespaces" => namespace.clear(),
-            f if f.starts_with("--subresource=") => subresource = f["--subresource=".len()..].to_string(),
-            f => bail!("can_i: unknown flag {f}"),
-        }
-    }
-    let review = serde_json::json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SubjectAccessReview",
-        "spec": {
-            "user": user,
-            "resourceAttributes": {
-                "verb": verb, "group": group, "resource": resource, "subresource": subresource,
-                "name": name, "namespace": namespace,
-            },
-        },
-    });
-    let out = cp.kubectl_stdin(["create", "-f", "-", "-o", "json"], &review.to_string())?;
-    let status: Value = serde_json::from_str(&out)?;
-    Ok(status["status"]["allowed"] == true)
-}
 
 fn check_permissions(cp: &ControlPlane, who: &str, table: &[(&[&str], bool)]) -> Result<()> {
     let mut wrong = Vec::new();
@@ -879,15 +873,20 @@ fn helm_install_in_cluster_mode_is_accepted_under_the_restricted_pod_security_st
         (vec!["update", "tfjobs.kubeflow.org", "--subresource=status", "-n", "default"], false),
         (vec!["update", "tfjobs.kubeflow.org", "--subresource=finalizers", "-n", "default"], true),
         (vec!["create", "pods", "-n", "default"], true),
-        (vec!["patch", "pods", "-n", "default"], true),
+        (vec!["patch", "pods", "-n", "default"], false),
         (vec!["delete", "pods", "-n", "default"], true),
         (vec!["update", "pods", "-n", "default"], false),
         (vec!["create", "pods", "--subresource=exec", "-n", "default"], false),
         (vec!["create", "services", "-n", "default"], true),
         (vec!["delete", "services", "-n", "default"], false),
-        (vec!["get", "secrets", "-n", "kube-system"], true),
+        // Secrets: create only; no reading any credential of the cluster.
+        (vec!["create", "secrets", "-n", "default"], true),
+        (vec!["get", "secrets", "-n", "kube-system"], false),
+        (vec!["list", "secrets", "--all-namespaces"], false),
+        (vec!["watch", "secrets", "--all-namespaces"], false),
         (vec!["update", "secrets", "-n", "default"], false),
         (vec!["delete", "secrets", "-n", "default"], false),
+        (vec!["create", "networkpolicies.networking.k8s.io", "-n", "default"], false),
         (vec!["create", "events.events.k8s.io", "-n", "default"], true),
         (vec!["patch", "events.events.k8s.io", "-n", "default"], true),
         (vec!["create", "events", "-n", "default"], false),

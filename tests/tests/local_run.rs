@@ -82,6 +82,13 @@ fn every_example_succeeds() -> Result<()> {
                 let log = std::fs::read_to_string(run_dir.join("worker-0.log"))?;
                 assert!(log.contains("no --data_dir given"), "says that it falls back to synthetic data");
             }
+            "ctr-wide-deep" => {
+                // Generated data: the AUC the true model reaches is about 0.91.
+                let r = report(&run_dir, "worker-0");
+                assert!(r["auc"].as_f64().unwrap() > 0.85 && r["log_loss"].as_f64().is_some(), "{r}");
+                let log = std::fs::read_to_string(run_dir.join("worker-0.log"))?;
+                assert!(log.contains("no --train_files given"), "says that it generates its data");
+            }
             "chief-evaluator" => {
                 assert!(report(&run_dir, "chief-0")["accuracy"].as_f64().unwrap() > 0.5);
                 let log = std::fs::read_to_string(run_dir.join("evaluator-0.log"))?;
@@ -255,6 +262,20 @@ fn bad_input_starts_nothing() -> Result<()> {
         (write(dir.path(), "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), "ConfigMap"),
         (write(dir.path(), "broken.yaml", "apiVersion: kubeflow.org/v1\nkind: TFJob\n  bad: [indent\n"), "broken.yaml"),
         (write(dir.path(), "invalid.yaml", &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)])), "restartPolicy"),
+        (
+            // A typo in the pod template (`resource` for `resources`) is an error, not ignored.
+            write(
+                dir.path(),
+                "typo.yaml",
+                &job(
+                    "typo",
+                    "",
+                    &[replica("Worker", 1, "Never", r#"["tfjob-runtime"]"#, ok_args, &env)
+                        .replace("image: tfjob-runtime:latest", "image: tfjob-runtime:latest\n              resource: {}")],
+                ),
+            ),
+            "spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource: unknown field; did you mean \"resources\"?",
+        ),
         (
             write(
                 dir.path(),

@@ -160,6 +160,56 @@ fn data_dir_in_a_bucket() -> Result<()> {
     Ok(())
 }
 
+/// `--train_files`/`--eval_files` of a sparse model at `s3://` URLs, a glob over the bucket's
+/// prefix among them, one object gzipped: the examples are read from the bucket (every one of
+/// them: the log counts them) and the model reaches the generator's achievable AUC.
+#[test]
+fn sparse_files_in_a_bucket() -> Result<()> {
+    let s3 = server();
+    let dir = s3.object_path(BUCKET, "clicks");
+    std::fs::create_dir_all(&dir)?;
+    let generated = Command::new(runtime_binary()?)
+        .args(["generate", "--data_format=libsvm", "--train_examples=6000", "--eval_examples=2000", "--seed=5"])
+        .arg(format!("--out={}", dir.display()))
+        .output()?;
+    ensure!(generated.status.success(), "{}", text(&generated));
+    let line = String::from_utf8_lossy(&generated.stdout).lines().last().unwrap_or_default().to_string();
+    let achievable = serde_json::from_str::<Value>(&line)?["achievable_auc"].as_f64().context("achievable_auc")?;
+    // The training set as two objects, the second gzipped.
+    let train = std::fs::read_to_string(dir.join("train.txt"))?;
+    let lines: Vec<&str> = train.lines().collect();
+    let (a, b) = lines.split_at(lines.len() / 2);
+    std::fs::write(dir.join("part-1.txt"), a.join("\n") + "\n")?;
+    let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(dir.join("part-2.txt.gz"))?, flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, (b.join("\n") + "\n").as_bytes())?;
+    gz.finish()?;
+    std::fs::remove_file(dir.join("train.txt"))?;
+    let out = Command::new(runtime_binary()?)
+        .args([
+            "--model=sparse_lr",
+            "--data_format=libsvm",
+            "--train_files=s3://tfjob-examples/clicks/part-*",
+            "--eval_files=s3://tfjob-examples/clicks/eval.txt",
+            "--hash_buckets=65536",
+            "--optimizer=adagrad",
+            "--learning_rate=0.2",
+            "--num_epochs=3",
+        ])
+        .stdin(Stdio::null())
+        .output()?;
+    ensure!(out.status.success(), "{}", text(&out));
+    let report = final_report(&String::from_utf8_lossy(&out.stdout), "local")?;
+    ensure!(report["examples_trained"].as_u64() == Some(3 * lines.len() as u64), "every example of both objects, 3 times: {report}");
+    let auc = report["auc"].as_f64().context("auc")?;
+    ensure!(auc > achievable - 0.03, "AUC {auc} against the achievable {achievable}: {report}");
+    let missing = Command::new(runtime_binary()?)
+        .args(["--model=sparse_lr", "--data_format=libsvm", "--train_files=s3://tfjob-examples/clicks/nothing-*"])
+        .stdin(Stdio::null())
+        .output()?;
+    ensure!(!missing.status.success() && String::from_utf8_lossy(&missing.stderr).contains("nothing-*"), "{}", text(&missing));
+    Ok(())
+}
+
 /// `examples/s3-checkpoints.yaml` under `tfjob run` with the server's endpoint and keys in
 /// the environment (the replicas inherit it; on a cluster they come from a Secret): the ps
 /// is killed (SIGKILL) after the first checkpoint, restarted in place (OnFailure), restores

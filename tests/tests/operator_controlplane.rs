@@ -18,8 +18,8 @@ use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::{Value, json};
 use tfjob_tests::controlplane::ControlPlane;
 use tfjob_tests::operator::{
-    Cluster, Operator, OperatorSetup, PodState, RELEASE, condition, condition_true, eventually, install_crd, operator_account, replica_count, repo_root, tfjob,
-    timestamp, yaml_documents,
+    Cluster, Operator, OperatorSetup, PodState, RELEASE, condition, condition_true, eventually, install_crd, operator_account, operator_account_with,
+    replica_count, repo_root, tfjob, timestamp, yaml_documents,
 };
 
 /// Bound of every wait for the operator to react to a change (it reacts in well under a second).
@@ -78,10 +78,18 @@ fn crd_is_established_and_every_example_is_accepted() -> Result<()> {
     let ns = cp.create_namespace("examples")?;
     let k = Cluster::new(cp, &ns);
     let mut want = Vec::new();
-    let mut files: Vec<_> = fs::read_dir(repo_root().join("examples"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
+    // examples/ and its subdirectories (examples/keras/).
+    let mut files = Vec::new();
+    let mut dirs = vec![repo_root().join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for path in fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                files.push(path);
+            }
+        }
+    }
     files.sort();
     ensure!(!files.is_empty(), "examples/ has no manifests");
     for file in &files {
@@ -146,11 +154,12 @@ fn api_server_persists_the_schema_defaults() -> Result<()> {
     let ns = cp.create_namespace("defaults")?;
     let k = Cluster::new(cp, &ns);
     // No replicas, restartPolicy or runPolicy.
-    k.apply(
+    let template = "      template:\n        spec:\n          containers:\n          - name: tensorflow\n            \
+                    image: tfjob-runtime:latest\n";
+    k.apply(&format!(
         "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: minimal\nspec:\n  tfReplicaSpecs:\n    \
-         Worker:\n      template:\n        spec:\n          containers:\n          - name: tensorflow\n            \
-         image: tfjob-runtime:latest\n    PS:\n      replicas: 2\n",
-    )?;
+         Worker:\n{template}    PS:\n      replicas: 2\n{template}"
+    ))?;
     let job = k.must_get("tfjob", "minimal")?;
     let spec = &job["spec"];
     assert_eq!(spec["runPolicy"], json!({"cleanPodPolicy": "Running", "suspend": false}), "{spec:#}");
@@ -158,12 +167,11 @@ fn api_server_persists_the_schema_defaults() -> Result<()> {
     assert_eq!(spec["tfReplicaSpecs"]["Worker"]["restartPolicy"], "Never", "{spec:#}");
     assert_eq!(spec["tfReplicaSpecs"]["PS"]["replicas"], 2, "{spec:#}");
     assert_eq!(spec["tfReplicaSpecs"]["PS"]["restartPolicy"], "Never", "{spec:#}");
-    assert_eq!(spec["tfReplicaSpecs"]["PS"]["template"], json!({}), "{spec:#}");
     // A runPolicy that is present but partial gets the missing fields.
-    k.apply(
+    k.apply(&format!(
         "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: partial\nspec:\n  runPolicy:\n    \
-         backoffLimit: 3\n  tfReplicaSpecs:\n    Worker:\n      restartPolicy: OnFailure\n",
-    )?;
+         backoffLimit: 3\n  tfReplicaSpecs:\n    Worker:\n      restartPolicy: OnFailure\n{template}"
+    ))?;
     let rp = k.must_get("tfjob", "partial")?["spec"]["runPolicy"].clone();
     assert_eq!(rp, json!({"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": false}));
     Ok(())
@@ -675,17 +683,21 @@ fn an_invalid_job_that_passed_the_schema_does_not_stop_the_operator() -> Result<
     let (cp, ns, account, mut op) = setup("op-invalid")?;
     let k = Cluster::new(cp, &ns);
     let r = (|| -> Result<()> {
-        // Valid for the schema (any replica type key, a free-form template), invalid for the
-        // operator: an unknown replica type and a template without a `tensorflow` container.
-        let mut unknown_type = tfjob("unknown-type", &[("Worker", 1, "Never")], json!({}));
-        unknown_type["spec"]["tfReplicaSpecs"]["Launcher"] = unknown_type["spec"]["tfReplicaSpecs"]["Worker"].clone();
-        create_job(&k, &unknown_type)?;
-        let mut no_tf = tfjob("no-tensorflow", &[("Worker", 1, "Never")], json!({}));
-        no_tf["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = json!("main");
-        create_job(&k, &no_tf)?;
-        // A template whose containers are not even a list: it cannot be read as a TFJob.
+        // Valid for the CRD, which keeps a template's unknown fields and checks only its
+        // containers' names and images; invalid for the operator, which reads the template as a
+        // pod template: a misspelt field, a value the API server would refuse in a pod, and a
+        // field of the wrong type (the job cannot even be read as a TFJob without care).
+        let container = |job: &mut Value, key: &str, value: Value| {
+            job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][key] = value;
+        };
+        let mut typo = tfjob("typo", &[("Worker", 1, "Never")], json!({}));
+        container(&mut typo, "resource", json!({"limits": {"cpu": "1"}}));
+        create_job(&k, &typo)?;
+        let mut bad_value = tfjob("bad-value", &[("Worker", 1, "Never")], json!({}));
+        container(&mut bad_value, "imagePullPolicy", json!("Sometimes"));
+        create_job(&k, &bad_value)?;
         let mut garbage = tfjob("garbage", &[("Worker", 1, "Never")], json!({}));
-        garbage["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"] = json!("tensorflow");
+        container(&mut garbage, "ports", json!("tfjob-port"));
         create_job(&k, &garbage)?;
 
         create_job(&k, &tfjob("good", &[("Worker", 1, "Never")], json!({})))?;
@@ -693,16 +705,17 @@ fn an_invalid_job_that_passed_the_schema_does_not_stop_the_operator() -> Result<
         k.set_pod("good-worker-0", PodState::RUNNING)?;
         k.wait_status("good", "Running", REACT, |s| condition_true(s, "Running"))?;
 
+        let c = "spec.tfReplicaSpecs.Worker.template.spec.containers[0]";
         for (job, field) in [
-            ("unknown-type", "spec.tfReplicaSpecs.Launcher"),
-            ("no-tensorflow", "must contain a container named \"tensorflow\""),
-            ("garbage", "spec.tfReplicaSpecs.Worker.template: is not a valid pod template"),
+            ("typo", format!("{c}.resource: unknown field; did you mean \"resources\"?")),
+            ("bad-value", format!("{c}.imagePullPolicy: unsupported value \"Sometimes\"")),
+            ("garbage", format!("{c}.ports: cannot be decoded: invalid type: string")),
         ] {
             let st = k.wait_status(job, "Failed validation", REACT, |s| condition_true(s, "Failed"))?;
             let c = condition(&st, "Failed").unwrap();
             assert_eq!(c["reason"], "TFJobFailedValidation", "{job}: {st:#}");
             let msg = c["message"].as_str().unwrap_or_default();
-            ensure!(msg.contains(field), "{job}: the message does not name {field}: {msg}");
+            ensure!(msg.contains(&field), "{job}: the message does not name {field}: {msg}");
             assert_eq!(k.job_pods(job)?, Vec::<String>::new(), "{job}");
         }
 
@@ -718,6 +731,368 @@ fn an_invalid_job_that_passed_the_schema_does_not_stop_the_operator() -> Result<
         k.wait_pods("restarted", &["restarted-worker-0"], REACT)?;
         k.set_pod("after-worker-0", PodState::RUNNING)?;
         k.wait_status("after", "Running", REACT, |s| condition_true(s, "Running"))?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refused at the door.
+
+/// One file of `tests/invalid-tfjobs`: what the API server and `tfjob validate` must name.
+struct Mistake {
+    file: std::path::PathBuf,
+    text: String,
+    /// (field, part of the message) of the API server's refusal.
+    apiserver: (String, String),
+    /// (field, part of the message) of `tfjob validate`'s.
+    validate: (String, String),
+}
+
+fn corpus() -> Result<Vec<Mistake>> {
+    let dir = repo_root().join("tests").join("invalid-tfjobs");
+    let mut files: Vec<_> = fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let text = fs::read_to_string(&file)?;
+            let header = |key: &str| -> Result<(String, String)> {
+                let line =
+                    text.lines().find_map(|l| l.strip_prefix(&format!("# {key}: "))).ok_or_else(|| anyhow!("{} has no `# {key}:` line", file.display()))?;
+                let (field, message) = line.split_once(" | ").ok_or_else(|| anyhow!("{}: `{line}` is not `field | message`", file.display()))?;
+                Ok((field.to_string(), message.to_string()))
+            };
+            Ok(Mistake { apiserver: header("apiserver")?, validate: header("validate")?, text, file })
+        })
+        .collect()
+}
+
+#[test]
+fn the_api_server_refuses_every_invalid_job_of_the_corpus_naming_the_field() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    install_crd(cp)?;
+    let ns = cp.create_namespace("corpus")?;
+    let k = Cluster::new(cp, &ns);
+    let tfjob_bin = tfjob_tests::operator::tfjob_binary()?;
+    let mistakes = corpus()?;
+    ensure!(mistakes.len() >= 15, "the corpus has {} kinds of mistake, want at least 15", mistakes.len());
+    let mut wrong = Vec::new();
+    for m in &mistakes {
+        let name = m.file.file_name().unwrap_or_default().to_string_lossy().to_string();
+        // As a user would: `kubectl apply -f` (client-side, strict field validation).
+        let out = cp.kubectl(["apply", "-n", &ns, "-f", &m.file.to_string_lossy()])?;
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        let (field, message) = &m.apiserver;
+        if out.status.success() {
+            wrong.push(format!("{name}: the API server accepted it"));
+        } else if !err.contains(field.as_str()) || !err.contains(message.as_str()) {
+            wrong.push(format!("{name}: the API server's refusal does not name {field} with {message:?}: {err}"));
+        }
+        // `tfjob validate` refuses it too, naming the field its own way.
+        let out = std::process::Command::new(&tfjob_bin)
+            .args(["validate", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().expect("piped").write_all(m.text.as_bytes())?;
+                c.wait_with_output()
+            })?;
+        let verr = String::from_utf8_lossy(&out.stderr).to_string();
+        let (field, message) = &m.validate;
+        let named = verr.lines().any(|l| l.contains(&format!(": {field}: ")) && l.contains(message.as_str()));
+        if out.status.success() || !named {
+            wrong.push(format!("{name}: tfjob validate does not name {field} with {message:?}: {verr}"));
+        }
+    }
+    ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(k.names("tfjobs", "")?, Vec::<String>::new(), "nothing refused was stored");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Saying what failed.
+
+/// The events of `job` with `reason`: (type, note, related object's name).
+fn events_of(k: &Cluster<'_>, job: &str, reason: &str) -> Result<Vec<(String, String, String)>> {
+    let evs: Value = serde_json::from_str(&k.cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &k.ns, "-o", "json"])?)?;
+    let field = |e: &Value, f: &str| e[f].as_str().unwrap_or_default().to_string();
+    Ok(evs["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == job && e["reason"] == reason)
+        .map(|e| (field(e, "type"), field(e, "note"), e["related"]["name"].as_str().unwrap_or_default().to_string()))
+        .collect())
+}
+
+/// Waits until `job` has events with `reason`; returns them.
+fn wait_events(k: &Cluster<'_>, job: &str, reason: &str) -> Result<Vec<(String, String, String)>> {
+    eventually(&format!("{reason} events of {job}"), REACT, || {
+        let evs = events_of(k, job, reason)?;
+        Ok((!evs.is_empty()).then_some(evs))
+    })
+}
+
+/// `kubectl get tfjob NAME` as a user sees it: the columns' names and the job's row.
+fn get_columns(k: &Cluster<'_>, job: &str) -> Result<Vec<(String, String)>> {
+    let out = k.cp.kubectl_ok(["get", "tfjob", job, "-n", &k.ns])?;
+    let mut lines = out.lines();
+    let head: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    Ok(head.iter().zip(row.iter().chain(std::iter::repeat(&"<none>"))).map(|(h, v)| (h.to_string(), v.to_string())).collect())
+}
+
+#[test]
+fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-what-failed")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        create_job(&k, &tfjob("sched", &[("PS", 1, "Never"), ("Worker", 2, "Never")], json!({})))?;
+        k.wait_pods("sched", &["sched-ps-0", "sched-worker-0", "sched-worker-1"], REACT)?;
+        // What kubectl shows first: the state, the workers running and requested, the age.
+        let st = k.wait_status("sched", "Created", REACT, |s| condition_true(s, "Created"))?;
+        ensure!(!condition_true(&st, "Running"), "{st:#}");
+        let cols = get_columns(&k, "sched")?;
+        let names: Vec<&str> = cols.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(names, ["NAME", "STATE", "READY", "WORKERS", "AGE"]);
+        assert_eq!((cols[1].1.as_str(), cols[2].1.as_str(), cols[3].1.as_str()), ("Created", "0", "2"), "{cols:?}");
+
+        // The scheduler cannot place worker 1: it says so in the pod's status, as a scheduler
+        // does; the job shows it.
+        let why =
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.";
+        let unschedulable = json!({"status": {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why,
+            "lastTransitionTime": "2020-01-01T00:00:00Z"}]}});
+        k.set_pod("sched-ps-0", PodState::RUNNING)?;
+        k.set_pod("sched-worker-0", PodState::RUNNING)?;
+        k.wait_status("sched", "Running", REACT, |s| condition_true(s, "Running"))?;
+        cp.kubectl_ok(["patch", "pod", "sched-worker-1", "-n", &ns, "--subresource=status", "--type=merge", "-p", &unschedulable.to_string()])?;
+        let st = k.wait_status("sched", "Unschedulable", REACT, |s| condition_true(s, "Unschedulable"))?;
+        let c = condition(&st, "Unschedulable").unwrap();
+        assert_eq!(c["reason"], "Unschedulable");
+        let want = format!("1 pod(s) of TFJob {ns}/sched cannot be scheduled (sched-worker-1): {why}");
+        assert_eq!(c["message"], want.as_str(), "{st:#}");
+        // The last condition is what kubectl shows as the state.
+        assert_eq!(st["conditions"].as_array().unwrap().last().unwrap()["type"], "Unschedulable", "{st:#}");
+        assert_eq!(get_columns(&k, "sched")?[1].1, "Unschedulable");
+        let evs = wait_events(&k, "sched", "Unschedulable")?;
+        assert_eq!(evs, vec![("Warning".to_string(), want.clone(), "sched-worker-1".to_string())]);
+        // Scheduled and running: the condition clears, the state is Running, 2 of 2 ready.
+        k.set_pod("sched-worker-1", PodState::RUNNING)?;
+        let st = k.wait_status("sched", "scheduled", REACT, |s| {
+            condition(s, "Unschedulable").is_some_and(|c| c["status"] == "False") && replica_count(s, "Worker", "active") == 2
+        })?;
+        ensure!(condition_true(&st, "Running"), "{st:#}");
+        let cols = get_columns(&k, "sched")?;
+        assert_eq!((cols[1].1.as_str(), cols[2].1.as_str(), cols[3].1.as_str()), ("Running", "2", "2"), "{cols:?}");
+
+        // Worker 1 is killed by the OOM killer: the job fails naming the pod, the exit code and
+        // the kubelet's reason, with Kubeflow's ExitedWithCode event about that pod.
+        let oom = json!({"status": {"phase": "Failed", "containerStatuses": [{
+            "name": "tensorflow", "image": "tfjob-runtime:latest", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                "startedAt": "2020-01-01T00:00:00Z", "finishedAt": "2020-01-01T00:00:00Z"}}}]}});
+        cp.kubectl_ok(["patch", "pod", "sched-worker-1", "-n", &ns, "--subresource=status", "--type=merge", "-p", &oom.to_string()])?;
+        let st = k.wait_status("sched", "Failed", REACT, |s| condition_true(s, "Failed"))?;
+        let failed = condition(&st, "Failed").unwrap();
+        assert_eq!(
+            failed["message"],
+            format!("TFJob {ns}/sched has failed because 1 Worker replica(s) failed: pod sched-worker-1 exited with code 137 (OOMKilled).").as_str()
+        );
+        let exited = wait_events(&k, "sched", "ExitedWithCode")?;
+        assert_eq!(exited, vec![("Warning".to_string(), format!("Pod: {ns}.sched-worker-1 exited with code 137 (OOMKilled)"), "sched-worker-1".to_string())]);
+        let failed_events = events_of(&k, "sched", "TFJobFailed")?;
+        assert_eq!(failed_events.len(), 1, "{failed_events:?}");
+        ensure!(failed_events[0].1.contains("pod sched-worker-1 exited with code 137 (OOMKilled)"), "{failed_events:?}");
+        assert_eq!(get_columns(&k, "sched")?[1].1, "Failed");
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn a_pod_the_api_server_refuses_is_an_event_and_a_condition_on_the_job() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-refused")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        // Invalid as a pod, though the operator's own checks let it through: the API server
+        // refuses the pod (422) every time, so the job fails, saying why.
+        let mut invalid = tfjob("invalid-pod", &[("Worker", 1, "Never")], json!({}));
+        invalid["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["dnsConfig"] = json!({"nameservers": ["not-an-ip"]});
+        create_job(&k, &invalid)?;
+        let st = k.wait_status("invalid-pod", "Failed", REACT, |s| condition_true(s, "Failed"))?;
+        let failed = condition(&st, "Failed").unwrap();
+        assert_eq!(failed["reason"], "TFJobFailedValidation", "{st:#}");
+        let msg = failed["message"].as_str().unwrap_or_default();
+        ensure!(
+            msg.starts_with(&format!("TFJob {ns}/invalid-pod has failed because the API server refused pod invalid-pod-worker-0: "))
+                && msg.contains("spec.dnsConfig.nameservers[0]"),
+            "{msg}"
+        );
+        let evs = wait_events(&k, "invalid-pod", "FailedCreatePod")?;
+        assert_eq!(evs.len(), 1, "{evs:?}");
+        assert_eq!((evs[0].0.as_str(), evs[0].2.as_str()), ("Warning", "invalid-pod-worker-0"));
+        ensure!(evs[0].1.starts_with("Error creating: ") && evs[0].1.contains("nameservers"), "{evs:?}");
+        assert_eq!(k.job_pods("invalid-pod")?, Vec::<String>::new());
+
+        // Refused for now: the namespace enforces the "restricted" Pod Security Standard, which
+        // the job's pods do not meet (403). The job shows ReplicaFailure and the operator tries
+        // again; once the namespace allows them, the pods are created and the condition clears.
+        cp.kubectl_ok(["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=restricted"])?;
+        create_job(&k, &tfjob("forbidden", &[("Worker", 1, "Never")], json!({})))?;
+        let st = k.wait_status("forbidden", "ReplicaFailure", REACT, |s| condition_true(s, "ReplicaFailure"))?;
+        let c = condition(&st, "ReplicaFailure").unwrap();
+        assert_eq!(c["reason"], "FailedCreatePod", "{st:#}");
+        let msg = c["message"].as_str().unwrap_or_default();
+        ensure!(msg.contains("forbidden-worker-0 (retrying)") && msg.contains("PodSecurity"), "{msg}");
+        ensure!(!condition_true(&st, "Failed"), "{st:#}");
+        let evs = events_of(&k, "forbidden", "FailedCreatePod")?;
+        ensure!(!evs.is_empty() && evs.iter().all(|e| e.0 == "Warning"), "{evs:?}");
+        cp.kubectl_ok(["label", "--overwrite", "namespace", &ns, "pod-security.kubernetes.io/enforce=privileged"])?;
+        k.wait_pods("forbidden", &["forbidden-worker-0"], Duration::from_secs(30))?;
+        let st = k.wait_status("forbidden", "pods created", REACT, |s| condition(s, "ReplicaFailure").is_some_and(|c| c["status"] == "False"))?;
+        assert_eq!(condition(&st, "ReplicaFailure").unwrap()["reason"], "PodsCreated");
+        assert_eq!(st["conditions"].as_array().unwrap().last().unwrap()["type"], "Created", "{st:#}");
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Light on the API server; least privilege.
+
+/// The requests the operator made, by `verb resource[/subresource]`, from the API server's audit
+/// log, without the Lease (leader election renews it every 5 s whatever the jobs do).
+fn requests(cp: &ControlPlane, account: &OperatorSetup) -> Result<std::collections::BTreeMap<String, usize>> {
+    let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
+    let mut by_kind = std::collections::BTreeMap::new();
+    for e in cp.audit_events(&user)? {
+        let r = &e["objectRef"];
+        let resource = r["resource"].as_str().unwrap_or_default();
+        if resource == "leases" {
+            continue;
+        }
+        let mut what = format!("{} {resource}", e["verb"].as_str().unwrap_or_default());
+        if let Some(sub) = r["subresource"].as_str() {
+            what = format!("{what}/{sub}");
+        }
+        *by_kind.entry(what).or_insert(0) += 1;
+    }
+    Ok(by_kind)
+}
+
+#[test]
+fn the_operator_reads_from_its_caches_writes_what_changed_and_never_reads_secrets() -> Result<()> {
+    const JOBS: usize = 3;
+    let (cp, ns, account, op) = setup("op-requests")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        // With exactly the chart's rules: the operator may create Secrets, not read them.
+        let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
+        for (verb, allowed) in [("create", true), ("get", false), ("list", false), ("watch", false)] {
+            let can = tfjob_tests::chart::can_i(cp, &user, &[verb, "secrets", "-n", &ns])?;
+            assert_eq!(can, allowed, "{verb} secrets");
+        }
+        ensure!(!tfjob_tests::chart::can_i(cp, &user, &["list", "secrets", "--all-namespaces"])?);
+
+        let before = requests(cp, &account)?;
+        // Each job: 1 ps + 2 workers, run to success; the running ps and worker 1 are cleaned up.
+        let names: Vec<String> = (0..JOBS).map(|i| format!("light-{i}")).collect();
+        for name in &names {
+            create_job(&k, &tfjob(name, &[("PS", 1, "Never"), ("Worker", 2, "Never")], json!({})))?;
+        }
+        for name in &names {
+            let pods = [format!("{name}-ps-0"), format!("{name}-worker-0"), format!("{name}-worker-1")];
+            k.wait_pods(name, &[&pods[0], &pods[1], &pods[2]], REACT)?;
+            for p in &pods {
+                k.set_pod(p, PodState::RUNNING)?;
+            }
+            k.wait_status(name, "Running", REACT, |s| replica_count(s, "Worker", "active") == 2)?;
+            k.set_pod(&pods[1], PodState::SUCCEEDED)?;
+            k.wait_status(name, "Succeeded", REACT, |s| condition_true(s, "Succeeded"))?;
+            k.wait_pods(name, &[&pods[1]], REACT)?;
+        }
+        // Settled: nothing more happens.
+        std::thread::sleep(Duration::from_secs(3));
+        let after = requests(cp, &account)?;
+        let used: std::collections::BTreeMap<String, usize> =
+            after.iter().map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+        eprintln!("the operator's requests for {JOBS} jobs (the Lease aside): {used:#?}");
+        let count = |what: &str| used.get(what).copied().unwrap_or(0);
+        // Never a Secret read; no pod or Service list outside the watches' own.
+        for read in ["get secrets", "list secrets", "watch secrets", "list pods", "get pods", "get services", "list services"] {
+            assert_eq!(count(read), 0, "{read}: {used:#?}");
+        }
+        // Each object written once: one Secret, one Service, 3 pods, 2 deletions per job.
+        assert_eq!(count("create secrets"), JOBS, "{used:#?}");
+        assert_eq!(count("patch services"), JOBS, "{used:#?}");
+        assert_eq!(count("create pods"), 3 * JOBS, "{used:#?}");
+        assert_eq!(count("delete pods"), 2 * JOBS, "{used:#?}");
+        // Every event once: Created, 3 pods created, Running, Succeeded, 2 pods deleted.
+        assert_eq!(count("create events"), 8 * JOBS, "{used:#?}");
+        for name in &names {
+            for (reason, n) in [("TFJobCreated", 1), ("TFJobRunning", 1), ("TFJobSucceeded", 1), ("SuccessfulCreatePod", 3)] {
+                assert_eq!(events_of(&k, name, reason)?.len(), n, "{name}: {reason}");
+            }
+        }
+        // Status writes: only when the status changed (created, each pod running, succeeded),
+        // never more than that.
+        let status_writes = count("patch tfjobs/status");
+        ensure!(status_writes <= 6 * JOBS, "{status_writes} status writes for {JOBS} jobs: {used:#?}");
+        let total: usize = used.values().sum();
+        let per_job = total as f64 / JOBS as f64;
+        eprintln!("{total} requests for {JOBS} jobs: {per_job:.1} per job");
+        ensure!(per_job <= 25.0, "{per_job:.1} requests per job: {used:#?}");
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn with_the_chart_value_every_job_gets_a_network_policy_of_its_own() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let ns = cp.create_namespace("op-netpol")?;
+    let account = operator_account_with(cp, &ns, &[("networkPolicy.enabled", "true")])?;
+    assert_eq!(account.env_value("TFJOB_NETWORK_POLICY"), Some("true"));
+    let op = Operator::start_ready(cp, &account, "op-0")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        let mut job = tfjob("fenced", &[("PS", 1, "Never"), ("Worker", 2, "Never")], json!({}));
+        job["spec"]["tfReplicaSpecs"]["PS"]["template"]["spec"]["containers"][0]["ports"] = json!([{"name": "tfjob-port", "containerPort": 3333}]);
+        create_job(&k, &job)?;
+        let uid = k.uid("tfjob", "fenced")?;
+        let np = eventually("the job's NetworkPolicy", REACT, || k.get("networkpolicy", "fenced"))?;
+        ensure!(owned_by(&np, &uid), "not owned by the job: {:#}", np["metadata"]);
+        let job_pods = json!({"matchLabels": {
+            "training.kubeflow.org/job-name": "fenced", "training.kubeflow.org/operator-name": "tfjob-controller"}});
+        let spec = &np["spec"];
+        assert_eq!(spec["podSelector"], job_pods);
+        assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+        // The replicas' ports from the job's own pods; every other port as before.
+        assert_eq!(
+            spec["ingress"][0],
+            json!({"from": [{"podSelector": job_pods}], "ports": [
+                {"protocol": "TCP", "port": 2222}, {"protocol": "TCP", "port": 3333}]})
+        );
+        assert_eq!(
+            spec["ingress"][1],
+            json!({"ports": [
+                {"protocol": "TCP", "port": 1, "endPort": 2221},
+                {"protocol": "TCP", "port": 2223, "endPort": 3332},
+                {"protocol": "TCP", "port": 3334, "endPort": 65535},
+                {"protocol": "UDP"}, {"protocol": "SCTP"}]})
+        );
+        k.wait_pods("fenced", &["fenced-ps-0", "fenced-worker-0", "fenced-worker-1"], REACT)?;
+        // It goes with the job.
+        cp.kubectl_ok(["delete", "tfjob", "fenced", "-n", &ns, "--wait=false"])?;
+        eventually("the garbage collector removes the NetworkPolicy", Duration::from_secs(60), || {
+            Ok(k.get("networkpolicy", "fenced")?.is_none().then_some(()))
+        })?;
         Ok(())
     })();
     with_log(r, &[&op])

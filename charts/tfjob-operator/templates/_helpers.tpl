@@ -124,26 +124,34 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 - apiGroups: ["kubeflow.org"]
   resources: ["tfjobs/finalizers"]
   verbs: ["update"]
-# Pods: watched and listed by job (list, watch), created by server-side apply (patch, and create
-# because the apply creates them), deleted on restart, scale-down and cleanup (delete).
+# Pods: the watch that fills the operator's cache (list, watch), created (create) and deleted
+# on restart, scale-down and cleanup (delete). Never changed in place.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
-# The headless Service of each job: watched (list, watch), server-side applied (create, patch).
-# It goes away with its job through the garbage collector.
+  verbs: ["list", "watch", "create", "delete"]
+# The headless Service of each job: the watch that fills the cache (list, watch), server-side
+# applied when missing or different (create, patch). It goes away with its job through the
+# garbage collector.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["list", "watch", "create", "patch"]
-# The token Secret of each job: watched (list, watch), read before it is created once (get,
-# create). Never updated: a token does not change.
+# The token Secret of each job: created once (create; AlreadyExists means it is there). The
+# operator never reads, lists or watches Secrets: a controller that may list Secrets can read
+# every credential in reach.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["create"]
 # Events (events.k8s.io/v1, kube-rs Recorder): new events (create), repeats counted in a series
 # (patch).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# The NetworkPolicy of each job, server-side applied with its Service (create, patch).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
+{{- end }}
 {{- with include "tfjob-operator.podGroupApiGroup" . }}
 # Gang scheduling: one PodGroup per job, server-side applied (create, patch), deleted when the job
 # finishes (delete).

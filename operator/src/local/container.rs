@@ -443,8 +443,16 @@ impl ContainerKubelet {
     /// Stops (grace `grace_secs`, then killed) and removes a pod's
     /// container, and forgets the pod.
     pub fn delete_pod(&mut self, pod: &str, grace_secs: i32) {
-        if let Some(p) = self.pods.remove(pod) {
-            self.remove_containers(vec![p], grace_secs);
+        self.delete_pods(&[pod], grace_secs);
+    }
+
+    /// Stops (all at once: grace `grace_secs`, then killed) and removes the
+    /// containers of `pods`, and forgets them. Stopping them one after the
+    /// other would let the last one run for the others' grace periods too.
+    pub fn delete_pods(&mut self, pods: &[&str], grace_secs: i32) {
+        let gone: Vec<Pod> = pods.iter().filter_map(|p| self.pods.remove(*p)).collect();
+        if !gone.is_empty() {
+            self.remove_containers(gone, grace_secs);
         }
     }
 

@@ -83,7 +83,17 @@ pub fn restarts_in_place(pod_restart_policy: &str, code: i32) -> bool {
 
 /// What a backend reports for one of its replicas.
 pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit_code: Option<i32>, restart_count: i32) -> ObservedReplica {
-    ObservedReplica { replica_type: planned.replica_type, index: planned.index, name: name.to_string(), phase, exit_code, restart_count, terminating: false }
+    ObservedReplica {
+        replica_type: planned.replica_type,
+        index: planned.index,
+        name: name.to_string(),
+        phase,
+        exit_code,
+        exit_reason: None,
+        restart_count,
+        terminating: false,
+        unschedulable: None,
+    }
 }
 
 /// Phase of a pod whose container ended for good.
@@ -330,7 +340,7 @@ impl Driver {
                     }
                 }
                 Action::DeleteReplica { name: pod } => backend.delete(pod),
-                Action::Event { kind, reason, message } => self.console.event(*kind == EventKind::Warning, reason, message),
+                Action::Event { kind, reason, message, .. } => self.console.event(*kind == EventKind::Warning, reason, message),
                 Action::RequeueAfter(d) => requeue = requeue.min(*d),
                 Action::DeleteJob => delete_job = true,
             }

@@ -7,7 +7,7 @@ fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
     let mut s = TFJobSpec::default();
     for (t, n, p) in types {
         s.tf_replica_specs
-            .insert(t.as_str().to_string(), ReplicaSpec { replicas: *n, template: Default::default(), restart_policy: p.clone(), template_error: None });
+            .insert(t.as_str().to_string(), ReplicaSpec { replicas: *n, template: Default::default(), restart_policy: p.clone(), ..Default::default() });
     }
     s
 }
@@ -23,8 +23,14 @@ fn r(t: ReplicaType, index: i32, phase: Phase) -> ObservedReplica {
             Phase::Failed => Some(1),
             _ => None,
         },
+        exit_reason: match phase {
+            Phase::Succeeded => Some("Completed".into()),
+            Phase::Failed => Some("Error".into()),
+            _ => None,
+        },
         restart_count: 0,
         terminating: false,
+        unschedulable: None,
     }
 }
 
@@ -183,7 +189,7 @@ fn status_table() {
             "ps failed under Never: Failed, never also Succeeded",
             spec(&[(PS, 2, Never), (Worker, 1, Never)]),
             vec![r(PS, 0, Phase::Failed), r(PS, 1, Phase::Running), r(Worker, 0, Phase::Running)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 PS replica(s) failed.")],
+            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 PS replica(s) failed: pod job-ps-0 exited with code 1 (Error).")],
             vec![Action::DeleteReplica { name: "job-ps-1".into() }, Action::DeleteReplica { name: "job-worker-0".into() }],
             vec![("PS", 1, 0, 1), ("Worker", 1, 0, 0)],
         ),
@@ -191,7 +197,12 @@ fn status_table() {
             "worker failed under OnFailure: recreated, Restarting",
             spec(&[(Worker, 2, OnFailure)]),
             vec![r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Failed)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-1 exited with code 1 (Error).",
+            )],
             vec![Action::RecreateReplica { name: "job-worker-1".into(), replica_type: Worker, index: 1 }],
             vec![("Worker", 1, 0, 1)],
         ),
@@ -199,7 +210,12 @@ fn status_table() {
             "worker failed under Always: recreated",
             spec(&[(Worker, 1, Always)]),
             vec![r(Worker, 0, Phase::Failed)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 exited with code 1 (Error).",
+            )],
             vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
             vec![("Worker", 0, 0, 1)],
         ),
@@ -207,7 +223,12 @@ fn status_table() {
             "ExitCode 137 (retryable): recreated",
             spec(&[(PS, 1, ExitCode), (Worker, 1, ExitCode)]),
             vec![with_exit(r(PS, 0, Phase::Failed), 137), r(Worker, 0, Phase::Running)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 PS replica(s) failed.")],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 PS replica(s) failed: pod job-ps-0 exited with code 137 (Error).",
+            )],
             vec![Action::RecreateReplica { name: "job-ps-0".into(), replica_type: PS, index: 0 }],
             vec![("PS", 0, 0, 1), ("Worker", 1, 0, 0)],
         ),
@@ -215,7 +236,7 @@ fn status_table() {
             "ExitCode 1 (permanent): Failed",
             spec(&[(Worker, 2, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 1), r(Worker, 1, Phase::Running)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
+            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed: pod job-worker-0 exited with code 1 (Error).")],
             vec![Action::DeleteReplica { name: "job-worker-1".into() }],
             vec![("Worker", 1, 0, 1)],
         ),
@@ -223,7 +244,12 @@ fn status_table() {
             "ExitCode 127 is still permanent",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 127)],
-            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
+            vec![c(
+                FAILED,
+                "True",
+                "TFJobFailed",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed: pod job-worker-0 exited with code 127 (Error).",
+            )],
             vec![],
             vec![("Worker", 0, 0, 1)],
         ),
@@ -231,7 +257,12 @@ fn status_table() {
             "ExitCode 128 is retryable",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 128)],
-            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 exited with code 128 (Error).",
+            )],
             vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
             vec![("Worker", 0, 0, 1)],
         ),
@@ -264,7 +295,19 @@ fn status_table() {
         assert!(!(has_condition(&o.status, SUCCEEDED) && has_condition(&o.status, FAILED)), "{name}: both terminal");
         // Every transition comes with an event.
         let transitions = o.status.conditions.len();
-        assert_eq!(events(&o).len(), transitions, "{name}: one event per transition");
+        let job_events = events(&o).into_iter().filter(|r| r != EXITED_WITH_CODE).count();
+        assert_eq!(job_events, transitions, "{name}: one event per transition");
+        // And every failed pod acted upon with an `ExitedWithCode` naming it, its code, reason.
+        let want_exits: Vec<(String, String)> = observed
+            .iter()
+            .filter(|r| r.phase == Phase::Failed)
+            .map(|r| {
+                let code = r.exit_code.unwrap();
+                (EXITED_WITH_CODE.to_string(), format!("Pod: ns.{} exited with code {code} (Error)", r.name))
+            })
+            .collect();
+        let exits: Vec<(String, String)> = event_texts(&o).into_iter().filter(|(r, _)| r == EXITED_WITH_CODE).collect();
+        assert_eq!(exits, want_exits, "{name}: exit events");
     }
 }
 
@@ -363,11 +406,17 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert!(!has_condition(&o.status, FAILED));
     // A third: over the limit.
-    let w = ObservedReplica { restart_count: 3, ..r(Worker, 0, Phase::Running) };
+    let w = ObservedReplica { restart_count: 3, exit_code: Some(137), exit_reason: Some("OOMKilled".into()), ..r(Worker, 0, Phase::Running) };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert_eq!(
         conds(&o.status).last().unwrap(),
-        &c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because it has reached the specified backoff limit")
+        &c(
+            FAILED,
+            "True",
+            "TFJobFailed",
+            "TFJob ns/job has failed because it has reached the specified backoff limit: pod \
+             job-worker-0 restarted 3 time(s), last exit code 137 (OOMKilled)"
+        )
     );
 
     // ExitCode recreations count too (Kubeflow ignores them).
@@ -382,6 +431,11 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     }
     let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(3));
     assert!(has_condition(&o.status, FAILED));
+    assert_eq!(
+        conds(&o.status).last().unwrap().3,
+        "TFJob ns/job has failed because it has reached the specified backoff limit: pod \
+         job-worker-0 exited with code 137 (Error)"
+    );
     assert!(!has_condition(&o.status, RESTARTING), "terminal turns Restarting false");
     assert!(!o.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. })));
 }
@@ -411,9 +465,10 @@ fn suspend_and_resume() {
     let o = run(&s, &TFJobStatus::default(), &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], t0());
     s.run_policy.suspend = true;
     let o = run(&s, &o.status, &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], at(10));
+    // False conditions first: the last one is the state (`kubectl get`'s State column).
     assert_eq!(
         conds(&o.status),
-        vec![created(), c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."), c(SUSPENDED, "True", "TFJobSuspended", "TFJob ns/job is suspended."),]
+        vec![c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."), created(), c(SUSPENDED, "True", "TFJobSuspended", "TFJob ns/job is suspended."),]
     );
     assert_eq!(non_events(&o), vec![Action::DeleteReplica { name: "job-ps-0".into() }, Action::DeleteReplica { name: "job-worker-0".into() }]);
     assert_eq!(events(&o), vec!["TFJobSuspended"]);
@@ -423,6 +478,9 @@ fn suspend_and_resume() {
     assert!(conds(&o.status).contains(&c(SUSPENDED, "False", "TFJobResumed", "TFJob ns/job is resumed.")));
     assert_eq!(events(&o), vec!["TFJobResumed"]);
     assert_eq!(non_events(&o).len(), 2);
+    // Resumed, not running yet: the state shown is Created, not Suspended.
+    assert_eq!(conds(&o.status).last().unwrap().0, CREATED);
+    assert_eq!(job_phase(&o.status), CREATED);
 }
 
 #[test]
@@ -454,6 +512,32 @@ fn invalid_job_fails_with_warning() {
     );
     assert!(o.actions.iter().any(|a| matches!(a, Action::Event { kind: EventKind::Warning, reason, .. } if reason == "TFJobFailedValidation")));
     assert!(!o.actions.iter().any(|a| matches!(a, Action::CreateReplica { .. })));
+}
+
+#[test]
+fn a_template_problem_fails_a_new_job_but_not_one_that_runs() {
+    let s = spec(&[(Worker, 1, Never)]);
+    let typo = crate::api::FieldError::new("spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource", "unknown field; did you mean \"resources\"?");
+    let other = crate::api::FieldError::new("spec.runPolicy.backoffLimit", "must be >= 0, got -1");
+    // (started already, problems, fails)
+    let cases = [
+        (false, vec![typo.clone()], true),
+        (true, vec![typo.clone()], false),
+        (true, vec![typo.clone(), other.clone()], true),
+        (false, vec![other.clone()], true),
+    ];
+    for (started, invalid, fails) in cases {
+        let status = if started { run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Running)], t0()).status } else { TFJobStatus::default() };
+        let observed = [r(Worker, 0, Phase::Running)];
+        let o = run_invalid(&s, &status, &observed, &invalid, at(1));
+        assert_eq!(has_condition(&o.status, FAILED), fails, "{started} {invalid:?}");
+        if fails {
+            let msg = conds(&o.status).pop().unwrap().3;
+            assert!(msg.contains(&invalid.last().unwrap().to_string()), "{msg}");
+        } else {
+            assert!(has_condition(&o.status, RUNNING), "{o:#?}");
+        }
+    }
 }
 
 /// (reason, message) of every event.
@@ -610,32 +694,50 @@ fn dynamic_worker_failures() {
             Some((
                 FAILED,
                 "TFJob ns/job has failed because Worker 0, the chief of a job without Chief or \
-                 Master, failed (1 of 3 Worker replica(s) failed).",
+                 Master, failed (1 of 3 Worker replica(s) failed): pod job-worker-0 exited with \
+                 code 1 (Error).",
             )),
         ),
         (
             "chief running, every worker failed: the job fails, naming how many",
             vec![(Chief, 1, Never), (PS, 2, Never), (Worker, 2, Never)],
             in_phases(&[(Chief, &[R]), (PS, &[R, R]), (Worker, &[F, F])]),
-            Some((FAILED, "TFJob ns/job has failed because all 2 Worker replica(s) failed.")),
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because all 2 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 1 (Error); pod job-worker-1 exited with code 1 (Error).",
+            )),
         ),
         (
             "no chief, every worker failed (exit 3 each, the issue's hang): fails",
             vec![(PS, 2, Never), (Worker, 3, Never)],
             in_phases(&[(PS, &[R, R])]).into_iter().chain((0..3).map(|i| with_exit(r(Worker, i, F), 3))).collect(),
-            Some((FAILED, "TFJob ns/job has failed because all 3 Worker replica(s) failed.")),
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because all 3 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 3 (Error); pod job-worker-1 exited with code 3 (Error); pod \
+                 job-worker-2 exited with code 3 (Error).",
+            )),
         ),
         (
             "the chief failed: fails as in any job",
             vec![(Chief, 1, Never), (Worker, 2, Never)],
             in_phases(&[(Chief, &[F]), (Worker, &[R, R])]),
-            Some((FAILED, "TFJob ns/job has failed because 1 Chief replica(s) failed.")),
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because 1 Chief replica(s) failed: pod job-chief-0 exited \
+                 with code 1 (Error).",
+            )),
         ),
         (
             "a worker that its policy restarts is not lost",
             vec![(PS, 1, Never), (Worker, 1, OnFailure)],
             in_phases(&[(PS, &[R]), (Worker, &[F])]),
-            Some((RESTARTING, "TFJob ns/job is restarting because 1 Worker replica(s) failed.")),
+            Some((
+                RESTARTING,
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 \
+                 exited with code 1 (Error).",
+            )),
         ),
     ];
     for (name, types, observed, want) in cases {

@@ -31,6 +31,9 @@ pub struct State {
     pub log: Vec<String>,
     /// Path prefixes answered with 404 (e.g. a CRD that is not installed).
     pub unserved: Vec<String>,
+    /// Creations refused as an admission controller or validation would: (object key prefix,
+    /// HTTP code, reason, message).
+    pub refusals: Vec<(String, u16, String, String)>,
     counter: u64,
     history: Vec<Change>,
     changes: broadcast::Sender<Change>,
@@ -38,7 +41,15 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        State { objects: BTreeMap::new(), log: Vec::new(), unserved: Vec::new(), counter: 0, history: Vec::new(), changes: broadcast::channel(4096).0 }
+        State {
+            objects: BTreeMap::new(),
+            log: Vec::new(),
+            unserved: Vec::new(),
+            refusals: Vec::new(),
+            counter: 0,
+            history: Vec::new(),
+            changes: broadcast::channel(4096).0,
+        }
     }
 }
 
@@ -241,6 +252,9 @@ impl State {
                 let key = format!("{collection}/{name}");
                 if self.objects.contains_key(&key) {
                     return status(409, "AlreadyExists", &format!("{name} already exists"));
+                }
+                if let Some((_, code, reason, message)) = self.refusals.iter().find(|(prefix, ..)| key.starts_with(prefix.as_str())) {
+                    return status(*code, reason, message);
                 }
                 self.stamp_new(&mut obj, &name);
                 self.record(&key, "ADDED", &obj);

@@ -64,6 +64,7 @@ fn shard(ps: usize, step: i64) -> ShardData {
         dispatcher: (ps == 0).then(|| {
             format!(r#"{{"plan":{{"examples":100,"shard_size":10,"seed":1,"num_epochs":3}},"next":[1,{}],"not_done":[],"shards_redone":2}}"#, step % 10)
         }),
+        ..Default::default()
     }
 }
 
@@ -475,7 +476,7 @@ fn ps_tasks_write_their_shards_into_one_checkpoint_concurrently() {
         variables: vec![(format!("v{ps}"), vec![256, 64], (0..256 * 64).map(|i| (i * (ps + 1)) as f32).collect())],
         slots: vec![(format!("v{ps}:slot0"), vec![256, 64], vec![ps as f32; 256 * 64])],
         updates: vec![(format!("v{ps}"), ps as u64)],
-        dispatcher: None,
+        ..Default::default()
     };
     for round in 0..3i64 {
         let step = 10 + round;

@@ -28,10 +28,7 @@ impl SoftmaxRegression {
     /// If a size is 0 ([`build_model`](super::build_model) reports that as an error).
     pub fn new(input_dim: usize, num_classes: usize) -> Self {
         assert!(input_dim > 0 && num_classes > 0, "softmax: sizes must be at least 1");
-        let specs = vec![
-            VariableSpec { name: "weights".into(), shape: vec![input_dim, num_classes], init: Init::Zeros },
-            VariableSpec { name: "biases".into(), shape: vec![num_classes], init: Init::Zeros },
-        ];
+        let specs = vec![VariableSpec::new("weights", vec![input_dim, num_classes], Init::Zeros), VariableSpec::new("biases", vec![num_classes], Init::Zeros)];
         SoftmaxRegression { input_dim, num_classes, specs }
     }
 
@@ -86,12 +83,12 @@ impl Mlp {
         let mut fan_in = input_dim;
         for (i, &h) in hidden_units.iter().enumerate() {
             let prefix = if hidden_units.len() == 1 { "hid".to_string() } else { format!("hid{i}") };
-            specs.push(VariableSpec { name: format!("{prefix}_w"), shape: vec![fan_in, h], init: weight(fan_in) });
-            specs.push(VariableSpec { name: format!("{prefix}_b"), shape: vec![h], init: Init::Zeros });
+            specs.push(VariableSpec::new(format!("{prefix}_w"), vec![fan_in, h], weight(fan_in)));
+            specs.push(VariableSpec::new(format!("{prefix}_b"), vec![h], Init::Zeros));
             fan_in = h;
         }
-        specs.push(VariableSpec { name: "sm_w".into(), shape: vec![fan_in, num_classes], init: weight(fan_in) });
-        specs.push(VariableSpec { name: "sm_b".into(), shape: vec![num_classes], init: Init::Zeros });
+        specs.push(VariableSpec::new("sm_w", vec![fan_in, num_classes], weight(fan_in)));
+        specs.push(VariableSpec::new("sm_b", vec![num_classes], Init::Zeros));
         Mlp { input_dim, hidden_units: hidden_units.to_vec(), num_classes, activation, weight_init, specs }
     }
 

@@ -22,10 +22,8 @@ impl LinearRegression {
     /// If `n_features` is 0 ([`build_model`](super::build_model) reports that as an error).
     pub fn new(n_features: usize) -> Self {
         assert!(n_features > 0, "linear: n_features must be at least 1");
-        let specs = vec![
-            VariableSpec { name: "W".into(), shape: vec![n_features, 1], init: Init::Normal { stddev: 1.0 } },
-            VariableSpec { name: "b".into(), shape: vec![1], init: Init::Normal { stddev: 1.0 } },
-        ];
+        let specs =
+            vec![VariableSpec::new("W", vec![n_features, 1], Init::Normal { stddev: 1.0 }), VariableSpec::new("b", vec![1], Init::Normal { stddev: 1.0 })];
         LinearRegression { n_features, specs }
     }
 

@@ -51,7 +51,7 @@ fn random_batch(model: &Any, n: usize, input_dim: usize, classes: usize, rng: &m
         Any::Linear(_) => Targets::Values(Array2::from_shape_simple_fn((n, 1), || normal(rng) * 3.0)),
         _ => Targets::Labels((0..n).map(|_| rng.random_range(0..classes as u32)).collect()),
     };
-    Batch { x, targets }
+    Batch { x, targets, sparse: None }
 }
 
 fn widen(a: &ArrayD<f32>) -> ArrayD<f64> {
@@ -204,14 +204,14 @@ fn linear_loss_is_the_mean_squared_error_not_halved() {
     let m = LinearRegression::new(1);
     let params = vec![arr1(&[2.0f32]).into_shape_with_order(vec![1, 1]).unwrap(), arr1(&[1.0f32]).into_dyn()];
     // pred = 2x + 1 = [3, 5, 1]; errors [0, -1, 2] -> mean square 5/3.
-    let batch = Batch { x: arr2(&[[1.0f32], [2.0], [0.0]]), targets: Targets::Values(arr2(&[[3.0f32], [6.0], [-1.0]])) };
+    let batch = Batch { x: arr2(&[[1.0f32], [2.0], [0.0]]), targets: Targets::Values(arr2(&[[3.0f32], [6.0], [-1.0]])), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     assert!((lg.loss - 5.0 / 3.0).abs() < 1e-6, "{}", lg.loss);
     // dL/dW = 2/n sum (pred - y) x = 2/3 (0 - 2 + 0); dL/db = 2/3 (0 - 1 + 2).
     assert!((lg.gradients[0][[0, 0]] - (-4.0 / 3.0)).abs() < 1e-6);
     assert!((lg.gradients[1][[0]] - 2.0 / 3.0).abs() < 1e-6);
     let metrics = m.evaluate(&params, &batch);
-    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3 });
+    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3, auc: None });
     assert_eq!(m.summary(&params), vec![("W".to_string(), 2.0), ("b".to_string(), 1.0)]);
 }
 
@@ -228,7 +228,7 @@ fn softmax_cross_entropy_values_and_accuracy() {
     let m = SoftmaxRegression::new(2, 3);
     // logits = x (weights = [[1,0,0],[0,1,0]], biases 0): row 0 -> [0, 0, 0], row 1 -> [2, 0, 0].
     let params = vec![arr2(&[[1.0f32, 0.0, 0.0], [0.0, 1.0, 0.0]]).into_dyn(), arr1(&[0.0f32, 0.0, 0.0]).into_dyn()];
-    let batch = Batch { x: arr2(&[[0.0f32, 0.0], [2.0, 0.0]]), targets: Targets::Labels(vec![1, 0]) };
+    let batch = Batch { x: arr2(&[[0.0f32, 0.0], [2.0, 0.0]]), targets: Targets::Labels(vec![1, 0]), sparse: None };
     let e2 = 2.0f64.exp();
     let want = (3.0f64.ln() + ((e2 + 2.0).ln() - 2.0)) / 2.0;
     let metrics = m.evaluate(&params, &batch);
@@ -249,7 +249,7 @@ fn softmax_cross_entropy_values_and_accuracy() {
 fn softmax_is_stable_for_huge_logits() {
     let m = SoftmaxRegression::new(1, 2);
     let params = vec![arr2(&[[1.0f32, -1.0]]).into_dyn(), arr1(&[0.0f32, 0.0]).into_dyn()];
-    let batch = Batch { x: arr2(&[[500.0f32], [-500.0]]), targets: Targets::Labels(vec![1, 1]) };
+    let batch = Batch { x: arr2(&[[500.0f32], [-500.0]]), targets: Targets::Labels(vec![1, 1]), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     // Row 0: logits [500, -500], label 1: loss 1000. Row 1: label right, loss ~0.
     assert!((lg.loss - 500.0).abs() < 1e-3, "{}", lg.loss);
@@ -262,7 +262,7 @@ fn sigmoid_mlp_is_finite_with_saturated_units() {
     let m = Mlp::new(3, &[4], 2, Activation::Sigmoid, WeightInit::Normal);
     let mut rng = StdRng::seed_from_u64(5);
     let params = random_params(&m.variables(), 300.0, &mut rng);
-    let batch = Batch { x: Array2::from_elem((4, 3), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]) };
+    let batch = Batch { x: Array2::from_elem((4, 3), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     assert!(lg.loss.is_finite());
     assert!(lg.gradients.iter().all(|g| g.iter().all(|v| v.is_finite())));
@@ -275,7 +275,7 @@ fn an_empty_batch_gives_zero_loss_and_zero_gradients() {
     for m in models {
         let params = init_values(&m.variables(), 3);
         let targets = if m.name() == "linear" { Targets::Values(Array2::zeros((0, 1))) } else { Targets::Labels(vec![]) };
-        let batch = Batch { x: Array2::zeros((0, 2)), targets };
+        let batch = Batch { x: Array2::zeros((0, 2)), targets, sparse: None };
         let lg = m.loss_and_gradients(&params, &batch);
         assert_eq!(lg.loss, 0.0, "{}", m.name());
         assert_eq!(lg.gradients.len(), params.len());
@@ -294,7 +294,7 @@ fn wrong_parameter_shapes_are_named() {
     let m = Mlp::new(2, &[4], 3, Activation::Relu, WeightInit::Normal);
     let mut params = init_values(&m.variables(), 3);
     params[1] = ArrayD::zeros(vec![3]);
-    let batch = Batch { x: Array2::zeros((1, 2)), targets: Targets::Labels(vec![0]) };
+    let batch = Batch { x: Array2::zeros((1, 2)), targets: Targets::Labels(vec![0]), sparse: None };
     m.loss_and_gradients(&params, &batch);
 }
 
@@ -387,7 +387,7 @@ fn activation_and_weight_init_parse() {
 // ---------------------------------------------------------- initial values
 
 fn spec(name: &str, shape: &[usize], init: Init) -> VariableSpec {
-    VariableSpec { name: name.into(), shape: shape.to_vec(), init }
+    VariableSpec::new(name, shape.to_vec(), init)
 }
 
 #[test]

@@ -166,6 +166,7 @@ mod tests {
             eval_examples: 10,
             keras: KerasOptions::default(),
             data: DataOptions::default(),
+            sparse: Default::default(),
         }
     }
 

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup operator
+//! sections: raw ps linear mlp startup elastic operator sparse
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "operator"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "operator", "sparse"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -181,7 +181,7 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") { Some(runtime_binary()?) } else { None };
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("sparse") { Some(runtime_binary()?) } else { None };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -191,8 +191,14 @@ fn run(args: &[String]) -> Result<()> {
     if want("startup") {
         startup(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
+    if want("elastic") {
+        elastic(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
     if want("operator") {
         operator(&opts, &mut report)?;
+    }
+    if want("sparse") {
+        sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
     let doc = json!({ "rows": report.rows, "details": report.details });
@@ -411,7 +417,7 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
 /// variable on an in-process ps, over the tensor channel or over gRPC.
 async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result<(f64, f64)> {
     use tfjob_runtime::auth::Credentials;
-    use tfjob_runtime::client::{ModelVariable, PsSet};
+    use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::optimizer::Optimizer;
     use tfjob_runtime::placement::{self, PlacementInput};
@@ -429,8 +435,8 @@ async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result
         let _ = stopped.await;
     })
     .await?;
-    let vars = vec![ModelVariable { name: "v".into(), shape: vec![n] }];
-    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let vars = vec![ModelVariable::dense("v", vec![n])];
+    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES)?;
     let config = proto::TrainingConfig {
         mode: UpdateMode::Async as i32,
@@ -449,22 +455,141 @@ async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result
     let grads = vec![ndarray::ArrayD::from_elem(vec![n], 0.5f32)];
     let bytes = (n * 4) as f64;
     // one warm-up round trip
-    let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
-    ps.push(&pulled.steps, &grads).await?;
+    let pulled = ps.pull(&mut params, NO_ROWS, &[0], false, Duration::from_secs(1)).await?;
+    ps.push(&pulled.steps, &grads, NO_ROWS).await?;
     let (mut pulls, mut pushes) = (vec![], vec![]);
     for _ in 0..reps {
         let t = Instant::now();
-        let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
+        let pulled = ps.pull(&mut params, NO_ROWS, &[0], false, Duration::from_secs(1)).await?;
         pulls.push(bytes / t.elapsed().as_secs_f64() / 1e6);
         if pulled.bytes as f64 != bytes {
             bail!("pulled {} bytes, expected {bytes}", pulled.bytes);
         }
         let t = Instant::now();
-        ps.push(&pulled.steps, &grads).await?;
+        ps.push(&pulled.steps, &grads, NO_ROWS).await?;
         pushes.push(bytes / t.elapsed().as_secs_f64() / 1e6);
     }
     drop(stop);
     Ok((median(pulls), median(pushes)))
+}
+
+// ---------------------------------------------------------------- sparse embeddings
+
+/// Sparse pull + push of one batch's rows of an embedding on an in-process ps against pulling
+/// and pushing the same table whole (the baseline), then sparse_lr and wide_deep as processes
+/// (1 ps + 2 workers and 2 ps + 2 workers) against the same models with --dense_embeddings.
+fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    tfjob_runtime::tune_allocator();
+    let (rows, dim, batch_rows) = if opts.quick { (1 << 14, 16, 512) } else { (1 << 20, 16, 4096) };
+    let reps = if opts.quick { 3 } else { 10 };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (sparse_secs, sparse_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, true))?;
+    let (dense_secs, dense_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, false))?;
+    let what = format!("pull + push of {batch_rows} rows of a {rows}x{dim} embedding (1 ps)");
+    report.row(
+        "sparse",
+        &format!("{what}: steps/s"),
+        1.0 / sparse_secs,
+        "steps/s",
+        Some(("the table pulled and pushed whole", 1.0 / dense_secs)),
+        None,
+        "",
+        None,
+    );
+    report.row("sparse", &format!("{what}: bytes on the wire"), sparse_bytes, "B/step", Some(("the table whole", dense_bytes)), None, "", None);
+
+    let examples = if opts.quick { 2_000 } else { 20_000 };
+    let buckets = if opts.quick { 1 << 14 } else { 1 << 18 };
+    let mut details = vec![];
+    // --quick: one configuration, so that the smoke test stays short.
+    let models: &[&str] = if opts.quick { &["sparse_lr"] } else { &["sparse_lr", "wide_deep"] };
+    let shapes: &[(usize, usize)] = if opts.quick { &[(1, 2)] } else { &[(1, 2), (2, 2)] };
+    for &model in models {
+        for &(nps, nw) in shapes {
+            let mut figures = vec![];
+            for dense in [false, true] {
+                let mut a =
+                    strs(&["--optimizer=adagrad", "--learning_rate=0.2", "--num_epochs=1", "--log_every_steps=0", "--eval_examples=1000", "--hidden_units=16"]);
+                a.extend([format!("--model={model}"), format!("--generated_examples={examples}"), format!("--hash_buckets={buckets}")]);
+                if dense {
+                    a.push("--dense_embeddings".into());
+                }
+                let label = format!("sparse-{model}-{nps}ps{nw}w-{}", if dense { "dense" } else { "sparse" });
+                let run = run_cluster(opts, bin, &label, nps, nw, &a)?;
+                let ex = run.global_steps_per_sec() * 100.0;
+                let steps: f64 = run.ps.iter().map(|p| p["pushes_applied"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max).max(1.0);
+                let wire: f64 =
+                    run.ps.iter().map(|p| p["bytes_sent"].as_f64().unwrap_or(0.0) + p["bytes_received"].as_f64().unwrap_or(0.0)).sum::<f64>() / steps;
+                let worker_rss = run.workers.iter().filter_map(|w| w["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                let ps_rss = run.ps.iter().filter_map(|p| p["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                figures.push((ex, wire, worker_rss, ps_rss));
+                details.push(json!({ "config": label, "workers": run.workers, "ps": run.ps, "examples_per_sec": ex, "bytes_per_step": wire }));
+            }
+            let [(ex, wire, wrss, prss), (dex, dwire, dwrss, dprss)] = [figures[0], figures[1]];
+            let cfg = format!("{model} {nps}ps+{nw}w async, {buckets}-row tables");
+            report.row("sparse", &format!("{cfg}: examples/s"), ex, "ex/s", Some(("--dense_embeddings", dex)), None, "", None);
+            report.row("sparse", &format!("{cfg}: bytes on the wire per step"), wire, "B/step", Some(("--dense_embeddings", dwire)), None, "", None);
+            report.row("sparse", &format!("{cfg}: worker peak RSS"), wrss, "MiB", Some(("--dense_embeddings", dwrss)), None, "", None);
+            report.row("sparse", &format!("{cfg}: ps peak RSS"), prss, "MiB", Some(("--dense_embeddings", dprss)), None, "", None);
+        }
+    }
+    report.details.insert("sparse".into(), json!(details));
+    Ok(())
+}
+
+/// Seconds per pull + push (median of `reps`) and bytes per step: `batch_rows` rows of a
+/// `rows`x`dim` embedding by id (`sparse`), or the whole table as a dense variable.
+async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usize, sparse: bool) -> Result<(f64, f64)> {
+    use tfjob_runtime::auth::Credentials;
+    use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest};
+    use tfjob_runtime::cluster::TaskId;
+    use tfjob_runtime::embedding::PartitionStrategy;
+    use tfjob_runtime::model::Init;
+    use tfjob_runtime::optimizer::Optimizer;
+    use tfjob_runtime::placement::{self, PlacementInput};
+    use tfjob_runtime::proto::{self, UpdateMode};
+    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+    use tfjob_runtime::server::{self, WorkerService};
+    use tfjob_runtime::status::TaskStatus;
+
+    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
+    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: sparse.then_some((Init::Uniform { limit: 0.05 }, 1)) };
+    let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: sparse.then_some(PartitionStrategy::Mod) };
+    let placement = placement::place(&[input], 1, usize::MAX)?;
+    let config = proto::TrainingConfig { mode: UpdateMode::Async as i32, optimizer: Some(Optimizer::sgd(1e-6).to_proto()), ..Default::default() };
+    let ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vec![var], placement, config, Duration::from_secs(10))?;
+    ps.handshake(false).await?;
+    let init = ndarray::ArrayD::from_elem(if sparse { vec![0, dim] } else { vec![rows, dim] }, 0.01f32);
+    ps.init(std::slice::from_ref(&init), 0).await?;
+    let ids: Vec<i64> = (0..batch_rows as i64).map(|k| k * (rows / batch_rows) as i64).collect();
+    let wanted = vec![if sparse { ids.clone() } else { vec![] }];
+    let rows_arg: &[Vec<i64>] = if sparse { &wanted } else { NO_ROWS };
+    let mut params = vec![init.clone()];
+    let grads = vec![ndarray::ArrayD::from_elem(if sparse { vec![batch_rows, dim] } else { vec![rows, dim] }, 0.5f32)];
+    let pushed_bytes = if sparse { (batch_rows * (8 + 4 * dim)) as f64 } else { (rows * dim * 4) as f64 };
+    let mut steps = ps.pull(&mut params, rows_arg, &[0], false, Duration::from_secs(10)).await?.steps;
+    let (mut times, mut bytes) = (vec![], 0.0);
+    // One step: the push of a gradient and the pull of the next values, as training does.
+    for r in 0..=reps {
+        let t = Instant::now();
+        let step = StepRequest { steps: &steps, push_to: &[true], gradients: &grads, pushed_rows: rows_arg, pulled_rows: rows_arg };
+        let stepped = ps.push_pull(step, &mut params, &[0], Duration::from_secs(10)).await?;
+        if r > 0 {
+            times.push(t.elapsed().as_secs_f64());
+            bytes = stepped.pulled.bytes as f64 + pushed_bytes;
+        }
+        steps = stepped.pulled.steps;
+    }
+    drop(stop);
+    Ok((median(times), bytes))
 }
 
 // ---------------------------------------------------------------- runtime processes
@@ -806,6 +931,178 @@ fn startup(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 
 // ---------------------------------------------------------------- 6. operator
 
+// ---------------------------------------------------------------- 5b. elastic
+
+/// A `tfjob run` of an elastic sync linear job (ps + `workers`, `--replicas_to_aggregate=auto`,
+/// trains until stopped), the user's way: the `tfjob` next to `tfjob-runtime`.
+struct LocalRun {
+    child: Child,
+    dir: PathBuf,
+    started: Instant,
+}
+
+impl LocalRun {
+    fn start(opts: &Options, runtime: &Path, name: &str, workers: usize) -> Result<LocalRun> {
+        let tfjob = runtime.with_file_name("tfjob");
+        anyhow::ensure!(tfjob.is_file(), "no tfjob next to {}: build it with `cargo build --release --bins`", runtime.display());
+        let base = opts.out.join("elastic");
+        let dir = base.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&base)?;
+        let args = r#"["--model=linear", "--learning_rate=0.01", "--batch_size=1", "--train_steps=1000000000", "--sync_replicas", "--replicas_to_aggregate=auto", "--lease_secs=2", "--log_every_steps=200"]"#;
+        let replica = |rtype: &str, n: usize| {
+            format!(
+                "    {rtype}:\n      replicas: {n}\n      restartPolicy: Never\n      template:\n        spec:\n          containers:\n            - name: tensorflow\n              image: tfjob-runtime:latest\n              command: [\"tfjob-runtime\"]\n              args: {args}\n"
+            )
+        };
+        let manifest = base.join(format!("{name}.yaml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: {name}\nspec:\n  tfReplicaSpecs:\n{}{}",
+                replica("PS", 1),
+                replica("Worker", workers)
+            ),
+        )?;
+        let started = Instant::now();
+        let child = Command::new(&tfjob)
+            .args(["run", "--quiet", "--run-dir"])
+            .arg(&dir)
+            .arg(&manifest)
+            .env("PATH", format!("{}:{}", runtime.parent().unwrap_or(Path::new(".")).display(), std::env::var("PATH").unwrap_or_default()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(base.join(format!("{name}.console.txt")))?)
+            .spawn()
+            .with_context(|| format!("starting {}", tfjob.display()))?;
+        Ok(LocalRun { child, dir, started })
+    }
+
+    fn log(&self, replica: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{replica}.log"))).unwrap_or_default()
+    }
+
+    /// Polls until `ready` holds (every 5 ms); fails after `limit` or when the run ends.
+    fn wait_for(&mut self, what: &str, limit: Duration, ready: impl Fn(&LocalRun) -> bool) -> Result<Instant> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if ready(self) {
+                return Ok(Instant::now());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("tfjob run of {} ended ({status}) before {what}; see {}", self.dir.display(), self.dir.display());
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: not within {limit:?} (run directory {})", self.dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The largest `global_step=N` worker-0 logged so far.
+    fn global_step(&self) -> i64 {
+        self.log("worker-0").lines().filter_map(step_of).max().unwrap_or(0)
+    }
+
+    /// Global steps per second over `window`, from worker-0's log.
+    fn steps_per_sec(&mut self, window: Duration) -> Result<f64> {
+        let (s0, t0) = (self.global_step(), Instant::now());
+        std::thread::sleep(window);
+        if let Some(status) = self.child.try_wait()? {
+            bail!("tfjob run of {} ended ({status}) while measuring", self.dir.display());
+        }
+        Ok((self.global_step() - s0) as f64 / t0.elapsed().as_secs_f64())
+    }
+
+    fn first_gradient(&self, replica: &str) -> bool {
+        self.log(replica).contains("first gradient accepted")
+    }
+
+    /// Ctrl-C, as a user stops it (the run stops every replica).
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: kill(2) of the child this bench started.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("tfjob run of {} did not stop on SIGINT", self.dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+/// "(X s after the process started)" of a replica's first-gradient line.
+fn first_gradient_secs(log: &str) -> Option<f64> {
+    let rest = log.split("first gradient accepted at global_step=").nth(1)?;
+    rest.split('(').nth(1)?.split('s').next()?.parse().ok()
+}
+
+/// Scaling a running job with `tfjob scale`: the time from the request to the new worker's first
+/// applied gradient (next to the time a static job of the same size takes from `tfjob run` to its
+/// last worker's first gradient), and global steps/s before (2 workers) and after (4 workers)
+/// the scale, each next to a static job of that size measured in this run.
+fn elastic(opts: &Options, report: &mut Report, runtime: &Path) -> Result<()> {
+    let window = Duration::from_secs(if opts.quick { 1 } else { 4 });
+    let limit = Duration::from_secs(60);
+    let mut statics = vec![];
+    for workers in [2usize, 4] {
+        let mut run = LocalRun::start(opts, runtime, &format!("static-{workers}w"), workers)?;
+        let last = format!("worker-{}", workers - 1);
+        let ready = run.wait_for(&format!("{last}'s first gradient"), limit, |r| r.first_gradient(&last))?;
+        let launch_to_gradient = ready.duration_since(run.started).as_secs_f64();
+        std::thread::sleep(window / 4);
+        let rate = run.steps_per_sec(window)?;
+        run.stop()?;
+        statics.push((launch_to_gradient, rate));
+    }
+    let [(_, static2), (static4_launch, static4)] = [statics[0], statics[1]];
+
+    let mut run = LocalRun::start(opts, runtime, "elastic", 2)?;
+    run.wait_for("worker-1's first gradient", limit, |r| r.first_gradient("worker-1"))?;
+    std::thread::sleep(window / 4);
+    let before = run.steps_per_sec(window)?;
+    let tfjob = runtime.with_file_name("tfjob");
+    let asked = Instant::now();
+    let out = Command::new(&tfjob).arg("scale").arg(&run.dir).arg("Worker=4").output()?;
+    anyhow::ensure!(out.status.success(), "tfjob scale: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let got = run.wait_for("worker-3's first gradient", limit, |r| r.first_gradient("worker-3") && r.first_gradient("worker-2"))?;
+    let scale_to_gradient = got.duration_since(asked).as_secs_f64();
+    let process_to_gradient = first_gradient_secs(&run.log("worker-3")).unwrap_or(f64::NAN);
+    std::thread::sleep(window / 4);
+    let after = run.steps_per_sec(window)?;
+    run.stop()?;
+
+    report.row(
+        "elastic",
+        "tfjob scale 2→4: to new workers' 1st gradient",
+        scale_to_gradient,
+        "s",
+        Some(("static 4w: run to 1st gradient", static4_launch)),
+        None,
+        "",
+        None,
+    );
+    report.row("elastic", "new worker: process start to 1st gradient", process_to_gradient, "s", None, None, "< 1", Some(process_to_gradient < 1.0));
+    report.row("elastic", "2 workers before the scale: global steps/s", before, "steps/s", Some(("static 2w job", static2)), None, "", None);
+    report.row("elastic", "4 workers after the scale: global steps/s", after, "steps/s", Some(("static 4w job", static4)), None, "", None);
+    report.details.insert(
+        "elastic".into(),
+        json!({
+            "scale_to_first_gradient_secs": scale_to_gradient,
+            "process_start_to_first_gradient_secs": process_to_gradient,
+            "steps_per_sec": { "before_2w": before, "after_4w": after, "static_2w": static2, "static_4w": static4 },
+            "static_4w_launch_to_first_gradient_secs": static4_launch,
+            "window_secs": window.as_secs_f64(),
+        }),
+    );
+    Ok(())
+}
+
 fn job_yaml(name: &str, replicas: usize) -> String {
     let ps = (replicas / 10).max(1).min(replicas.saturating_sub(1)).max(usize::from(replicas > 1));
     let workers = replicas - ps;
@@ -899,8 +1196,10 @@ fn operator(opts: &Options, report: &mut Report) -> Result<()> {
                 name: pod_name("bench", replica_type, index),
                 phase: Phase::Running,
                 exit_code: None,
+                exit_reason: None,
                 restart_count: 0,
                 terminating: false,
+                unschedulable: None,
             })
             .collect();
         assert_eq!(running.len(), n);

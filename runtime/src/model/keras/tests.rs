@@ -571,7 +571,7 @@ fn dropout_masks_depend_on_seed_and_batch_and_evaluation_has_none() {
     };
     let (a, b, c) = (m(1), m(1), m(2));
     let params = crate::model::init_values(&a.variables(), 3);
-    let batch = Batch { x: Array2::from_elem((4, 20), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]) };
+    let batch = Batch { x: Array2::from_elem((4, 20), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]), sparse: None };
     let losses = |m: &KerasModel| (0..3).map(|_| m.loss_and_gradients(&params, &batch).loss).collect::<Vec<_>>();
     let (la, lb, lc) = (losses(&a), losses(&b), losses(&c));
     assert_eq!(la, lb, "the same seed draws the same masks, batch after batch");
@@ -621,7 +621,7 @@ fn a_cnn_learns_and_evaluates() {
                 }
             }
         }
-        Batch { x, targets: Targets::Labels(labels) }
+        Batch { x, targets: Targets::Labels(labels), sparse: None }
     };
     let test = make(200);
     let mut params = crate::model::init_values(&m.variables(), 1);
