@@ -90,6 +90,28 @@ fn every_example_succeeds() -> Result<()> {
     Ok(())
 }
 
+/// The process backend expands `$(VAR)` in env values, command and args as the kubelet does:
+/// the classic values of every replica reach its argv.
+#[test]
+fn kubelet_expansion_reaches_the_process() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cmd = r#"["sh", "-c", "echo \"args: $*\"; echo \"flags: $FLAGS\"; echo \"tf_config: $TF_CONFIG\"", "sh"]"#;
+    let args = r#"["--ps_hosts=$(TFJOB_PS_HOSTS)", "--worker_hosts=$(TFJOB_WORKER_HOSTS)", "--job_name=$(TFJOB_JOB_NAME)", "--task_index=$(TFJOB_TASK_INDEX)", "$$(TFJOB_JOB_NAME)", "$(NOT_SET)"]"#;
+    let env = r#"[{name: FLAGS, value: "--ps=$(TFJOB_PS_HOSTS) $(TF_CONFIG)"}]"#;
+    let manifest = write(dir.path(), "expand.yaml", &job("expand", "", &[replica("PS", 1, "Never", cmd, args, env), replica("Worker", 1, "Never", cmd, args, env)]));
+    let (out, run_dir) = run(&manifest, &["--quiet"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    for (replica, job_name) in [("worker-0", "worker"), ("ps-0", "ps")] {
+        let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log")))?;
+        let line = |prefix: &str| log.lines().find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.to_string())).unwrap_or_else(|| panic!("{replica}: no {prefix:?} in {log}"));
+        let cfg: Value = serde_json::from_str(&line("tf_config: "))?;
+        let (ps, worker) = (cfg["cluster"]["ps"][0].as_str().unwrap(), cfg["cluster"]["worker"][0].as_str().unwrap());
+        assert_eq!(line("args: "), format!("--ps_hosts={ps} --worker_hosts={worker} --job_name={job_name} --task_index=0 $(TFJOB_JOB_NAME) $(NOT_SET)"), "{replica}");
+        assert_eq!(line("flags: "), format!("--ps={ps} $(TF_CONFIG)"), "{replica}");
+    }
+    Ok(())
+}
+
 /// A worker killed mid-run under OnFailure is restarted and the job still
 /// succeeds.
 #[test]

@@ -75,14 +75,15 @@ impl ProcessBackend {
 
     fn spawn(&self, planned: &PlannedReplica, token: &str) -> Result<Child, RunError> {
         let short = short_name(&self.job, &planned.pod_name);
-        let mut argv: Vec<String> = planned.command.clone();
-        if argv.is_empty() {
+        if planned.command.is_empty() {
             return Err(RunError::Start {
                 replica: short,
                 reason: "the `tensorflow` container has no `command`; locally the image's entrypoint is unknown, so give the command in the manifest (e.g. [\"tfjob-runtime\"])".into(),
             });
         }
-        argv.extend(planned.args.iter().cloned());
+        // As the kubelet: env values, then command and args, with their `$(VAR)` expanded.
+        let env = super::replica_environment(planned, token);
+        let argv = env.expand_all(&[planned.command.as_slice(), planned.args.as_slice()].concat());
         let program = if argv[0] == RUNTIME_COMMAND { self.runtime.clone() } else { PathBuf::from(&argv[0]) };
         let mut cmd = Command::new(&program);
         cmd.args(&argv[1..])
@@ -90,8 +91,7 @@ impl ProcessBackend {
             .env_remove(ENV_TOKEN)
             // Locally, replicas listen on loopback only (tfjob-runtime's --bind).
             .env("TFJOB_BIND", "127.0.0.1")
-            .envs(planned.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env(ENV_TOKEN, token)
+            .envs(env.vars().iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
