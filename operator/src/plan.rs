@@ -1160,7 +1160,8 @@ mod tests {
         let single = mnist("", &[("Worker", 1)]);
         let book = |t: ReplicaType, i: i32, port: i32| format!("{}{i}:{port}", t.lower());
         // (job, replica, the classic variables in order)
-        let cases: Vec<(&TFJob, &str, &[(&str, &str)])> = vec![
+        type Case<'a> = (&'a TFJob, &'a str, &'a [(&'a str, &'a str)]);
+        let cases: Vec<Case> = vec![
             (
                 &ps_workers,
                 "mnist-worker-1",
