@@ -122,6 +122,9 @@ pub enum DataError {
     NoExamples { path: PathBuf },
     #[error("{}: images without labels (give the labels file)", path.display())]
     NoLabels { path: PathBuf },
+    /// A flag that does not apply to this input.
+    #[error("--{flag}: {reason}")]
+    UnusedFlag { flag: &'static str, reason: String },
 }
 
 /// Inputs (one row per example) with their targets.
