@@ -53,7 +53,7 @@ RUNTIME_IMAGE=tfjob-runtime:latest
 # The chart's image.repository; the tag is whatever the chart renders by default (appVersion).
 OPERATOR_REPOSITORY=tfjob-operator
 # Every manifest of examples/, in the order they run.
-EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp)
+EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp classic-flags)
 RESTART_MANIFEST=$here/worker-restart.yaml
 FAILURE_MANIFEST=$here/exitcode-failure.yaml
 # The Failed condition's message (operator/src/status.rs) for one permanent Worker failure.
