@@ -46,23 +46,9 @@ pub const MANAGED_BY_MULTIKUEUE: &str = "kueue.x-k8s.io/multikueue";
     derive = "PartialEq",
     derive = "Default",
     doc = "TFJob represents a distributed TensorFlow training job (Kubeflow-compatible).",
-    printcolumn(
-        name = "State",
-        type_ = "string",
-        description = "The latest condition of the job",
-        json_path = ".status.conditions[-1:].type"
-    ),
-    printcolumn(
-        name = "Replicas",
-        type_ = "integer",
-        description = "Number of Worker replicas",
-        json_path = ".spec.tfReplicaSpecs.Worker.replicas"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    ),
+    printcolumn(name = "State", type_ = "string", description = "The latest condition of the job", json_path = ".status.conditions[-1:].type"),
+    printcolumn(name = "Replicas", type_ = "integer", description = "Number of Worker replicas", json_path = ".spec.tfReplicaSpecs.Worker.replicas"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     scale(
         spec_replicas_path = ".spec.tfReplicaSpecs.Worker.replicas",
         status_replicas_path = ".status.replicaStatuses.Worker.replicas",
@@ -98,8 +84,7 @@ pub struct TFJobSpec {
 
 /// Why a job without `Chief` or `Master` needs a Worker (the message of the validation error
 /// and of the CRD's rule).
-pub const WORKER_FLOOR_MESSAGE: &str =
-    "Worker replicas must be at least 1 when the job has no Chief or Master: worker 0 is the chief";
+pub const WORKER_FLOOR_MESSAGE: &str = "Worker replicas must be at least 1 when the job has no Chief or Master: worker 0 is the chief";
 
 /// The CRD's rule for [`WORKER_FLOOR_MESSAGE`], so that the API server refuses what validation
 /// refuses, `kubectl scale --replicas=0` included. It reads the keys the scale subresource
@@ -146,21 +131,13 @@ macro_rules! string_enum_schema {
     };
 }
 
-string_enum_schema!(
-    SuccessPolicy,
-    "When a job without chief counts as succeeded: \"\" (worker 0) or AllWorkers.",
-    ["", "AllWorkers"]
-);
+string_enum_schema!(SuccessPolicy, "When a job without chief counts as succeeded: \"\" (worker 0) or AllWorkers.", ["", "AllWorkers"]);
 string_enum_schema!(
     RestartPolicy,
     "Always and OnFailure restart in place; ExitCode recreates the pod on exit codes >= 128 and fails the job on 1-127; Never fails the job.",
     ["Always", "OnFailure", "Never", "ExitCode"]
 );
-string_enum_schema!(
-    CleanPodPolicy,
-    "Which pods to delete once the job has finished: All, Running (default) or None.",
-    ["All", "Running", "None"]
-);
+string_enum_schema!(CleanPodPolicy, "Which pods to delete once the job has finished: All, Running (default) or None.", ["All", "Running", "None"]);
 
 /// One replica set.
 #[derive(Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -205,12 +182,7 @@ impl<'de> Deserialize<'de> for ReplicaSpec {
                 Err(e) => (PodTemplateSpec::default(), Some(e.to_string())),
             },
         };
-        Ok(ReplicaSpec {
-            replicas: raw.replicas,
-            template,
-            restart_policy: raw.restart_policy,
-            template_error,
-        })
+        Ok(ReplicaSpec { replicas: raw.replicas, template, restart_policy: raw.restart_policy, template_error })
     }
 }
 
@@ -251,9 +223,7 @@ impl RestartPolicy {
         match self {
             RestartPolicy::Always => "Always",
             RestartPolicy::OnFailure => "OnFailure",
-            RestartPolicy::Never | RestartPolicy::ExitCode | RestartPolicy::Unsupported(_) => {
-                "Never"
-            }
+            RestartPolicy::Never | RestartPolicy::ExitCode | RestartPolicy::Unsupported(_) => "Never",
         }
     }
 }
@@ -444,13 +414,7 @@ pub enum ReplicaType {
 
 impl ReplicaType {
     /// All replica types.
-    pub const ALL: [ReplicaType; 5] = [
-        ReplicaType::Chief,
-        ReplicaType::Master,
-        ReplicaType::PS,
-        ReplicaType::Worker,
-        ReplicaType::Evaluator,
-    ];
+    pub const ALL: [ReplicaType; 5] = [ReplicaType::Chief, ReplicaType::Master, ReplicaType::PS, ReplicaType::Worker, ReplicaType::Evaluator];
 
     /// The canonical spelling used as key in `tfReplicaSpecs`, e.g. `PS`, `Worker`.
     pub fn as_str(self) -> &'static str {
@@ -476,9 +440,7 @@ impl ReplicaType {
 
     /// Parses any spelling (case-insensitive) of a replica type.
     pub fn parse(s: &str) -> Option<ReplicaType> {
-        ReplicaType::ALL
-            .into_iter()
-            .find(|t| t.as_str().eq_ignore_ascii_case(s))
+        ReplicaType::ALL.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s))
     }
 
     /// Chief or Master.
@@ -505,10 +467,7 @@ pub struct FieldError {
 
 impl FieldError {
     fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError {
-            field: field.into(),
-            message: message.into(),
-        }
+        FieldError { field: field.into(), message: message.into() }
     }
 }
 
@@ -518,11 +477,7 @@ impl FieldError {
 pub struct ValidationErrors(pub Vec<FieldError>);
 
 fn join_errors(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 /// Errors of loading a manifest.
@@ -559,8 +514,7 @@ pub fn is_dns1035_label(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= DNS_LABEL_MAX
         && b[0].is_ascii_lowercase()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[b.len() - 1] != b'-'
 }
 
@@ -570,8 +524,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= DNS_LABEL_MAX
         && b[0] != b'-'
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[b.len() - 1] != b'-'
 }
 
@@ -610,21 +563,10 @@ pub fn apply_defaults(spec: &mut TFJobSpec) {
     spec.tf_replica_specs = normalised;
     for rs in spec.tf_replica_specs.values_mut() {
         if let Some(pod) = rs.template.spec.as_mut() {
-            for c in pod
-                .containers
-                .iter_mut()
-                .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
-            {
+            for c in pod.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
                 let ports = c.ports.get_or_insert_with(Vec::new);
-                if !ports
-                    .iter()
-                    .any(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME))
-                {
-                    ports.push(ContainerPort {
-                        name: Some(DEFAULT_PORT_NAME.to_string()),
-                        container_port: DEFAULT_PORT,
-                        ..Default::default()
-                    });
+                if !ports.iter().any(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME)) {
+                    ports.push(ContainerPort { name: Some(DEFAULT_PORT_NAME.to_string()), container_port: DEFAULT_PORT, ..Default::default() });
                 }
             }
         }
@@ -652,10 +594,7 @@ pub fn planned_replicas(spec: &TFJobSpec, rtype: ReplicaType, rs: &ReplicaSpec) 
 /// own error). A job that already runs is not failed for it: its worker 0 is kept (see
 /// [`crate::status`]).
 pub fn worker_floor_error(spec: &TFJobSpec) -> Option<FieldError> {
-    let (key, rs) = spec
-        .tf_replica_specs
-        .iter()
-        .find(|(key, _)| ReplicaType::parse(key) == Some(ReplicaType::Worker))?;
+    let (key, rs) = spec.tf_replica_specs.iter().find(|(key, _)| ReplicaType::parse(key) == Some(ReplicaType::Worker))?;
     let floor = min_replicas(spec, ReplicaType::Worker);
     (rs.replicas >= 0 && rs.replicas < floor).then(|| {
         FieldError::new(
@@ -718,10 +657,7 @@ pub fn validate(job: &TFJob) -> Vec<FieldError> {
     if let Some(ns) = job.metadata.namespace.as_deref()
         && !is_dns1123_label(ns)
     {
-        errs.push(FieldError::new(
-            "metadata.namespace",
-            format!("{ns:?} is not a valid DNS-1123 label"),
-        ));
+        errs.push(FieldError::new("metadata.namespace", format!("{ns:?} is not a valid DNS-1123 label")));
     }
     errs.extend(validate_spec(&job.spec));
     errs
@@ -732,10 +668,7 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let base = "spec.tfReplicaSpecs";
     if spec.tf_replica_specs.is_empty() {
-        errs.push(FieldError::new(
-            base,
-            "must contain at least one replica type (Chief, Master, PS, Worker, Evaluator)",
-        ));
+        errs.push(FieldError::new(base, "must contain at least one replica type (Chief, Master, PS, Worker, Evaluator)"));
     }
     let mut seen: BTreeMap<ReplicaType, &str> = BTreeMap::new();
     for (key, rs) in &spec.tf_replica_specs {
@@ -750,10 +683,7 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
             )),
             Some(t) => {
                 if let Some(other) = seen.insert(t, key) {
-                    errs.push(FieldError::new(
-                        &path,
-                        format!("duplicate replica type: {key:?} and {other:?} both mean {t}"),
-                    ));
+                    errs.push(FieldError::new(&path, format!("duplicate replica type: {key:?} and {other:?} both mean {t}")));
                 }
             }
         }
@@ -761,32 +691,18 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
     }
     let has = |t: ReplicaType| seen.contains_key(&t);
     if has(ReplicaType::Chief) && has(ReplicaType::Master) {
-        errs.push(FieldError::new(
-            base,
-            "at most one of Chief and Master may be set",
-        ));
+        errs.push(FieldError::new(base, "at most one of Chief and Master may be set"));
     }
-    let chiefs: Vec<_> = seen
-        .iter()
-        .filter(|(t, _)| t.is_chief())
-        .map(|(_, k)| *k)
-        .collect();
+    let chiefs: Vec<_> = seen.iter().filter(|(t, _)| t.is_chief()).map(|(_, k)| *k).collect();
     for key in chiefs {
         let rs = &spec.tf_replica_specs[key];
         if rs.replicas > 1 {
-            errs.push(FieldError::new(
-                format!("{base}.{key}.replicas"),
-                format!("must be 0 or 1 for {key}, got {}", rs.replicas),
-            ));
+            errs.push(FieldError::new(format!("{base}.{key}.replicas"), format!("must be 0 or 1 for {key}, got {}", rs.replicas)));
         }
     }
-    let has_leader =
-        has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker);
+    let has_leader = has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker);
     if !spec.tf_replica_specs.is_empty() && !has_leader {
-        errs.push(FieldError::new(
-            base,
-            "must contain a Chief, a Master or a Worker replica type",
-        ));
+        errs.push(FieldError::new(base, "must contain a Chief, a Master or a Worker replica type"));
     }
     errs.extend(worker_floor_error(spec));
     if let Some(SuccessPolicy::Unsupported(v)) = &spec.success_policy {
@@ -795,52 +711,33 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
     let rp = &spec.run_policy;
     let rpath = "spec.runPolicy";
     if let CleanPodPolicy::Unsupported(v) = &rp.clean_pod_policy {
-        errs.push(unsupported(
-            &format!("{rpath}.cleanPodPolicy"),
-            v,
-            &["All", "Running", "None"],
-        ));
+        errs.push(unsupported(&format!("{rpath}.cleanPodPolicy"), v, &["All", "Running", "None"]));
     }
     if let Some(v) = rp.ttl_seconds_after_finished
         && v < 0
     {
-        errs.push(FieldError::new(
-            format!("{rpath}.ttlSecondsAfterFinished"),
-            format!("must be >= 0, got {v}"),
-        ));
+        errs.push(FieldError::new(format!("{rpath}.ttlSecondsAfterFinished"), format!("must be >= 0, got {v}")));
     }
     if let Some(v) = rp.active_deadline_seconds
         && v < 0
     {
-        errs.push(FieldError::new(
-            format!("{rpath}.activeDeadlineSeconds"),
-            format!("must be >= 0, got {v}"),
-        ));
+        errs.push(FieldError::new(format!("{rpath}.activeDeadlineSeconds"), format!("must be >= 0, got {v}")));
     }
     if let Some(v) = rp.backoff_limit
         && v < 0
     {
-        errs.push(FieldError::new(
-            format!("{rpath}.backoffLimit"),
-            format!("must be >= 0, got {v}"),
-        ));
+        errs.push(FieldError::new(format!("{rpath}.backoffLimit"), format!("must be >= 0, got {v}")));
     }
     if let Some(sp) = &rp.scheduling_policy {
         if let Some(v) = sp.min_available
             && v < 0
         {
-            errs.push(FieldError::new(
-                format!("{rpath}.schedulingPolicy.minAvailable"),
-                format!("must be >= 0, got {v}"),
-            ));
+            errs.push(FieldError::new(format!("{rpath}.schedulingPolicy.minAvailable"), format!("must be >= 0, got {v}")));
         }
         if let Some(v) = sp.schedule_timeout_seconds
             && v < 0
         {
-            errs.push(FieldError::new(
-                format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"),
-                format!("must be >= 0, got {v}"),
-            ));
+            errs.push(FieldError::new(format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"), format!("must be >= 0, got {v}")));
         }
     }
     if let Some(m) = &rp.managed_by
@@ -861,68 +758,37 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
 fn unsupported(field: &str, value: &str, allowed: &[&str]) -> FieldError {
     FieldError::new(
         field,
-        format!(
-            "unsupported value {value:?}; supported values: {}",
-            allowed
-                .iter()
-                .map(|a| format!("{a:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        format!("unsupported value {value:?}; supported values: {}", allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ")),
     )
 }
 
 fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
     if let RestartPolicy::Unsupported(v) = &rs.restart_policy {
-        errs.push(unsupported(
-            &format!("{path}.restartPolicy"),
-            v,
-            &["Always", "OnFailure", "Never", "ExitCode"],
-        ));
+        errs.push(unsupported(&format!("{path}.restartPolicy"), v, &["Always", "OnFailure", "Never", "ExitCode"]));
     }
     if rs.replicas < 0 {
-        errs.push(FieldError::new(
-            format!("{path}.replicas"),
-            format!("must be >= 0, got {}", rs.replicas),
-        ));
+        errs.push(FieldError::new(format!("{path}.replicas"), format!("must be >= 0, got {}", rs.replicas)));
     }
     if let Some(e) = &rs.template_error {
-        errs.push(FieldError::new(
-            format!("{path}.template"),
-            format!("is not a valid pod template: {e}"),
-        ));
+        errs.push(FieldError::new(format!("{path}.template"), format!("is not a valid pod template: {e}")));
         return;
     }
     let cpath = format!("{path}.template.spec.containers");
-    let containers = rs
-        .template
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or(&[]);
+    let containers = rs.template.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or(&[]);
     if containers.is_empty() {
-        errs.push(FieldError::new(
-            &cpath,
-            "must contain at least one container",
-        ));
+        errs.push(FieldError::new(&cpath, "must contain at least one container"));
         return;
     }
     for (i, c) in containers.iter().enumerate() {
         if c.image.as_deref().unwrap_or("").trim().is_empty() {
-            errs.push(FieldError::new(
-                format!("{cpath}[{i}].image"),
-                format!("must not be empty (container {:?})", c.name),
-            ));
+            errs.push(FieldError::new(format!("{cpath}[{i}].image"), format!("must not be empty (container {:?})", c.name)));
         }
         if c.name.is_empty() {
             errs.push(FieldError::new(format!("{cpath}[{i}].name"), "is required"));
         }
     }
     if !containers.iter().any(|c| c.name == DEFAULT_CONTAINER_NAME) {
-        errs.push(FieldError::new(
-            &cpath,
-            format!("must contain a container named {DEFAULT_CONTAINER_NAME:?}"),
-        ));
+        errs.push(FieldError::new(&cpath, format!("must contain a container named {DEFAULT_CONTAINER_NAME:?}")));
     }
 }
 
@@ -947,11 +813,7 @@ pub fn parse_and_validate(doc: serde_json::Value) -> Result<TFJob, ValidationErr
         Ok(mut job) => {
             // A problem `raw_checks` already reported with its path is not reported twice.
             let reported: Vec<String> = errs.iter().map(|e| e.field.clone()).collect();
-            errs.extend(
-                validate(&job)
-                    .into_iter()
-                    .filter(|e| !reported.iter().any(|r| r.starts_with(&e.field))),
-            );
+            errs.extend(validate(&job).into_iter().filter(|e| !reported.iter().any(|r| r.starts_with(&e.field))));
             if errs.is_empty() {
                 apply_defaults(&mut job.spec);
                 Ok(job)
@@ -977,35 +839,19 @@ enum Kind {
     Object,
 }
 
-fn check_object(
-    value: &serde_json::Value,
-    path: &str,
-    fields: &[(&str, Kind)],
-    errs: &mut Vec<FieldError>,
-) {
+fn check_object(value: &serde_json::Value, path: &str, fields: &[(&str, Kind)], errs: &mut Vec<FieldError>) {
     use serde_json::Value;
     let Some(obj) = value.as_object() else {
         if !value.is_null() {
-            errs.push(FieldError::new(
-                path,
-                format!("must be an object, got {value}"),
-            ));
+            errs.push(FieldError::new(path, format!("must be an object, got {value}")));
         }
         return;
     };
     for (key, v) in obj {
-        let field = if path.is_empty() {
-            key.clone()
-        } else {
-            format!("{path}.{key}")
-        };
+        let field = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
         match fields.iter().find(|(k, _)| k == key) {
             None => {
-                let hint = fields
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
-                    .map(|(k, _)| format!("; did you mean {k:?}?"))
-                    .unwrap_or_default();
+                let hint = fields.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(k, _)| format!("; did you mean {k:?}?")).unwrap_or_default();
                 errs.push(FieldError::new(field, format!("unknown field{hint}")));
             }
             Some((_, kind)) => {
@@ -1034,32 +880,11 @@ fn check_object(
 pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
     use Kind::*;
     let mut errs = Vec::new();
-    check_object(
-        doc,
-        "",
-        &[
-            ("apiVersion", Str),
-            ("kind", Str),
-            ("metadata", Object),
-            ("spec", Object),
-            ("status", Object),
-        ],
-        &mut errs,
-    );
+    check_object(doc, "", &[("apiVersion", Str), ("kind", Str), ("metadata", Object), ("spec", Object), ("status", Object)], &mut errs);
     let Some(spec) = doc.get("spec") else {
         return errs;
     };
-    check_object(
-        spec,
-        "spec",
-        &[
-            ("runPolicy", Object),
-            ("successPolicy", Str),
-            ("tfReplicaSpecs", Object),
-            ("enableDynamicWorker", Bool),
-        ],
-        &mut errs,
-    );
+    check_object(spec, "spec", &[("runPolicy", Object), ("successPolicy", Str), ("tfReplicaSpecs", Object), ("enableDynamicWorker", Bool)], &mut errs);
     if let Some(rp) = spec.get("runPolicy") {
         check_object(
             rp,
@@ -1079,45 +904,20 @@ pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
             check_object(
                 sp,
                 "spec.runPolicy.schedulingPolicy",
-                &[
-                    ("minAvailable", Int),
-                    ("queue", Str),
-                    ("minResources", Object),
-                    ("priorityClass", Str),
-                    ("scheduleTimeoutSeconds", Int),
-                ],
+                &[("minAvailable", Int), ("queue", Str), ("minResources", Object), ("priorityClass", Str), ("scheduleTimeoutSeconds", Int)],
                 &mut errs,
             );
         }
     }
     if let Some(specs) = spec.get("tfReplicaSpecs").and_then(|v| v.as_object()) {
         for (key, rs) in specs {
-            check_object(
-                rs,
-                &format!("spec.tfReplicaSpecs.{key}"),
-                &[
-                    ("replicas", Int),
-                    ("template", Object),
-                    ("restartPolicy", Str),
-                ],
-                &mut errs,
-            );
+            check_object(rs, &format!("spec.tfReplicaSpecs.{key}"), &[("replicas", Int), ("template", Object), ("restartPolicy", Str)], &mut errs);
             if let Some(t) = rs.get("template") {
-                check_object(
-                    t,
-                    &format!("spec.tfReplicaSpecs.{key}.template"),
-                    &[("metadata", Object), ("spec", Object)],
-                    &mut errs,
-                );
+                check_object(t, &format!("spec.tfReplicaSpecs.{key}.template"), &[("metadata", Object), ("spec", Object)], &mut errs);
                 if let Some(ps) = t.get("spec").filter(|v| v.is_object())
-                    && let Some(c) = ps
-                        .get("containers")
-                        .filter(|c| !c.is_array() && !c.is_null())
+                    && let Some(c) = ps.get("containers").filter(|c| !c.is_array() && !c.is_null())
                 {
-                    errs.push(FieldError::new(
-                        format!("spec.tfReplicaSpecs.{key}.template.spec.containers"),
-                        format!("must be a list, got {c}"),
-                    ));
+                    errs.push(FieldError::new(format!("spec.tfReplicaSpecs.{key}.template.spec.containers"), format!("must be a list, got {c}")));
                 }
             }
         }
@@ -1137,28 +937,15 @@ pub fn load_manifest(text: &str) -> Result<Vec<LoadedJob>, ManifestError> {
         if value.is_null() {
             continue;
         }
-        let json: serde_json::Value = serde_json::to_value(&value)
-            .map_err(|e| <serde_yaml::Error as serde::de::Error>::custom(e.to_string()))?;
-        let api_version = json
-            .get("apiVersion")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
+        let json: serde_json::Value = serde_json::to_value(&value).map_err(|e| <serde_yaml::Error as serde::de::Error>::custom(e.to_string()))?;
+        let api_version = json.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
         let kind = json.get("kind").and_then(|v| v.as_str()).unwrap_or("");
         if api_version != "kubeflow.org/v1" || kind != KIND {
-            out.push(Err(ManifestError::NotATFJob {
-                index,
-                found: format!("apiVersion {api_version:?}, kind {kind:?}"),
-            }));
+            out.push(Err(ManifestError::NotATFJob { index, found: format!("apiVersion {api_version:?}, kind {kind:?}") }));
             continue;
         }
-        let name = json
-            .pointer("/metadata/name")
-            .and_then(|v| v.as_str())
-            .unwrap_or("<unnamed>")
-            .to_string();
-        out.push(
-            parse_and_validate(json).map_err(|errors| ManifestError::Invalid { name, errors }),
-        );
+        let name = json.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("<unnamed>").to_string();
+        out.push(parse_and_validate(json).map_err(|errors| ManifestError::Invalid { name, errors }));
     }
     Ok(out)
 }
@@ -1214,10 +1001,7 @@ spec:
         assert_eq!(w.replicas, 2);
         assert_eq!(w.restart_policy, RestartPolicy::OnFailure);
         assert_eq!(j.spec.run_policy.clean_pod_policy, CleanPodPolicy::Running);
-        let ports = ps.template.spec.as_ref().unwrap().containers[0]
-            .ports
-            .clone()
-            .unwrap();
+        let ports = ps.template.spec.as_ref().unwrap().containers[0].ports.clone().unwrap();
         assert_eq!(ports.len(), 1);
         assert_eq!(ports[0].name.as_deref(), Some("tfjob-port"));
         assert_eq!(ports[0].container_port, 2222);
@@ -1258,15 +1042,9 @@ spec:
             "spec.tfReplicaSpecs.Driver",
             "spec.tfReplicaSpecs.PS.template.spec.containers",
         ] {
-            assert!(
-                fields.contains(&expected),
-                "missing {expected} in {errs:#?}"
-            );
+            assert!(fields.contains(&expected), "missing {expected} in {errs:#?}");
         }
-        assert!(
-            errs.iter()
-                .any(|e| e.message.contains("at most one of Chief and Master"))
-        );
+        assert!(errs.iter().any(|e| e.message.contains("at most one of Chief and Master")));
     }
 
     #[test]
@@ -1290,14 +1068,8 @@ spec:
             ("spec.enableDynamicWorkers", "unknown field"),
             ("spec.runPolicy.cleanupPolicy", "unknown field"),
             ("spec.runPolicy.suspend", "must be a boolean, got \"yes\""),
-            (
-                "spec.tfReplicaSpecs.Worker.replicas",
-                "must be an integer, got \"two\"",
-            ),
-            (
-                "spec.tfReplicaSpecs.Worker.restartpolicy",
-                "unknown field; did you mean \"restartPolicy\"?",
-            ),
+            ("spec.tfReplicaSpecs.Worker.replicas", "must be an integer, got \"two\""),
+            ("spec.tfReplicaSpecs.Worker.restartpolicy", "unknown field; did you mean \"restartPolicy\"?"),
         ]
         .into_iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -1316,25 +1088,15 @@ spec:
     PS: {template: {spec: {containers: [{name: tensorflow, image: x}]}}}
 "#;
         let errs = parse_and_validate(job(y)).unwrap_err().0;
-        assert_eq!(
-            errs,
-            vec![FieldError::new(
-                "spec.tfReplicaSpecs",
-                "must contain a Chief, a Master or a Worker replica type"
-            )]
-        );
+        assert_eq!(errs, vec![FieldError::new("spec.tfReplicaSpecs", "must contain a Chief, a Master or a Worker replica type")]);
     }
 
     /// A job of the given `TYPE=N` replica sets (each with a valid template).
     fn job_of(types: &str) -> serde_json::Value {
-        let mut y = String::from(
-            "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: floor}\nspec:\n  tfReplicaSpecs:\n",
-        );
+        let mut y = String::from("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: floor}\nspec:\n  tfReplicaSpecs:\n");
         for t in types.split(',') {
             let (t, n) = t.split_once('=').unwrap();
-            y.push_str(&format!(
-                "    {t}: {{replicas: {n}, template: {{spec: {{containers: [{{name: tensorflow, image: x}}]}}}}}}\n"
-            ));
+            y.push_str(&format!("    {t}: {{replicas: {n}, template: {{spec: {{containers: [{{name: tensorflow, image: x}}]}}}}}}\n"));
         }
         job(&y)
     }
@@ -1343,30 +1105,14 @@ spec:
     fn worker_zero_is_the_chief_of_a_job_without_chief() {
         // (replica sets, the errors of validation as (field, message), the Worker count planned)
         type Case = (&'static str, Vec<(&'static str, &'static str)>, i32);
-        let floor =
-            "must be at least 1 when the job has no Chief or Master: worker 0 is the chief, got 0";
+        let floor = "must be at least 1 when the job has no Chief or Master: worker 0 is the chief, got 0";
         let cases: Vec<Case> = vec![
-            (
-                "PS=1,Worker=0",
-                vec![("spec.tfReplicaSpecs.Worker.replicas", floor)],
-                1,
-            ),
-            (
-                "PS=1,worker=0",
-                vec![("spec.tfReplicaSpecs.worker.replicas", floor)],
-                1,
-            ),
+            ("PS=1,Worker=0", vec![("spec.tfReplicaSpecs.Worker.replicas", floor)], 1),
+            ("PS=1,worker=0", vec![("spec.tfReplicaSpecs.worker.replicas", floor)], 1),
             ("PS=1,Worker=1", vec![], 1),
             ("Chief=1,Worker=0", vec![], 0),
             ("master=1,WORKER=0", vec![], 0),
-            (
-                "PS=1,Worker=-1",
-                vec![(
-                    "spec.tfReplicaSpecs.Worker.replicas",
-                    "must be >= 0, got -1",
-                )],
-                1,
-            ),
+            ("PS=1,Worker=-1", vec![("spec.tfReplicaSpecs.Worker.replicas", "must be >= 0, got -1")], 1),
         ];
         for (types, want, planned) in cases {
             let doc = job_of(types);
@@ -1374,19 +1120,12 @@ spec:
                 Ok(_) => vec![],
                 Err(e) => e.0.into_iter().map(|e| (e.field, e.message)).collect(),
             };
-            let want: Vec<(String, String)> = want
-                .into_iter()
-                .map(|(f, m)| (f.to_string(), m.to_string()))
-                .collect();
+            let want: Vec<(String, String)> = want.into_iter().map(|(f, m)| (f.to_string(), m.to_string())).collect();
             assert_eq!(got, want, "{types}");
             let mut j: TFJob = serde_json::from_value(doc).unwrap();
             apply_defaults(&mut j.spec);
             let rs = &j.spec.tf_replica_specs["Worker"];
-            assert_eq!(
-                planned_replicas(&j.spec, ReplicaType::Worker, rs),
-                planned,
-                "{types}"
-            );
+            assert_eq!(planned_replicas(&j.spec, ReplicaType::Worker, rs), planned, "{types}");
         }
     }
 
@@ -1409,14 +1148,8 @@ spec:
         let rules = &schema["spec"]["x-kubernetes-validations"];
         assert_eq!(rules[0]["message"], WORKER_FLOOR_MESSAGE, "{rules}");
         let status = &schema["status"]["properties"]["replicaStatuses"]["additionalProperties"];
-        assert_eq!(
-            status["properties"]["replicas"]["type"], "integer",
-            "{status}"
-        );
-        assert_eq!(
-            status["properties"]["selector"]["type"], "string",
-            "{status}"
-        );
+        assert_eq!(status["properties"]["replicas"]["type"], "integer", "{status}");
+        assert_eq!(status["properties"]["selector"]["type"], "string", "{status}");
     }
 
     #[test]
@@ -1432,11 +1165,7 @@ spec:
             assert_eq!(r.is_ok(), valid, "{name}: {r:?}");
             if let Err(e) = r {
                 assert_eq!(e.0[0].field, "metadata.name");
-                assert!(
-                    e.0[0].message.contains("64 characters"),
-                    "{}",
-                    e.0[0].message
-                );
+                assert!(e.0[0].message.contains("64 characters"), "{}", e.0[0].message);
             }
         }
     }
@@ -1456,11 +1185,7 @@ spec:
         let a = parse_and_validate(job(VALID)).unwrap();
         let mut b = a.clone();
         b.spec.run_policy.managed_by = Some(MANAGED_BY_MULTIKUEUE.into());
-        assert!(
-            validate_update(&a, &b)
-                .iter()
-                .any(|e| e.field == "spec.runPolicy.managedBy" && e.message == "is immutable")
-        );
+        assert!(validate_update(&a, &b).iter().any(|e| e.field == "spec.runPolicy.managedBy" && e.message == "is immutable"));
         assert!(validate_update(&a, &a).is_empty());
         assert!(b.managed_elsewhere());
         assert!(!a.managed_elsewhere());
@@ -1469,15 +1194,9 @@ spec:
     /// Checks the rules of a structural schema that a derive can break: every node has a type
     /// (or is int-or-string / preserve-unknown-fields), and `anyOf`/`oneOf`/`allOf` branches carry
     /// no type, description, default or nullable.
-    fn check_structural(
-        node: &serde_json::Value,
-        path: &str,
-        in_junctor: bool,
-        problems: &mut Vec<String>,
-    ) {
+    fn check_structural(node: &serde_json::Value, path: &str, in_junctor: bool, problems: &mut Vec<String>) {
         let Some(o) = node.as_object() else { return };
-        let int_or_string =
-            o.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
+        let int_or_string = o.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
         if in_junctor {
             for k in ["type", "description", "default", "nullable"] {
                 if o.contains_key(k) && !(int_or_string && k == "type") {
@@ -1514,32 +1233,17 @@ spec:
         check_structural(root, "", false, &mut problems);
         assert!(problems.is_empty(), "{problems:#?}");
         let mut bad = Vec::new();
-        check_structural(
-            &serde_json::json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}),
-            "",
-            false,
-            &mut bad,
-        );
-        assert_eq!(
-            bad.len(),
-            2,
-            "the checker itself catches violations: {bad:?}"
-        );
+        check_structural(&serde_json::json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}]}}}), "", false, &mut bad);
+        assert_eq!(bad.len(), 2, "the checker itself catches violations: {bad:?}");
     }
 
     #[test]
     fn unsupported_enum_values_deserialise_and_are_rejected() {
-        let rs: ReplicaSpec =
-            serde_json::from_value(serde_json::json!({"restartPolicy": "Sometimes"})).unwrap();
-        assert_eq!(
-            rs.restart_policy,
-            RestartPolicy::Unsupported("Sometimes".into())
-        );
-        let rs: ReplicaSpec =
-            serde_json::from_value(serde_json::json!({"restartPolicy": "ExitCode"})).unwrap();
+        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "Sometimes"})).unwrap();
+        assert_eq!(rs.restart_policy, RestartPolicy::Unsupported("Sometimes".into()));
+        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"restartPolicy": "ExitCode"})).unwrap();
         assert_eq!(rs.restart_policy, RestartPolicy::ExitCode);
-        let sp: TFJobSpec =
-            serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
+        let sp: TFJobSpec = serde_json::from_value(serde_json::json!({"successPolicy": ""})).unwrap();
         assert_eq!(sp.success_policy, Some(SuccessPolicy::Default));
     }
 
@@ -1568,25 +1272,16 @@ spec:
         let errs = validate(job);
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template");
-        assert!(
-            errs[0]
-                .message
-                .starts_with("is not a valid pod template: invalid type: string"),
-            "{errs:?}"
-        );
+        assert!(errs[0].message.starts_with("is not a valid pod template: invalid type: string"), "{errs:?}");
         // The error is not part of the API: serialising drops it.
         let back = serde_json::to_value(worker).unwrap();
         assert!(back.get("templateError").is_none(), "{back}");
         // `tfjob validate` reports the problem once, with the path of the bad value.
         let errs = parse_and_validate(doc).unwrap_err().0;
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert_eq!(
-            errs[0].field,
-            "spec.tfReplicaSpecs.Worker.template.spec.containers"
-        );
+        assert_eq!(errs[0].field, "spec.tfReplicaSpecs.Worker.template.spec.containers");
         // No template at all, or null, is an empty template (no container: invalid).
-        let rs: ReplicaSpec =
-            serde_json::from_value(serde_json::json!({"template": null})).unwrap();
+        let rs: ReplicaSpec = serde_json::from_value(serde_json::json!({"template": null})).unwrap();
         assert_eq!(rs.template_error, None);
         assert_eq!(rs.replicas, 1);
     }
@@ -1598,15 +1293,9 @@ spec:
         let rs = &spec["properties"]["tfReplicaSpecs"]["additionalProperties"];
         assert_eq!(rs["properties"]["replicas"]["default"], 1);
         assert_eq!(rs["properties"]["restartPolicy"]["default"], "Never");
-        assert_eq!(
-            rs["properties"]["restartPolicy"]["enum"],
-            serde_json::json!(["Always", "OnFailure", "Never", "ExitCode"])
-        );
+        assert_eq!(rs["properties"]["restartPolicy"]["enum"], serde_json::json!(["Always", "OnFailure", "Never", "ExitCode"]));
         assert_eq!(rs["properties"]["replicas"]["minimum"], 0.0);
-        assert_eq!(
-            rs["properties"]["template"]["x-kubernetes-preserve-unknown-fields"],
-            true
-        );
+        assert_eq!(rs["properties"]["template"]["x-kubernetes-preserve-unknown-fields"], true);
         let rp = &spec["properties"]["runPolicy"];
         assert_eq!(rp["properties"]["cleanPodPolicy"]["default"], "Running");
         assert_eq!(crd["spec"]["names"]["plural"], "tfjobs");

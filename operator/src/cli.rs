@@ -15,11 +15,7 @@ use crate::plan::{self, GangScheduler, PlanOptions};
 
 /// `tfjob`: TFJob operator and tools.
 #[derive(Debug, Parser)]
-#[command(
-    name = "tfjob",
-    version,
-    about = "TFJob (kubeflow.org/v1) operator and tools"
-)]
+#[command(name = "tfjob", version, about = "TFJob (kubeflow.org/v1) operator and tools")]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]
@@ -135,15 +131,8 @@ pub enum CliError {
 }
 
 fn read(path: &Path) -> Result<String, CliError> {
-    let r = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
-    } else {
-        std::fs::read_to_string(path)
-    };
-    r.map_err(|source| CliError::Read {
-        path: path.display().to_string(),
-        source,
-    })
+    let r = if path.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) };
+    r.map_err(|source| CliError::Read { path: path.display().to_string(), source })
 }
 
 /// The CRD as YAML (what `tfjob crd` prints and `crds/tfjob.yaml` holds).
@@ -190,44 +179,25 @@ pub fn validate_files(files: &[PathBuf]) -> Vec<String> {
 /// Renders the objects the controller would create for every TFJob in `text`, as multi-document
 /// YAML. The token is random, as in the cluster.
 pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, CliError> {
-    let docs = api::load_manifest(text).map_err(|source| CliError::Manifest {
-        path: path.to_string(),
-        source,
-    })?;
+    let docs = api::load_manifest(text).map_err(|source| CliError::Manifest { path: path.to_string(), source })?;
     if docs.is_empty() {
         return Err(CliError::Empty(path.to_string()));
     }
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args
-            .gang_scheduler
-            .as_deref()
-            .and_then(GangScheduler::from_setting),
+        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
     };
     let mut out = String::new();
     for doc in docs {
-        let mut job = doc.map_err(|source| CliError::Manifest {
-            path: path.to_string(),
-            source,
-        })?;
+        let mut job = doc.map_err(|source| CliError::Manifest { path: path.to_string(), source })?;
         if job.metadata.namespace.is_none() {
             job.metadata.namespace = Some(args.namespace.clone());
         }
         let objects = plan::desired_objects(&job, &plan::random_token(), &opts);
         let mut values: Vec<serde_json::Value> = Vec::new();
-        let to_value = |v: Result<serde_json::Value, serde_json::Error>| {
-            v.map_err(|e| CliError::Output(e.to_string()))
-        };
-        values.push(with_kind(
-            to_value(serde_json::to_value(&objects.secret))?,
-            "v1",
-            "Secret",
-        ));
-        values.push(with_kind(
-            to_value(serde_json::to_value(&objects.service))?,
-            "v1",
-            "Service",
-        ));
+        let to_value = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| CliError::Output(e.to_string()));
+        values.push(with_kind(to_value(serde_json::to_value(&objects.secret))?, "v1", "Secret"));
+        values.push(with_kind(to_value(serde_json::to_value(&objects.service))?, "v1", "Service"));
         for pod in objects.pods {
             let pod = serde_json::to_value(pod.into_pod());
             values.push(with_kind(to_value(pod)?, "v1", "Pod"));
@@ -256,12 +226,9 @@ fn with_kind(mut v: serde_json::Value, api_version: &str, kind: &str) -> serde_j
 fn scale(args: &ScaleArgs) -> ExitCode {
     use crate::local::control;
     let request = control::Request::Scale(args.replicas.clone());
-    let reply = control::resolve_run_dir(&args.run, &control::runs_root())
-        .and_then(|dir| control::send(&dir, &request));
+    let reply = control::resolve_run_dir(&args.run, &control::runs_root()).and_then(|dir| control::send(&dir, &request));
     match reply {
-        Ok(control::Reply {
-            ok: true, message, ..
-        }) => {
+        Ok(control::Reply { ok: true, message, .. }) => {
             println!("{}", message.unwrap_or_default());
             ExitCode::SUCCESS
         }
@@ -299,8 +266,7 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Render(args) => {
-            let result = read(&args.file)
-                .and_then(|text| render_text(&text, &args.file.display().to_string(), &args));
+            let result = read(&args.file).and_then(|text| render_text(&text, &args.file.display().to_string(), &args));
             match result {
                 Ok(yaml) => {
                     let mut stdout = std::io::stdout().lock();
@@ -318,12 +284,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Operator(args) => crate::kube::run_operator(args),
         Command::Run(args) => {
-            let opts = crate::local::RunOptions {
-                run_dir: args.run_dir,
-                quiet: args.quiet,
-                follow: args.follow,
-                ..Default::default()
-            };
+            let opts = crate::local::RunOptions { run_dir: args.run_dir, quiet: args.quiet, follow: args.follow, ..Default::default() };
             match crate::local::run_file(&args.file, args.backend, &opts) {
                 Ok(result) => ExitCode::from(result.exit_code.clamp(0, 255) as u8),
                 Err(e) => {

@@ -14,10 +14,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action as CtrlAction, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -57,14 +54,8 @@ impl Error {
     /// Metric category.
     pub fn category(&self) -> &'static str {
         match self {
-            Error::Kube {
-                source: kube::Error::Api(s),
-                ..
-            } if s.code == 409 => "conflict",
-            Error::Kube {
-                source: kube::Error::Api(_),
-                ..
-            } => "api",
+            Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409 => "conflict",
+            Error::Kube { source: kube::Error::Api(_), .. } => "api",
             Error::Kube { .. } => "transport",
             Error::Serialization(_) => "serialization",
             Error::MissingField(_) => "invalid_object",
@@ -97,8 +88,7 @@ const BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 impl Metrics {
     fn observe(&self, d: Duration) {
         self.reconciles.fetch_add(1, Ordering::Relaxed);
-        self.duration_sum_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.duration_sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
         let secs = d.as_secs_f64();
         for (i, b) in BUCKETS.iter().enumerate() {
             if secs <= *b {
@@ -116,28 +106,15 @@ impl Metrics {
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str(
-            "# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n",
-        );
-        let mut phases: BTreeMap<String, u64> = [
-            "Created",
-            "Running",
-            "Restarting",
-            "Succeeded",
-            "Suspended",
-            "Failed",
-        ]
-        .iter()
-        .map(|p| (p.to_string(), 0))
-        .collect();
+        out.push_str("# HELP tfjob_jobs TFJobs by phase (last true condition).\n# TYPE tfjob_jobs gauge\n");
+        let mut phases: BTreeMap<String, u64> =
+            ["Created", "Running", "Restarting", "Succeeded", "Suspended", "Failed"].iter().map(|p| (p.to_string(), 0)).collect();
         if let Ok(store) = self.store.lock()
             && let Some(store) = store.as_ref()
         {
             for job in store.state() {
                 let status = job.status.clone().unwrap_or_default();
-                *phases
-                    .entry(status::job_phase(&status).to_string())
-                    .or_default() += 1;
+                *phases.entry(status::job_phase(&status).to_string()).or_default() += 1;
             }
         }
         for (p, n) in phases {
@@ -146,30 +123,17 @@ impl Metrics {
         let count = self.reconciles.load(Ordering::Relaxed);
         out.push_str("# HELP tfjob_reconcile_duration_seconds Duration of reconciliations.\n# TYPE tfjob_reconcile_duration_seconds histogram\n");
         for (i, b) in BUCKETS.iter().enumerate() {
-            out.push_str(&format!(
-                "tfjob_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}\n",
-                self.duration_buckets[i].load(Ordering::Relaxed)
-            ));
+            out.push_str(&format!("tfjob_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}\n", self.duration_buckets[i].load(Ordering::Relaxed)));
         }
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"
-        ));
-        out.push_str(&format!(
-            "tfjob_reconcile_duration_seconds_sum {}\n",
-            self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        ));
+        out.push_str(&format!("tfjob_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n"));
+        out.push_str(&format!("tfjob_reconcile_duration_seconds_sum {}\n", self.duration_sum_micros.load(Ordering::Relaxed) as f64 / 1e6));
         out.push_str(&format!("tfjob_reconcile_duration_seconds_count {count}\n"));
         out.push_str("# HELP tfjob_restarts_total Replicas recreated after a failure.\n# TYPE tfjob_restarts_total counter\n");
-        out.push_str(&format!(
-            "tfjob_restarts_total {}\n",
-            self.restarts.load(Ordering::Relaxed)
-        ));
+        out.push_str(&format!("tfjob_restarts_total {}\n", self.restarts.load(Ordering::Relaxed)));
         out.push_str("# HELP tfjob_reconcile_errors_total Reconciliation errors by category.\n# TYPE tfjob_reconcile_errors_total counter\n");
         if let Ok(m) = self.errors.lock() {
             for (c, n) in m.iter() {
-                out.push_str(&format!(
-                    "tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"
-                ));
+                out.push_str(&format!("tfjob_reconcile_errors_total{{category=\"{c}\"}} {n}\n"));
             }
         }
         out
@@ -195,10 +159,7 @@ pub struct Context {
 impl Context {
     /// A context with the default reporter `tfjob-operator`.
     pub fn new(client: Client, opts: PlanOptions) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
+        let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: std::env::var("POD_NAME").ok() };
         Context {
             recorder: Recorder::new(client.clone(), reporter.clone()),
             reporter,
@@ -222,15 +183,9 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
         Some("Unknown") => Phase::Unknown,
         _ => Phase::Pending,
     };
-    let cs = st
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == api::DEFAULT_CONTAINER_NAME));
+    let cs = st.and_then(|s| s.container_statuses.as_ref()).and_then(|cs| cs.iter().find(|c| c.name == api::DEFAULT_CONTAINER_NAME));
     let exit_code = cs.and_then(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()))
-            .map(|t| t.exit_code)
+        c.state.as_ref().and_then(|s| s.terminated.as_ref()).or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref())).map(|t| t.exit_code)
     });
     Some(ObservedReplica {
         replica_type,
@@ -245,24 +200,15 @@ fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
 
 fn pod_group_resource(gang: &GangScheduler) -> ApiResource {
     let gvk = match gang {
-        GangScheduler::Volcano => {
-            GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup")
-        }
-        GangScheduler::SchedulerPlugins(_) => {
-            GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup")
-        }
+        GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        GangScheduler::SchedulerPlugins(_) => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
     };
     ApiResource::from_gvk_with_plural(&gvk, "podgroups")
 }
 
 async fn ensure_secret(api: &Api<Secret>, job: &TFJob) -> Result<(), Error> {
     let name = api::secret_name(job.name());
-    if api
-        .get_opt(&name)
-        .await
-        .map_err(kerr("get secret"))?
-        .is_some()
-    {
+    if api.get_opt(&name).await.map_err(kerr("get secret"))?.is_some() {
         return Ok(());
     }
     let secret = plan::build_secret(job, &plan::random_token());
@@ -276,23 +222,10 @@ async fn ensure_secret(api: &Api<Secret>, job: &TFJob) -> Result<(), Error> {
 /// A reference to a pod of the job (the `related` object of pod events; it also keeps the
 /// recorder from folding events about different pods into one series).
 fn pod_ref(job: &TFJob, pod: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(pod.to_string()),
-        namespace: job.namespace(),
-        ..Default::default()
-    }
+    ObjectReference { api_version: Some("v1".into()), kind: Some("Pod".into()), name: Some(pod.to_string()), namespace: job.namespace(), ..Default::default() }
 }
 
-async fn publish(
-    ctx: &Context,
-    job: &TFJob,
-    kind: EventKind,
-    reason: &str,
-    message: &str,
-    related: Option<ObjectReference>,
-) {
+async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
     let ev = Event {
         type_: match kind {
             EventKind::Normal => EventType::Normal,
@@ -339,11 +272,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         return Ok(CtrlAction::await_change());
     }
     let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
-    let name = job
-        .metadata
-        .name
-        .clone()
-        .ok_or(Error::MissingField("name"))?;
+    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
     let client = ctx.client.clone();
     let invalid = api::validate(job);
     let mut defaulted = job.clone();
@@ -356,52 +285,20 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
         ensure_secret(&Api::namespaced(client.clone(), &ns), &defaulted).await?;
         let svc_api: Api<Service> = Api::namespaced(client.clone(), &ns);
         let svc = plan::build_service(&defaulted);
-        svc_api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&svc),
-            )
-            .await
-            .map_err(kerr("apply service"))?;
+        svc_api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&svc)).await.map_err(kerr("apply service"))?;
         if let Some(gang) = &ctx.opts.gang_scheduler {
             let ar = pod_group_resource(gang);
             let pg_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
             let pg = plan::build_pod_group(&defaulted, gang);
-            pg_api
-                .patch(
-                    &name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&pg),
-                )
-                .await
-                .map_err(kerr("apply podgroup"))?;
+            pg_api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
         }
     }
 
-    let selector = format!(
-        "{}={},{}={}",
-        plan::LABEL_JOB_NAME,
-        name,
-        plan::LABEL_OPERATOR_NAME,
-        plan::OPERATOR_NAME
-    );
-    let pods = pods_api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kerr("list pods"))?;
+    let selector = format!("{}={},{}={}", plan::LABEL_JOB_NAME, name, plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME);
+    let pods = pods_api.list(&ListParams::default().labels(&selector)).await.map_err(kerr("list pods"))?;
     let uid = job.metadata.uid.clone();
-    let observed: Vec<ObservedReplica> = pods
-        .items
-        .iter()
-        .filter(|p| {
-            uid.is_none()
-                || p.owner_references()
-                    .iter()
-                    .any(|o| Some(&o.uid) == uid.as_ref())
-        })
-        .filter_map(observe_pod)
-        .collect();
+    let observed: Vec<ObservedReplica> =
+        pods.items.iter().filter(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref())).filter_map(observe_pod).collect();
 
     let outcome = status::reconcile_status(&Observation {
         namespace: &ns,
@@ -425,33 +322,17 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     let mut planner: Option<plan::PodPlanner> = None;
     for action in &outcome.actions {
         match action {
-            Action::CreateReplica {
-                replica_type,
-                index,
-            } => {
-                let planner =
-                    planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
+            Action::CreateReplica { replica_type, index } => {
+                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&defaulted, &ctx.opts));
                 if let Some(planned) = planner.pod(*replica_type, *index) {
                     let pod_name = planned.name().to_string();
                     pods_api
-                        .patch(
-                            &pod_name,
-                            &PatchParams::apply(FIELD_MANAGER).force(),
-                            &Patch::Apply(planned.into_pod()),
-                        )
+                        .patch(&pod_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(planned.into_pod()))
                         .await
                         .map_err(kerr(format!("create pod {pod_name}")))?;
                     let msg = format!("Created pod: {pod_name}");
                     let related = Some(pod_ref(job, &pod_name));
-                    publish(
-                        ctx,
-                        job,
-                        EventKind::Normal,
-                        "SuccessfulCreatePod",
-                        &msg,
-                        related,
-                    )
-                    .await;
+                    publish(ctx, job, EventKind::Normal, "SuccessfulCreatePod", &msg, related).await;
                 }
             }
             Action::DeleteReplica { name: pod } | Action::RecreateReplica { name: pod, .. } => {
@@ -462,25 +343,13 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
                     Ok(_) => {
                         let msg = format!("Deleted pod: {pod}");
                         let related = Some(pod_ref(job, pod));
-                        publish(
-                            ctx,
-                            job,
-                            EventKind::Normal,
-                            "SuccessfulDeletePod",
-                            &msg,
-                            related,
-                        )
-                        .await;
+                        publish(ctx, job, EventKind::Normal, "SuccessfulDeletePod", &msg, related).await;
                     }
                     Err(e) if is_status(&e, 404) => {}
                     Err(e) => return Err(kerr(format!("delete pod {pod}"))(e)),
                 }
             }
-            Action::Event {
-                kind,
-                reason,
-                message,
-            } => job_events.push((*kind, reason.as_str(), message.as_str())),
+            Action::Event { kind, reason, message } => job_events.push((*kind, reason.as_str(), message.as_str())),
             Action::RequeueAfter(_) => {}
             Action::DeleteJob => {
                 let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
@@ -511,14 +380,7 @@ async fn reconcile_inner(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error
     if !job_deleted && status_changed(&old_status, &outcome.status) {
         let jobs: Api<TFJob> = Api::namespaced(client.clone(), &ns);
         let patch = status_patch(job, &outcome.status);
-        match jobs
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
+        match jobs.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
             Ok(_) => {}
             // The status was computed from a stale copy of the job (the watch had not delivered
             // our previous status write yet, or the job changed meanwhile). Writing it would undo
@@ -609,23 +471,15 @@ pub struct OperatorArgs {
 }
 
 fn init_logging(args: &OperatorArgs) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if args.log_format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = if args.log_format == "json" { builder.json().try_init() } else { builder.try_init() };
 }
 
 /// Entry point of `tfjob operator`.
 pub fn run_operator(args: OperatorArgs) -> ExitCode {
     init_logging(&args);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -704,25 +558,16 @@ pub async fn check_crd(client: &Client, namespace: Option<&str>) -> Result<(), O
 }
 
 async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
-    let client = Client::try_default()
-        .await
-        .map_err(OperatorError::Connect)?;
+    let client = Client::try_default().await.map_err(OperatorError::Connect)?;
     check_crd(&client, args.namespace.as_deref()).await?;
     let opts = PlanOptions {
         cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args
-            .gang_scheduler
-            .as_deref()
-            .and_then(GangScheduler::from_setting),
+        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
     };
     let ctx = Arc::new(Context::new(client.clone(), opts));
     let ready = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
-        .await
-        .map_err(|source| OperatorError::Listen {
-            addr: args.metrics_addr.clone(),
-            source,
-        })?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.metrics_addr).await.map_err(|source| OperatorError::Listen { addr: args.metrics_addr.clone(), source })?;
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz, /readyz");
     let server = tokio::spawn(serve_http(listener, ctx.metrics.clone(), ready.clone()));
 
@@ -746,9 +591,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     let mut leader: Option<(Arc<LeaderElector>, tokio::task::JoinHandle<()>)> = None;
     if args.leader_elect {
         // Like client-go: the pod (host) name plus a random suffix, unique per process.
-        let host = std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| "tfjob-operator".to_string());
+        let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "tfjob-operator".to_string());
         let identity = format!("{host}_{}", &plan::random_token()[..12]);
         let elector = LeaderElector {
             api: Api::namespaced(client.clone(), &args.lease_namespace),
@@ -818,11 +661,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
 
 /// The kube-rs `Controller` over TFJobs (in `namespace`, or all namespaces) and the pods,
 /// services and secrets they own (selected by the operator-name label).
-pub fn build_controller(
-    client: Client,
-    namespace: Option<&str>,
-    concurrency: u16,
-) -> Controller<TFJob> {
+pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u16) -> Controller<TFJob> {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -832,11 +671,7 @@ pub fn build_controller(
             None => Api::all(client.clone()),
         }
     }
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        plan::LABEL_OPERATOR_NAME,
-        plan::OPERATOR_NAME
-    ));
+    let owned = watcher::Config::default().labels(&format!("{}={}", plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME));
     Controller::new(api::<TFJob>(&client, namespace), watcher::Config::default())
         .owns(api::<Pod>(&client, namespace), owned.clone())
         .owns(api::<Service>(&client, namespace), owned.clone())
@@ -845,11 +680,7 @@ pub fn build_controller(
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` (minimal HTTP/1.1) until the task is aborted.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-) {
+pub async fn serve_http(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
@@ -865,10 +696,7 @@ pub async fn serve_http(
             let req = String::from_utf8_lossy(&buf[..n]);
             let path = req.split_whitespace().nth(1).unwrap_or("/");
             let (code, body, ctype) = http_response(path, &metrics, ready.load(Ordering::SeqCst));
-            let resp = format!(
-                "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let resp = format!("HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             let _ = sock.write_all(resp.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
@@ -876,20 +704,12 @@ pub async fn serve_http(
 }
 
 /// Status line, body and content type for a path of the health/metrics server.
-pub fn http_response(
-    path: &str,
-    metrics: &Metrics,
-    ready: bool,
-) -> (&'static str, String, &'static str) {
+pub fn http_response(path: &str, metrics: &Metrics, ready: bool) -> (&'static str, String, &'static str) {
     match path {
         "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
         "/healthz" => ("200 OK", "ok\n".into(), "text/plain"),
         "/readyz" if ready => ("200 OK", "ok\n".into(), "text/plain"),
-        "/readyz" => (
-            "503 Service Unavailable",
-            "not ready\n".into(),
-            "text/plain",
-        ),
+        "/readyz" => ("503 Service Unavailable", "not ready\n".into(), "text/plain"),
         _ => ("404 Not Found", "not found\n".into(), "text/plain"),
     }
 }
@@ -914,10 +734,7 @@ impl LeaderElector {
         match self.api.get_opt(&self.name).await? {
             None => {
                 let lease = Lease {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..Default::default()
-                    },
+                    metadata: kube::api::ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
                     spec: Some(LeaseSpec {
                         holder_identity: Some(self.identity.clone()),
                         lease_duration_seconds: Some(secs),
@@ -951,11 +768,7 @@ impl LeaderElector {
                 spec.lease_duration_seconds = Some(secs);
                 spec.renew_time = Some(MicroTime(now));
                 // replace carries the resourceVersion: a concurrent writer makes this fail (409).
-                match self
-                    .api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-                {
+                match self.api.replace(&self.name, &PostParams::default(), &lease).await {
                     Ok(_) => Ok(true),
                     Err(e) if is_status(&e, 409) => Ok(false),
                     Err(e) => Err(e),
@@ -975,11 +788,7 @@ impl LeaderElector {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(e) if is_status(&e, 409) => Ok(()),
             Err(e) => Err(e),
@@ -1030,12 +839,7 @@ mod tests {
             "spec": {"tfReplicaSpecs": {}},
         }))
         .unwrap();
-        let status = TFJobStatus {
-            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::UNIX_EPOCH,
-            )),
-            ..Default::default()
-        };
+        let status = TFJobStatus { start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH)), ..Default::default() };
         let patch = status_patch(&job, &status);
         assert_eq!(patch["apiVersion"], "kubeflow.org/v1");
         assert_eq!(patch["kind"], "TFJob");

@@ -23,18 +23,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort,
-    ServiceSpec,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::api::{
-    self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType,
-    RestartPolicy, TFJob, TFJobSpec,
-};
+use crate::api::{self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType, RestartPolicy, TFJob, TFJobSpec};
 
 /// Label: name of the operator that created the object.
 pub const LABEL_OPERATOR_NAME: &str = "training.kubeflow.org/operator-name";
@@ -69,16 +63,8 @@ pub const ENV_JOB_NAME: &str = "TFJOB_JOB_NAME";
 pub const ENV_TASK_INDEX: &str = "TFJOB_TASK_INDEX";
 /// Every variable the operator sets on the `tensorflow` container: a manifest's own value of
 /// one of these is replaced.
-pub const OPERATOR_ENV: [&str; 8] = [
-    ENV_TF_CONFIG,
-    ENV_TOKEN,
-    ENV_PS_HOSTS,
-    ENV_WORKER_HOSTS,
-    ENV_CHIEF_HOSTS,
-    ENV_EVALUATOR_HOSTS,
-    ENV_JOB_NAME,
-    ENV_TASK_INDEX,
-];
+pub const OPERATOR_ENV: [&str; 8] =
+    [ENV_TF_CONFIG, ENV_TOKEN, ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_CHIEF_HOSTS, ENV_EVALUATOR_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX];
 
 /// Resolves the `host:port` address of a replica. The cluster uses [`ClusterDns`]; the local
 /// backend maps each replica to `127.0.0.1:<free port>`.
@@ -156,10 +142,7 @@ pub struct PlannedReplica {
 pub fn replica_port(rs: &ReplicaSpec) -> i32 {
     tensorflow_container(rs)
         .and_then(|c| c.ports.as_ref())
-        .and_then(|ps| {
-            ps.iter()
-                .find(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME))
-        })
+        .and_then(|ps| ps.iter().find(|p| p.name.as_deref() == Some(DEFAULT_PORT_NAME)))
         .map(|p| p.container_port)
         .unwrap_or(DEFAULT_PORT)
 }
@@ -167,31 +150,18 @@ pub fn replica_port(rs: &ReplicaSpec) -> i32 {
 /// Whether the job has more than one replica in total (Kubeflow's `isDistributed`): only then
 /// does it get `TF_CONFIG`.
 pub fn is_distributed(spec: &TFJobSpec) -> bool {
-    api::replica_specs(spec)
-        .values()
-        .map(|rs| rs.replicas.max(0) as i64)
-        .sum::<i64>()
-        != 1
+    api::replica_specs(spec).values().map(|rs| rs.replicas.max(0) as i64).sum::<i64>() != 1
 }
 
 /// Whether replica (`rtype`, `index`) carries `job-role: master`: the chief/master, or worker 0
 /// when the job has no chief/master.
 fn master_role(has_chief: bool, rtype: ReplicaType, index: i32) -> bool {
-    if has_chief {
-        rtype.is_chief()
-    } else {
-        rtype == ReplicaType::Worker && index == 0
-    }
+    if has_chief { rtype.is_chief() } else { rtype == ReplicaType::Worker && index == 0 }
 }
 
 /// The `tensorflow` container of a replica set's template.
 fn tensorflow_container(rs: &ReplicaSpec) -> Option<&Container> {
-    rs.template
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == DEFAULT_CONTAINER_NAME)
+    rs.template.spec.as_ref()?.containers.iter().find(|c| c.name == DEFAULT_CONTAINER_NAME)
 }
 
 /// Appends the compact JSON of `value` (a string or a list of strings: it cannot fail).
@@ -216,11 +186,7 @@ struct ClusterJson {
 impl ClusterJson {
     fn new(addresses: &BTreeMap<ReplicaType, Vec<String>>, dynamic: bool) -> ClusterJson {
         // Keys in the order of their JSON names, as serde_json writes a sorted map.
-        let mut lists: Vec<(ReplicaType, &[String])> = addresses
-            .iter()
-            .filter(|(_, list)| !list.is_empty())
-            .map(|(t, list)| (*t, list.as_slice()))
-            .collect();
+        let mut lists: Vec<(ReplicaType, &[String])> = addresses.iter().filter(|(_, list)| !list.is_empty()).map(|(t, list)| (*t, list.as_slice())).collect();
         lists.sort_by_key(|(t, _)| t.lower());
         let mut json = String::from("{");
         let mut members = BTreeMap::new();
@@ -235,19 +201,12 @@ impl ClusterJson {
             members.insert(rtype, start..json.len());
         }
         json.push('}');
-        ClusterJson {
-            json,
-            members,
-            dynamic,
-        }
+        ClusterJson { json, members, dynamic }
     }
 
     /// The members a sparse cluster keeps whole, in key order: who the chief is, and every ps.
     fn sparse_members(&self) -> impl Iterator<Item = &str> {
-        [ReplicaType::Chief, ReplicaType::Master, ReplicaType::PS]
-            .into_iter()
-            .filter_map(|t| self.members.get(&t))
-            .map(|r| &self.json[r.clone()])
+        [ReplicaType::Chief, ReplicaType::Master, ReplicaType::PS].into_iter().filter_map(|t| self.members.get(&t)).map(|r| &self.json[r.clone()])
     }
 }
 
@@ -359,27 +318,12 @@ pub struct ClassicEnv {
 impl ClassicEnv {
     fn new(addresses: &BTreeMap<ReplicaType, Vec<String>>) -> ClassicEnv {
         let list = |types: &[ReplicaType]| -> Option<String> {
-            let mut present = types
-                .iter()
-                .filter_map(|t| addresses.get(t))
-                .filter(|l| !l.is_empty())
-                .peekable();
+            let mut present = types.iter().filter_map(|t| addresses.get(t)).filter(|l| !l.is_empty()).peekable();
             present.peek()?;
-            Some(
-                present
-                    .flatten()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
+            Some(present.flatten().map(String::as_str).collect::<Vec<_>>().join(","))
         };
-        let mut hosts = vec![
-            (ENV_PS_HOSTS, list(&[ReplicaType::PS]).unwrap_or_default()),
-            (
-                ENV_WORKER_HOSTS,
-                list(&[ReplicaType::Worker]).unwrap_or_default(),
-            ),
-        ];
+        let mut hosts =
+            vec![(ENV_PS_HOSTS, list(&[ReplicaType::PS]).unwrap_or_default()), (ENV_WORKER_HOSTS, list(&[ReplicaType::Worker]).unwrap_or_default())];
         if let Some(chief) = list(&[ReplicaType::Chief, ReplicaType::Master]) {
             hosts.push((ENV_CHIEF_HOSTS, chief));
         }
@@ -391,10 +335,7 @@ impl ClassicEnv {
 
     /// The host list held in variable `name`, if it is one of them.
     fn hosts(&self, name: &str) -> Option<&str> {
-        self.hosts
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
+        self.hosts.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
     }
 
     /// The host-list variables, in the order they are set.
@@ -405,10 +346,7 @@ impl ClassicEnv {
 
 /// `TFJOB_JOB_NAME` and `TFJOB_TASK_INDEX` of replica (`rtype`, `index`).
 fn task_vars(rtype: ReplicaType, index: i32) -> [(&'static str, String); 2] {
-    [
-        (ENV_JOB_NAME, classic_job(rtype).to_string()),
-        (ENV_TASK_INDEX, index.to_string()),
-    ]
+    [(ENV_JOB_NAME, classic_job(rtype).to_string()), (ENV_TASK_INDEX, index.to_string())]
 }
 
 /// One planning pass over the replicas of a job: every address is resolved and the cluster spec
@@ -442,9 +380,7 @@ impl<'a> ReplicaPlanner<'a> {
             .iter()
             .map(|(&t, rs)| {
                 let port = replica_port(rs);
-                let list = (0..rs.replicas.max(0))
-                    .map(|i| addresses.address(t, i, port))
-                    .collect();
+                let list = (0..rs.replicas.max(0)).map(|i| addresses.address(t, i, port)).collect();
                 (t, list)
             })
             .collect();
@@ -452,14 +388,7 @@ impl<'a> ReplicaPlanner<'a> {
         let cluster = is_distributed(spec).then(|| Arc::new(ClusterJson::new(&resolved, dynamic)));
         let classic = Arc::new(ClassicEnv::new(&resolved));
         let has_chief = specs.keys().any(|t| t.is_chief());
-        ReplicaPlanner {
-            job_name,
-            specs,
-            addresses: resolved,
-            cluster,
-            classic,
-            has_chief,
-        }
+        ReplicaPlanner { job_name, specs, addresses: resolved, cluster, classic, has_chief }
     }
 
     /// Name of the job.
@@ -470,34 +399,24 @@ impl<'a> ReplicaPlanner<'a> {
     /// Every replica as (type, index) in plan order: type order (Chief, Master, PS, Worker,
     /// Evaluator), then index. Unknown replica types are skipped (validation rejects them).
     pub fn replica_ids(&self) -> impl Iterator<Item = (ReplicaType, i32)> + '_ {
-        self.specs
-            .iter()
-            .flat_map(|(&t, rs)| (0..rs.replicas.max(0)).map(move |i| (t, i)))
+        self.specs.iter().flat_map(|(&t, rs)| (0..rs.replicas.max(0)).map(move |i| (t, i)))
     }
 
     fn slot(&self, rtype: ReplicaType, index: i32) -> Option<Slot<'_>> {
         let spec = *self.specs.get(&rtype)?;
-        let address = self
-            .addresses
-            .get(&rtype)?
-            .get(usize::try_from(index).ok()?)?;
+        let address = self.addresses.get(&rtype)?.get(usize::try_from(index).ok()?)?;
         let tf_config = self.cluster.as_ref().map(|cluster| TfConfig {
             cluster: Arc::clone(cluster),
             replica_type: rtype,
             index,
             view: match rtype {
-                ReplicaType::Worker | ReplicaType::PS if cluster.dynamic => ClusterView::Sparse {
-                    own: (rtype == ReplicaType::Worker).then(|| address.clone()),
-                },
+                ReplicaType::Worker | ReplicaType::PS if cluster.dynamic => {
+                    ClusterView::Sparse { own: (rtype == ReplicaType::Worker).then(|| address.clone()) }
+                }
                 _ => ClusterView::Full,
             },
         });
-        Some(Slot {
-            spec,
-            address,
-            tf_config,
-            is_master_role: master_role(self.has_chief, rtype, index),
-        })
+        Some(Slot { spec, address, tf_config, is_master_role: master_role(self.has_chief, rtype, index) })
     }
 
     /// The `TF_CONFIG` of replica (`rtype`, `index`): `None` for a one-replica job or when the
@@ -513,9 +432,7 @@ impl<'a> ReplicaPlanner<'a> {
         let container = tensorflow_container(slot.spec);
         let tf_config = slot.tf_config.as_ref().map(TfConfig::render);
         let hosts = self.classic.host_vars().map(|(n, v)| (n, v.to_string()));
-        let classic = hosts
-            .chain(task_vars(rtype, index))
-            .map(|(name, value)| (name.to_string(), value));
+        let classic = hosts.chain(task_vars(rtype, index)).map(|(name, value)| (name.to_string(), value));
         let manifest = container
             .and_then(|c| c.env.as_ref())
             .into_iter()
@@ -533,9 +450,7 @@ impl<'a> ReplicaPlanner<'a> {
             restart_policy: slot.spec.restart_policy.clone(),
             port: replica_port(slot.spec),
             address: slot.address.to_string(),
-            command: container
-                .and_then(|c| c.command.clone())
-                .unwrap_or_default(),
+            command: container.and_then(|c| c.command.clone()).unwrap_or_default(),
             args: container.and_then(|c| c.args.clone()).unwrap_or_default(),
             env,
             tf_config,
@@ -550,16 +465,9 @@ impl<'a> ReplicaPlanner<'a> {
 /// Replicas come in [`ReplicaPlanner::replica_ids`] order. `TFJOB_TOKEN` is not included: each
 /// backend passes the token its own way. Every `TF_CONFIG` is written out: for a large job,
 /// plan with a [`ReplicaPlanner`] and take the replicas one at a time.
-pub fn plan_replicas(
-    job_name: &str,
-    spec: &TFJobSpec,
-    addresses: &dyn AddressBook,
-) -> Vec<PlannedReplica> {
+pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBook) -> Vec<PlannedReplica> {
     let planner = ReplicaPlanner::new(job_name, spec, addresses);
-    planner
-        .replica_ids()
-        .filter_map(|(t, i)| planner.replica(t, i))
-        .collect()
+    planner.replica_ids().filter_map(|(t, i)| planner.replica(t, i)).collect()
 }
 
 /// Gang scheduling through a PodGroup.
@@ -627,18 +535,12 @@ pub fn owner_reference(job: &TFJob) -> OwnerReference {
 
 /// Labels common to every object of a job.
 pub fn job_labels(job_name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (LABEL_OPERATOR_NAME.to_string(), OPERATOR_NAME.to_string()),
-        (LABEL_JOB_NAME.to_string(), job_name.to_string()),
-    ])
+    BTreeMap::from([(LABEL_OPERATOR_NAME.to_string(), OPERATOR_NAME.to_string()), (LABEL_JOB_NAME.to_string(), job_name.to_string())])
 }
 
 /// Label selector (as a string) of the pods of one replica type.
 pub fn replica_selector(job_name: &str, rtype: ReplicaType) -> String {
-    format!(
-        "{LABEL_JOB_NAME}={job_name},{LABEL_OPERATOR_NAME}={OPERATOR_NAME},{LABEL_REPLICA_TYPE}={}",
-        rtype.lower()
-    )
+    format!("{LABEL_JOB_NAME}={job_name},{LABEL_OPERATOR_NAME}={OPERATOR_NAME},{LABEL_REPLICA_TYPE}={}", rtype.lower())
 }
 
 fn meta(job: &TFJob, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
@@ -652,10 +554,7 @@ fn meta(job: &TFJob, name: String, labels: BTreeMap<String, String>) -> ObjectMe
 }
 
 fn namespace(job: &TFJob) -> String {
-    job.metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_string())
+    job.metadata.namespace.clone().unwrap_or_else(|| "default".to_string())
 }
 
 /// The token Secret of a job (`<job>-token`, key `token`).
@@ -663,29 +562,19 @@ pub fn build_secret(job: &TFJob, token: &str) -> Secret {
     Secret {
         metadata: meta(job, api::secret_name(job.name()), job_labels(job.name())),
         type_: Some("Opaque".to_string()),
-        data: Some(BTreeMap::from([(
-            SECRET_TOKEN_KEY.to_string(),
-            ByteString(token.as_bytes().to_vec()),
-        )])),
+        data: Some(BTreeMap::from([(SECRET_TOKEN_KEY.to_string(), ByteString(token.as_bytes().to_vec()))])),
         ..Default::default()
     }
 }
 
 /// The headless Service `<job>` that gives every replica its DNS name.
 pub fn build_service(job: &TFJob) -> Service {
-    let ports: BTreeSet<i32> = api::replica_specs(&job.spec)
-        .values()
-        .map(|rs| replica_port(rs))
-        .collect();
+    let ports: BTreeSet<i32> = api::replica_specs(&job.spec).values().map(|rs| replica_port(rs)).collect();
     let ports = ports
         .into_iter()
         .enumerate()
         .map(|(i, port)| ServicePort {
-            name: Some(if i == 0 {
-                DEFAULT_PORT_NAME.to_string()
-            } else {
-                format!("{DEFAULT_PORT_NAME}-{port}")
-            }),
+            name: Some(if i == 0 { DEFAULT_PORT_NAME.to_string() } else { format!("{DEFAULT_PORT_NAME}-{port}") }),
             port,
             target_port: None,
             ..Default::default()
@@ -759,23 +648,13 @@ pub struct PodPlanner<'a> {
 impl<'a> PodPlanner<'a> {
     /// Plans `job` (resolves every address, writes the cluster spec).
     pub fn new(job: &'a TFJob, opts: &'a PlanOptions) -> Self {
-        let dns = ClusterDns {
-            job: job.name().to_string(),
-            namespace: namespace(job),
-            cluster_domain: opts.cluster_domain.clone(),
-        };
-        PodPlanner {
-            job,
-            opts,
-            replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns),
-        }
+        let dns = ClusterDns { job: job.name().to_string(), namespace: namespace(job), cluster_domain: opts.cluster_domain.clone() };
+        PodPlanner { job, opts, replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns) }
     }
 
     /// Every pod of the job, in [`ReplicaPlanner::replica_ids`] order.
     pub fn pods(&self) -> impl Iterator<Item = PlannedPod> + '_ {
-        self.replicas
-            .replica_ids()
-            .filter_map(|(t, i)| self.pod(t, i))
+        self.replicas.replica_ids().filter_map(|(t, i)| self.pod(t, i))
     }
 
     /// The pod of replica (`rtype`, `index`); `None` when the job has no such replica.
@@ -784,11 +663,7 @@ impl<'a> PodPlanner<'a> {
         let slot = self.replicas.slot(rtype, index)?;
         let name = pod_name(job.name(), rtype, index);
         let template = &slot.spec.template;
-        let mut labels = template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.clone())
-            .unwrap_or_default();
+        let mut labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
         labels.extend(job_labels(job.name()));
         labels.insert(LABEL_REPLICA_TYPE.into(), rtype.lower().into());
         labels.insert(LABEL_REPLICA_INDEX.into(), index.to_string());
@@ -796,10 +671,7 @@ impl<'a> PodPlanner<'a> {
             labels.insert(LABEL_JOB_ROLE.into(), "master".into());
         }
         let mut metadata = meta(job, name.clone(), labels);
-        metadata.annotations = template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.annotations.clone());
+        metadata.annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone());
         let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
         spec.hostname = Some(name);
         spec.subdomain = Some(job.name().to_string());
@@ -808,99 +680,48 @@ impl<'a> PodPlanner<'a> {
             spec.scheduler_name = Some(gang.scheduler_name().to_string());
             match gang {
                 GangScheduler::Volcano => {
-                    metadata
-                        .annotations
-                        .get_or_insert_with(BTreeMap::new)
-                        .insert(
-                            "scheduling.k8s.io/group-name".into(),
-                            job.name().to_string(),
-                        );
+                    metadata.annotations.get_or_insert_with(BTreeMap::new).insert("scheduling.k8s.io/group-name".into(), job.name().to_string());
                 }
                 GangScheduler::SchedulerPlugins(_) => {
-                    metadata.labels.get_or_insert_with(BTreeMap::new).insert(
-                        "scheduling.x-k8s.io/pod-group".into(),
-                        job.name().to_string(),
-                    );
+                    metadata.labels.get_or_insert_with(BTreeMap::new).insert("scheduling.x-k8s.io/pod-group".into(), job.name().to_string());
                 }
             }
         }
-        for c in spec
-            .containers
-            .iter_mut()
-            .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
-        {
+        for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
             let manifest = c.env.take().unwrap_or_default();
             // The classic values first (the manifest's values may refer to them); the host
             // lists' values are written by `PlannedPod::into_pod`.
-            let hosts = self.replicas.classic.host_vars().map(|(name, _)| EnvVar {
-                name: name.into(),
-                value: None,
-                value_from: None,
-            });
-            let task = task_vars(rtype, index).map(|(name, value)| EnvVar {
-                name: name.into(),
-                value: Some(value),
-                value_from: None,
-            });
+            let hosts = self.replicas.classic.host_vars().map(|(name, _)| EnvVar { name: name.into(), value: None, value_from: None });
+            let task = task_vars(rtype, index).map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None });
             let mut env: Vec<EnvVar> = hosts.chain(task).collect();
-            env.extend(
-                manifest
-                    .into_iter()
-                    .filter(|e| !OPERATOR_ENV.contains(&e.name.as_str())),
-            );
+            env.extend(manifest.into_iter().filter(|e| !OPERATOR_ENV.contains(&e.name.as_str())));
             if slot.tf_config.is_some() {
                 // Its value is written by `PlannedPod::into_pod`.
-                env.push(EnvVar {
-                    name: ENV_TF_CONFIG.into(),
-                    value: None,
-                    value_from: None,
-                });
+                env.push(EnvVar { name: ENV_TF_CONFIG.into(), value: None, value_from: None });
             }
             env.push(EnvVar {
                 name: ENV_TOKEN.into(),
                 value: None,
                 value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: api::secret_name(job.name()),
-                        key: SECRET_TOKEN_KEY.into(),
-                        optional: Some(false),
-                    }),
+                    secret_key_ref: Some(SecretKeySelector { name: api::secret_name(job.name()), key: SECRET_TOKEN_KEY.into(), optional: Some(false) }),
                     ..Default::default()
                 }),
             });
             c.env = Some(env);
         }
-        Some(PlannedPod {
-            pod: Pod {
-                metadata,
-                spec: Some(spec),
-                status: None,
-            },
-            tf_config: slot.tf_config,
-            classic: Arc::clone(&self.replicas.classic),
-        })
+        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
     }
 }
 
 /// Total number of replicas of a job.
 pub fn total_replicas(spec: &TFJobSpec) -> i32 {
-    api::replica_specs(spec)
-        .values()
-        .map(|rs| rs.replicas.max(0))
-        .sum()
+    api::replica_specs(spec).values().map(|rs| rs.replicas.max(0)).sum()
 }
 
 /// The PodGroup of a job for the configured gang scheduler.
 pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
-    let sp = job
-        .spec
-        .run_policy
-        .scheduling_policy
-        .clone()
-        .unwrap_or_default();
-    let min_member = sp
-        .min_available
-        .unwrap_or_else(|| total_replicas(&job.spec));
+    let sp = job.spec.run_policy.scheduling_policy.clone().unwrap_or_default();
+    let min_member = sp.min_available.unwrap_or_else(|| total_replicas(&job.spec));
     let owner = serde_json::to_value(owner_reference(job)).unwrap_or(Value::Null);
     let mut spec = serde_json::Map::new();
     spec.insert("minMember".into(), json!(min_member));
@@ -945,10 +766,7 @@ pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredO
         secret: build_secret(job, token),
         service: build_service(job),
         pods,
-        pod_group: opts
-            .gang_scheduler
-            .as_ref()
-            .map(|g| build_pod_group(job, g)),
+        pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
     }
 }
 
@@ -970,9 +788,7 @@ mod tests {
     }
 
     fn mnist(extra_spec: &str, types: &[(&str, i32)]) -> TFJob {
-        let mut y = String::from(
-            "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: mnist, namespace: default, uid: u-1}\nspec:\n",
-        );
+        let mut y = String::from("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {name: mnist, namespace: default, uid: u-1}\nspec:\n");
         y.push_str(extra_spec);
         y.push_str("  tfReplicaSpecs:\n");
         for (t, n) in types {
@@ -989,34 +805,17 @@ mod tests {
     }
 
     fn cfg_of(j: &TFJob, name: &str) -> Option<String> {
-        let dns = ClusterDns {
-            job: "mnist".into(),
-            namespace: "default".into(),
-            cluster_domain: None,
-        };
-        plan_replicas(j.name(), &j.spec, &dns)
-            .into_iter()
-            .find(|r| r.pod_name == name)
-            .unwrap()
-            .tf_config
+        let dns = ClusterDns { job: "mnist".into(), namespace: "default".into(), cluster_domain: None };
+        plan_replicas(j.name(), &j.spec, &dns).into_iter().find(|r| r.pod_name == name).unwrap().tf_config
     }
 
     #[test]
     fn tf_config_table() {
         let ps_workers = mnist("", &[("PS", 1), ("Worker", 2)]);
-        let with_chief = mnist(
-            "",
-            &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 1)],
-        );
-        let dynamic = mnist(
-            "  enableDynamicWorker: true\n",
-            &[("Chief", 1), ("PS", 2), ("Worker", 2)],
-        );
+        let with_chief = mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 1)]);
+        let dynamic = mnist("  enableDynamicWorker: true\n", &[("Chief", 1), ("PS", 2), ("Worker", 2)]);
         let dynamic_no_chief = mnist("  enableDynamicWorker: true\n", &[("PS", 2), ("Worker", 3)]);
-        let dynamic_master = mnist(
-            "  enableDynamicWorker: true\n",
-            &[("Master", 1), ("Worker", 3)],
-        );
+        let dynamic_master = mnist("  enableDynamicWorker: true\n", &[("Master", 1), ("Worker", 3)]);
         let single = mnist("", &[("Worker", 1)]);
         let cases: Vec<(&TFJob, &str, Option<&str>)> = vec![
             (
@@ -1096,12 +895,7 @@ mod tests {
     /// The straightforward `TF_CONFIG` of one replica: every address looked up, the whole
     /// document built as a `serde_json::Value` and serialised. The planners must write exactly
     /// this.
-    fn reference_tf_config(
-        spec: &TFJobSpec,
-        rtype: ReplicaType,
-        index: i32,
-        addresses: &dyn AddressBook,
-    ) -> String {
+    fn reference_tf_config(spec: &TFJobSpec, rtype: ReplicaType, index: i32, addresses: &dyn AddressBook) -> String {
         let specs = api::replica_specs(spec);
         let mut full: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
         for (t, rs) in &specs {
@@ -1115,11 +909,8 @@ mod tests {
         let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
         let cluster = if dynamic && matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
             // Who the chief is and every ps; a worker also itself, keyed by its index.
-            let mut m: serde_json::Map<String, Value> = full
-                .iter()
-                .filter(|(t, _)| ["chief", "master", "ps"].contains(t))
-                .map(|(t, list)| (t.to_string(), json!(list)))
-                .collect();
+            let mut m: serde_json::Map<String, Value> =
+                full.iter().filter(|(t, _)| ["chief", "master", "ps"].contains(t)).map(|(t, list)| (t.to_string(), json!(list))).collect();
             if rtype == ReplicaType::Worker {
                 let port = specs.get(&rtype).map(|rs| replica_port(rs)).unwrap();
                 let own = json!({ index.to_string(): addresses.address(rtype, index, port) });
@@ -1139,23 +930,14 @@ mod tests {
 
     /// The classic variables (`TFJOB_*` but the token) of a replica's env, in order.
     fn classic_vars(env: &[(String, String)]) -> Vec<(String, String)> {
-        env.iter()
-            .filter(|(n, _)| n.starts_with("TFJOB_") && n != ENV_TOKEN)
-            .cloned()
-            .collect()
+        env.iter().filter(|(n, _)| n.starts_with("TFJOB_") && n != ENV_TOKEN).cloned().collect()
     }
 
     #[test]
     fn classic_env_table() {
         let ps_workers = mnist("", &[("PS", 1), ("Worker", 2)]);
-        let everything = mnist(
-            "",
-            &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 2)],
-        );
-        let dynamic = mnist(
-            "  enableDynamicWorker: true\n",
-            &[("Chief", 1), ("PS", 2), ("Worker", 3)],
-        );
+        let everything = mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 2)]);
+        let dynamic = mnist("  enableDynamicWorker: true\n", &[("Chief", 1), ("PS", 2), ("Worker", 3)]);
         let master = mnist("", &[("Master", 1), ("Worker", 2)]);
         let single = mnist("", &[("Worker", 1)]);
         let book = |t: ReplicaType, i: i32, port: i32| format!("{}{i}:{port}", t.lower());
@@ -1165,22 +947,12 @@ mod tests {
             (
                 &ps_workers,
                 "mnist-worker-1",
-                &[
-                    (ENV_PS_HOSTS, "ps0:2222"),
-                    (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"),
-                    (ENV_JOB_NAME, "worker"),
-                    (ENV_TASK_INDEX, "1"),
-                ],
+                &[(ENV_PS_HOSTS, "ps0:2222"), (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"), (ENV_JOB_NAME, "worker"), (ENV_TASK_INDEX, "1")],
             ),
             (
                 &ps_workers,
                 "mnist-ps-0",
-                &[
-                    (ENV_PS_HOSTS, "ps0:2222"),
-                    (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"),
-                    (ENV_JOB_NAME, "ps"),
-                    (ENV_TASK_INDEX, "0"),
-                ],
+                &[(ENV_PS_HOSTS, "ps0:2222"), (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"), (ENV_JOB_NAME, "ps"), (ENV_TASK_INDEX, "0")],
             ),
             (
                 &everything,
@@ -1254,26 +1026,11 @@ mod tests {
                 ],
             ),
             // One replica: no TF_CONFIG, the classic values all the same.
-            (
-                &single,
-                "mnist-worker-0",
-                &[
-                    (ENV_PS_HOSTS, ""),
-                    (ENV_WORKER_HOSTS, "worker0:2222"),
-                    (ENV_JOB_NAME, "worker"),
-                    (ENV_TASK_INDEX, "0"),
-                ],
-            ),
+            (&single, "mnist-worker-0", &[(ENV_PS_HOSTS, ""), (ENV_WORKER_HOSTS, "worker0:2222"), (ENV_JOB_NAME, "worker"), (ENV_TASK_INDEX, "0")]),
         ];
         for (j, name, want) in cases {
-            let replica = plan_replicas(j.name(), &j.spec, &book)
-                .into_iter()
-                .find(|r| r.pod_name == name)
-                .unwrap();
-            let want: Vec<(String, String)> = want
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect();
+            let replica = plan_replicas(j.name(), &j.spec, &book).into_iter().find(|r| r.pod_name == name).unwrap();
+            let want: Vec<(String, String)> = want.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
             assert_eq!(classic_vars(&replica.env), want, "{name}");
             // First in the env, before the manifest's own values.
             assert_eq!(replica.env[..want.len()], want[..], "{name}");
@@ -1301,61 +1058,24 @@ spec:
           containers: [{name: tensorflow, image: img}]
 "#;
         let j = job(y);
-        let replicas = plan_replicas("mnist", &j.spec, &|t: ReplicaType, i: i32, _| {
-            format!("{}{i}:1", t.lower())
-        });
+        let replicas = plan_replicas("mnist", &j.spec, &|t: ReplicaType, i: i32, _| format!("{}{i}:1", t.lower()));
         let names: Vec<&str> = replicas[0].env.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                ENV_PS_HOSTS,
-                ENV_WORKER_HOSTS,
-                ENV_JOB_NAME,
-                ENV_TASK_INDEX,
-                "FLAGS",
-                ENV_TF_CONFIG
-            ]
-        );
+        assert_eq!(names, [ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "FLAGS", ENV_TF_CONFIG]);
         assert_eq!(replicas[0].env[0].1, "ps0:1");
         assert_eq!(replicas[0].env[3].1, "0");
         assert_eq!(replicas[0].env[4].1, "--ps_hosts=$(TFJOB_PS_HOSTS)");
         // The pod: the same order, then the token; every classic value written out.
-        let pod = desired_objects(&j, "t", &PlanOptions::default())
-            .pods
-            .remove(0)
-            .into_pod();
+        let pod = desired_objects(&j, "t", &PlanOptions::default()).pods.remove(0).into_pod();
         let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
         let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                ENV_PS_HOSTS,
-                ENV_WORKER_HOSTS,
-                ENV_JOB_NAME,
-                ENV_TASK_INDEX,
-                "FLAGS",
-                ENV_TF_CONFIG,
-                ENV_TOKEN
-            ]
-        );
-        assert_eq!(
-            env[0].value.as_deref(),
-            Some("mnist-ps-0.mnist.default.svc:2222")
-        );
-        assert_eq!(
-            env[1].value.as_deref(),
-            Some("mnist-worker-0.mnist.default.svc:2222")
-        );
+        assert_eq!(names, [ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "FLAGS", ENV_TF_CONFIG, ENV_TOKEN]);
+        assert_eq!(env[0].value.as_deref(), Some("mnist-ps-0.mnist.default.svc:2222"));
+        assert_eq!(env[1].value.as_deref(), Some("mnist-worker-0.mnist.default.svc:2222"));
     }
 
     /// The straightforward classic variables of one replica: every address looked up and
     /// joined. The planners must give exactly these.
-    fn reference_classic(
-        spec: &TFJobSpec,
-        rtype: ReplicaType,
-        index: i32,
-        addresses: &dyn AddressBook,
-    ) -> Vec<(String, String)> {
+    fn reference_classic(spec: &TFJobSpec, rtype: ReplicaType, index: i32, addresses: &dyn AddressBook) -> Vec<(String, String)> {
         let specs = api::replica_specs(spec);
         let list = |types: &[ReplicaType]| -> Vec<String> {
             types
@@ -1365,10 +1085,7 @@ spec:
                 .map(|(t, i, port)| addresses.address(t, i, port))
                 .collect()
         };
-        let mut out = vec![
-            (ENV_PS_HOSTS, list(&[ReplicaType::PS]).join(",")),
-            (ENV_WORKER_HOSTS, list(&[ReplicaType::Worker]).join(",")),
-        ];
+        let mut out = vec![(ENV_PS_HOSTS, list(&[ReplicaType::PS]).join(",")), (ENV_WORKER_HOSTS, list(&[ReplicaType::Worker]).join(","))];
         let chief = list(&[ReplicaType::Chief, ReplicaType::Master]);
         if !chief.is_empty() {
             out.push((ENV_CHIEF_HOSTS, chief.join(",")));
@@ -1414,14 +1131,8 @@ spec:
 "#;
         let jobs = [
             mnist("", &[("PS", 1), ("Worker", 2)]),
-            mnist(
-                "",
-                &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)],
-            ),
-            mnist(
-                dynamic,
-                &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)],
-            ),
+            mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)]),
+            mnist(dynamic, &[("Chief", 1), ("PS", 2), ("Worker", 3), ("Evaluator", 1)]),
             mnist(dynamic, &[("Master", 1), ("Worker", 3)]),
             mnist(dynamic, &[("Chief", 1), ("PS", 2), ("Worker", 0)]),
             mnist(dynamic, &[("PS", 3), ("Worker", 2)]),
@@ -1429,25 +1140,17 @@ spec:
             mnist("", &[("Worker", 40)]),
             job(ports),
         ];
-        let local =
-            |t: ReplicaType, i: i32, port: i32| format!("127.0.0.1:{}", port + 100 * t as i32 + i);
+        let local = |t: ReplicaType, i: i32, port: i32| format!("127.0.0.1:{}", port + 100 * t as i32 + i);
         // Characters JSON escapes: both paths must escape them alike.
-        let odd = |t: ReplicaType, i: i32, port: i32| {
-            format!("h\"{}\\{i}\u{e9}\n\u{1}:{port}", t.lower())
-        };
+        let odd = |t: ReplicaType, i: i32, port: i32| format!("h\"{}\\{i}\u{e9}\n\u{1}:{port}", t.lower());
         let mut checked = 0;
         for j in &jobs {
-            let dns = ClusterDns {
-                job: j.name().to_string(),
-                namespace: namespace(j),
-                cluster_domain: Some("cluster.local".into()),
-            };
+            let dns = ClusterDns { job: j.name().to_string(), namespace: namespace(j), cluster_domain: Some("cluster.local".into()) };
             let books: [&dyn AddressBook; 3] = [&dns, &local, &odd];
             for book in books {
                 let planner = ReplicaPlanner::new(j.name(), &j.spec, book);
                 for (t, i) in planner.replica_ids() {
-                    let want =
-                        is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, book));
+                    let want = is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, book));
                     let fast = planner.tf_config(t, i).map(|c| c.render());
                     assert_eq!(fast, want, "{} {t} {i}", j.name());
                     let replica = planner.replica(t, i).unwrap();
@@ -1458,33 +1161,16 @@ spec:
                 }
             }
             // The controller's pods carry the same text once written out.
-            let opts = PlanOptions {
-                cluster_domain: Some("cluster.local".into()),
-                gang_scheduler: None,
-            };
+            let opts = PlanOptions { cluster_domain: Some("cluster.local".into()), gang_scheduler: None };
             let planner = PodPlanner::new(j, &opts);
             for (t, i) in planner.replicas.replica_ids() {
                 let pod = planner.pod(t, i).unwrap().into_pod();
                 let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
                 let cfg = env.iter().find(|e| e.name == ENV_TF_CONFIG);
-                let want =
-                    is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, &dns));
-                assert_eq!(
-                    cfg.and_then(|e| e.value.clone()),
-                    want,
-                    "{} {t} {i}",
-                    j.name()
-                );
-                let classic: Vec<(String, String)> = env
-                    .iter()
-                    .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-                    .collect();
-                assert_eq!(
-                    classic_vars(&classic),
-                    reference_classic(&j.spec, t, i, &dns),
-                    "{} {t} {i}",
-                    j.name()
-                );
+                let want = is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, &dns));
+                assert_eq!(cfg.and_then(|e| e.value.clone()), want, "{} {t} {i}", j.name());
+                let classic: Vec<(String, String)> = env.iter().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect();
+                assert_eq!(classic_vars(&classic), reference_classic(&j.spec, t, i, &dns), "{} {t} {i}", j.name());
             }
         }
         assert_eq!(checked, 3 * (3 + 7 + 7 + 4 + 3 + 5 + 1 + 40 + 6));
@@ -1508,16 +1194,9 @@ spec:
             ports: [{name: tfjob-port, containerPort: 3333}]
 "#;
         let j = job(y);
-        let dns = ClusterDns {
-            job: "dist".into(),
-            namespace: "team-a".into(),
-            cluster_domain: Some("cluster.local".into()),
-        };
+        let dns = ClusterDns { job: "dist".into(), namespace: "team-a".into(), cluster_domain: Some("cluster.local".into()) };
         let r = plan_replicas("dist", &j.spec, &dns);
-        assert_eq!(
-            r[0].address,
-            "dist-worker-0.dist.team-a.svc.cluster.local:3333"
-        );
+        assert_eq!(r[0].address, "dist-worker-0.dist.team-a.svc.cluster.local:3333");
         assert_eq!(
             r[0].tf_config.as_deref(),
             Some(
@@ -1597,34 +1276,14 @@ spec:
         assert_eq!(labels, expected);
         assert_eq!(m.annotations.clone().unwrap()["note"], "x");
         let owner = &m.owner_references.as_ref().unwrap()[0];
-        assert_eq!(
-            (
-                owner.kind.as_str(),
-                owner.name.as_str(),
-                owner.uid.as_str(),
-                owner.controller
-            ),
-            ("TFJob", "mnist", "u-1", Some(true))
-        );
+        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str(), owner.controller), ("TFJob", "mnist", "u-1", Some(true)));
         let spec = chief.spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("mnist-chief-0"));
         assert_eq!(spec.subdomain.as_deref(), Some("mnist"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let env = spec.containers[0].env.clone().unwrap();
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(
-            names,
-            vec![
-                ENV_PS_HOSTS,
-                ENV_WORKER_HOSTS,
-                ENV_CHIEF_HOSTS,
-                ENV_JOB_NAME,
-                ENV_TASK_INDEX,
-                "A",
-                "TF_CONFIG",
-                "TFJOB_TOKEN"
-            ]
-        );
+        assert_eq!(names, vec![ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_CHIEF_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "A", "TF_CONFIG", "TFJOB_TOKEN"]);
         let env = &env[5..];
         assert_eq!(
             env[1].value.as_deref(),
@@ -1632,27 +1291,15 @@ spec:
                 r#"{"cluster":{"chief":["mnist-chief-0.mnist.default.svc:2222"],"worker":["mnist-worker-0.mnist.default.svc:2222"]},"environment":"cloud","task":{"index":0,"type":"chief"}}"#
             )
         );
-        let sel = env[2]
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
-        assert_eq!(
-            (sel.name.as_str(), sel.key.as_str()),
-            ("mnist-token", "token")
-        );
+        let sel = env[2].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((sel.name.as_str(), sel.key.as_str()), ("mnist-token", "token"));
         let worker = &pods[1];
         let wl = worker.metadata.labels.clone().unwrap();
         assert!(!wl.contains_key(LABEL_JOB_ROLE));
         let ws = worker.spec.as_ref().unwrap();
         assert_eq!(ws.restart_policy.as_deref(), Some("Never"));
         assert!(ws.containers[1].env.is_none(), "sidecar untouched");
-        assert_eq!(
-            ws.containers[0].ports.as_ref().unwrap()[0].container_port,
-            2222
-        );
+        assert_eq!(ws.containers[0].ports.as_ref().unwrap()[0].container_port, 2222);
 
         let svc = &d.service;
         assert_eq!(svc.metadata.name.as_deref(), Some("mnist"));
@@ -1667,66 +1314,32 @@ spec:
 
     #[test]
     fn gang_scheduling() {
-        let j = mnist(
-            "  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n",
-            &[("PS", 2), ("Worker", 3)],
-        );
-        let opts = PlanOptions {
-            cluster_domain: None,
-            gang_scheduler: Some(GangScheduler::Volcano),
-        };
+        let j = mnist("  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n", &[("PS", 2), ("Worker", 3)]);
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano) };
         let d = desired_objects(&j, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
         assert_eq!(pg["metadata"]["name"], "mnist");
-        assert_eq!(
-            pg["spec"],
-            json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"})
-        );
+        assert_eq!(pg["spec"], json!({"minMember": 5, "queue": "q1", "priorityClassName": "high"}));
         let p = &rendered(&d.pods)[0];
-        assert_eq!(
-            p.spec.as_ref().unwrap().scheduler_name.as_deref(),
-            Some("volcano")
-        );
-        assert_eq!(
-            p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"],
-            "mnist"
-        );
+        assert_eq!(p.spec.as_ref().unwrap().scheduler_name.as_deref(), Some("volcano"));
+        assert_eq!(p.metadata.annotations.as_ref().unwrap()["scheduling.k8s.io/group-name"], "mnist");
 
-        let j2 = mnist(
-            "  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n",
-            &[("Worker", 3)],
-        );
-        let opts = PlanOptions {
-            cluster_domain: None,
-            gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler"),
-        };
+        let j2 = mnist("  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n", &[("Worker", 3)]);
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler") };
         let d = desired_objects(&j2, "t", &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
-        assert_eq!(
-            pg["spec"],
-            json!({"minMember": 2, "scheduleTimeoutSeconds": 30})
-        );
+        assert_eq!(pg["spec"], json!({"minMember": 2, "scheduleTimeoutSeconds": 30}));
         let pods = rendered(&d.pods);
-        assert_eq!(
-            pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"],
-            "mnist"
-        );
-        assert_eq!(
-            pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(),
-            Some("scheduler-plugins-scheduler")
-        );
+        assert_eq!(pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"], "mnist");
+        assert_eq!(pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
     }
 
     #[test]
     fn planner_replica_matches_plan_replicas() {
         let j = mnist("", &[("Master", 1), ("PS", 2), ("Worker", 3)]);
-        let dns = ClusterDns {
-            job: "mnist".into(),
-            namespace: "default".into(),
-            cluster_domain: None,
-        };
+        let dns = ClusterDns { job: "mnist".into(), namespace: "default".into(), cluster_domain: None };
         let all = plan_replicas("mnist", &j.spec, &dns);
         assert_eq!(all.len(), 6);
         let planner = ReplicaPlanner::new("mnist", &j.spec, &dns);
@@ -1750,20 +1363,8 @@ spec:
     fn scaling_changes_the_cluster_of_new_pods() {
         let small = mnist("", &[("Worker", 2)]);
         let big = mnist("", &[("Worker", 3)]);
-        assert_eq!(
-            cfg_of(&small, "mnist-worker-0")
-                .unwrap()
-                .matches("mnist-worker-")
-                .count(),
-            2
-        );
-        assert_eq!(
-            cfg_of(&big, "mnist-worker-2")
-                .unwrap()
-                .matches("mnist-worker-")
-                .count(),
-            3
-        );
+        assert_eq!(cfg_of(&small, "mnist-worker-0").unwrap().matches("mnist-worker-").count(), 2);
+        assert_eq!(cfg_of(&big, "mnist-worker-2").unwrap().matches("mnist-worker-").count(), 3);
     }
 
     #[test]

@@ -15,10 +15,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{
-    self, CleanPodPolicy, JobCondition, ReplicaStatus, ReplicaType, RestartPolicy, SuccessPolicy,
-    TFJobSpec, TFJobStatus,
-};
+use crate::api::{self, CleanPodPolicy, JobCondition, ReplicaStatus, ReplicaType, RestartPolicy, SuccessPolicy, TFJobSpec, TFJobStatus};
 use crate::plan;
 
 /// Condition type `Created`.
@@ -159,10 +156,7 @@ impl Outcome {
 
 /// Whether a condition of this type is currently true.
 pub fn has_condition(status: &TFJobStatus, type_: &str) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+    status.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
 /// Whether the job has finished (succeeded or failed).
@@ -172,13 +166,7 @@ pub fn is_finished(status: &TFJobStatus) -> bool {
 
 /// The phase shown for a job: the type of the last true condition (`Created` when none).
 pub fn job_phase(status: &TFJobStatus) -> &str {
-    status
-        .conditions
-        .iter()
-        .rev()
-        .find(|c| c.status == "True")
-        .map(|c| c.type_.as_str())
-        .unwrap_or(CREATED)
+    status.conditions.iter().rev().find(|c| c.status == "True").map(|c| c.type_.as_str()).unwrap_or(CREATED)
 }
 
 /// Whether an exit code of the `tensorflow` container is retryable under `ExitCode` (>= 128:
@@ -215,11 +203,7 @@ struct Tally<'o> {
 
 impl<'a> Machine<'a> {
     fn event(&mut self, kind: EventKind, reason: &str, message: &str) {
-        self.actions.push(Action::Event {
-            kind,
-            reason: reason.to_string(),
-            message: message.to_string(),
-        });
+        self.actions.push(Action::Event { kind, reason: reason.to_string(), message: message.to_string() });
     }
 
     /// Kubeflow's `UpdateJobConditions`: no change when a condition of that type already has the
@@ -237,16 +221,10 @@ impl<'a> Machine<'a> {
         let now = self.now.clone();
         let mut kept = Vec::new();
         for mut c in std::mem::take(&mut self.status.conditions) {
-            if c.type_ == type_
-                || (type_ == RESTARTING && c.type_ == RUNNING)
-                || (type_ == RUNNING && c.type_ == RESTARTING)
-            {
+            if c.type_ == type_ || (type_ == RESTARTING && c.type_ == RUNNING) || (type_ == RUNNING && c.type_ == RESTARTING) {
                 continue;
             }
-            if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED)
-                && (c.type_ == RUNNING || c.type_ == RESTARTING)
-                && c.status == "True"
-            {
+            if (type_ == FAILED || type_ == SUCCEEDED || type_ == SUSPENDED) && (c.type_ == RUNNING || c.type_ == RESTARTING) && c.status == "True" {
                 c.status = "False".into();
                 c.last_update_time = Some(now.clone());
                 c.last_transition_time = Some(now.clone());
@@ -267,11 +245,7 @@ impl<'a> Machine<'a> {
 
     fn finish(&mut self, type_: &str, reason: &str, message: &str) {
         if self.set_condition(type_, "True", reason, message) {
-            let kind = if type_ == SUCCEEDED {
-                EventKind::Normal
-            } else {
-                EventKind::Warning
-            };
+            let kind = if type_ == SUCCEEDED { EventKind::Normal } else { EventKind::Warning };
             self.event(kind, reason, message);
         }
         if self.status.completion_time.is_none() {
@@ -298,9 +272,7 @@ impl<'a> Machine<'a> {
                 CleanPodPolicy::None => false,
             };
             if delete {
-                self.actions.push(Action::DeleteReplica {
-                    name: r.name.clone(),
-                });
+                self.actions.push(Action::DeleteReplica { name: r.name.clone() });
             }
         }
         if let Some(ttl) = self.obs.spec.run_policy.ttl_seconds_after_finished {
@@ -309,8 +281,7 @@ impl<'a> Machine<'a> {
             if elapsed >= ttl {
                 self.actions.push(Action::DeleteJob);
             } else {
-                self.actions
-                    .push(Action::RequeueAfter(Duration::from_secs_f64(ttl - elapsed)));
+                self.actions.push(Action::RequeueAfter(Duration::from_secs_f64(ttl - elapsed)));
             }
         }
     }
@@ -352,10 +323,8 @@ pub fn reconcile_status(obs: &Observation<'_>) -> Outcome {
     }
     let tally = m.count_replicas();
     m.delete_unwanted();
-    let finished_or_restarting = m.finish_on_success(&tally)
-        || m.fail_on_permanent_failure(&tally)
-        || m.fail_over_backoff_limit(&tally)
-        || m.recreate_failed(&tally);
+    let finished_or_restarting =
+        m.finish_on_success(&tally) || m.fail_on_permanent_failure(&tally) || m.fail_over_backoff_limit(&tally) || m.recreate_failed(&tally);
     if !finished_or_restarting {
         m.mark_running();
     }
@@ -375,27 +344,13 @@ impl<'a> Machine<'a> {
     /// count below its chief ([`api::worker_floor_error`]: only an API server without the CRD's
     /// rule lets it through) is not failed: [`Machine::count_replicas`] keeps its worker 0.
     fn fail_if_invalid(&mut self) -> bool {
-        let planned_before = self
-            .status
-            .replica_statuses
-            .get(ReplicaType::Worker.as_str())
-            .is_some_and(|s| s.replicas.is_some());
+        let planned_before = self.status.replica_statuses.get(ReplicaType::Worker.as_str()).is_some_and(|s| s.replicas.is_some());
         let tolerated = api::worker_floor_error(self.obs.spec).filter(|_| planned_before);
-        let problems: Vec<String> = self
-            .obs
-            .invalid
-            .iter()
-            .filter(|e| Some(*e) != tolerated.as_ref())
-            .map(ToString::to_string)
-            .collect();
+        let problems: Vec<String> = self.obs.invalid.iter().filter(|e| Some(*e) != tolerated.as_ref()).map(ToString::to_string).collect();
         if problems.is_empty() {
             return false;
         }
-        let msg = format!(
-            "TFJob {} is not valid: {}",
-            self.full_name,
-            problems.join("; ")
-        );
+        let msg = format!("TFJob {} is not valid: {}", self.full_name, problems.join("; "));
         self.finish(FAILED, "TFJobFailedValidation", &msg);
         true
     }
@@ -406,9 +361,7 @@ impl<'a> Machine<'a> {
             return false;
         }
         for r in self.obs.replicas.iter().filter(|r| !r.terminating) {
-            self.actions.push(Action::DeleteReplica {
-                name: r.name.clone(),
-            });
+            self.actions.push(Action::DeleteReplica { name: r.name.clone() });
         }
         let msg = format!("TFJob {} is suspended.", self.full_name);
         if self.set_condition(SUSPENDED, "True", "TFJobSuspended", &msg) {
@@ -440,17 +393,11 @@ impl<'a> Machine<'a> {
         let elapsed = self.seconds_since(self.status.start_time.as_ref());
         let limit = ads.max(0) as f64;
         if elapsed >= limit {
-            let msg = format!(
-                "TFJob {} has failed because it was active longer than specified deadline",
-                self.full_name
-            );
+            let msg = format!("TFJob {} has failed because it was active longer than specified deadline", self.full_name);
             self.finish(FAILED, "TFJobFailed", &msg);
             return true;
         }
-        self.actions
-            .push(Action::RequeueAfter(Duration::from_secs_f64(
-                limit - elapsed,
-            )));
+        self.actions.push(Action::RequeueAfter(Duration::from_secs_f64(limit - elapsed)));
         false
     }
 
@@ -462,10 +409,7 @@ impl<'a> Machine<'a> {
         // Observed replicas by (type, index), in observation order: one pass, not one per index.
         let mut observed: HashMap<(ReplicaType, i32), Vec<&'a ObservedReplica>> = HashMap::new();
         for r in obs.replicas {
-            observed
-                .entry((r.replica_type, r.index))
-                .or_default()
-                .push(r);
+            observed.entry((r.replica_type, r.index)).or_default().push(r);
         }
         let mut tally = Tally::default();
         let mut replica_statuses: BTreeMap<String, ReplicaStatus> = BTreeMap::new();
@@ -483,10 +427,7 @@ impl<'a> Machine<'a> {
             for index in 0..planned {
                 let here = observed.get(&(rtype, index)).map_or(&[][..], Vec::as_slice);
                 if here.is_empty() {
-                    self.actions.push(Action::CreateReplica {
-                        replica_type: rtype,
-                        index,
-                    });
+                    self.actions.push(Action::CreateReplica { replica_type: rtype, index });
                     continue;
                 }
                 for &r in here.iter().filter(|r| !r.terminating) {
@@ -517,21 +458,11 @@ impl<'a> Machine<'a> {
 
     /// A `Scaled` event when the planned count of a type changed since it was last planned (not
     /// when the job is new), and a warning when worker 0 stays against the spec.
-    fn announce_scale(
-        &mut self,
-        rtype: ReplicaType,
-        previous: Option<i32>,
-        requested: i32,
-        planned: i32,
-    ) {
+    fn announce_scale(&mut self, rtype: ReplicaType, previous: Option<i32>, requested: i32, planned: i32) {
         let Some(previous) = previous.filter(|p| *p != planned) else {
             return;
         };
-        self.event(
-            EventKind::Normal,
-            "Scaled",
-            &format!("{rtype} {previous} \u{2192} {planned}"),
-        );
+        self.event(EventKind::Normal, "Scaled", &format!("{rtype} {previous} \u{2192} {planned}"));
         if requested < planned {
             let msg = format!(
                 "{rtype} replicas is {requested}, kept at {planned}: worker 0 is the chief of a \
@@ -544,27 +475,16 @@ impl<'a> Machine<'a> {
     /// Scale-down and stray replicas: out-of-range indices or types no longer in the spec.
     fn delete_unwanted(&mut self) {
         for r in self.obs.replicas.iter().filter(|r| !r.terminating) {
-            let wanted = self
-                .status
-                .replica_statuses
-                .get(r.replica_type.as_str())
-                .and_then(|s| s.replicas)
-                .is_some_and(|planned| r.index < planned);
+            let wanted = self.status.replica_statuses.get(r.replica_type.as_str()).and_then(|s| s.replicas).is_some_and(|planned| r.index < planned);
             if !wanted {
-                self.actions.push(Action::DeleteReplica {
-                    name: r.name.clone(),
-                });
+                self.actions.push(Action::DeleteReplica { name: r.name.clone() });
             }
         }
     }
 
     /// A count of `replicaStatuses` (0 for a type not in the spec).
     fn count(&self, rtype: ReplicaType, field: fn(&ReplicaStatus) -> i32) -> i32 {
-        self.status
-            .replica_statuses
-            .get(rtype.as_str())
-            .map(field)
-            .unwrap_or(0)
+        self.status.replica_statuses.get(rtype.as_str()).map(field).unwrap_or(0)
     }
 
     /// Success first: a job whose chief (or worker 0 / all workers) succeeded has succeeded,
@@ -572,21 +492,13 @@ impl<'a> Machine<'a> {
     fn finish_on_success(&mut self, tally: &Tally) -> bool {
         let planned = |t: ReplicaType| tally.planned.get(&t).copied().unwrap_or(0);
         let succeeded = if api::worker0_is_chief(self.obs.spec) {
-            let all =
-                self.count(ReplicaType::Worker, |s| s.succeeded) >= planned(ReplicaType::Worker);
+            let all = self.count(ReplicaType::Worker, |s| s.succeeded) >= planned(ReplicaType::Worker);
             let worker0 = self.obs.replicas.iter().any(|r| {
-                r.replica_type == ReplicaType::Worker
-                    && r.index == 0
-                    && !r.terminating
-                    && r.phase == Phase::Succeeded
-                    && r.exit_code.unwrap_or(0) == 0
+                r.replica_type == ReplicaType::Worker && r.index == 0 && !r.terminating && r.phase == Phase::Succeeded && r.exit_code.unwrap_or(0) == 0
             });
             all || (worker0 && self.obs.spec.success_policy != Some(SuccessPolicy::AllWorkers))
         } else {
-            self.specs
-                .keys()
-                .filter(|t| t.is_chief())
-                .all(|t| self.count(*t, |s| s.succeeded) >= planned(*t))
+            self.specs.keys().filter(|t| t.is_chief()).all(|t| self.count(*t, |s| s.succeeded) >= planned(*t))
         };
         if !succeeded {
             return false;
@@ -598,18 +510,13 @@ impl<'a> Machine<'a> {
     }
 
     fn drop_creations(&mut self) {
-        self.actions
-            .retain(|a| !matches!(a, Action::CreateReplica { .. }));
+        self.actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
     }
 
     fn fail_on_permanent_failure(&mut self, tally: &Tally) -> bool {
         let why = match tally.permanent_failures.first() {
             Some(&(rtype, _)) => {
-                let n = tally
-                    .permanent_failures
-                    .iter()
-                    .filter(|(t, _)| *t == rtype)
-                    .count();
+                let n = tally.permanent_failures.iter().filter(|(t, _)| *t == rtype).count();
                 format!("{n} {rtype} replica(s) failed")
             }
             None => match self.lost_dynamic_workers(tally) {
@@ -629,11 +536,7 @@ impl<'a> Machine<'a> {
     /// fails fails the job as always.
     fn lost_dynamic_workers(&self, tally: &Tally) -> Option<String> {
         let failed = &tally.failed_dynamic_workers;
-        let workers = tally
-            .planned
-            .get(&ReplicaType::Worker)
-            .copied()
-            .unwrap_or(0);
+        let workers = tally.planned.get(&ReplicaType::Worker).copied().unwrap_or(0);
         if failed.is_empty() {
             None
         } else if failed.len() >= usize::try_from(workers).unwrap_or(0) {
@@ -654,12 +557,7 @@ impl<'a> Machine<'a> {
         let Some(limit) = self.obs.spec.run_policy.backoff_limit else {
             return false;
         };
-        let recreated: i64 = self
-            .status
-            .replica_statuses
-            .values()
-            .map(|s| i64::from(s.recreated))
-            .sum();
+        let recreated: i64 = self.status.replica_statuses.values().map(|s| i64::from(s.recreated)).sum();
         let restarts = tally.in_place_restarts + recreated;
         let limit = i64::from(limit.max(0));
         let pending = tally.to_recreate.len() as i64;
@@ -667,10 +565,7 @@ impl<'a> Machine<'a> {
             return false;
         }
         self.drop_creations();
-        let msg = format!(
-            "TFJob {} has failed because it has reached the specified backoff limit",
-            self.full_name
-        );
+        let msg = format!("TFJob {} has failed because it has reached the specified backoff limit", self.full_name);
         self.finish(FAILED, "TFJobFailed", &msg);
         true
     }
@@ -682,26 +577,15 @@ impl<'a> Machine<'a> {
         let mut by_type: BTreeMap<ReplicaType, i32> = BTreeMap::new();
         for r in &tally.to_recreate {
             *by_type.entry(r.replica_type).or_default() += 1;
-            self.actions.push(Action::RecreateReplica {
-                name: r.name.clone(),
-                replica_type: r.replica_type,
-                index: r.index,
-            });
+            self.actions.push(Action::RecreateReplica { name: r.name.clone(), replica_type: r.replica_type, index: r.index });
         }
         for (t, n) in &by_type {
             if let Some(s) = self.status.replica_statuses.get_mut(t.as_str()) {
                 s.recreated += n;
             }
         }
-        let (t, n) = by_type
-            .iter()
-            .next()
-            .map(|(t, n)| (*t, *n))
-            .unwrap_or((ReplicaType::Worker, 0));
-        let msg = format!(
-            "TFJob {} is restarting because {n} {t} replica(s) failed.",
-            self.full_name
-        );
+        let (t, n) = by_type.iter().next().map(|(t, n)| (*t, *n)).unwrap_or((ReplicaType::Worker, 0));
+        let msg = format!("TFJob {} is restarting because {n} {t} replica(s) failed.", self.full_name);
         if self.set_condition(RESTARTING, "True", "TFJobRestarting", &msg) {
             self.event(EventKind::Warning, "TFJobRestarting", &msg);
         }
@@ -712,10 +596,7 @@ impl<'a> Machine<'a> {
         let running = if api::worker0_is_chief(self.obs.spec) {
             self.count(ReplicaType::Worker, |s| s.active) > 0
         } else {
-            self.specs
-                .keys()
-                .filter(|t| t.is_chief())
-                .any(|t| self.count(*t, |s| s.active) > 0)
+            self.specs.keys().filter(|t| t.is_chief()).any(|t| self.count(*t, |s| s.active) > 0)
         };
         if running {
             let msg = format!("TFJob {} is running.", self.full_name);
@@ -726,10 +607,7 @@ impl<'a> Machine<'a> {
     }
 
     fn into_outcome(self) -> Outcome {
-        Outcome {
-            status: self.status,
-            actions: self.actions,
-        }
+        Outcome { status: self.status, actions: self.actions }
     }
 }
 

@@ -33,9 +33,7 @@ fn accumulate(c: &mut Criterion) {
         let bytes = &buf[offset..];
         assert_eq!((bytes.as_ptr() as usize).is_multiple_of(4), offset == 0);
         let mut dst = vec![0.0f32; FLOATS_PER_MIB];
-        g.bench_function(format!("add_f32_from_le/{name}"), |b| {
-            b.iter(|| tensor::add_f32_from_le(black_box(&mut dst), black_box(bytes)))
-        });
+        g.bench_function(format!("add_f32_from_le/{name}"), |b| b.iter(|| tensor::add_f32_from_le(black_box(&mut dst), black_box(bytes))));
         // The sync accumulator's path: one worker's gradient (two parts) into a fresh step.
         let half = FLOATS_PER_MIB / 2;
         g.bench_function(format!("sync_accumulator_add/{name}"), |b| {
@@ -69,9 +67,8 @@ fn encode_decode(c: &mut Criterion) {
 }
 
 fn placement_10k(c: &mut Criterion) {
-    let inputs: Vec<PlacementInput> = (0..10_000)
-        .map(|i| PlacementInput { name: format!("layer_{:05}/kernel", i), shape: vec![1 + i % 300, 1 + (i * 7) % 128] })
-        .collect();
+    let inputs: Vec<PlacementInput> =
+        (0..10_000).map(|i| PlacementInput { name: format!("layer_{:05}/kernel", i), shape: vec![1 + i % 300, 1 + (i * 7) % 128] }).collect();
     let mut g = c.benchmark_group("placement");
     g.throughput(Throughput::Elements(inputs.len() as u64));
     for num_ps in [1usize, 4, 16] {
@@ -86,8 +83,8 @@ fn placement_10k(c: &mut Criterion) {
 /// MaxPooling2D(2) -> Flatten -> Dense(10, softmax): im2col and one matrix product per conv.
 fn keras_cnn_step(c: &mut Criterion) {
     use tfjob_runtime::data::{Batch, Targets};
-    use tfjob_runtime::model::keras::{parse_model_json, KerasModel, Loss};
-    use tfjob_runtime::model::{init_values, Model};
+    use tfjob_runtime::model::keras::{KerasModel, Loss, parse_model_json};
+    use tfjob_runtime::model::{Model, init_values};
     let json = r#"{"class_name": "Sequential", "config": {"name": "cnn", "layers": [
         {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 28, 28, 1], "name": "in"}},
         {"class_name": "Conv2D", "config": {"name": "conv2d", "filters": 32, "kernel_size": [3, 3], "activation": "relu"}},

@@ -89,11 +89,7 @@ impl TokenCheck {
 
     pub fn check<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
         let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
-        if self.accepts(given) {
-            Ok(request)
-        } else {
-            Err(Status::unauthenticated("missing or wrong job token (authorization: Bearer $TFJOB_TOKEN)"))
-        }
+        if self.accepts(given) { Ok(request) } else { Err(Status::unauthenticated("missing or wrong job token (authorization: Bearer $TFJOB_TOKEN)")) }
     }
 
     /// Checks a bare token (the tensor channel's hello carries no header).
@@ -123,11 +119,7 @@ pub struct TokenAttach {
 impl TokenAttach {
     pub fn new(token: Option<&str>) -> Result<Self, Status> {
         let value = match token.filter(|t| !t.is_empty()) {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| Status::invalid_argument("TFJOB_TOKEN contains characters not allowed in a header"))?,
-            ),
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| Status::invalid_argument("TFJOB_TOKEN contains characters not allowed in a header"))?),
             None => None,
         };
         Ok(TokenAttach { value })

@@ -214,12 +214,7 @@ pub async fn serve_connection(stream: TcpStream, service: PsService, check: Toke
     }
 }
 
-async fn serve_inner(
-    stream: &mut BufReader<TcpStream>,
-    service: &PsService,
-    check: &TokenCheck,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<(), ChannelError> {
+async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, check: &TokenCheck, stop: &mut watch::Receiver<bool>) -> Result<(), ChannelError> {
     let mut magic = [0u8; MAGIC.len()];
     stream.read_exact(&mut magic).await?;
     let hello: proto::TensorChannelHello = read_frame(stream).await?;
@@ -306,12 +301,7 @@ fn unavailable(address: &str, e: impl std::fmt::Display) -> Status {
 
 impl ChannelClient {
     pub fn new(address: &str, token: Option<&str>, connect_timeout: Duration) -> Self {
-        ChannelClient {
-            address: address.to_string(),
-            token: token.unwrap_or_default().to_string(),
-            connect_timeout,
-            connection: tokio::sync::Mutex::new(None),
-        }
+        ChannelClient { address: address.to_string(), token: token.unwrap_or_default().to_string(), connect_timeout, connection: tokio::sync::Mutex::new(None) }
     }
 
     async fn connect(&self) -> Result<BufReader<TcpStream>, Status> {

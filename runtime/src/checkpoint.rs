@@ -326,14 +326,10 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
             match element_count(shape) {
                 Some(n) if n == values.len() => {}
                 _ => {
-                    return Err(invalid(
-                        path,
-                        format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len()),
-                    ));
+                    return Err(invalid(path, format!("{kind} {name:?}: shape {shape:?} does not hold {} values", values.len())));
                 }
             }
-            tensors
-                .push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
+            tensors.push((name.clone(), RawTensor { dtype: Dtype::F32, shape: shape.clone(), data: f32_bytes(values) }));
         }
     }
     for (key, count) in &data.updates {
@@ -357,13 +353,7 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
 /// ([`CheckpointError::AlreadyComplete`]); a damaged one (e.g. left by a crashed
 /// run that reached this step before) loses its index first, so it reads as
 /// incomplete until the chief writes a new index.
-pub fn write_shard(
-    dir: &Path,
-    step: i64,
-    ps_index: usize,
-    num_ps: usize,
-    data: &ShardData,
-) -> Result<ShardInfo, CheckpointError> {
+pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -408,9 +398,7 @@ pub fn write_shard(
         }
     }
     write_atomic(&shard_path, &bytes)?;
-    let entries = |list: &[NamedTensor]| {
-        list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect()
-    };
+    let entries = |list: &[NamedTensor]| list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect();
     Ok(ShardInfo {
         ps_index,
         num_ps,
@@ -450,10 +438,7 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         if s.num_ps != num_ps || s.global_step != step {
             return Err(invalid(
                 &ckpt,
-                format!(
-                    "shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}",
-                    s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
             ));
         }
         if s.file != shard_file_name(s.ps_index, num_ps) {
@@ -464,18 +449,12 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         }
         for v in &s.variables {
             if let Some(other) = owner.insert(&v.name, s.ps_index) {
-                return Err(invalid(
-                    &ckpt,
-                    format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index),
-                ));
+                return Err(invalid(&ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
             }
         }
     }
     if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
-        return Err(CheckpointError::Incomplete {
-            path: ckpt,
-            reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()),
-        });
+        return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
     for s in by_ps.values() {
         let path = ckpt.join(&s.file);
@@ -483,10 +462,7 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
             Ok(m) if m.len() == s.bytes => {}
             Ok(m) => return Err(damaged(&path, format!("{} bytes on disk, the ps reported {}", m.len(), s.bytes))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CheckpointError::Incomplete {
-                    path: ckpt.clone(),
-                    reason: format!("{} is missing", s.file),
-                });
+                return Err(CheckpointError::Incomplete { path: ckpt.clone(), reason: format!("{} is missing", s.file) });
             }
             Err(e) => return Err(io_err(&path)(e)),
         }
@@ -501,8 +477,7 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         checksum: CHECKSUM_ALGORITHM.to_string(),
         shards: by_ps.into_values().cloned().collect(),
     };
-    let mut json =
-        serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
+    let mut json = serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
     json.push(b'\n');
     let path = ckpt.join(INDEX_FILE);
     write_atomic(&path, &json)?;
@@ -523,8 +498,7 @@ fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
         }
         Err(e) => return Err(io_err(&path)(e)),
     };
-    let index: IndexFile = serde_json::from_slice(&text)
-        .map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
+    let index: IndexFile = serde_json::from_slice(&text).map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
     if index.format != INDEX_FORMAT {
         return Err(damaged(&path, format!("format is {:?}, expected {INDEX_FORMAT:?}", index.format)));
     }
@@ -532,36 +506,20 @@ fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
         return Err(damaged(&path, format!("unknown checksum algorithm {:?}", index.checksum)));
     }
     if index.global_step != step {
-        return Err(damaged(
-            &path,
-            format!("global_step is {}, but the directory is for step {step}", index.global_step),
-        ));
+        return Err(damaged(&path, format!("global_step is {}, but the directory is for step {step}", index.global_step)));
     }
     if index.num_ps == 0 || index.shards.len() != index.num_ps {
         return Err(damaged(&path, format!("lists {} shards for num_ps {}", index.shards.len(), index.num_ps)));
     }
     for (i, s) in index.shards.iter().enumerate() {
-        if s.ps_index != i
-            || s.num_ps != index.num_ps
-            || s.global_step != step
-            || s.file != shard_file_name(i, index.num_ps)
-        {
+        if s.ps_index != i || s.num_ps != index.num_ps || s.global_step != step || s.file != shard_file_name(i, index.num_ps) {
             return Err(damaged(
                 &path,
-                format!(
-                    "shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position",
-                    s.file, s.ps_index, s.global_step, s.num_ps
-                ),
+                format!("shard entry {i} ({:?}, ps {}, step {}, num_ps {}) does not match its position", s.file, s.ps_index, s.global_step, s.num_ps),
             ));
         }
     }
-    Ok(Checkpoint {
-        path: ckpt.to_path_buf(),
-        global_step: step,
-        num_ps: index.num_ps,
-        created_unix_secs: index.created_unix_secs,
-        shards: index.shards,
-    })
+    Ok(Checkpoint { path: ckpt.to_path_buf(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
 }
 
 /// Final shard file names present in `ckpt` (temporary files excluded).
@@ -604,22 +562,14 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         Err(e) => return Err(io_err(&path)(e)),
     };
     if bytes.len() as u64 != info.bytes {
-        return Err(damaged(
-            &path,
-            format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes),
-        ));
+        return Err(damaged(&path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
     }
     let crc = crc32c::crc32c(&bytes);
     if crc != info.crc32c {
-        return Err(damaged(
-            &path,
-            format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c),
-        ));
+        return Err(damaged(&path, format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c)));
     }
-    let st =
-        SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
     let empty = HashMap::new();
     let meta = header.metadata().as_ref().unwrap_or(&empty);
     let format = meta_value(&path, meta, "format")?;
@@ -630,8 +580,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     meta_number(&path, meta, "ps_index", info.ps_index)?;
     meta_number(&path, meta, "num_ps", ckpt.num_ps)?;
     let names = |key: &str| -> Result<Vec<String>, CheckpointError> {
-        serde_json::from_str(meta_value(&path, meta, key)?)
-            .map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
+        serde_json::from_str(meta_value(&path, meta, key)?).map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
     };
     let slot_names = names("slots")?;
     let update_keys = names("updates")?;
@@ -645,8 +594,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
-                let values =
-                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 f32s.insert(name, (view.shape().to_vec(), values));
             }
             Dtype::U64 if view.data().len() == 8 => {
@@ -660,10 +608,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     }
     let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
     if f32s.len() + u64s.len() != expected_tensors {
-        return Err(damaged(
-            &path,
-            format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len()),
-        ));
+        return Err(damaged(&path, format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len())));
     }
     let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
@@ -671,10 +616,7 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
             match f32s.remove(&e.name) {
                 Some((shape, values)) if shape == e.shape => out.push((e.name.clone(), shape, values)),
                 Some((shape, _)) => {
-                    return Err(damaged(
-                        &path,
-                        format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape),
-                    ));
+                    return Err(damaged(&path, format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape)));
                 }
                 None => return Err(damaged(&path, format!("has no f32 tensor {:?}", e.name))),
             }
@@ -772,9 +714,11 @@ pub fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, 
 
 /// Reads (and verifies) the shard of ps `ps_index` of a complete checkpoint.
 pub fn read_shard(ckpt: &Checkpoint, ps_index: usize) -> Result<ShardData, CheckpointError> {
-    let info = ckpt.shards.iter().find(|s| s.ps_index == ps_index).ok_or_else(|| {
-        invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len()))
-    })?;
+    let info = ckpt
+        .shards
+        .iter()
+        .find(|s| s.ps_index == ps_index)
+        .ok_or_else(|| invalid(&ckpt.path, format!("has no shard for ps {ps_index} (it has {} shards)", ckpt.shards.len())))?;
     load_shard(ckpt, info)
 }
 
@@ -848,13 +792,8 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
         CheckpointStatus::Complete(c) => Some(c.global_step),
         _ => None,
     });
-    let _ = writeln!(
-        out,
-        "{} checkpoint(s) in {}; latest complete: {}",
-        listing.len(),
-        dir.display(),
-        latest.map_or("none".to_string(), |s| format!("step {s}"))
-    );
+    let _ =
+        writeln!(out, "{} checkpoint(s) in {}; latest complete: {}", listing.len(), dir.display(), latest.map_or("none".to_string(), |s| format!("step {s}")));
     for l in &listing {
         let name = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         match &l.status {
@@ -868,8 +807,7 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
                     format_utc(c.created_unix_secs)
                 );
                 for s in &c.shards {
-                    let _ =
-                        writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
+                    let _ = writeln!(out, "  ps {}  {}  {} bytes  crc32c {:08x}", s.ps_index, s.file, s.bytes, s.crc32c);
                     for v in &s.variables {
                         let _ = writeln!(out, "    variable  {}  {:?}", v.name, v.shape);
                     }

@@ -15,7 +15,7 @@ use crate::auth::{Credentials, TokenAttach};
 use crate::channel::ChannelClient;
 use crate::cluster::TaskId;
 use crate::placement::{Placement, Shard};
-use crate::proto::{self, parameter_server_client::ParameterServerClient, TensorPart};
+use crate::proto::{self, TensorPart, parameter_server_client::ParameterServerClient};
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
@@ -48,9 +48,7 @@ impl ClientError {
     /// The status code behind the error, if it came from a call.
     pub fn code(&self) -> Option<Code> {
         match self {
-            ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } | ClientError::Interrupted { status, .. } => {
-                Some(status.code())
-            }
+            ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } | ClientError::Interrupted { status, .. } => Some(status.code()),
             _ => None,
         }
     }
@@ -94,13 +92,7 @@ pub fn ps_client(address: &str, credentials: &Credentials, connect_timeout: Dura
 
 /// Retries while a peer is unreachable (not started yet, restarting), with
 /// exponential backoff, up to `patience`; logs while it waits.
-pub async fn with_retry<T, F, Fut>(
-    ps: usize,
-    address: &str,
-    what: &'static str,
-    patience: Duration,
-    mut call: F,
-) -> Result<T, ClientError>
+pub async fn with_retry<T, F, Fut>(ps: usize, address: &str, what: &'static str, patience: Duration, mut call: F) -> Result<T, ClientError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
@@ -321,10 +313,7 @@ impl PsSet {
         config: proto::TrainingConfig,
         patience: Duration,
     ) -> Result<Self, ClientError> {
-        let clients = addresses
-            .iter()
-            .map(|a| ps_client(a, credentials, Duration::from_secs(5)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let clients = addresses.iter().map(|a| ps_client(a, credentials, Duration::from_secs(5))).collect::<Result<Vec<_>, _>>()?;
         let mut shards = vec![Vec::new(); addresses.len()];
         for (vi, v) in variables.iter().enumerate() {
             for s in &placement.variables[&v.name] {
@@ -370,8 +359,7 @@ impl PsSet {
         let wants_pull = pull.is_some();
         let (destinations, pull_args) = match pull {
             Some(p) => {
-                let shard_vars: Vec<Vec<_>> =
-                    self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
+                let shard_vars: Vec<Vec<_>> = self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
                 (shard_slices(p.params, &shard_vars), Some((p.min_steps, p.wait_initialized, p.wait)))
             }
             None => ((0..n).map(|_| Vec::new()).collect(), None),
@@ -379,11 +367,15 @@ impl PsSet {
         let calls = destinations.into_iter().enumerate().map(|(ps, mut destinations)| {
             let push_here = push.filter(|p| p.push_to[ps]);
             let request = proto::TensorChannelRequest {
-                push: push_here.map(|p| proto::PushGradientsRequest { task: self.task_proto(), step: p.steps[ps], push_id: p.push_id, part: None, abstain: false }),
-                push_parts: Vec::new(),
-                pull: pull_args.map(|(min_steps, wait_initialized, wait)| {
-                    self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
+                push: push_here.map(|p| proto::PushGradientsRequest {
+                    task: self.task_proto(),
+                    step: p.steps[ps],
+                    push_id: p.push_id,
+                    part: None,
+                    abstain: false,
                 }),
+                push_parts: Vec::new(),
+                pull: pull_args.map(|(min_steps, wait_initialized, wait)| self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)),
             };
             let mut contents = Vec::new();
             if let Some(p) = push_here {
@@ -396,9 +388,8 @@ impl PsSet {
             let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
             let shards = &self.shards[ps];
             let locate = move |p: &proto::RawTensorPart| {
-                let k = shards
-                    .binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name))
-                    .map_err(|_| format!("ps:{ps} sent unknown variable {:?}", p.name))?;
+                let k =
+                    shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).map_err(|_| format!("ps:{ps} sent unknown variable {:?}", p.name))?;
                 let header = tensor::PartHeader {
                     name: &p.name,
                     dtype: p.dtype,
@@ -412,8 +403,7 @@ impl PsSet {
             let channel = &self.channels[ps];
             let address = &self.addresses[ps];
             async move {
-                let (reply, arrived) =
-                    without_retry(ps, address, what, || channel.exchange(request, contents, &mut destinations, &locate, timeout)).await?;
+                let (reply, arrived) = without_retry(ps, address, what, || channel.exchange(request, contents, &mut destinations, &locate, timeout)).await?;
                 let mut covered = vec![0usize; shards.len()];
                 let mut bytes = 0;
                 for p in &reply.parts {
@@ -470,11 +460,7 @@ impl PsSet {
         let calls = (0..self.num_ps()).map(|ps| {
             let variables = self.shards[ps]
                 .iter()
-                .map(|(_, s)| proto::VariableSpec {
-                    name: s.stored_name.clone(),
-                    dtype: proto::DataType::DtFloat as i32,
-                    shape: tensor::wire_shape(&s.shape),
-                })
+                .map(|(_, s)| proto::VariableSpec { name: s.stored_name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&s.shape) })
                 .collect();
             let req = proto::HandshakeRequest {
                 task: self.task_proto(),
@@ -534,13 +520,7 @@ impl PsSet {
     /// Pulls every variable from every ps into `params` (which must have the
     /// variables' shapes), waiting until ps `i` reaches `min_steps[i]` (0: no
     /// wait). `wait` bounds how long one server-side wait lasts.
-    pub async fn pull(
-        &self,
-        params: &mut [ArrayD<f32>],
-        min_steps: &[i64],
-        wait_initialized: bool,
-        wait: Duration,
-    ) -> Result<Pulled, ClientError> {
+    pub async fn pull(&self, params: &mut [ArrayD<f32>], min_steps: &[i64], wait_initialized: bool, wait: Duration) -> Result<Pulled, ClientError> {
         if self.use_channel {
             let pull = ChannelPull { params, min_steps, wait_initialized, wait };
             return Ok(Self::pulled_from(&self.on_channel("pull from", None, Some(pull)).await?));
@@ -625,10 +605,7 @@ impl PsSet {
             let push_to = vec![true; self.num_ps()];
             let push = ChannelPush { steps, push_to: &push_to, gradients, push_id };
             let answers = self.on_channel("push to", Some(push), None).await?;
-            return answers
-                .into_iter()
-                .map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into())))
-                .collect();
+            return answers.into_iter().map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into()))).collect();
         }
         let calls = (0..self.num_ps()).map(|ps| {
             let messages = self.push_messages(ps, steps[ps], push_id, gradients);

@@ -69,10 +69,7 @@ impl ClusterSpec {
     }
     /// Tasks of a job in index order (empty when the job is absent).
     pub fn tasks(&self, job: &str) -> Vec<(u32, &str)> {
-        self.jobs
-            .get(job)
-            .map(|t| t.iter().map(|(i, a)| (*i, a.as_str())).collect())
-            .unwrap_or_default()
+        self.jobs.get(job).map(|t| t.iter().map(|(i, a)| (*i, a.as_str())).collect()).unwrap_or_default()
     }
     /// Addresses of a job in index order.
     pub fn addresses(&self, job: &str) -> Vec<String> {
@@ -98,17 +95,11 @@ impl ClusterSpec {
     /// Task 0 even when the sparse form leaves it out (a dynamic worker sees
     /// only itself and the ps tasks, and must not take itself for the chief).
     pub fn chief(&self) -> Option<TaskId> {
-        ["chief", "master", "worker"]
-            .into_iter()
-            .find(|job| self.jobs.get(*job).is_some_and(|t| !t.is_empty()))
-            .map(|job| TaskId::new(job, 0))
+        ["chief", "master", "worker"].into_iter().find(|job| self.jobs.get(*job).is_some_and(|t| !t.is_empty())).map(|job| TaskId::new(job, 0))
     }
     /// Tasks that compute gradients: chief/master and workers.
     pub fn training_tasks(&self) -> Vec<TaskId> {
-        ["chief", "master", "worker"]
-            .iter()
-            .flat_map(|job| self.tasks(job).into_iter().map(move |(i, _)| TaskId::new(job, i)))
-            .collect()
+        ["chief", "master", "worker"].iter().flat_map(|job| self.tasks(job).into_iter().map(move |(i, _)| TaskId::new(job, i))).collect()
     }
 
     /// Builds a cluster from job → addresses, checking every address and
@@ -125,11 +116,7 @@ impl ClusterSpec {
             let field = field_of(*index);
             check_address(&field, address)?;
             if let Some(first) = seen.insert(address.clone(), field.clone()) {
-                return Err(ClusterError::DuplicateAddress {
-                    address: address.clone(),
-                    first,
-                    second: field,
-                });
+                return Err(ClusterError::DuplicateAddress { address: address.clone(), first, second: field });
             }
         }
         if !tasks.is_empty() {
@@ -187,10 +174,7 @@ pub struct ClusterFlags {
 
 impl ClusterFlags {
     fn has_hosts(&self) -> bool {
-        self.ps_hosts.is_some()
-            || self.worker_hosts.is_some()
-            || self.chief_hosts.is_some()
-            || self.evaluator_hosts.is_some()
+        self.ps_hosts.is_some() || self.worker_hosts.is_some() || self.chief_hosts.is_some() || self.evaluator_hosts.is_some()
     }
 
     /// Whether any classic flag was given: the cluster then comes from the
@@ -253,19 +237,17 @@ pub fn resolve(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<Option<C
                         .into(),
                 });
             }
-            let job = flags.job_name.clone().ok_or_else(|| ClusterError::Invalid {
-                field: "--job_name".into(),
-                reason: "missing: which task of the cluster is this process?".into(),
-            })?;
+            let job = flags
+                .job_name
+                .clone()
+                .ok_or_else(|| ClusterError::Invalid { field: "--job_name".into(), reason: "missing: which task of the cluster is this process?".into() })?;
             let index = flags.task_index.unwrap_or(0);
             (cluster_from_flags(flags)?, job, index, "--job_name", "--task_index", ClusterSource::Flags)
         }
         Some(ClusterSource::TfConfig) => {
             let env = parse_tf_config(tf_config.unwrap_or_default().trim())?;
-            let task = env.task.ok_or_else(|| ClusterError::Invalid {
-                field: "task".into(),
-                reason: "missing: which task of the cluster is this process?".into(),
-            })?;
+            let task =
+                env.task.ok_or_else(|| ClusterError::Invalid { field: "task".into(), reason: "missing: which task of the cluster is this process?".into() })?;
             (env.cluster, task.job, task.index, "task.type", "task.index", ClusterSource::TfConfig)
         }
     };
@@ -281,16 +263,10 @@ pub fn resolve(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<Option<C
         return Err(ClusterError::TaskIndexOutOfRange { field: index_field.into(), job, index, count });
     }
     if cluster.num_tasks("ps") == 0 && job != "evaluator" && cluster.training_tasks().len() > 1 {
-        return Err(ClusterError::Invalid {
-            field: "cluster.ps".into(),
-            reason: "a cluster with several training tasks needs at least one ps task".into(),
-        });
+        return Err(ClusterError::Invalid { field: "cluster.ps".into(), reason: "a cluster with several training tasks needs at least one ps task".into() });
     }
     if cluster.num_tasks("chief") + cluster.num_tasks("master") > 1 {
-        return Err(ClusterError::Invalid {
-            field: "cluster.chief".into(),
-            reason: "at most one chief (or master) task".into(),
-        });
+        return Err(ClusterError::Invalid { field: "cluster.chief".into(), reason: "at most one chief (or master) task".into() });
     }
     Ok(Some(ClusterConfig { cluster, task: TaskId { job, index }, source }))
 }
@@ -311,9 +287,7 @@ pub struct TfConfig {
 /// `host:port`, or (sparse form) to an object keyed by task index.
 pub fn parse_tf_config(json: &str) -> Result<TfConfig, ClusterError> {
     let value: Value = serde_json::from_str(json).map_err(|e| ClusterError::InvalidJson(e.to_string()))?;
-    let obj = value
-        .as_object()
-        .ok_or(ClusterError::WrongType { field: "TF_CONFIG".into(), expected: "a JSON object" })?;
+    let obj = value.as_object().ok_or(ClusterError::WrongType { field: "TF_CONFIG".into(), expected: "a JSON object" })?;
     let mut cluster = ClusterSpec::default();
     let mut seen = BTreeMap::new();
     match obj.get("cluster") {
@@ -321,16 +295,10 @@ pub fn parse_tf_config(json: &str) -> Result<TfConfig, ClusterError> {
         Some(Value::Object(jobs)) => {
             for (job_key, tasks) in jobs {
                 let field = format!("cluster.{job_key}");
-                let job = normalise_job(job_key)
-                    .ok_or_else(|| ClusterError::UnknownJob { field: "cluster".into(), job: job_key.clone() })?;
+                let job = normalise_job(job_key).ok_or_else(|| ClusterError::UnknownJob { field: "cluster".into(), job: job_key.clone() })?;
                 let parsed = parse_job_tasks(&field, tasks)?;
                 let sparse = tasks.is_object();
-                cluster.insert_job(
-                    &job,
-                    parsed,
-                    |i| if sparse { format!("{field}.\"{i}\"") } else { format!("{field}[{i}]") },
-                    &mut seen,
-                )?;
+                cluster.insert_job(&job, parsed, |i| if sparse { format!("{field}.\"{i}\"") } else { format!("{field}[{i}]") }, &mut seen)?;
                 if sparse {
                     cluster.sparse.insert(job);
                 }
@@ -344,8 +312,7 @@ pub fn parse_tf_config(json: &str) -> Result<TfConfig, ClusterError> {
         None | Some(Value::Null) => None,
         Some(Value::Object(t)) => {
             let job = match t.get("type") {
-                Some(Value::String(s)) => normalise_job(s)
-                    .ok_or_else(|| ClusterError::UnknownJob { field: "task.type".into(), job: s.clone() })?,
+                Some(Value::String(s)) => normalise_job(s).ok_or_else(|| ClusterError::UnknownJob { field: "task.type".into(), job: s.clone() })?,
                 _ => return Err(ClusterError::WrongType { field: "task.type".into(), expected: "a job name string" }),
             };
             let index = match t.get("index") {
@@ -367,25 +334,17 @@ fn parse_job_tasks(field: &str, tasks: &Value) -> Result<BTreeMap<u32, String>, 
         v.as_str().map(str::to_string).ok_or(ClusterError::WrongType { field: f, expected: "a \"host:port\" string" })
     };
     match tasks {
-        Value::Array(list) => list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| Ok((i as u32, addr(format!("{field}[{i}]"), v)?)))
-            .collect(),
+        Value::Array(list) => list.iter().enumerate().map(|(i, v)| Ok((i as u32, addr(format!("{field}[{i}]"), v)?))).collect(),
         Value::Object(map) => map
             .iter()
             .map(|(k, v)| {
-                let index = k.parse::<u32>().map_err(|_| ClusterError::Invalid {
-                    field: format!("{field}.{k:?}"),
-                    reason: "keys of the sparse form must be task indices".into(),
-                })?;
+                let index = k
+                    .parse::<u32>()
+                    .map_err(|_| ClusterError::Invalid { field: format!("{field}.{k:?}"), reason: "keys of the sparse form must be task indices".into() })?;
                 Ok((index, addr(format!("{field}.\"{k}\""), v)?))
             })
             .collect(),
-        _ => Err(ClusterError::WrongType {
-            field: field.into(),
-            expected: "a list of \"host:port\" or an object of index to \"host:port\"",
-        }),
+        _ => Err(ClusterError::WrongType { field: field.into(), expected: "a list of \"host:port\" or an object of index to \"host:port\"" }),
     }
 }
 
@@ -399,13 +358,8 @@ fn cluster_from_flags(flags: &ClusterFlags) -> Result<ClusterSpec, ClusterError>
         ("evaluator", &flags.evaluator_hosts, "--evaluator_hosts"),
     ] {
         let Some(value) = value else { continue };
-        let tasks: BTreeMap<u32, String> = value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .enumerate()
-            .map(|(i, a)| (i as u32, a.to_string()))
-            .collect();
+        let tasks: BTreeMap<u32, String> =
+            value.split(',').map(str::trim).filter(|s| !s.is_empty()).enumerate().map(|(i, a)| (i as u32, a.to_string())).collect();
         cluster.insert_job(job, tasks, |i| format!("{flag}[{i}]"), &mut seen)?;
     }
     Ok(cluster)
@@ -414,11 +368,7 @@ fn cluster_from_flags(flags: &ClusterFlags) -> Result<ClusterSpec, ClusterError>
 /// Checks `host:port`: a non-empty host (DNS name, IPv4, or `[IPv6]`) and a
 /// port in 1..=65535.
 pub fn check_address(field: &str, address: &str) -> Result<(), ClusterError> {
-    let bad = |reason: &str| ClusterError::MalformedAddress {
-        field: field.to_string(),
-        value: address.to_string(),
-        reason: reason.to_string(),
-    };
+    let bad = |reason: &str| ClusterError::MalformedAddress { field: field.to_string(), value: address.to_string(), reason: reason.to_string() };
     let (host, port) = if let Some(rest) = address.strip_prefix('[') {
         let (h, p) = rest.split_once(']').ok_or_else(|| bad("missing ']' after an IPv6 host"))?;
         let p = p.strip_prefix(':').ok_or_else(|| bad("expected host:port"))?;
@@ -511,38 +461,10 @@ mod tests {
                 0,
                 vec!["b:2"],
             ),
-            (
-                "with the flags, TF_CONFIG is not even read",
-                flags("a:1", "b:2,c:3", "worker", 1),
-                Some("{not json"),
-                "worker",
-                1,
-                vec!["b:2", "c:3"],
-            ),
-            (
-                "--task_index defaults to 0, as in the tutorials",
-                ClusterFlags { task_index: None, ..flags("a:1", "b:2", "ps", 0) },
-                None,
-                "ps",
-                0,
-                vec!["b:2"],
-            ),
-            (
-                "an empty --ps_hosts (a TFJob without ps) and one worker",
-                flags("", "b:2", "worker", 0),
-                None,
-                "worker",
-                0,
-                vec!["b:2"],
-            ),
-            (
-                "the chief of --chief_hosts",
-                ClusterFlags { chief_hosts: Some("c:1".into()), ..flags("a:1", "b:2", "chief", 0) },
-                None,
-                "chief",
-                0,
-                vec!["b:2"],
-            ),
+            ("with the flags, TF_CONFIG is not even read", flags("a:1", "b:2,c:3", "worker", 1), Some("{not json"), "worker", 1, vec!["b:2", "c:3"]),
+            ("--task_index defaults to 0, as in the tutorials", ClusterFlags { task_index: None, ..flags("a:1", "b:2", "ps", 0) }, None, "ps", 0, vec!["b:2"]),
+            ("an empty --ps_hosts (a TFJob without ps) and one worker", flags("", "b:2", "worker", 0), None, "worker", 0, vec!["b:2"]),
+            ("the chief of --chief_hosts", ClusterFlags { chief_hosts: Some("c:1".into()), ..flags("a:1", "b:2", "chief", 0) }, None, "chief", 0, vec!["b:2"]),
             (
                 "evaluator outside the cluster, as TensorFlow allows",
                 ClusterFlags::default(),
@@ -609,24 +531,14 @@ mod tests {
                 Some(r#"{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":"0"}}"#),
                 "task.index: expected a non-negative integer",
             ),
-            (
-                "cluster without task",
-                ClusterFlags::default(),
-                Some(r#"{"cluster":{"worker":["a:1"]}}"#),
-                "task: missing",
-            ),
+            ("cluster without task", ClusterFlags::default(), Some(r#"{"cluster":{"worker":["a:1"]}}"#), "task: missing"),
             (
                 "several workers and no ps",
                 ClusterFlags::default(),
                 Some(r#"{"cluster":{"worker":["a:1","b:1"]},"task":{"type":"worker","index":0}}"#),
                 "cluster.ps: a cluster with several training tasks needs at least one ps task",
             ),
-            (
-                "job name without cluster",
-                ClusterFlags { job_name: Some("worker".into()), ..Default::default() },
-                None,
-                "--job_name: given without --ps_hosts",
-            ),
+            ("job name without cluster", ClusterFlags { job_name: Some("worker".into()), ..Default::default() }, None, "--job_name: given without --ps_hosts"),
             (
                 "the flags and TF_CONFIG are never mixed: --job_name",
                 ClusterFlags { job_name: Some("worker".into()), ..Default::default() },

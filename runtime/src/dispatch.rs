@@ -23,9 +23,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 /// How the training set is cut into shards. Every worker of a job must
@@ -119,10 +119,7 @@ impl ShardPlan {
             ("--seed", self.seed, other.seed),
             ("--num_epochs (0: unbounded)", self.num_epochs.unwrap_or(0), other.num_epochs.unwrap_or(0)),
         ];
-        fields
-            .iter()
-            .find(|(_, a, b)| a != b)
-            .map(|(name, a, b)| format!("{name}: the job's is {a}, the caller's is {b}"))
+        fields.iter().find(|(_, a, b)| a != b).map(|(name, a, b)| format!("{name}: the job's is {a}, the caller's is {b}"))
     }
 }
 
@@ -239,8 +236,7 @@ impl ShardDispatcher {
     /// Was `shard` handed out (fresh) already?
     fn handed_out(&self, shard: ShardId) -> bool {
         let (epoch, pos) = self.next;
-        shard.index < self.plan.shards_per_epoch()
-            && (shard.epoch < epoch || (shard.epoch == epoch && self.current.position_of[shard.index as usize] < pos))
+        shard.index < self.plan.shards_per_epoch() && (shard.epoch < epoch || (shard.epoch == epoch && self.current.position_of[shard.index as usize] < pos))
     }
 
     fn epoch_limit_reached(&self) -> bool {

@@ -183,8 +183,7 @@ fn now_secs() -> f64 {
 /// The host name as it may appear in a file name (TensorFlow puts it there too).
 fn file_hostname() -> String {
     let raw = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let clean: String =
-        raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+    let clean: String = raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
     if clean.is_empty() { "localhost".to_string() } else { clean }
 }
 
@@ -212,10 +211,7 @@ impl EventWriter {
     /// [`EventWriter::create`] with an explicit flush policy.
     pub fn create_with(log_dir: &Path, suffix: &str, policy: FlushPolicy) -> Result<Self, EventError> {
         if suffix.contains('/') || suffix.contains('\\') || suffix.contains('\0') {
-            return Err(EventError::InvalidSuffix {
-                suffix: suffix.to_string(),
-                reason: "must not contain '/', '\\' or NUL",
-            });
+            return Err(EventError::InvalidSuffix { suffix: suffix.to_string(), reason: "must not contain '/', '\\' or NUL" });
         }
         let dir_err = |source| EventError::Dir { dir: log_dir.to_path_buf(), source };
         fs::create_dir_all(log_dir).map_err(dir_err)?;
@@ -252,8 +248,7 @@ impl EventWriter {
                 })
                 .map_err(|source| EventError::Io { path: path.clone(), source })?
         };
-        let mut writer =
-            EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
+        let mut writer = EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
         let first = Event { wall_time, step: 0, what: Some(What::FileVersion(FILE_VERSION.to_string())) };
         writer.write_event(&first)?;
         writer.flush()?;
@@ -303,11 +298,7 @@ impl EventWriter {
                 return Err(EventError::InvalidTag { path: self.path.clone(), tag: tag.into(), reason: "it is empty" });
             }
             if tag.chars().any(char::is_control) {
-                return Err(EventError::InvalidTag {
-                    path: self.path.clone(),
-                    tag: tag.into(),
-                    reason: "it contains a control character",
-                });
+                return Err(EventError::InvalidTag { path: self.path.clone(), tag: tag.into(), reason: "it contains a control character" });
             }
             value.push(SummaryValue { tag: tag.to_string(), value: Some(Value::SimpleValue(v)) });
         }
@@ -374,9 +365,7 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
         let len = u64::from_le_bytes(len_bytes);
         let available = (rest.len() - 12) as u64;
         if len > available.saturating_sub(4) {
-            return Err(truncated(format!(
-                "the record declares {len} data bytes + 4 checksum bytes, only {available} bytes follow"
-            )));
+            return Err(truncated(format!("the record declares {len} data bytes + 4 checksum bytes, only {available} bytes follow")));
         }
         let len = len as usize;
         let data = &rest[12..12 + len];
@@ -397,9 +386,7 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>, EventError> {
     let bytes = fs::read(path).map_err(|source| EventError::Io { path: path.to_path_buf(), source })?;
     read_records(path, &bytes)?
         .into_iter()
-        .map(|(offset, data)| {
-            Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source })
-        })
+        .map(|(offset, data)| Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source }))
         .collect()
 }
 

@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 use tfjob_runtime::auth::TOKEN_ENV;
+use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::client::channel;
 use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
+use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
 use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
 use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
 use tfjob_runtime::tensor;
-use tfjob_runtime::auth::{Credentials, TlsFiles};
-use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
@@ -357,11 +357,7 @@ struct TaskArgs {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,h2=warn,tower=warn".into());
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false);
     if format == "json" {
         builder.json().init();
     } else {
@@ -481,7 +477,7 @@ fn session_factory() -> WorkloadFactory {
 async fn termination() -> u8 {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => 130,
@@ -601,9 +597,10 @@ async fn run_task(args: TaskArgs) -> u8 {
         let store = Arc::new(ParameterStore::new(config));
         store.expect(&cluster.cluster.training_tasks());
         if let Some(dir) = &settings.checkpoints.directory
-            && let Err(e) = restore(&store, dir, &cluster) {
-                return fail(e.0, e.1);
-            }
+            && let Err(e) = restore(&store, dir, &cluster)
+        {
+            return fail(e.0, e.1);
+        }
         Some((store.clone(), PsService::new(store)))
     } else {
         None
@@ -690,13 +687,7 @@ fn restore(store: &ParameterStore, dir: &std::path::Path, cluster: &ClusterConfi
     };
     let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (2, e.to_string()))?;
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
-    tracing::info!(
-        "{}: restored {} variable(s) from {} (global_step={})",
-        cluster.task,
-        data.variables.len(),
-        ckpt.path.display(),
-        ckpt.global_step
-    );
+    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path.display(), ckpt.global_step);
     Ok(())
 }
 
@@ -711,7 +702,14 @@ fn ps_metrics(task: &str, store: &ParameterStore) -> String {
     write_metric(&mut out, "tfjob_ps_bytes_received_total", "counter", "Gradient bytes received.", &l, s.bytes_received as f64);
     write_metric(&mut out, "tfjob_ps_bytes_sent_total", "counter", "Variable bytes sent.", &l, s.bytes_sent as f64);
     write_metric(&mut out, "tfjob_ps_stale_gradients_dropped_total", "counter", "Stale gradients dropped (sync).", &l, s.stale_gradients_dropped as f64);
-    write_metric(&mut out, "tfjob_ps_duplicate_gradients_dropped_total", "counter", "Retried or duplicate gradients not applied.", &l, s.duplicate_gradients_dropped as f64);
+    write_metric(
+        &mut out,
+        "tfjob_ps_duplicate_gradients_dropped_total",
+        "counter",
+        "Retried or duplicate gradients not applied.",
+        &l,
+        s.duplicate_gradients_dropped as f64,
+    );
     write_metric(&mut out, "tfjob_ps_workers_live", "gauge", "Training tasks with a live lease.", &l, s.live_tasks.len() as f64);
     write_metric(&mut out, "tfjob_ps_replicas_to_aggregate", "gauge", "Gradients a sync step needs now.", &l, s.replicas_to_aggregate as f64);
     write_metric(&mut out, "tfjob_ps_variable_bytes", "gauge", "Bytes of variables held.", &l, s.variables.iter().map(|v| v.bytes).sum::<u64>() as f64);
@@ -962,8 +960,8 @@ fn message(e: impl std::fmt::Display) -> String {
 /// What `predict` or `evaluate` prints.
 fn inference(args: &InferenceArgs, evaluate: bool) -> Result<String, String> {
     use tfjob_runtime::data::{self, LabelKind};
-    use tfjob_runtime::trained;
     use tfjob_runtime::model::Model as _;
+    use tfjob_runtime::trained;
     let spec = workload::InferenceSpec {
         model: args.model.clone(),
         hidden_units: args.mlp.hidden_units()?,

@@ -4,8 +4,8 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// A float kept in an atomic (bits of an f64).
@@ -63,12 +63,7 @@ impl TrainingMetrics {
         write_metric(&mut out, "tfjob_global_step", "gauge", "Global step last seen.", &l, c(&self.global_step));
         let _ = writeln!(out, "# HELP tfjob_step_seconds_total Time spent in each part of a step.");
         let _ = writeln!(out, "# TYPE tfjob_step_seconds_total counter");
-        for (part, v) in [
-            ("compute", &self.compute_seconds),
-            ("push", &self.push_seconds),
-            ("wait", &self.wait_seconds),
-            ("pull", &self.pull_seconds),
-        ] {
+        for (part, v) in [("compute", &self.compute_seconds), ("push", &self.push_seconds), ("wait", &self.wait_seconds), ("pull", &self.pull_seconds)] {
             let _ = writeln!(out, "tfjob_step_seconds_total{{{l},part=\"{part}\"}} {}", v.get());
         }
         write_metric(&mut out, "tfjob_bytes_sent_total", "counter", "Tensor bytes sent to the ps tasks.", &l, c(&self.bytes_sent));
@@ -83,19 +78,17 @@ impl TrainingMetrics {
 
 /// Serves `GET /metrics` (and `/healthz`) on `addr` until the returned
 /// handle is dropped or aborted.
-pub async fn serve(
-    addr: SocketAddr,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    use axum::{routing::get, Router};
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("metrics: cannot listen on {addr}: {e}")))?;
+pub async fn serve(addr: SocketAddr, render: Arc<dyn Fn() -> String + Send + Sync>) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use axum::{Router, routing::get};
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| std::io::Error::new(e.kind(), format!("metrics: cannot listen on {addr}: {e}")))?;
     let app = Router::new()
-        .route("/metrics", get(move || {
-            let render = render.clone();
-            async move { ([("content-type", "text/plain; version=0.0.4")], render()) }
-        }))
+        .route(
+            "/metrics",
+            get(move || {
+                let render = render.clone();
+                async move { ([("content-type", "text/plain; version=0.0.4")], render()) }
+            }),
+        )
         .route("/healthz", get(|| async { "ok" }));
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

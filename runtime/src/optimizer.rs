@@ -70,9 +70,7 @@ impl Optimizer {
         match self.kind {
             OptimizerKind::Sgd => Ok(()),
             OptimizerKind::Momentum { momentum, .. } => check("momentum", momentum, (0.0..1.0).contains(&momentum), "[0, 1)"),
-            OptimizerKind::Adagrad { initial_accumulator_value: v } => {
-                check("initial_accumulator_value", v, v.is_finite() && v > 0.0, "> 0")
-            }
+            OptimizerKind::Adagrad { initial_accumulator_value: v } => check("initial_accumulator_value", v, v.is_finite() && v > 0.0, "> 0"),
             OptimizerKind::Adam { beta1, beta2, epsilon } => {
                 check("beta1", beta1, (0.0..1.0).contains(&beta1), "[0, 1)")?;
                 check("beta2", beta2, (0.0..1.0).contains(&beta2), "[0, 1)")?;
@@ -86,9 +84,7 @@ impl Optimizer {
         match self.kind {
             OptimizerKind::Sgd => Slots::default(),
             OptimizerKind::Momentum { .. } => Slots { first: vec![0.0; n], ..Default::default() },
-            OptimizerKind::Adagrad { initial_accumulator_value } => {
-                Slots { first: vec![initial_accumulator_value; n], ..Default::default() }
-            }
+            OptimizerKind::Adagrad { initial_accumulator_value } => Slots { first: vec![initial_accumulator_value; n], ..Default::default() },
             OptimizerKind::Adam { .. } => Slots { first: vec![0.0; n], second: vec![0.0; n], updates: 0 },
         }
     }
@@ -166,15 +162,9 @@ impl Optimizer {
     pub fn from_proto(c: &proto::OptimizerConfig) -> Result<Self, OptimizerError> {
         let kind = match proto::OptimizerKind::try_from(c.kind) {
             Ok(proto::OptimizerKind::OptimizerSgd) => OptimizerKind::Sgd,
-            Ok(proto::OptimizerKind::OptimizerMomentum) => {
-                OptimizerKind::Momentum { momentum: c.momentum, use_nesterov: c.use_nesterov }
-            }
-            Ok(proto::OptimizerKind::OptimizerAdagrad) => {
-                OptimizerKind::Adagrad { initial_accumulator_value: c.initial_accumulator_value }
-            }
-            Ok(proto::OptimizerKind::OptimizerAdam) => {
-                OptimizerKind::Adam { beta1: c.beta1, beta2: c.beta2, epsilon: c.epsilon }
-            }
+            Ok(proto::OptimizerKind::OptimizerMomentum) => OptimizerKind::Momentum { momentum: c.momentum, use_nesterov: c.use_nesterov },
+            Ok(proto::OptimizerKind::OptimizerAdagrad) => OptimizerKind::Adagrad { initial_accumulator_value: c.initial_accumulator_value },
+            Ok(proto::OptimizerKind::OptimizerAdam) => OptimizerKind::Adam { beta1: c.beta1, beta2: c.beta2, epsilon: c.epsilon },
             _ => return Err(OptimizerError::UnknownName(format!("kind {}", c.kind))),
         };
         let o = Optimizer { kind, learning_rate: c.learning_rate };
@@ -220,10 +210,7 @@ mod tests {
                 Optimizer { kind: OptimizerKind::Adagrad { initial_accumulator_value: 0.1 }, learning_rate: 0.1 },
                 // acc1 = [.35, 1.1]; w1 = 1 - .1*g1/sqrt(acc1)
                 [1.0 - 0.05 / 0.35f32.sqrt(), 1.0 + 0.1 / 1.1f32.sqrt()],
-                [
-                    1.0 - 0.05 / 0.35f32.sqrt() - 0.025 / 0.4125f32.sqrt(),
-                    1.0 + 0.1 / 1.1f32.sqrt() - 0.2 / 5.1f32.sqrt(),
-                ],
+                [1.0 - 0.05 / 0.35f32.sqrt() - 0.025 / 0.4125f32.sqrt(), 1.0 + 0.1 / 1.1f32.sqrt() - 0.2 / 5.1f32.sqrt()],
             ),
             (
                 "adam",

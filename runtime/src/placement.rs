@@ -63,11 +63,7 @@ pub enum PlacementError {
 /// nearly equal rows, stored as `<name>/part_<k>` on distinct ps tasks. Then
 /// every piece, largest first (ties by name), goes to the ps holding the
 /// fewest bytes so far (ties: lowest index).
-pub fn place(
-    inputs: &[PlacementInput],
-    num_ps: usize,
-    partition_threshold_bytes: usize,
-) -> Result<Placement, PlacementError> {
+pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes: usize) -> Result<Placement, PlacementError> {
     if num_ps == 0 {
         return Err(PlacementError::NoPs);
     }
@@ -89,19 +85,9 @@ pub fn place(
         let bytes = elements * 4;
         let rows = v.shape.first().copied().unwrap_or(1);
         let threshold = partition_threshold_bytes.max(1);
-        let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 {
-            bytes.div_ceil(threshold).min(num_ps).min(rows)
-        } else {
-            1
-        };
+        let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
         if parts == 1 {
-            pieces.push(Shard {
-                variable: v.name.clone(),
-                stored_name: v.name.clone(),
-                ps: 0,
-                rows: 0..rows,
-                shape: v.shape.clone(),
-            });
+            pieces.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone() });
             continue;
         }
         let (base, extra) = (rows / parts, rows % parts);
@@ -110,13 +96,7 @@ pub fn place(
             let n = base + usize::from(k < extra);
             let mut shape = v.shape.clone();
             shape[0] = n;
-            pieces.push(Shard {
-                variable: v.name.clone(),
-                stored_name: format!("{}/part_{k}", v.name),
-                ps: 0,
-                rows: start..start + n,
-                shape,
-            });
+            pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape });
             start += n;
         }
     }
@@ -128,10 +108,7 @@ pub fn place(
     let mut used_by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for i in order {
         let taken = used_by.entry(pieces[i].variable.clone()).or_default();
-        let ps = (0..num_ps)
-            .filter(|p| !taken.contains(p))
-            .min_by_key(|&p| (load[p], p))
-            .expect("a variable has at most num_ps parts");
+        let ps = (0..num_ps).filter(|p| !taken.contains(p)).min_by_key(|&p| (load[p], p)).expect("a variable has at most num_ps parts");
         taken.push(ps);
         load[ps] += pieces[i].bytes();
         pieces[i].ps = ps;

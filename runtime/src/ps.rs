@@ -19,7 +19,7 @@ use crate::checkpoint;
 use crate::cluster::TaskId;
 use crate::dispatch::{self, DispatcherState, Handout, ShardDispatcher, ShardId, ShardPlan};
 use crate::optimizer::{Optimizer, Slots};
-use crate::proto::{self, parameter_server_server::ParameterServer, TensorPart, UpdateMode};
+use crate::proto::{self, TensorPart, UpdateMode, parameter_server_server::ParameterServer};
 use crate::sync::{StepCheck, SyncAccumulator};
 use crate::tensor::{self, PartAssembler};
 
@@ -218,8 +218,7 @@ fn shape_usize(name: &str, shape: &[i64]) -> Result<Vec<usize>, StoreError> {
 fn same_training(ours: &proto::TrainingConfig, theirs: &proto::TrainingConfig) -> bool {
     ours.mode == theirs.mode
         && ours.optimizer == theirs.optimizer
-        && (theirs.follow_chief_aggregation
-            || (ours.replicas_to_aggregate == theirs.replicas_to_aggregate && ours.elastic == theirs.elastic))
+        && (theirs.follow_chief_aggregation || (ours.replicas_to_aggregate == theirs.replicas_to_aggregate && ours.elastic == theirs.elastic))
 }
 
 /// What to do when two tasks count the gradients of a sync step differently.
@@ -322,9 +321,7 @@ impl ParameterStore {
 
     fn check_chief(&self, task: &TaskId, what: &str) -> Result<(), StoreError> {
         match &self.config.chief {
-            Some(chief) if chief != task => {
-                Err(StoreError::PermissionDenied(format!("only the chief ({chief}) may {what}; {task} asked")))
-            }
+            Some(chief) if chief != task => Err(StoreError::PermissionDenied(format!("only the chief ({chief}) may {what}; {task} asked"))),
             _ => Ok(()),
         }
     }
@@ -342,10 +339,7 @@ impl ParameterStore {
                     ours.fingerprint = theirs.fingerprint;
                 }
                 if ours.fingerprint != theirs.fingerprint || ours.variables != theirs.variables {
-                    return Err(StoreError::FailedPrecondition(format!(
-                        "placement mismatch: {}",
-                        describe_difference(&ours.variables, &theirs.variables)
-                    )));
+                    return Err(StoreError::FailedPrecondition(format!("placement mismatch: {}", describe_difference(&ours.variables, &theirs.variables))));
                 }
                 match (&ours.config, &theirs.config) {
                     (_, _) if observer => Ok(()),
@@ -372,10 +366,7 @@ impl ParameterStore {
             state.num_ps = theirs;
         }
         if theirs != state.num_ps {
-            return Err(StoreError::FailedPrecondition(format!(
-                "num_ps: the caller sees {theirs} ps task(s), this ps is one of {}",
-                state.num_ps
-            )));
+            return Err(StoreError::FailedPrecondition(format!("num_ps: the caller sees {theirs} ps task(s), this ps is one of {}", state.num_ps)));
         }
         Ok(())
     }
@@ -476,8 +467,7 @@ impl ParameterStore {
         let sizes: Vec<usize> = vars.iter().map(|v| v.values.len()).collect();
         state.by_name = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
         state.vars = vars;
-        state.accumulator = (mode == UpdateMode::Sync)
-            .then(|| SyncAccumulator::new(&sizes, config.replicas_to_aggregate as usize, first.step));
+        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::new(&sizes, config.replicas_to_aggregate as usize, first.step));
         state.optimizer = Some(optimizer);
         state.mode = Some(mode);
         state.elastic = config.elastic;
@@ -544,10 +534,7 @@ impl ParameterStore {
         if names.is_empty() {
             return Ok((0..state.vars.len()).collect());
         }
-        names
-            .iter()
-            .map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps"))))
-            .collect()
+        names.iter().map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps")))).collect()
     }
 
     /// Checks every part of a push against the stored variables and groups
@@ -555,10 +542,7 @@ impl ParameterStore {
     fn group_parts<'a>(state: &State, parts: &'a [TensorPart]) -> Result<Vec<(usize, Ranges<'a>)>, StoreError> {
         let mut groups: BTreeMap<usize, Ranges<'a>> = BTreeMap::new();
         for p in parts {
-            let &i = state
-                .by_name
-                .get(&p.name)
-                .ok_or_else(|| StoreError::NotFound(format!("variable {:?} is not on this ps", p.name)))?;
+            let &i = state.by_name.get(&p.name).ok_or_else(|| StoreError::NotFound(format!("variable {:?} is not on this ps", p.name)))?;
             let range = tensor::check_part(p, &state.vars[i].shape)?;
             groups.entry(i).or_default().push((range, &p.content[..]));
         }
@@ -599,10 +583,7 @@ impl ParameterStore {
             return Err(StoreError::InvalidArgument(format!("step: {step} is negative")));
         }
         if step > state.progress.step {
-            return Err(StoreError::FailedPrecondition(format!(
-                "step {step} is from the future: this ps is at step {}",
-                state.progress.step
-            )));
+            return Err(StoreError::FailedPrecondition(format!("step {step} is from the future: this ps is at step {}", state.progress.step)));
         }
         let groups = Self::group_parts(state, parts)?;
         let worker = task.to_string();
@@ -615,9 +596,7 @@ impl ParameterStore {
         }
         state.counters.bytes_received += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
         let Some(optimizer) = state.optimizer else {
-            return Err(StoreError::FailedPrecondition(
-                "restored from a checkpoint: waiting for a handshake that brings the training configuration".into(),
-            ));
+            return Err(StoreError::FailedPrecondition("restored from a checkpoint: waiting for a handshake that brings the training configuration".into()));
         };
         let mut reply = proto::PushGradientsReply { accepted: true, ..Default::default() };
         match &mut state.accumulator {
@@ -718,10 +697,7 @@ impl ParameterStore {
     pub fn next_shard(&self, req: &proto::NextShardRequest) -> Result<proto::NextShardReply, StoreError> {
         use proto::next_shard_reply::Outcome;
         if self.config.ps_index != 0 {
-            return Err(StoreError::FailedPrecondition(format!(
-                "the shard dispatcher runs on ps 0; this is ps {}",
-                self.config.ps_index
-            )));
+            return Err(StoreError::FailedPrecondition(format!("the shard dispatcher runs on ps 0; this is ps {}", self.config.ps_index)));
         }
         let task = task_of(&req.task, "task")?;
         let p = req.plan.ok_or_else(|| StoreError::InvalidArgument("plan: missing".into()))?;
@@ -858,8 +834,7 @@ impl ParameterStore {
             (data, state.progress.step, state.num_ps)
         };
         let dir = std::path::Path::new(&req.directory);
-        let info = checkpoint::write_shard(dir, req.step, self.config.ps_index, num_ps, &data)
-            .map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        let info = checkpoint::write_shard(dir, req.step, self.config.ps_index, num_ps, &data).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
     }
@@ -881,9 +856,7 @@ impl ParameterStore {
             if shape.iter().product::<usize>() != values.len() {
                 return Err(StoreError::InvalidArgument(format!("checkpoint variable {name:?}: shape {shape:?} and {} values", values.len())));
             }
-            let slot = |k: usize| {
-                data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default()
-            };
+            let slot = |k: usize| data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default();
             let updates = data.updates.iter().find(|(n, _)| n == name).map_or(0, |(_, u)| *u);
             vars.push(StoredVar {
                 name: name.clone(),
@@ -900,8 +873,8 @@ impl ParameterStore {
             .map(|v| proto::VariableSpec { name: v.name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&v.shape) })
             .collect();
         if let Some(json) = &data.dispatcher {
-            let saved: DispatcherState = serde_json::from_str(json)
-                .map_err(|e| StoreError::InvalidArgument(format!("checkpoint: the shard dispatcher's state does not parse: {e}")))?;
+            let saved: DispatcherState =
+                serde_json::from_str(json).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: the shard dispatcher's state does not parse: {e}")))?;
             let dispatcher = ShardDispatcher::restore(&saved).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: {e}")))?;
             let p = dispatcher.progress();
             tracing::info!(
@@ -1062,12 +1035,7 @@ impl PsService {
             Ok(Err(_)) => Err(Status::unavailable("the parameter server is stopping")),
             Err(_) => {
                 let p = self.store.progress();
-                Err(Status::deadline_exceeded(format!(
-                    "waited {:.1}s: this ps is at step {} (initialised: {})",
-                    limit.as_secs_f64(),
-                    p.step,
-                    p.initialized
-                )))
+                Err(Status::deadline_exceeded(format!("waited {:.1}s: this ps is at step {} (initialised: {})", limit.as_secs_f64(), p.step, p.initialized)))
             }
         }
     }
@@ -1105,10 +1073,7 @@ impl PsService {
             match &header {
                 None => header = Some(m),
                 Some(h) if h.step != m.step => {
-                    return Err(Status::invalid_argument(format!(
-                        "step: one push carries two steps ({} and {})",
-                        h.step, m.step
-                    )));
+                    return Err(Status::invalid_argument(format!("step: one push carries two steps ({} and {})", h.step, m.step)));
                 }
                 _ => {}
             }
@@ -1185,12 +1150,8 @@ impl PsService {
     async fn pull(&self, req: &proto::PullVariablesRequest, task: Option<&TaskId>) -> Result<Vec<proto::PullVariablesReply>, Status> {
         let pulled = self.pull_with(req, task, |store| store.snapshot(&req.names, self.part_bytes)).await?;
         let (step, done, waited_micros) = (pulled.step, pulled.done, pulled.waited_micros);
-        let mut replies: Vec<proto::PullVariablesReply> = pulled
-            .values
-            .unwrap_or_default()
-            .into_iter()
-            .map(|part| proto::PullVariablesReply { step, done, part: Some(part), waited_micros })
-            .collect();
+        let mut replies: Vec<proto::PullVariablesReply> =
+            pulled.values.unwrap_or_default().into_iter().map(|part| proto::PullVariablesReply { step, done, part: Some(part), waited_micros }).collect();
         if replies.is_empty() {
             replies.push(proto::PullVariablesReply { step, done, part: None, waited_micros });
         }
@@ -1228,13 +1189,13 @@ impl PsService {
         }
         let (progress, values) = take(&self.store)?;
         if progress.done
-            && let Some(t) = task {
-                self.store.release(t);
-            }
+            && let Some(t) = task
+        {
+            self.store.release(t);
+        }
         Ok(Pulled { step: progress.step, done: progress.done, waited_micros, values: Some(values) })
     }
 }
-
 
 #[tonic::async_trait]
 impl ParameterServer for PsService {
@@ -1242,10 +1203,7 @@ impl ParameterServer for PsService {
         Ok(Response::new(self.store.handshake(request.get_ref())?))
     }
 
-    async fn init_variables(
-        &self,
-        request: Request<Streaming<proto::InitVariablesRequest>>,
-    ) -> Result<Response<proto::InitVariablesReply>, Status> {
+    async fn init_variables(&self, request: Request<Streaming<proto::InitVariablesRequest>>) -> Result<Response<proto::InitVariablesReply>, Status> {
         let mut stream = request.into_inner();
         let mut messages = Vec::new();
         let mut bytes = 0usize;
@@ -1269,10 +1227,7 @@ impl ParameterServer for PsService {
         Ok(Response::new(Box::pin(tokio_stream::iter(replies.into_iter().map(Ok)))))
     }
 
-    async fn push_gradients(
-        &self,
-        request: Request<Streaming<proto::PushGradientsRequest>>,
-    ) -> Result<Response<proto::PushGradientsReply>, Status> {
+    async fn push_gradients(&self, request: Request<Streaming<proto::PushGradientsRequest>>) -> Result<Response<proto::PushGradientsReply>, Status> {
         let (_, reply) = self.receive_push(request.into_inner()).await?;
         Ok(Response::new(reply))
     }
@@ -1317,10 +1272,7 @@ impl ParameterServer for PsService {
         Ok(Response::new(self.store.next_shard(request.get_ref())?))
     }
 
-    async fn save_checkpoint(
-        &self,
-        request: Request<proto::SaveCheckpointRequest>,
-    ) -> Result<Response<proto::SaveCheckpointReply>, Status> {
+    async fn save_checkpoint(&self, request: Request<proto::SaveCheckpointRequest>) -> Result<Response<proto::SaveCheckpointReply>, Status> {
         let req = request.into_inner();
         let task = task_of(&req.task, "task")?;
         let store = self.store.clone();
@@ -1334,9 +1286,9 @@ impl ParameterServer for PsService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::DataType;
     use crate::tensor::f32_to_bytes;
     use bytes::Bytes;
-    use crate::proto::DataType;
 
     fn tid(job: &str, i: u32) -> Option<proto::TaskId> {
         Some(proto::TaskId { job: job.into(), index: i })
@@ -1354,13 +1306,7 @@ mod tests {
     }
 
     fn part(name: &str, shape: &[i64], offset: u64, values: &[f32]) -> TensorPart {
-        TensorPart {
-            name: name.into(),
-            dtype: DataType::DtFloat as i32,
-            shape: shape.to_vec(),
-            offset,
-            content: f32_to_bytes(values),
-        }
+        TensorPart { name: name.into(), dtype: DataType::DtFloat as i32, shape: shape.to_vec(), offset, content: f32_to_bytes(values) }
     }
 
     /// A store holding `w` = [1, 2, 3] (shape [3]) and `b` = [0] (shape [1]).
@@ -1454,31 +1400,20 @@ mod tests {
             let cases: Vec<Case> = vec![
                 ("unknown variable", 0, vec![part("nope", &[1], 0, &[1.0])], |e| matches!(e, StoreError::NotFound(_))),
                 ("wrong shape", 0, vec![part("w", &[1, 3], 0, &[1.0, 1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
-                (
-                    "wrong dtype",
-                    0,
-                    vec![TensorPart { dtype: DataType::DtDouble as i32, ..part("b", &[1], 0, &[1.0]) }],
-                    |e| matches!(e, StoreError::InvalidArgument(_)),
-                ),
-                (
-                    "wrong byte length",
-                    0,
-                    vec![TensorPart { content: Bytes::from_static(&[1, 2, 3, 4, 5]), ..part("b", &[1], 0, &[1.0]) }],
-                    |e| matches!(e, StoreError::InvalidArgument(_)),
-                ),
+                ("wrong dtype", 0, vec![TensorPart { dtype: DataType::DtDouble as i32, ..part("b", &[1], 0, &[1.0]) }], |e| {
+                    matches!(e, StoreError::InvalidArgument(_))
+                }),
+                ("wrong byte length", 0, vec![TensorPart { content: Bytes::from_static(&[1, 2, 3, 4, 5]), ..part("b", &[1], 0, &[1.0]) }], |e| {
+                    matches!(e, StoreError::InvalidArgument(_))
+                }),
                 ("part past the end", 0, vec![part("w", &[3], 2, &[1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
                 ("variable not fully covered", 0, vec![part("w", &[3], 0, &[1.0, 1.0])], |e| matches!(e, StoreError::InvalidArgument(_))),
-                (
-                    "overlapping parts",
-                    0,
-                    vec![part("w", &[3], 0, &[1.0, 1.0]), part("w", &[3], 1, &[1.0, 1.0])],
-                    |e| matches!(e, StoreError::InvalidArgument(_)),
-                ),
+                ("overlapping parts", 0, vec![part("w", &[3], 0, &[1.0, 1.0]), part("w", &[3], 1, &[1.0, 1.0])], |e| {
+                    matches!(e, StoreError::InvalidArgument(_))
+                }),
                 ("step from the future", 5, vec![good_b.clone()], |e| matches!(e, StoreError::FailedPrecondition(_))),
                 ("negative step", -1, vec![good_b.clone()], |e| matches!(e, StoreError::InvalidArgument(_))),
-                ("a bad part poisons the whole push", 0, vec![good_b.clone(), part("nope", &[1], 0, &[1.0])], |e| {
-                    matches!(e, StoreError::NotFound(_))
-                }),
+                ("a bad part poisons the whole push", 0, vec![good_b.clone(), part("nope", &[1], 0, &[1.0])], |e| matches!(e, StoreError::NotFound(_))),
             ];
             for (name, step, parts, code) in cases {
                 let err = s.push(&TaskId::new("worker", 1), step, 0, &parts).expect_err(name);
@@ -1561,7 +1496,11 @@ mod tests {
         let cases: Vec<(&str, proto::HandshakeRequest, &str)> = vec![
             ("shape", proto::HandshakeRequest { variables: vec![spec("w", &[4]), spec("b", &[1])], ..good.clone() }, "variable \"w\": this ps holds shape [3]"),
             ("missing", proto::HandshakeRequest { variables: vec![spec("w", &[3])], ..good.clone() }, "variable \"b\" of this ps is missing"),
-            ("extra", proto::HandshakeRequest { variables: vec![spec("w", &[3]), spec("b", &[1]), spec("c", &[1])], ..good.clone() }, "\"c\" is not placed on this ps"),
+            (
+                "extra",
+                proto::HandshakeRequest { variables: vec![spec("w", &[3]), spec("b", &[1]), spec("c", &[1])], ..good.clone() },
+                "\"c\" is not placed on this ps",
+            ),
             ("fingerprint", proto::HandshakeRequest { placement_fingerprint: 8, ..good.clone() }, "fingerprints differ"),
             ("config", proto::HandshakeRequest { config: Some(config(UpdateMode::Async, 2)), ..good.clone() }, "training configuration mismatch"),
             ("num_ps", proto::HandshakeRequest { num_ps: 2, ..good.clone() }, "num_ps"),
@@ -1712,7 +1651,10 @@ mod tests {
         assert_eq!((p.epochs_completed, p.examples_trained, p.shards_redone, p.finished), (1, 25, 3, true));
         assert_eq!(s.stats().dispatch.unwrap().examples_trained, 25);
         // Bad requests change nothing.
-        let other_plan = proto::NextShardRequest { plan: Some(proto::DatasetPlan { examples: 26, ..shard_request(0, None, true).plan.unwrap() }), ..shard_request(0, None, true) };
+        let other_plan = proto::NextShardRequest {
+            plan: Some(proto::DatasetPlan { examples: 26, ..shard_request(0, None, true).plan.unwrap() }),
+            ..shard_request(0, None, true)
+        };
         let cases = vec![
             (other_plan, "dataset plan mismatch: examples in the training set: the job's is 25, the caller's is 26"),
             (proto::NextShardRequest { plan: None, ..shard_request(0, None, true) }, "plan: missing"),
@@ -1787,7 +1729,8 @@ mod tests {
         assert!(err.contains("training configuration mismatch"), "{err}");
         assert!(err.contains("give every task the same --replicas_to_aggregate"), "{err}");
         s.handshake(&hs(2, config(UpdateMode::Sync, 2))).expect("the same count, given explicitly, with another view of the cluster");
-        let err = s.handshake(&hs(2, follow(2))).and(s.handshake(&hs(2, proto::TrainingConfig { optimizer: Some(Optimizer::sgd(0.1).to_proto()), ..follow(2) })));
+        let err =
+            s.handshake(&hs(2, follow(2))).and(s.handshake(&hs(2, proto::TrainingConfig { optimizer: Some(Optimizer::sgd(0.1).to_proto()), ..follow(2) })));
         assert!(err.unwrap_err().to_string().contains("training configuration mismatch"), "the optimizer is still compared");
     }
 

@@ -15,7 +15,10 @@ use crate::auth::{Credentials, TokenCheck};
 use crate::channel;
 use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
 use crate::proto::{
-    self, parameter_server_server::ParameterServerServer, run_session_request::Fetch, session_event::Event,
+    self,
+    parameter_server_server::ParameterServerServer,
+    run_session_request::Fetch,
+    session_event::Event,
     worker_server::{Worker, WorkerServer},
 };
 use crate::ps::PsService;
@@ -63,9 +66,8 @@ impl Worker for WorkerService {
                     let progress_tx = tx.clone();
                     let report = train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
                         let metrics = model.summary(params).into_iter().collect();
-                        let _ = progress_tx.blocking_send(Ok(proto::SessionEvent {
-                            event: Some(Event::Progress(proto::TrainProgress { step, loss, metrics })),
-                        }));
+                        let _ =
+                            progress_tx.blocking_send(Ok(proto::SessionEvent { event: Some(Event::Progress(proto::TrainProgress { step, loss, metrics })) }));
                     });
                     let report = match report {
                         Ok(r) => r,
@@ -80,11 +82,7 @@ impl Worker for WorkerService {
                     }
                     metrics.insert("steps_per_sec".into(), report.steps_per_sec);
                     let _ = tx.blocking_send(Ok(proto::SessionEvent {
-                        event: Some(Event::Finished(proto::TrainProgress {
-                            step: report.local_steps,
-                            loss: report.loss.unwrap_or(f32::NAN),
-                            metrics,
-                        })),
+                        event: Some(Event::Finished(proto::TrainProgress { step: report.local_steps, loss: report.loss.unwrap_or(f32::NAN), metrics })),
                     }));
                 });
             }
@@ -103,9 +101,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>, std::io::Error> {
     let token = credentials.token.as_deref();
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    let listener = TcpListener::bind(addr).await.map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     let check = TokenCheck::new(token);
     let worker = InterceptedService::new(
         WorkerServer::new(worker).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -115,9 +111,7 @@ pub async fn serve(
     let channel_ps = ps.clone().filter(|_| credentials.tls.is_none());
     let ps = ps.map(|svc| {
         InterceptedService::new(
-            ParameterServerServer::new(svc)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            ParameterServerServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
             check.clone(),
         )
     });

@@ -128,9 +128,7 @@ impl SyncAccumulator {
 
     pub fn ready(&self) -> bool {
         let gradients = self.required.saturating_sub(self.abstained.len()).max(1);
-        self.round.len() >= self.required
-            && self.round.len() > self.abstained.len()
-            && self.contributors.iter().all(|c| c.len() >= gradients)
+        self.round.len() >= self.required && self.round.len() > self.abstained.len() && self.contributors.iter().all(|c| c.len() >= gradients)
     }
 
     /// Turns every sum into the average of the gradients received, hands
@@ -258,11 +256,7 @@ mod tests {
             Case {
                 name: "a retried push never counts twice",
                 required: 2,
-                ops: vec![
-                    Push("w0", 0, [1.0, 1.0], [1.0]),
-                    Push("w0", 0, [9.0, 9.0], [9.0]),
-                    Push("w1", 0, [3.0, 3.0], [3.0]),
-                ],
+                ops: vec![Push("w0", 0, [1.0, 1.0], [1.0]), Push("w0", 0, [9.0, 9.0], [9.0]), Push("w1", 0, [3.0, 3.0], [3.0])],
                 applied: vec![([2.0, 2.0], [2.0])],
                 step: 1,
                 stale: 0,

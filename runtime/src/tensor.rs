@@ -46,10 +46,10 @@ pub fn dtype_size(dtype: i32) -> Option<usize> {
 
 /// Number of elements of a wire shape, checking every dimension.
 pub fn num_elements(name: &str, shape: &[i64]) -> Result<usize, TensorError> {
-    shape.iter().try_fold(1usize, |acc, &d| {
-        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-    })
-    .ok_or_else(|| TensorError::BadShape { name: name.into(), shape: shape.to_vec() })
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+        .ok_or_else(|| TensorError::BadShape { name: name.into(), shape: shape.to_vec() })
 }
 
 pub fn wire_shape(shape: &[usize]) -> Vec<i64> {
@@ -119,12 +119,7 @@ pub fn add_f32_from_le(dst: &mut [f32], bytes: &[u8]) {
 /// down to whole elements, at least one element). The parts share `content`:
 /// no bytes are copied. A zero-element tensor gives one empty part, so the
 /// receiver still learns its name and shape.
-pub fn split_into_parts(
-    name: &str,
-    shape: &[i64],
-    content: Bytes,
-    part_bytes: usize,
-) -> impl Iterator<Item = TensorPart> + use<> {
+pub fn split_into_parts(name: &str, shape: &[i64], content: Bytes, part_bytes: usize) -> impl Iterator<Item = TensorPart> + use<> {
     let per_part = (part_bytes / 4).max(1) * 4;
     let total = content.len();
     let name = name.to_string();
@@ -132,13 +127,7 @@ pub fn split_into_parts(
     let starts: Vec<usize> = if total == 0 { vec![0] } else { (0..total).step_by(per_part).collect() };
     starts.into_iter().map(move |start| {
         let end = (start + per_part).min(total);
-        TensorPart {
-            name: name.clone(),
-            dtype: DataType::DtFloat as i32,
-            shape: shape.clone(),
-            offset: (start / 4) as u64,
-            content: content.slice(start..end),
-        }
+        TensorPart { name: name.clone(), dtype: DataType::DtFloat as i32, shape: shape.clone(), offset: (start / 4) as u64, content: content.slice(start..end) }
     })
 }
 
@@ -195,14 +184,8 @@ pub fn check_part_header(part: &PartHeader<'_>, expected_shape: &[usize]) -> Res
     if part.dtype != DataType::DtFloat as i32 {
         return Err(TensorError::UnsupportedDtype { name: part.name.into(), dtype: part.dtype });
     }
-    if part.shape.len() != expected_shape.len()
-        || part.shape.iter().zip(expected_shape).any(|(&a, &b)| a < 0 || a as u64 != b as u64)
-    {
-        return Err(TensorError::ShapeMismatch {
-            name: part.name.into(),
-            expected: expected_shape.to_vec(),
-            got: part.shape.to_vec(),
-        });
+    if part.shape.len() != expected_shape.len() || part.shape.iter().zip(expected_shape).any(|(&a, &b)| a < 0 || a as u64 != b as u64) {
+        return Err(TensorError::ShapeMismatch { name: part.name.into(), expected: expected_shape.to_vec(), got: part.shape.to_vec() });
     }
     if !part.content_len.is_multiple_of(4) {
         return Err(TensorError::RaggedBytes { name: part.name.into(), len: part.content_len, elem: 4 });
@@ -377,13 +360,7 @@ mod tests {
 
     #[test]
     fn bad_parts_are_refused() {
-        let good = TensorPart {
-            name: "w".into(),
-            dtype: DataType::DtFloat as i32,
-            shape: vec![2, 3],
-            offset: 2,
-            content: Bytes::from(le(&[1.0, 2.0])),
-        };
+        let good = TensorPart { name: "w".into(), dtype: DataType::DtFloat as i32, shape: vec![2, 3], offset: 2, content: Bytes::from(le(&[1.0, 2.0])) };
         assert_eq!(check_part(&good, &[2, 3]), Ok(2..4));
         let cases: Vec<(&str, TensorPart, &str)> = vec![
             ("dtype", TensorPart { dtype: DataType::DtInt64 as i32, ..good.clone() }, "unsupported dtype"),

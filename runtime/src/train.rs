@@ -4,8 +4,8 @@
 //! summaries). The math is in `model` and `optimizer`.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
@@ -17,12 +17,12 @@ use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
+use crate::events::EventWriter;
+use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
 use crate::optimizer::Optimizer;
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
-use crate::events::EventWriter;
-use crate::metrics::TrainingMetrics;
 use crate::status::TaskStatus;
 
 /// A model with its data: what a task trains or evaluates.
@@ -47,8 +47,7 @@ pub const DEFAULT_BATCHES_PER_SHARD: u64 = 10;
 /// presents to the dispatcher.
 pub fn shard_plan(workload: &Workload, settings: &TrainSettings) -> Result<ShardPlan, TrainError> {
     let shard_size = settings.shard_size.unwrap_or(DEFAULT_BATCHES_PER_SHARD * workload.batch_size as u64);
-    ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs)
-        .map_err(|e| TrainError::Config(e.to_string()))
+    ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs).map_err(|e| TrainError::Config(e.to_string()))
 }
 
 /// How many gradients a sync step averages.
@@ -309,9 +308,9 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
         Aggregate::Auto => Ok(config(0, 0, true, false)),
         Aggregate::AllWorkers if dynamic => Ok(config(0, 0, true, true)),
         Aggregate::AllWorkers => Ok(config(total, total, false, true)),
-        Aggregate::Count(n) if n == 0 || (!dynamic && n > total) => Err(TrainError::Config(format!(
-            "--replicas_to_aggregate: {n} is not between 1 and the {total} training task(s) of the cluster"
-        ))),
+        Aggregate::Count(n) if n == 0 || (!dynamic && n > total) => {
+            Err(TrainError::Config(format!("--replicas_to_aggregate: {n} is not between 1 and the {total} training task(s) of the cluster")))
+        }
         Aggregate::Count(n) => Ok(config(n, if dynamic { 0 } else { total }, false, false)),
     }
 }
@@ -322,15 +321,8 @@ pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &Trai
     let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
     let variables = specs.iter().map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone() }).collect();
-    let mut ps = PsSet::new(
-        cluster.task.clone(),
-        &ps_addresses,
-        credentials,
-        variables,
-        placement,
-        training_config(cluster, settings)?,
-        settings.connect_timeout,
-    )?;
+    let mut ps =
+        PsSet::new(cluster.task.clone(), &ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?;
     ps.set_tensor_channel(settings.tensor_channel);
     Ok(ps)
 }
@@ -385,8 +377,7 @@ impl Checkpointer {
 
     pub(crate) fn due(&self, step: i64) -> bool {
         step > self.last_step
-            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64)
-                || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
+            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64) || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
     }
 
     pub(crate) async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
@@ -461,9 +452,10 @@ impl Summaries {
 
     pub(crate) fn close(self) {
         if let Some(w) = self.writer
-            && let Err(e) = w.close() {
-                tracing::warn!("TensorBoard events: {e}");
-            }
+            && let Err(e) = w.close()
+        {
+            tracing::warn!("TensorBoard events: {e}");
+        }
     }
 }
 
@@ -484,10 +476,7 @@ pub async fn run_evaluator(
     let ps = ps_set(cluster, model, settings, credentials)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
-    let eval = workload
-        .eval
-        .take()
-        .ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
+    let eval = workload.eval.take().ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     ps.handshake(true).await?;
     let mut params = zeros_like(model);

@@ -140,9 +140,18 @@ pub fn params_in_order(path: &Path, specs: &[VariableSpec], values: &BTreeMap<St
     specs
         .iter()
         .map(|s| {
-            let v = values.get(&s.name).ok_or_else(|| TrainedError::MissingVariable { path: path.to_path_buf(), name: s.name.clone(), have: values.keys().cloned().collect() })?;
+            let v = values.get(&s.name).ok_or_else(|| TrainedError::MissingVariable {
+                path: path.to_path_buf(),
+                name: s.name.clone(),
+                have: values.keys().cloned().collect(),
+            })?;
             if v.shape() != s.shape.as_slice() {
-                return Err(TrainedError::ShapeMismatch { path: path.to_path_buf(), name: s.name.clone(), found: v.shape().to_vec(), expected: s.shape.clone() });
+                return Err(TrainedError::ShapeMismatch {
+                    path: path.to_path_buf(),
+                    name: s.name.clone(),
+                    found: v.shape().to_vec(),
+                    expected: s.shape.clone(),
+                });
             }
             Ok(v.clone())
         })
@@ -228,11 +237,7 @@ mod tests {
     #[test]
     fn joins_partitions_along_the_first_axis() {
         let p = Path::new("ckpt");
-        let stored = vec![
-            t("emb/part_1", &[1, 2], vec![5.0, 6.0]),
-            t("dense/bias", &[2], vec![0.5, -0.5]),
-            t("emb/part_0", &[2, 2], vec![1.0, 2.0, 3.0, 4.0]),
-        ];
+        let stored = vec![t("emb/part_1", &[1, 2], vec![5.0, 6.0]), t("dense/bias", &[2], vec![0.5, -0.5]), t("emb/part_0", &[2, 2], vec![1.0, 2.0, 3.0, 4.0])];
         let all = join_parts(p, stored).unwrap();
         assert_eq!(all.keys().collect::<Vec<_>>(), ["dense/bias", "emb"]);
         assert_eq!(all["emb"], ndarray::arr2(&[[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]]).into_dyn());

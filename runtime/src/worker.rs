@@ -12,25 +12,24 @@
 //!   checkpoints, the final report.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
 use tonic::Code;
 
 use crate::auth::Credentials;
-use crate::client::{ClientError, Pulled, PsSet};
+use crate::client::{ClientError, PsSet, Pulled};
 use crate::cluster::ClusterConfig;
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::metrics::TrainingMetrics;
 use crate::model::Model;
-use crate::proto::{self, next_shard_reply::Outcome, TaskState};
+use crate::proto::{self, TaskState, next_shard_reply::Outcome};
 use crate::status::TaskStatus;
 use crate::train::{
-    self, needs_recovery, summary_line, wait_for_variables, zeros_like, Aggregate, Checkpointer, FinalReport, Summaries, TrainError,
-    TrainSettings, Workload,
+    self, Aggregate, Checkpointer, FinalReport, Summaries, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables, zeros_like,
 };
 
 /// How long a task with nothing to train waits before it asks again.
@@ -256,7 +255,10 @@ impl<'a> Trainer<'a> {
     fn note_aggregation(&self, replies: &[proto::HandshakeReply]) {
         let ours = &self.ps.config;
         let Some(agreed) = replies.iter().find_map(|r| r.agreed) else { return };
-        if !self.settings.sync_replicas || !ours.follow_chief_aggregation || agreed.elastic == ours.elastic && agreed.replicas_to_aggregate == ours.replicas_to_aggregate {
+        if !self.settings.sync_replicas
+            || !ours.follow_chief_aggregation
+            || agreed.elastic == ours.elastic && agreed.replicas_to_aggregate == ours.replicas_to_aggregate
+        {
             return;
         }
         if agreed.elastic {

@@ -13,8 +13,8 @@ use crate::train::Workload;
 mod inference;
 mod keras;
 
-pub use inference::{inference_model, InferenceSpec};
-pub use keras::{check_example_shape, check_flags, check_num_classes, KerasOptions};
+pub use inference::{InferenceSpec, inference_model};
+pub use keras::{KerasOptions, check_example_shape, check_flags, check_num_classes};
 
 /// What to train, as given on the command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +91,13 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
                 Some(dir) => {
                     let d = data::load_training_data(dir, &spec.data, data::LabelKind::Classes)?;
                     let classes = d.num_classes(&spec.data).unwrap_or(2);
-                    tracing::info!("read {} training and {} held-out examples of {} features, {classes} classes, from {}", d.train.len(), d.test.len(), d.train.input_dim(), dir.display());
+                    tracing::info!(
+                        "read {} training and {} held-out examples of {} features, {classes} classes, from {}",
+                        d.train.len(),
+                        d.test.len(),
+                        d.train.input_dim(),
+                        dir.display()
+                    );
                     (d.train, d.test, classes)
                 }
                 None => {

@@ -102,11 +102,7 @@ fn mlp_sync_with_backup_worker_over_two_ps() {
     all.sort();
     assert_eq!(all, vec!["dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel"]);
     // With 3 workers and 2 to aggregate, some pushes were from backup workers.
-    let stale: u64 = results
-        .iter()
-        .filter(|r| r.name.starts_with("ps"))
-        .map(|r| r.report()["stale_gradients_dropped"].as_u64().unwrap())
-        .sum();
+    let stale: u64 = results.iter().filter(|r| r.name.starts_with("ps")).map(|r| r.report()["stale_gradients_dropped"].as_u64().unwrap()).sum();
     assert!(stale > 0, "a backup worker's late gradients are dropped as stale");
 }
 
@@ -128,10 +124,8 @@ fn client_hello() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // A training run submitted to the task streams progress and a result.
-    let out = Command::new(BIN)
-        .args(["client", "--target", &target, "--train", "--model=linear", "--train_steps=2000", "--log_every_steps=500"])
-        .output()
-        .unwrap();
+    let out =
+        Command::new(BIN).args(["client", "--target", &target, "--train", "--model=linear", "--train_steps=2000", "--log_every_steps=500"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.lines().filter(|l| l.starts_with("step=")).count(), 4, "{stdout}");

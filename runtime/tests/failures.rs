@@ -268,11 +268,7 @@ fn every_epoch_is_trained_once_while_workers_come_and_go() {
     let mut job = start_then_scale_up(&ports, args);
     job.wait_until(LIMIT, "worker2's first gradient", |j| j.stderr("worker2").contains("first gradient accepted"));
     let first = job.stderr("worker2");
-    let secs: f64 = first
-        .split("first gradient accepted at global_step=")
-        .nth(1)
-        .and_then(|r| r.split('(').nth(1)?.split('s').next()?.parse().ok())
-        .unwrap();
+    let secs: f64 = first.split("first gradient accepted at global_step=").nth(1).and_then(|r| r.split('(').nth(1)?.split('s').next()?.parse().ok()).unwrap();
     assert!(secs < 1.0, "worker2 contributed {secs} s after it started");
     // worker1 is stopped on purpose: it leaves at once.
     job.terminate("worker1");
@@ -346,10 +342,7 @@ fn event_files_metrics_and_health() {
         assert!(m.contains(name), "{name} missing from\n{m}");
     }
     // The standard gRPC health service answers without the job token.
-    let health = std::process::Command::new(BIN)
-        .args(["client", "--target", &format!("grpc://{}", addr(ports[1])), "--health"])
-        .output()
-        .unwrap();
+    let health = std::process::Command::new(BIN).args(["client", "--target", &format!("grpc://{}", addr(ports[1])), "--health"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING", "{}", String::from_utf8_lossy(&health.stderr));
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);

@@ -253,10 +253,7 @@ fn malformed_messages_never_crash_or_change_anything() {
             let result = rt.block_on(client.clone().push_gradients(tokio_stream::iter(messages)));
             prop_assert!(result.is_err(), "{d:?} was accepted");
             let code = result.unwrap_err().code();
-            prop_assert!(
-                matches!(code, tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::FailedPrecondition),
-                "{d:?}: {code:?}"
-            );
+            prop_assert!(matches!(code, tonic::Code::InvalidArgument | tonic::Code::NotFound | tonic::Code::FailedPrecondition), "{d:?}: {code:?}");
             prop_assert_eq!(server.store.values("b").unwrap(), vec![1.0, 2.0, 3.0]);
             prop_assert_eq!(server.store.values("w").unwrap(), (0..12).map(|i| i as f32).collect::<Vec<_>>());
             Ok(())
@@ -384,7 +381,13 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
     }
     // A push larger than the ps holds is refused before its contents are read.
     let huge = proto::TensorChannelRequest {
-        push: Some(proto::PushGradientsRequest { task: Some(proto::TaskId { job: "worker".into(), index: 1 }), step: 0, push_id: 0, part: None, abstain: false }),
+        push: Some(proto::PushGradientsRequest {
+            task: Some(proto::TaskId { job: "worker".into(), index: 1 }),
+            step: 0,
+            push_id: 0,
+            part: None,
+            abstain: false,
+        }),
         push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
         pull: None,
     };

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 mod common;
 
@@ -128,7 +128,10 @@ fn python_numpy(script: &str, args: &[&str]) -> String {
     let probe = Command::new("python3").args(["-c", "import numpy"]).output();
     match probe {
         Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("this test needs numpy for python3 (`python3 -m pip install --user numpy`; tests/run.sh installs it): {}", String::from_utf8_lossy(&o.stderr)),
+        Ok(o) => panic!(
+            "this test needs numpy for python3 (`python3 -m pip install --user numpy`; tests/run.sh installs it): {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
         Err(e) => panic!("this test needs python3 with numpy: {e}"),
     }
     let out = Command::new("python3").arg("-c").arg(script).args(args).output().unwrap();
@@ -186,10 +189,13 @@ fn keras_cnn_over_two_ps_and_two_workers_then_export_predict_evaluate() {
     let accuracy = chief["accuracy"].as_f64().unwrap();
     // 4 classes: chance is 0.25.
     assert!(accuracy > 0.9, "held-out accuracy {accuracy}: {chief}");
-    let mut stored: Vec<String> = ["ps0", "ps1"].iter().flat_map(|ps| {
-        let rep = report_of(&results, ps);
-        rep["variables"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>()
-    }).collect();
+    let mut stored: Vec<String> = ["ps0", "ps1"]
+        .iter()
+        .flat_map(|ps| {
+            let rep = report_of(&results, ps);
+            rep["variables"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect::<Vec<_>>()
+        })
+        .collect();
     stored.sort();
     assert_eq!(stored, ["conv2d/bias", "conv2d/kernel", "dense/bias", "dense/kernel/part_0", "dense/kernel/part_1"]);
 
@@ -296,13 +302,15 @@ fn csv_with_three_classes_trains_and_evaluates() {
 
     let test = data.join("test.csv");
     let common = ["--checkpoint_dir", ckpt.to_str().unwrap(), "--keras_model", &model];
-    let evaluation: Value = serde_json::from_str(run_ok(&[&["evaluate"], &common[..], &["--input", test.to_str().unwrap()], &data_flags[..]].concat()).trim()).unwrap();
+    let evaluation: Value =
+        serde_json::from_str(run_ok(&[&["evaluate"], &common[..], &["--input", test.to_str().unwrap()], &data_flags[..]].concat()).trim()).unwrap();
     assert_eq!(evaluation["examples"], 500);
     assert!(evaluation["accuracy"].as_f64().unwrap() > 0.9, "{evaluation}");
     // Predict on a file without labels: the same classes as the labelled copy.
     let unlabelled = dir.path().join("new.csv");
     std::fs::write(&unlabelled, tabular_csv(500, 2, false)).unwrap();
-    let predictions = run_ok(&[&["predict"], &common[..], &["--input", unlabelled.to_str().unwrap(), "--label_column=species", "--feature_columns=f0,f1,f2,f3"]].concat());
+    let predictions =
+        run_ok(&[&["predict"], &common[..], &["--input", unlabelled.to_str().unwrap(), "--label_column=species", "--feature_columns=f0,f1,f2,f3"]].concat());
     assert!(predictions.starts_with("class,p_0,p_1,p_2\n"));
     let classes: Vec<usize> = csv_rows(&predictions, 0).iter().map(|r| r[0] as usize).collect();
     let truth: Vec<usize> = tabular_csv(500, 2, true).lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse().unwrap()).collect();
@@ -408,7 +416,8 @@ fn unusable_flags_models_and_data_are_errors() {
     let out = run(&["export", "--checkpoint_dir", empty.to_str().unwrap(), "--out", dir.path().join("w.npz").to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no complete checkpoint"), "{out:?}");
     let images = data.join("t10k-images-idx3-ubyte");
-    let out = run(&["evaluate", "--checkpoint_dir", empty.to_str().unwrap(), "--keras_model", &fixture("cnn.keras3.json"), "--input", images.to_str().unwrap()]);
+    let out =
+        run(&["evaluate", "--checkpoint_dir", empty.to_str().unwrap(), "--keras_model", &fixture("cnn.keras3.json"), "--input", images.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("without labels"), "{out:?}");
     // predict and evaluate: flags their input or model cannot use.
     let csv = dir.path().join("in.csv");

@@ -36,29 +36,14 @@ pub const RELEASE: &str = "tfjob-operator";
 
 /// The chart's directory (`charts/tfjob-operator` at the repository root).
 pub fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("charts")
-        .join("tfjob-operator")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("charts").join("tfjob-operator")
 }
 
 /// `helm template <release> charts/tfjob-operator --namespace <namespace> --set k=v ...`, limited
 /// to the given templates (e.g. `templates/rbac.yaml`) when `show_only` is not empty. Returns the
 /// multi-document YAML, or helm's error (a value refused by the schema, a failed check, ...).
-pub fn template(
-    cp: &ControlPlane,
-    release: &str,
-    namespace: &str,
-    values: &[(&str, &str)],
-    show_only: &[&str],
-) -> Result<String> {
-    let mut args: Vec<String> = vec![
-        "template".into(),
-        release.into(),
-        chart_dir().display().to_string(),
-        "--namespace".into(),
-        namespace.into(),
-    ];
+pub fn template(cp: &ControlPlane, release: &str, namespace: &str, values: &[(&str, &str)], show_only: &[&str]) -> Result<String> {
+    let mut args: Vec<String> = vec!["template".into(), release.into(), chart_dir().display().to_string(), "--namespace".into(), namespace.into()];
     for (k, v) in values {
         args.push("--set".into());
         args.push(format!("{k}={v}"));
@@ -76,14 +61,7 @@ pub fn template(
 /// namespace, plus (leader election on, the default) the leases Role and RoleBinding in
 /// `namespace`. Fails when the values turn the ServiceAccount or RBAC off.
 pub fn render_rbac(cp: &ControlPlane, namespace: &str, values: &[(&str, &str)]) -> Result<String> {
-    template(
-        cp,
-        RELEASE,
-        namespace,
-        values,
-        &["templates/serviceaccount.yaml", "templates/rbac.yaml"],
-    )
-    .context("rendering the chart's ServiceAccount and RBAC")
+    template(cp, RELEASE, namespace, values, &["templates/serviceaccount.yaml", "templates/rbac.yaml"]).context("rendering the chart's ServiceAccount and RBAC")
 }
 
 /// The operator's identity after [`apply_rbac`].
@@ -104,22 +82,12 @@ pub struct OperatorAccount {
 
 /// Renders ([`render_rbac`]) and applies (server-side) the chart's ServiceAccount and RBAC, and
 /// writes a kubeconfig for the ServiceAccount. With `watchNamespace` that namespace must exist.
-pub fn apply_rbac(
-    cp: &ControlPlane,
-    namespace: &str,
-    values: &[(&str, &str)],
-) -> Result<OperatorAccount> {
+pub fn apply_rbac(cp: &ControlPlane, namespace: &str, values: &[(&str, &str)]) -> Result<OperatorAccount> {
     let manifest = render_rbac(cp, namespace, values)?;
     let service_account = service_account_name(&manifest)?;
     cp.apply(&manifest).context("applying the chart's RBAC")?;
     let kubeconfig = cp.service_account_kubeconfig(namespace, &service_account)?;
-    Ok(OperatorAccount {
-        namespace: namespace.to_string(),
-        lease_name: RELEASE.to_string(),
-        service_account,
-        kubeconfig,
-        manifest,
-    })
+    Ok(OperatorAccount { namespace: namespace.to_string(), lease_name: RELEASE.to_string(), service_account, kubeconfig, manifest })
 }
 
 /// The documents of a multi-document YAML stream (empty documents skipped).
@@ -137,15 +105,9 @@ pub fn documents(yaml: &str) -> Result<Vec<serde_yaml::Value>> {
 
 fn service_account_name(manifest: &str) -> Result<String> {
     let docs = documents(manifest)?;
-    let sas: Vec<&serde_yaml::Value> = docs
-        .iter()
-        .filter(|d| d["kind"].as_str() == Some("ServiceAccount"))
-        .collect();
+    let sas: Vec<&serde_yaml::Value> = docs.iter().filter(|d| d["kind"].as_str() == Some("ServiceAccount")).collect();
     match sas.as_slice() {
-        [sa] => sa["metadata"]["name"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| anyhow!("the rendered ServiceAccount has no name")),
+        [sa] => sa["metadata"]["name"].as_str().map(str::to_string).ok_or_else(|| anyhow!("the rendered ServiceAccount has no name")),
         [] => bail!("the chart rendered no ServiceAccount (serviceAccount.create=false?)"),
         _ => bail!("the chart rendered {} ServiceAccounts", sas.len()),
     }

@@ -81,11 +81,7 @@ impl Versions {
                 .map(str::to_string)
                 .ok_or_else(|| anyhow!("{} does not require {module}", path.display()))
         };
-        Ok(Versions {
-            kubernetes: find("k8s.io/kubernetes")?,
-            helm: find("helm.sh/helm/v4")?,
-            etcd: find("go.etcd.io/etcd/server/v3")?,
-        })
+        Ok(Versions { kubernetes: find("k8s.io/kubernetes")?, helm: find("helm.sh/helm/v4")?, etcd: find("go.etcd.io/etcd/server/v3")? })
     }
 }
 
@@ -108,10 +104,7 @@ pub fn ensure_binaries() -> Result<PathBuf> {
         return check_bin_dir(PathBuf::from(dir));
     }
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| run_build_script().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(|e| loud("the build failed", e))
+    BUILT.get_or_init(|| run_build_script().map_err(|e| format!("{e:#}"))).clone().map_err(|e| loud("the build failed", e))
 }
 
 fn check_bin_dir(dir: PathBuf) -> Result<PathBuf> {
@@ -203,9 +196,7 @@ pub fn spawn_supervised(mut command: Command) -> io::Result<Child> {
         });
     }
     let (reply, rx) = mpsc::channel();
-    lock(spawner())
-        .send(SpawnRequest { command, reply })
-        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    lock(spawner()).send(SpawnRequest { command, reply }).map_err(|_| io::Error::other("the spawner thread is gone"))?;
     rx.recv().map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
@@ -256,11 +247,7 @@ impl Pki {
         let mut params = rcgen::CertificateParams::default();
         params.distinguished_name = dn("tfjob-test-ca", None);
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
         validity(&mut params);
         let key = rcgen::KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
@@ -268,20 +255,10 @@ impl Pki {
     }
 
     /// A leaf certificate signed by the CA; returns (cert PEM, key PEM).
-    fn issue(
-        &self,
-        common_name: &str,
-        organization: Option<&str>,
-        sans: &[&str],
-        usage: rcgen::ExtendedKeyUsagePurpose,
-    ) -> Result<(String, String)> {
-        let mut params =
-            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    fn issue(&self, common_name: &str, organization: Option<&str>, sans: &[&str], usage: rcgen::ExtendedKeyUsagePurpose) -> Result<(String, String)> {
+        let mut params = rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
         params.distinguished_name = dn(common_name, organization);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::DigitalSignature,
-            rcgen::KeyUsagePurpose::KeyEncipherment,
-        ];
+        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature, rcgen::KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![usage];
         params.use_authority_key_identifier_extension = true;
         validity(&mut params);
@@ -362,13 +339,7 @@ fn kubeconfig_yaml(server: &str, ca_pem: Option<&str>, user: &str, creds: Creden
 
 fn write_private(path: &Path, contents: &str) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
     f.write_all(contents.as_bytes())?;
     Ok(())
 }
@@ -380,9 +351,7 @@ pub fn free_port() -> Result<u16> {
 
 fn free_ports<const N: usize>() -> Result<[u16; N]> {
     // Hold all listeners at once so the ports differ.
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<io::Result<Vec<_>>>()?;
+    let listeners = (0..N).map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0))).collect::<io::Result<Vec<_>>>()?;
     let mut ports = [0; N];
     for (p, l) in ports.iter_mut().zip(&listeners) {
         *p = l.local_addr()?.port();
@@ -530,31 +499,13 @@ impl ControlPlane {
         let (serving_cert, serving_key) = pki.issue(
             "kube-apiserver",
             None,
-            &[
-                "127.0.0.1",
-                "localhost",
-                "10.0.0.1",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
+            &["127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"],
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         )?;
         fs::write(pki_dir.join("apiserver.crt"), &serving_cert)?;
         write_private(&pki_dir.join("apiserver.key"), &serving_key)?;
-        let (admin_cert, admin_key) = pki.issue(
-            "tfjob-test-admin",
-            Some("system:masters"),
-            &[],
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        )?;
-        let (kcm_cert, kcm_key) = pki.issue(
-            "system:kube-controller-manager",
-            None,
-            &[],
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        )?;
+        let (admin_cert, admin_key) = pki.issue("tfjob-test-admin", Some("system:masters"), &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth)?;
+        let (kcm_cert, kcm_key) = pki.issue("system:kube-controller-manager", None, &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth)?;
         // Service-account token signing key pair (ECDSA P-256): the API server signs with the
         // private key and verifies with the public one.
         let sa_key = pki_dir.join("sa.key");
@@ -564,24 +515,11 @@ impl ControlPlane {
         fs::write(&sa_pub, sa_pair.public_key_pem())?;
 
         let ca_pem = Some(pki.ca_cert.as_str());
-        fs::write(
-            &self.kubeconfig,
-            kubeconfig_yaml(
-                &server,
-                ca_pem,
-                "admin",
-                Credentials::ClientCert { cert: &admin_cert, key: &admin_key },
-            ),
-        )?;
+        fs::write(&self.kubeconfig, kubeconfig_yaml(&server, ca_pem, "admin", Credentials::ClientCert { cert: &admin_cert, key: &admin_key }))?;
         let kcm_kubeconfig = dir.join("kcm").join("kubeconfig");
         write_private(
             &kcm_kubeconfig,
-            &kubeconfig_yaml(
-                &server,
-                ca_pem,
-                "kube-controller-manager",
-                Credentials::ClientCert { cert: &kcm_cert, key: &kcm_key },
-            ),
+            &kubeconfig_yaml(&server, ca_pem, "kube-controller-manager", Credentials::ClientCert { cert: &kcm_cert, key: &kcm_key }),
         )?;
         let kcm_health_kubeconfig = dir.join("kcm").join("health.kubeconfig");
         write_private(
@@ -589,12 +527,7 @@ impl ControlPlane {
             // The controller manager serves with a self-signed certificate; it authenticates
             // the admin client certificate through the API server's client CA. (An empty user
             // would make kubectl prompt for a password.)
-            &kubeconfig_yaml(
-                &format!("https://127.0.0.1:{kcm_port}"),
-                None,
-                "admin",
-                Credentials::ClientCert { cert: &admin_cert, key: &admin_key },
-            ),
+            &kubeconfig_yaml(&format!("https://127.0.0.1:{kcm_port}"), None, "admin", Credentials::ClientCert { cert: &admin_cert, key: &admin_key }),
         )?;
 
         // etcd
@@ -615,9 +548,7 @@ impl ControlPlane {
             ],
         )?;
         let deadline = Instant::now() + STARTUP_TIMEOUT;
-        self.wait_until("etcd /health", deadline, |_| {
-            Ok(http_get_plain(etcd_client, "/health")?.contains("\"health\":\"true\""))
-        })?;
+        self.wait_until("etcd /health", deadline, |_| Ok(http_get_plain(etcd_client, "/health")?.contains("\"health\":\"true\"")))?;
 
         // kube-apiserver
         let pki_path = |f: &str| pki_dir.join(f).display().to_string();
@@ -647,11 +578,7 @@ impl ControlPlane {
         )?;
         let kubeconfig = self.kubeconfig.clone();
         self.wait_until("kube-apiserver /readyz", deadline, |cp| {
-            let out = cp
-                .command("kubectl")
-                .args(["get", "--raw=/readyz", "--request-timeout=5s", "--kubeconfig"])
-                .arg(&kubeconfig)
-                .output()?;
+            let out = cp.command("kubectl").args(["get", "--raw=/readyz", "--request-timeout=5s", "--kubeconfig"]).arg(&kubeconfig).output()?;
             Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
         })?;
 
@@ -678,11 +605,7 @@ impl ControlPlane {
             ],
         )?;
         self.wait_until("kube-controller-manager /healthz", deadline, |cp| {
-            let out = cp
-                .command("kubectl")
-                .args(["get", "--raw=/healthz", "--request-timeout=5s", "--kubeconfig"])
-                .arg(&kcm_health_kubeconfig)
-                .output()?;
+            let out = cp.command("kubectl").args(["get", "--raw=/healthz", "--request-timeout=5s", "--kubeconfig"]).arg(&kcm_health_kubeconfig).output()?;
             Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
         })?;
         // The controllers are running once the service account controller has done its work.
@@ -701,26 +624,15 @@ impl ControlPlane {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(self.bin_dir.join(name));
-        cmd.args(args)
-            .current_dir(&self.dir)
-            .env("HOME", self.dir.join("home"))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = spawn_supervised(cmd)
-            .with_context(|| format!("starting {}", self.bin_dir.join(name).display()))?;
+        cmd.args(args).current_dir(&self.dir).env("HOME", self.dir.join("home")).stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = spawn_supervised(cmd).with_context(|| format!("starting {}", self.bin_dir.join(name).display()))?;
         self.pids.push(child.id());
         lock(&self.components).push(Component { name, child, log });
         Ok(())
     }
 
     /// Polls `ready` until it returns true; fails early (with the logs) if a component exits.
-    fn wait_until(
-        &self,
-        what: &str,
-        deadline: Instant,
-        mut ready: impl FnMut(&Self) -> Result<bool>,
-    ) -> Result<()> {
+    fn wait_until(&self, what: &str, deadline: Instant, mut ready: impl FnMut(&Self) -> Result<bool>) -> Result<()> {
         let mut last_err = None;
         loop {
             if let Some((name, status)) = self.exited_component() {
@@ -744,12 +656,10 @@ impl ControlPlane {
     }
 
     fn exited_component(&self) -> Option<(&'static str, ExitStatus)> {
-        lock(&self.components)
-            .iter_mut()
-            .find_map(|c| match c.child.try_wait() {
-                Ok(Some(status)) => Some((c.name, status)),
-                _ => None,
-            })
+        lock(&self.components).iter_mut().find_map(|c| match c.child.try_wait() {
+            Ok(Some(status)) => Some((c.name, status)),
+            _ => None,
+        })
     }
 
     /// The last `lines` lines of every component's log, for error messages.
@@ -904,11 +814,7 @@ impl ControlPlane {
     /// `default` ServiceAccount exists (so pods can be created in it right away).
     pub fn create_namespace(&self, prefix: &str) -> Result<String> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let mut prefix: String = prefix
-            .to_ascii_lowercase()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
+        let mut prefix: String = prefix.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
         prefix.truncate(40);
         let name = format!("{}-{}-{n}", prefix.trim_matches('-'), std::process::id());
         self.kubectl_ok(["create", "namespace", &name])?;
@@ -926,9 +832,7 @@ impl ControlPlane {
     /// TokenRequest API (`kubectl create token`, valid 24h) and writes a kubeconfig that uses that
     /// bearer token. The account has no permissions until RBAC grants some.
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
-        let sa = format!(
-            "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {name}\n  namespace: {namespace}\n"
-        );
+        let sa = format!("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {name}\n  namespace: {namespace}\n");
         self.apply(&sa)?;
         let token = self.kubectl_ok(["create", "token", name, "-n", namespace, "--duration=24h"])?;
         let token = token.trim();
@@ -939,10 +843,7 @@ impl ControlPlane {
         let dir = self.dir.join("serviceaccounts");
         fs::create_dir_all(&dir)?;
         let path = dir.join(format!("{namespace}.{name}.kubeconfig"));
-        write_private(
-            &path,
-            &kubeconfig_yaml(&self.server_url, Some(&self.ca_pem), &user, Credentials::Token(token)),
-        )?;
+        write_private(&path, &kubeconfig_yaml(&self.server_url, Some(&self.ca_pem), &user, Credentials::Token(token)))?;
         Ok(path)
     }
 }
@@ -976,11 +877,7 @@ pub const KCM_CONTROLLERS: &[&str] = &[
 fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let describe = format!(
-        "{} {}",
-        Path::new(&program).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(program),
-        args.join(" ")
-    );
+    let describe = format!("{} {}", Path::new(&program).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or(program), args.join(" "));
     let out = match stdin {
         None => cmd.output(),
         Some(input) => {
@@ -996,12 +893,7 @@ fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
     }
     .with_context(|| format!("running {describe}"))?;
     if !out.status.success() {
-        bail!(
-            "`{describe}` failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
+        bail!("`{describe}` failed ({}):\n{}{}", out.status, String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -1026,9 +918,7 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
         .filter(|pid| {
             // Zombies have an empty cmdline; they are gone for our purposes once reaped, and a
             // zombie holds no ports or files.
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(needle))
-                .unwrap_or(false)
+            fs::read(format!("/proc/{pid}/cmdline")).map(|c| String::from_utf8_lossy(&c).contains(needle)).unwrap_or(false)
         })
         .collect()
 }
@@ -1039,15 +929,7 @@ mod tests {
 
     #[test]
     fn base64_matches_rfc4648_vectors() {
-        for (input, want) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
+        for (input, want) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE="), ("foobar", "Zm9vYmFy")] {
             assert_eq!(base64(input.as_bytes()), want);
         }
     }
@@ -1072,9 +954,7 @@ mod tests {
     #[test]
     fn certificates_are_generated() {
         let pki = Pki::new().unwrap();
-        let (cert, key) = pki
-            .issue("x", Some("system:masters"), &["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ClientAuth)
-            .unwrap();
+        let (cert, key) = pki.issue("x", Some("system:masters"), &["127.0.0.1"], rcgen::ExtendedKeyUsagePurpose::ClientAuth).unwrap();
         assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(key.contains("PRIVATE KEY"));
     }

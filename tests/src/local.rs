@@ -14,11 +14,7 @@ use crate::operator::tfjob_binary;
 pub fn tfjob() -> Result<PathBuf> {
     let tfjob = tfjob_binary()?;
     let runtime = tfjob.with_file_name("tfjob-runtime");
-    ensure!(
-        runtime.is_file(),
-        "no tfjob-runtime next to {}: run `cargo build --release --workspace --bins` first (tests/run.sh does)",
-        tfjob.display()
-    );
+    ensure!(runtime.is_file(), "no tfjob-runtime next to {}: run `cargo build --release --workspace --bins` first (tests/run.sh does)", tfjob.display());
     Ok(tfjob)
 }
 

@@ -121,26 +121,13 @@ impl NodeAgent {
     pub fn start(cp: &ControlPlane, namespaces: &[&str], docker_host: &str) -> Result<NodeAgent> {
         Podman::setup()?;
         let dir = tempfile::Builder::new().prefix("tfjob-node-agent.").tempdir().context("agent directory")?;
-        let logs = Arc::new(Logs {
-            dir: dir.path().join("logs"),
-            files: Mutex::new(HashMap::new()),
-            first_step: Mutex::new(BTreeMap::new()),
-        });
+        let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_step: Mutex::new(BTreeMap::new()) });
         fs::create_dir_all(&logs.dir)?;
         let labels = [(LABEL.to_string(), std::process::id().to_string())];
         let kubelet = ContainerKubelet::connect_to(&[docker_host.to_string()], "tfjob-node", &labels, logs.clone()).map_err(|e| anyhow!("{e}"))?;
         let network = kubelet.network().unwrap_or_default().to_string();
-        let gateway: Ipv4Addr = kubelet
-            .gateway()
-            .ok_or_else(|| anyhow!("network {network} has no gateway"))?
-            .parse()
-            .context("gateway address")?;
-        let api_port: u16 = cp
-            .server_url()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or_else(|| anyhow!("no port in {}", cp.server_url()))?;
+        let gateway: Ipv4Addr = kubelet.gateway().ok_or_else(|| anyhow!("network {network} has no gateway"))?.parse().context("gateway address")?;
+        let api_port: u16 = cp.server_url().rsplit(':').next().and_then(|p| p.parse().ok()).ok_or_else(|| anyhow!("no port in {}", cp.server_url()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let forward_port = start_forwarder(gateway, api_port, stop.clone())?;
         let kubeconfig = cp.kubeconfig_path().to_path_buf();
@@ -185,10 +172,7 @@ impl NodeAgent {
             agent.kubelet.shutdown();
             Ok(())
         })?;
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| anyhow!("node agent did not start"))?
-            .map_err(|e| anyhow!("node agent: {e}"))?;
+        ready_rx.recv_timeout(Duration::from_secs(30)).map_err(|_| anyhow!("node agent did not start"))?.map_err(|e| anyhow!("node agent: {e}"))?;
         Ok(NodeAgent { stop, requests: tx, thread: Some(thread), logs, network, _dir: dir })
     }
 
@@ -212,9 +196,7 @@ impl NodeAgent {
     /// Kills the container of a pod with a signal (`KILL`, `TERM`), as a crash would.
     pub fn kill(&self, namespace: &str, pod: &str, signal: &str) -> Result<()> {
         let (reply, answer) = mpsc::channel();
-        self.requests
-            .send(Request::Kill { pod: format!("{namespace}/{pod}"), signal: signal.into(), reply })
-            .map_err(|_| anyhow!("node agent has stopped"))?;
+        self.requests.send(Request::Kill { pod: format!("{namespace}/{pod}"), signal: signal.into(), reply }).map_err(|_| anyhow!("node agent has stopped"))?;
         answer.recv_timeout(Duration::from_secs(30)).map_err(|_| anyhow!("node agent did not answer"))?
     }
 
@@ -412,9 +394,7 @@ impl Agent {
                 "metadata": { "name": name, "namespace": ns },
                 "target": { "apiVersion": "v1", "kind": "Node", "name": NODE_NAME },
             });
-            api.create_subresource::<Value, Value>("binding", &name, &PostParams::default(), &binding)
-                .await
-                .context("binding the pod to the node")?;
+            api.create_subresource::<Value, Value>("binding", &name, &PostParams::default(), &binding).await.context("binding the pod to the node")?;
         }
         if spec.containers.len() > 1 {
             eprintln!("node-agent: {key}: only the first of {} containers runs", spec.containers.len());
@@ -595,7 +575,11 @@ fn pod_status(pod: &Pod, st: &PodState) -> Value {
         _ if st.running => ("Running", json!({ "running": { "startedAt": started } }), st.exit_code.map(terminated).unwrap_or(json!({}))),
         _ => match st.exit_code {
             // Exited, to be restarted in place after the back-off.
-            Some(code) => ("Running", json!({ "waiting": { "reason": "CrashLoopBackOff", "message": format!("back-off restarting container (exit code {code})") } }), terminated(code)),
+            Some(code) => (
+                "Running",
+                json!({ "waiting": { "reason": "CrashLoopBackOff", "message": format!("back-off restarting container (exit code {code})") } }),
+                terminated(code),
+            ),
             None => ("Pending", json!({ "waiting": { "reason": "ContainerCreating" } }), json!({})),
         },
     };

@@ -53,10 +53,7 @@ fn find_or_build_tfjob() -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the test binary")?;
     // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
+    let profile_dir = exe.parent().and_then(Path::parent).ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
     let target = profile_dir.parent().ok_or_else(|| anyhow!("{} has no parent", profile_dir.display()))?;
     for dir in [target.join("release"), profile_dir.to_path_buf()] {
         let bin = dir.join("tfjob");
@@ -92,8 +89,7 @@ fn find_or_build_tfjob() -> Result<PathBuf> {
 fn warn_if_stale(bin: &Path) {
     let Ok(built) = fs::metadata(bin).and_then(|m| m.modified()) else { return };
     let src = repo_root().join("operator").join("src");
-    let newer =
-        walk(&src).into_iter().find(|p| fs::metadata(p).and_then(|m| m.modified()).map(|t| t > built).unwrap_or(false));
+    let newer = walk(&src).into_iter().find(|p| fs::metadata(p).and_then(|m| m.modified()).map(|t| t > built).unwrap_or(false));
     if let Some(p) = newer {
         eprintln!(
             "WARNING: {} is older than {}; rebuild it (`cargo build --release -p tfjob-operator`) \
@@ -124,8 +120,7 @@ pub fn install_crd(cp: &ControlPlane) -> Result<()> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
         (|| -> Result<()> {
-            let crd =
-                fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
+            let crd = fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
             cp.apply(&crd)?;
             cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/tfjobs.kubeflow.org"])?;
             Ok(())
@@ -205,32 +200,23 @@ impl OperatorSetup {
 pub fn operator_account(cp: &ControlPlane, namespace: &str) -> Result<OperatorSetup> {
     install_crd(cp)?;
     let rbac = operator_rbac(cp, namespace)?;
-    let sas: Vec<String> = yaml_documents(&rbac)?
-        .iter()
-        .filter(|d| d["kind"] == "ServiceAccount")
-        .filter_map(|d| d["metadata"]["name"].as_str().map(String::from))
-        .collect();
+    let sas: Vec<String> =
+        yaml_documents(&rbac)?.iter().filter(|d| d["kind"] == "ServiceAccount").filter_map(|d| d["metadata"]["name"].as_str().map(String::from)).collect();
     let [service_account] = sas.as_slice() else {
         bail!("the rendered chart has {} ServiceAccounts ({sas:?}), expected one:\n{rbac}", sas.len());
     };
     let service_account = service_account.clone();
     cp.kubectl_stdin(["apply", "-n", namespace, "-f", "-"], &rbac).context("applying the chart's RBAC")?;
 
-    let deployment =
-        crate::chart::template(cp, RELEASE, namespace, &values(namespace), &["templates/deployment.yaml"])?;
+    let deployment = crate::chart::template(cp, RELEASE, namespace, &values(namespace), &["templates/deployment.yaml"])?;
     let docs = yaml_documents(&deployment)?;
-    let dep = docs
-        .iter()
-        .find(|d| d["kind"] == "Deployment")
-        .ok_or_else(|| anyhow!("the chart renders no Deployment:\n{deployment}"))?;
+    let dep = docs.iter().find(|d| d["kind"] == "Deployment").ok_or_else(|| anyhow!("the chart renders no Deployment:\n{deployment}"))?;
     let sa_in_pod = dep["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or_default();
     if sa_in_pod != service_account {
         bail!("the chart's Deployment runs as {sa_in_pod:?}, its ServiceAccount is {service_account:?}");
     }
-    let container = dep["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .and_then(|cs| cs.first())
-        .ok_or_else(|| anyhow!("the chart's Deployment has no container"))?;
+    let container =
+        dep["spec"]["template"]["spec"]["containers"].as_array().and_then(|cs| cs.first()).ok_or_else(|| anyhow!("the chart's Deployment has no container"))?;
     let mut env = Vec::new();
     for e in container["env"].as_array().into_iter().flatten() {
         let name = e["name"].as_str().unwrap_or_default().to_string();
@@ -249,10 +235,8 @@ pub fn operator_account(cp: &ControlPlane, namespace: &str) -> Result<OperatorSe
     let kubeconfig = cp.service_account_kubeconfig(namespace, &service_account)?;
     let account = OperatorSetup { rbac, service_account, kubeconfig, namespace: namespace.to_string(), env };
     eventually("the operator's RBAC takes effect", Duration::from_secs(30), || {
-        let out = cp
-            .command_with_kubeconfig("kubectl", &account.kubeconfig)
-            .args(["auth", "can-i", "list", "tfjobs.kubeflow.org", "-n", namespace])
-            .output()?;
+        let out =
+            cp.command_with_kubeconfig("kubectl", &account.kubeconfig).args(["auth", "can-i", "list", "tfjobs.kubeflow.org", "-n", namespace]).output()?;
         Ok(out.status.success().then_some(()))
     })?;
     Ok(account)
@@ -298,10 +282,7 @@ impl Operator {
         if let Some(level) = std::env::var_os("TFJOB_TEST_OPERATOR_LOG_LEVEL") {
             cmd.env("TFJOB_LOG_LEVEL", level);
         }
-        cmd.env("TFJOB_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
+        cmd.env("TFJOB_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
         let child = spawn_supervised(cmd).with_context(|| format!("starting {}", bin.display()))?;
         Ok(Operator { name: name.to_string(), child, log, metrics_port })
     }
@@ -386,17 +367,10 @@ impl Operator {
     /// The last lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
         // Some lines (kube-rs logs whole API responses) are huge: keep their start.
-        let text: Vec<String> =
-            tail(&self.log, lines)
-                .lines()
-                .map(|l| {
-                    if l.len() > 400 {
-                        format!("{}...", l.chars().take(400).collect::<String>())
-                    } else {
-                        l.to_string()
-                    }
-                })
-                .collect();
+        let text: Vec<String> = tail(&self.log, lines)
+            .lines()
+            .map(|l| if l.len() > 400 { format!("{}...", l.chars().take(400).collect::<String>()) } else { l.to_string() })
+            .collect();
         format!("--- {} ({}) ---\n{}", self.name, self.log.display(), text.join("\n"))
     }
 }
@@ -429,10 +403,7 @@ pub fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> R
             Err(e) => last_err = Some(e),
         }
         if Instant::now() > deadline {
-            bail!(
-                "{what}: not true after {timeout:?}{}",
-                last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default()
-            );
+            bail!("{what}: not true after {timeout:?}{}", last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -453,12 +424,10 @@ pub struct PodState {
 
 impl PodState {
     /// Running, never restarted.
-    pub const RUNNING: PodState =
-        PodState { phase: "Running", exit_code: None, last_exit_code: None, restart_count: 0 };
+    pub const RUNNING: PodState = PodState { phase: "Running", exit_code: None, last_exit_code: None, restart_count: 0 };
 
     /// Succeeded with exit code 0.
-    pub const SUCCEEDED: PodState =
-        PodState { phase: "Succeeded", exit_code: Some(0), last_exit_code: None, restart_count: 0 };
+    pub const SUCCEEDED: PodState = PodState { phase: "Succeeded", exit_code: Some(0), last_exit_code: None, restart_count: 0 };
 
     /// Failed with `code`.
     pub fn failed(code: i32) -> PodState {
@@ -545,10 +514,8 @@ impl<'a> Cluster<'a> {
             args.extend(["-l", selector]);
         }
         let list: Value = serde_json::from_str(&self.cp.kubectl_ok(args)?)?;
-        let mut names: Vec<String> = list["items"]
-            .as_array()
-            .map(|items| items.iter().filter_map(|i| i["metadata"]["name"].as_str().map(String::from)).collect())
-            .unwrap_or_default();
+        let mut names: Vec<String> =
+            list["items"].as_array().map(|items| items.iter().filter_map(|i| i["metadata"]["name"].as_str().map(String::from)).collect()).unwrap_or_default();
         names.sort();
         Ok(names)
     }
@@ -560,17 +527,7 @@ impl<'a> Cluster<'a> {
 
     /// Sets the phase and `tensorflow` container state of a pod through its status subresource.
     pub fn set_pod(&self, pod: &str, state: PodState) -> Result<()> {
-        self.cp.kubectl_ok([
-            "patch",
-            "pod",
-            pod,
-            "-n",
-            &self.ns,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &state.status_patch().to_string(),
-        ])?;
+        self.cp.kubectl_ok(["patch", "pod", pod, "-n", &self.ns, "--subresource=status", "--type=merge", "-p", &state.status_patch().to_string()])?;
         Ok(())
     }
 
@@ -592,13 +549,7 @@ impl<'a> Cluster<'a> {
     }
 
     /// Waits until `pred` holds for the job's status; returns that status.
-    pub fn wait_status(
-        &self,
-        job: &str,
-        what: &str,
-        timeout: Duration,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Result<Value> {
+    pub fn wait_status(&self, job: &str, what: &str, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value> {
         let mut last = Value::Null;
         let r = eventually(&format!("TFJob {}/{job}: {what}", self.ns), timeout, || {
             let st = self.job_status(job)?.ok_or_else(|| anyhow!("the job does not exist"))?;

@@ -64,35 +64,17 @@ impl Podman {
     /// answers.
     pub fn setup() -> Result<&'static Podman> {
         static PODMAN: OnceLock<std::result::Result<Podman, String>> = OnceLock::new();
-        PODMAN
-            .get_or_init(|| Podman::load().map_err(|e| format!("{e:#}")))
-            .as_ref()
-            .map_err(|e| anyhow!("{e}"))
+        PODMAN.get_or_init(|| Podman::load().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow!("{e}"))
     }
 
     fn load() -> Result<Podman> {
         let script = images_dir().join("podman-env.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("env")
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
+        let out = Command::new("bash").arg(&script).arg("env").stdin(Stdio::null()).output().with_context(|| format!("running {}", script.display()))?;
         if !out.status.success() {
-            bail!(
-                "podman cannot be set up here ({} env: {}):\n{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("podman cannot be set up here ({} env: {}):\n{}", script.display(), out.status, String::from_utf8_lossy(&out.stderr));
         }
-        let env: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                l.split_once('=')
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-            })
-            .collect();
+        let env: Vec<(String, String)> =
+            String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
         let dir = env
             .iter()
             .find(|(k, _)| k == "TFJOB_PODMAN_DIR")
@@ -120,8 +102,7 @@ impl Podman {
     /// A `podman` command with this environment.
     pub fn command(&self) -> Command {
         let mut c = Command::new("podman");
-        c.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null());
+        c.envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
         c
     }
 
@@ -132,10 +113,7 @@ impl Podman {
         S: AsRef<OsStr>,
     {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-        self.command()
-            .args(&args)
-            .output()
-            .with_context(|| format!("running podman {}", show(&args)))
+        self.command().args(&args).output().with_context(|| format!("running podman {}", show(&args)))
     }
 
     /// Runs `podman <args>`, fails unless it exits 0, and returns its stdout.
@@ -147,13 +125,7 @@ impl Podman {
         let args: Vec<_> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let out = self.run(&args)?;
         if !out.status.success() {
-            bail!(
-                "podman {} failed ({}):\n{}{}",
-                show(&args),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("podman {} failed ({}):\n{}{}", show(&args), out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -161,26 +133,17 @@ impl Podman {
     /// Size in bytes of a local image.
     pub fn image_size(&self, image: &str) -> Result<u64> {
         let s = self.run_ok(["image", "inspect", "--format", "{{.Size}}", image])?;
-        s.trim()
-            .parse()
-            .with_context(|| format!("size of {image}: {s:?}"))
+        s.trim().parse().with_context(|| format!("size of {image}: {s:?}"))
     }
 
     /// Waits until container `name` has exited and returns its exit code; `Err` after `timeout`.
     pub fn wait_exit(&self, name: &str, timeout: Duration) -> Result<i32> {
         let deadline = Instant::now() + timeout;
         loop {
-            let state = self.run_ok([
-                "inspect",
-                "--format",
-                "{{.State.Status}} {{.State.ExitCode}}",
-                name,
-            ])?;
+            let state = self.run_ok(["inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name])?;
             let mut words = state.split_whitespace();
             if let (Some("exited" | "stopped"), Some(code)) = (words.next(), words.next()) {
-                return code
-                    .parse()
-                    .with_context(|| format!("exit code of {name}: {state:?}"));
+                return code.parse().with_context(|| format!("exit code of {name}: {state:?}"));
             }
             if Instant::now() > deadline {
                 bail!("container {name} still {} after {timeout:?}", state.trim());
@@ -193,33 +156,20 @@ impl Podman {
     pub fn logs(&self, name: &str) -> Result<(String, String)> {
         let out = self.run(["logs", name])?;
         if !out.status.success() {
-            bail!(
-                "podman logs {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("podman logs {name}: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Ok((
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ))
+        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned()))
     }
 }
 
 fn show(args: &[std::ffi::OsString]) -> String {
-    args.iter()
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ")
+    args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
 }
 
 /// A name no other test (of this or another process) uses: `<prefix>-<pid>-<n>`.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Containers and networks a test made; all are removed (containers first) when this is dropped,
@@ -232,24 +182,14 @@ pub struct Resources {
 
 impl Resources {
     pub fn new(podman: &'static Podman) -> Resources {
-        Resources {
-            podman,
-            containers: Vec::new(),
-            networks: Vec::new(),
-        }
+        Resources { podman, containers: Vec::new(), networks: Vec::new() }
     }
 
     /// Creates a bridge network with DNS (aardvark-dns) under a unique name and returns the name.
     pub fn network(&mut self, prefix: &str) -> Result<String> {
         let name = unique_name(prefix);
         self.networks.push(name.clone());
-        self.podman.run_ok([
-            "network",
-            "create",
-            "--label",
-            &format!("{LABEL}={}", std::process::id()),
-            &name,
-        ])?;
+        self.podman.run_ok(["network", "create", "--label", &format!("{LABEL}={}", std::process::id()), &name])?;
         Ok(name)
     }
 
@@ -262,17 +202,7 @@ impl Resources {
     {
         let name = unique_name(prefix);
         self.containers.push(name.clone());
-        let mut all: Vec<std::ffi::OsString> = [
-            "run",
-            "--detach",
-            "--pull=never",
-            "--name",
-            &name,
-            "--label",
-        ]
-        .iter()
-        .map(Into::into)
-        .collect();
+        let mut all: Vec<std::ffi::OsString> = ["run", "--detach", "--pull=never", "--name", &name, "--label"].iter().map(Into::into).collect();
         all.push(format!("{LABEL}={}", std::process::id()).into());
         all.extend(args.into_iter().map(|a| a.as_ref().to_owned()));
         self.podman.run_ok(&all)?;
@@ -288,15 +218,9 @@ impl Resources {
     pub fn remove_all(&mut self) -> Result<()> {
         let mut errors = Vec::new();
         for c in self.containers.drain(..).rev() {
-            match self
-                .podman
-                .run(["rm", "--force", "--ignore", "--time", "0", &c])
-            {
+            match self.podman.run(["rm", "--force", "--ignore", "--time", "0", &c]) {
                 Ok(o) if o.status.success() => {}
-                Ok(o) => errors.push(format!(
-                    "podman rm {c}: {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                )),
+                Ok(o) => errors.push(format!("podman rm {c}: {}", String::from_utf8_lossy(&o.stderr).trim())),
                 Err(e) => errors.push(format!("{e:#}")),
             }
         }
@@ -305,19 +229,14 @@ impl Resources {
                 Ok(o) if o.status.success() => {}
                 Ok(o) => {
                     let err = String::from_utf8_lossy(&o.stderr);
-                    if !err.contains("unable to find network") && !err.contains("network not found")
-                    {
+                    if !err.contains("unable to find network") && !err.contains("network not found") {
                         errors.push(format!("podman network rm {n}: {}", err.trim()));
                     }
                 }
                 Err(e) => errors.push(format!("{e:#}")),
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            bail!("{}", errors.join("\n"))
-        }
+        if errors.is_empty() { Ok(()) } else { bail!("{}", errors.join("\n")) }
     }
 }
 
@@ -340,44 +259,25 @@ pub fn release_bin_dir() -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the test binary")?;
     // <target>/<profile>/deps/<test binary>
-    let target = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
+    let target = exe.parent().and_then(Path::parent).and_then(Path::parent).ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
     let release = target.join("release");
     if has_binaries(&release) {
         return Ok(release);
     }
     let own = target.join("images-cargo");
     let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "tfjob-runtime",
-            "-p",
-            "tfjob-operator",
-        ])
+        .args(["build", "--release", "--locked", "-p", "tfjob-runtime", "-p", "tfjob-operator"])
         .env("CARGO_TARGET_DIR", &own)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stdin(Stdio::null())
         .output()
         .context("running cargo build --release")?;
     if !out.status.success() {
-        bail!(
-            "{} has no tfjob-runtime and tfjob, and building them failed:\n{}",
-            release.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("{} has no tfjob-runtime and tfjob, and building them failed:\n{}", release.display(), String::from_utf8_lossy(&out.stderr));
     }
     let built = own.join("release");
     if !has_binaries(&built) {
-        bail!(
-            "cargo build --release made no tfjob-runtime and tfjob in {}",
-            built.display()
-        );
+        bail!("cargo build --release made no tfjob-runtime and tfjob in {}", built.display());
     }
     Ok(built)
 }
@@ -412,12 +312,7 @@ pub fn build_images(bin_dir: &Path) -> Result<Images> {
         .with_context(|| format!("running {}", script.display()))?;
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
-        bail!(
-            "{} --bin-dir {} failed ({}):\n{log}",
-            script.display(),
-            bin_dir.display(),
-            out.status
-        );
+        bail!("{} --bin-dir {} failed ({}):\n{log}", script.display(), bin_dir.display(), out.status);
     }
     Ok(Images {
         runtime: RUNTIME_IMAGE.into(),
@@ -443,23 +338,13 @@ impl PodmanService {
     /// `GET /_ping`.
     pub fn start() -> Result<PodmanService> {
         let podman = Podman::setup()?;
-        let dir = tempfile::Builder::new()
-            .prefix("tfjob-podman-api.")
-            .tempdir()
-            .context("socket directory")?;
+        let dir = tempfile::Builder::new().prefix("tfjob-podman-api.").tempdir().context("socket directory")?;
         let socket = dir.path().join("podman.sock");
         let log = fs::File::create(dir.path().join("service.log")).context("service log")?;
         let mut cmd = podman.command();
-        cmd.args(["system", "service", "--time=0"])
-            .arg(format!("unix://{}", socket.display()))
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.args(["system", "service", "--time=0"]).arg(format!("unix://{}", socket.display())).stdout(log.try_clone()?).stderr(log);
         let child = spawn_supervised(cmd).context("starting podman system service")?;
-        let mut service = PodmanService {
-            child: Some(child),
-            dir,
-            socket,
-        };
+        let mut service = PodmanService { child: Some(child), dir, socket };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok((200, body)) = http_get(&service.socket, "/_ping")
@@ -470,17 +355,10 @@ impl PodmanService {
             if let Some(child) = service.child.as_mut()
                 && let Some(status) = child.try_wait()?
             {
-                bail!(
-                    "podman system service exited ({status}):\n{}",
-                    service.log()
-                );
+                bail!("podman system service exited ({status}):\n{}", service.log());
             }
             if Instant::now() > deadline {
-                bail!(
-                    "podman system service does not answer on {} after 30s:\n{}",
-                    service.socket.display(),
-                    service.log()
-                );
+                bail!("podman system service does not answer on {} after 30s:\n{}", service.socket.display(), service.log());
             }
             thread::sleep(Duration::from_millis(50));
         }
@@ -542,46 +420,28 @@ impl Drop for PodmanService {
 pub fn http_get(socket: &Path, path: &str) -> io::Result<(u16, String)> {
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: d\r\nConnection: close\r\n\r\n")?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| io::Error::other("no HTTP header end"))?;
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| io::Error::other("no HTTP header end"))?;
     let head = String::from_utf8_lossy(&raw[..end]).into_owned();
     let body = &raw[end + 4..];
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("bad status line: {head:?}")))?;
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| io::Error::other(format!("bad status line: {head:?}")))?;
     let chunked = head.lines().any(|l| {
         let l = l.to_ascii_lowercase();
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
-    let body = if chunked {
-        dechunk(body)?
-    } else {
-        body.to_vec()
-    };
+    let body = if chunked { dechunk(body)? } else { body.to_vec() };
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 fn dechunk(mut body: &[u8]) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
     loop {
-        let eol = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| io::Error::other("truncated chunk size"))?;
+        let eol = body.windows(2).position(|w| w == b"\r\n").ok_or_else(|| io::Error::other("truncated chunk size"))?;
         let size = std::str::from_utf8(&body[..eol]).unwrap_or("");
         let size = size.split(';').next().unwrap_or("").trim();
-        let n = usize::from_str_radix(size, 16)
-            .map_err(|_| io::Error::other(format!("bad chunk size {size:?}")))?;
+        let n = usize::from_str_radix(size, 16).map_err(|_| io::Error::other(format!("bad chunk size {size:?}")))?;
         body = &body[eol + 2..];
         if n == 0 {
             return Ok(out);

@@ -15,9 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject,
-};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -47,61 +45,26 @@ const OPERATOR_RULES: &[Row] = &[
 type Grant = (String, String, Option<String>, String);
 
 fn grants_of_rows(rows: &[Row]) -> BTreeSet<Grant> {
-    rows.iter()
-        .flat_map(|(g, r, verbs)| {
-            verbs
-                .iter()
-                .map(move |v| (g.to_string(), r.to_string(), None, v.to_string()))
-        })
-        .collect()
+    rows.iter().flat_map(|(g, r, verbs)| verbs.iter().map(move |v| (g.to_string(), r.to_string(), None, v.to_string()))).collect()
 }
 
 fn podgroup_grants(group: &str) -> BTreeSet<Grant> {
-    ["create", "patch", "delete"]
-        .iter()
-        .map(|v| {
-            (
-                group.to_string(),
-                "podgroups".to_string(),
-                None,
-                v.to_string(),
-            )
-        })
-        .collect()
+    ["create", "patch", "delete"].iter().map(|v| (group.to_string(), "podgroups".to_string(), None, v.to_string())).collect()
 }
 
 fn lease_grants(lease: &str) -> BTreeSet<Grant> {
-    let l = |name: Option<&str>, verb: &str| {
-        (
-            "coordination.k8s.io".to_string(),
-            "leases".to_string(),
-            name.map(str::to_string),
-            verb.to_string(),
-        )
-    };
-    [
-        l(None, "create"),
-        l(Some(lease), "get"),
-        l(Some(lease), "update"),
-    ]
-    .into_iter()
-    .collect()
+    let l = |name: Option<&str>, verb: &str| ("coordination.k8s.io".to_string(), "leases".to_string(), name.map(str::to_string), verb.to_string());
+    [l(None, "create"), l(Some(lease), "get"), l(Some(lease), "update")].into_iter().collect()
 }
 
 /// Expands rules into single permissions; wildcards and non-resource URLs are refused outright.
 fn grants(rules: &[PolicyRule]) -> Result<BTreeSet<Grant>> {
     let mut out = BTreeSet::new();
     for r in rules {
-        ensure!(
-            r.non_resource_urls.is_none(),
-            "non-resource URL rule: {r:?}"
-        );
+        ensure!(r.non_resource_urls.is_none(), "non-resource URL rule: {r:?}");
         let groups = r.api_groups.clone().unwrap_or_default();
         let resources = r.resources.clone().unwrap_or_default();
-        ensure!(
-            !groups.is_empty() && !resources.is_empty() && !r.verbs.is_empty(),
-            "incomplete rule: {r:?}"
-        );
+        ensure!(!groups.is_empty() && !resources.is_empty() && !r.verbs.is_empty(), "incomplete rule: {r:?}");
         let names: Vec<Option<String>> = match &r.resource_names {
             Some(n) if !n.is_empty() => n.iter().cloned().map(Some).collect(),
             _ => vec![None],
@@ -110,14 +73,8 @@ fn grants(rules: &[PolicyRule]) -> Result<BTreeSet<Grant>> {
             for res in &resources {
                 for n in &names {
                     for v in &r.verbs {
-                        ensure!(
-                            g != "*" && res != "*" && v != "*",
-                            "wildcard in rule: {r:?}"
-                        );
-                        ensure!(
-                            out.insert((g.clone(), res.clone(), n.clone(), v.clone())),
-                            "permission granted twice: {g}/{res} {v}"
-                        );
+                        ensure!(g != "*" && res != "*" && v != "*", "wildcard in rule: {r:?}");
+                        ensure!(out.insert((g.clone(), res.clone(), n.clone(), v.clone())), "permission granted twice: {g}/{res} {v}");
                     }
                 }
             }
@@ -151,14 +108,10 @@ impl Rendered {
         &self.deployments[0]
     }
     fn role(&self, name: &str) -> Option<&Role> {
-        self.roles
-            .iter()
-            .find(|r| r.metadata.name.as_deref() == Some(name))
+        self.roles.iter().find(|r| r.metadata.name.as_deref() == Some(name))
     }
     fn role_binding(&self, name: &str) -> Option<&RoleBinding> {
-        self.role_bindings
-            .iter()
-            .find(|r| r.metadata.name.as_deref() == Some(name))
+        self.role_bindings.iter().find(|r| r.metadata.name.as_deref() == Some(name))
     }
     fn kinds(&self) -> BTreeSet<&str> {
         self.objects.iter().map(|(k, _, _)| k.as_str()).collect()
@@ -173,12 +126,8 @@ fn differences(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
                 let p = format!("{path}.{k}");
                 match (x.get(k), y.get(k)) {
                     (Some(u), Some(v)) => differences(&p, u, v, out),
-                    (Some(u), None) => out.push(format!(
-                        "{p}: {u} is dropped by the typed object (unknown field?)"
-                    )),
-                    (None, Some(v)) => {
-                        out.push(format!("{p}: {v} appears only in the typed object"))
-                    }
+                    (Some(u), None) => out.push(format!("{p}: {u} is dropped by the typed object (unknown field?)")),
+                    (None, Some(v)) => out.push(format!("{p}: {v} appears only in the typed object")),
                     (None, None) => {}
                 }
             }
@@ -200,12 +149,7 @@ fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T> {
     let back = serde_json::to_value(&t)?;
     let mut diffs = Vec::new();
     differences("", doc, &back, &mut diffs);
-    ensure!(
-        diffs.is_empty(),
-        "{} does not round-trip:\n{}",
-        doc["kind"],
-        diffs.join("\n")
-    );
+    ensure!(diffs.is_empty(), "{} does not round-trip:\n{}", doc["kind"], diffs.join("\n"));
     Ok(t)
 }
 
@@ -213,26 +157,15 @@ fn parse(yaml: &str) -> Result<Rendered> {
     let mut r = Rendered::default();
     for doc in chart::documents(yaml)? {
         let doc: Value = serde_json::to_value(&doc)?;
-        let kind = doc["kind"]
-            .as_str()
-            .context("document without kind")?
-            .to_string();
-        let name = doc["metadata"]["name"]
-            .as_str()
-            .context("document without name")?
-            .to_string();
+        let kind = doc["kind"].as_str().context("document without kind")?.to_string();
+        let name = doc["metadata"]["name"].as_str().context("document without name")?.to_string();
         let namespace = doc["metadata"]["namespace"].as_str().map(str::to_string);
-        match (
-            doc["apiVersion"].as_str().unwrap_or_default(),
-            kind.as_str(),
-        ) {
+        match (doc["apiVersion"].as_str().unwrap_or_default(), kind.as_str()) {
             ("apps/v1", "Deployment") => r.deployments.push(typed(&doc)?),
             ("v1", "ServiceAccount") => r.service_accounts.push(typed(&doc)?),
             ("v1", "Service") => r.services.push(typed(&doc)?),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => r.cluster_roles.push(typed(&doc)?),
-            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-                r.cluster_role_bindings.push(typed(&doc)?)
-            }
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => r.cluster_role_bindings.push(typed(&doc)?),
             ("rbac.authorization.k8s.io/v1", "Role") => r.roles.push(typed(&doc)?),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => r.role_bindings.push(typed(&doc)?),
             ("monitoring.coreos.com/v1", "ServiceMonitor") => r.service_monitors.push(doc.clone()),
@@ -265,10 +198,7 @@ fn env_of(d: &Deployment) -> BTreeMap<String, String> {
                 (None, Some(from)) => {
                     format!("fieldRef:{}", from.field_ref.as_ref().unwrap().field_path)
                 }
-                other => panic!(
-                    "env {} is neither a value nor a fieldRef: {other:?}",
-                    e.name
-                ),
+                other => panic!("env {} is neither a value nor a fieldRef: {other:?}", e.name),
             };
             (e.name.clone(), v)
         })
@@ -288,10 +218,7 @@ fn expected_env(extra: &[(&str, &str)], metrics_port: u16) -> BTreeMap<String, S
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    m.insert(
-        "TFJOB_METRICS_ADDR".into(),
-        format!("0.0.0.0:{metrics_port}"),
-    );
+    m.insert("TFJOB_METRICS_ADDR".into(), format!("0.0.0.0:{metrics_port}"));
     for (k, v) in extra {
         m.insert(k.to_string(), v.to_string());
     }
@@ -299,12 +226,7 @@ fn expected_env(extra: &[(&str, &str)], metrics_port: u16) -> BTreeMap<String, S
 }
 
 fn sa_subject(name: &str) -> Vec<Subject> {
-    vec![Subject {
-        kind: "ServiceAccount".into(),
-        name: name.into(),
-        namespace: Some(RELEASE_NS.into()),
-        api_group: None,
-    }]
+    vec![Subject { kind: "ServiceAccount".into(), name: name.into(), namespace: Some(RELEASE_NS.into()), api_group: None }]
 }
 
 fn cluster_name() -> String {
@@ -316,37 +238,23 @@ fn cluster_name() -> String {
 fn operator_grants(r: &Rendered, watch: Option<&str>) -> Result<BTreeSet<Grant>> {
     match watch {
         None => {
-            ensure!(
-                r.cluster_roles.len() == 1 && r.cluster_role_bindings.len() == 1,
-                "{:?}",
-                r.objects
-            );
+            ensure!(r.cluster_roles.len() == 1 && r.cluster_role_bindings.len() == 1, "{:?}", r.objects);
             let cr = &r.cluster_roles[0];
             let crb = &r.cluster_role_bindings[0];
             assert_eq!(cr.metadata.name.as_deref(), Some(cluster_name().as_str()));
             assert_eq!(crb.role_ref.kind, "ClusterRole");
             assert_eq!(Some(&crb.role_ref.name), cr.metadata.name.as_ref());
-            assert_eq!(
-                crb.subjects.as_deref(),
-                Some(sa_subject(RELEASE).as_slice())
-            );
+            assert_eq!(crb.subjects.as_deref(), Some(sa_subject(RELEASE).as_slice()));
             assert!(cr.aggregation_rule.is_none());
             grants(cr.rules.as_deref().unwrap_or_default())
         }
         Some(ns) => {
-            ensure!(
-                r.cluster_roles.is_empty() && r.cluster_role_bindings.is_empty(),
-                "{:?}",
-                r.objects
-            );
+            ensure!(r.cluster_roles.is_empty() && r.cluster_role_bindings.is_empty(), "{:?}", r.objects);
             let role = r.role(RELEASE).context("no operator Role")?;
             let rb = r.role_binding(RELEASE).context("no operator RoleBinding")?;
             assert_eq!(role.metadata.namespace.as_deref(), Some(ns));
             assert_eq!(rb.metadata.namespace.as_deref(), Some(ns));
-            assert_eq!(
-                (rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()),
-                ("Role", RELEASE)
-            );
+            assert_eq!((rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()), ("Role", RELEASE));
             assert_eq!(rb.subjects.as_deref(), Some(sa_subject(RELEASE).as_slice()));
             grants(role.rules.as_deref().unwrap_or_default())
         }
@@ -357,18 +265,12 @@ fn operator_grants(r: &Rendered, watch: Option<&str>) -> Result<BTreeSet<Grant>>
 fn leader_election_grants(r: &Rendered) -> Result<Option<BTreeSet<Grant>>> {
     let name = format!("{RELEASE}-leader-election");
     let (Some(role), Some(rb)) = (r.role(&name), r.role_binding(&name)) else {
-        ensure!(
-            r.role(&name).is_none() && r.role_binding(&name).is_none(),
-            "half a leases Role"
-        );
+        ensure!(r.role(&name).is_none() && r.role_binding(&name).is_none(), "half a leases Role");
         return Ok(None);
     };
     assert_eq!(role.metadata.namespace.as_deref(), Some(RELEASE_NS));
     assert_eq!(rb.metadata.namespace.as_deref(), Some(RELEASE_NS));
-    assert_eq!(
-        (rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()),
-        ("Role", name.as_str())
-    );
+    assert_eq!((rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()), ("Role", name.as_str()));
     assert_eq!(rb.subjects.as_deref(), Some(sa_subject(RELEASE).as_slice()));
     Ok(Some(grants(role.rules.as_deref().unwrap_or_default())?))
 }
@@ -376,10 +278,7 @@ fn leader_election_grants(r: &Rendered) -> Result<Option<BTreeSet<Grant>>> {
 fn chart_app_version() -> Result<String> {
     let text = std::fs::read_to_string(chart_dir().join("Chart.yaml"))?;
     let v: serde_yaml::Value = serde_yaml::from_str(&text)?;
-    Ok(v["appVersion"]
-        .as_str()
-        .context("Chart.yaml has no appVersion")?
-        .to_string())
+    Ok(v["appVersion"].as_str().context("Chart.yaml has no appVersion")?.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,19 +286,15 @@ fn chart_app_version() -> Result<String> {
 
 #[test]
 fn chart_crd_is_byte_identical_to_the_repository_crd() -> Result<()> {
-    let repo =
-        std::fs::read(chart_dir().join("../../crds/tfjob.yaml")).context("crds/tfjob.yaml")?;
-    let chart = std::fs::read(chart_dir().join("crds/tfjob.yaml"))
-        .context("charts/tfjob-operator/crds/tfjob.yaml")?;
+    let repo = std::fs::read(chart_dir().join("../../crds/tfjob.yaml")).context("crds/tfjob.yaml")?;
+    let chart = std::fs::read(chart_dir().join("crds/tfjob.yaml")).context("charts/tfjob-operator/crds/tfjob.yaml")?;
     assert!(
         repo == chart,
         "charts/tfjob-operator/crds/tfjob.yaml differs from crds/tfjob.yaml; copy it: \
          cp crds/tfjob.yaml charts/tfjob-operator/crds/tfjob.yaml"
     );
     // The only file in crds/: helm installs everything there as-is.
-    let files: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()?;
+    let files: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>()?;
     assert_eq!(files, vec![std::ffi::OsString::from("tfjob.yaml")]);
     Ok(())
 }
@@ -415,16 +310,11 @@ fn chart_app_version_is_the_operator_version() -> Result<()> {
 fn every_environment_variable_of_the_deployment_is_read_by_the_operator() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let source = std::fs::read_to_string(chart_dir().join("../../operator/src/kube.rs"))?;
-    let all = [
-        ("watchNamespace", "team-a"),
-        ("clusterDomain", "cluster.local"),
-        ("gangScheduler", "volcano"),
-    ];
+    let all = [("watchNamespace", "team-a"), ("clusterDomain", "cluster.local"), ("gangScheduler", "volcano")];
     let r = render(cp, &all)?;
     for name in env_of(r.deployment()).keys() {
         assert!(
-            source.contains(&format!("env = \"{name}\""))
-                || source.contains(&format!("var(\"{name}\")")),
+            source.contains(&format!("env = \"{name}\"")) || source.contains(&format!("var(\"{name}\")")),
             "the chart sets {name}, which operator/src/kube.rs does not read"
         );
     }
@@ -438,25 +328,12 @@ const VARIANTS: &[&[(&str, &str)]] = &[
     &[],
     &[("watchNamespace", "team-a")],
     &[("gangScheduler", "volcano")],
-    &[
-        ("gangScheduler", "scheduler-plugins-scheduler"),
-        ("watchNamespace", "team-a"),
-    ],
+    &[("gangScheduler", "scheduler-plugins-scheduler"), ("watchNamespace", "team-a")],
     &[("replicaCount", "2")],
     &[("leaderElection.enabled", "false")],
-    &[
-        ("serviceMonitor.enabled", "true"),
-        ("serviceMonitor.labels.release", "prometheus"),
-    ],
-    &[
-        ("image.repository", "registry.example.com/ml/tfjob-operator"),
-        ("image.tag", "v9"),
-        ("image.pullPolicy", "Always"),
-    ],
-    &[
-        ("serviceAccount.create", "false"),
-        ("serviceAccount.name", "existing"),
-    ],
+    &[("serviceMonitor.enabled", "true"), ("serviceMonitor.labels.release", "prometheus")],
+    &[("image.repository", "registry.example.com/ml/tfjob-operator"), ("image.tag", "v9"), ("image.pullPolicy", "Always")],
+    &[("serviceAccount.create", "false"), ("serviceAccount.name", "existing")],
     &[("rbac.create", "false")],
 ];
 
@@ -466,12 +343,7 @@ fn helm_lint_is_clean_for_the_default_values_and_variants() -> Result<()> {
     let dir = chart_dir().display().to_string();
     for values in VARIANTS {
         for strict in [false, true] {
-            let mut args = vec![
-                "lint".to_string(),
-                dir.clone(),
-                "--namespace".into(),
-                RELEASE_NS.into(),
-            ];
+            let mut args = vec!["lint".to_string(), dir.clone(), "--namespace".into(), RELEASE_NS.into()];
             if strict {
                 args.push("--strict".into());
             }
@@ -480,20 +352,10 @@ fn helm_lint_is_clean_for_the_default_values_and_variants() -> Result<()> {
                 args.push(format!("{k}={v}"));
             }
             let out = cp.helm(&args)?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
             assert!(out.status.success(), "helm {args:?} failed:\n{text}");
-            assert!(
-                text.contains("1 chart(s) linted, 0 chart(s) failed"),
-                "helm {args:?}:\n{text}"
-            );
-            assert!(
-                !text.contains("[WARNING]") && !text.contains("[ERROR]"),
-                "helm {args:?}:\n{text}"
-            );
+            assert!(text.contains("1 chart(s) linted, 0 chart(s) failed"), "helm {args:?}:\n{text}");
+            assert!(!text.contains("[WARNING]") && !text.contains("[ERROR]"), "helm {args:?}:\n{text}");
         }
     }
     Ok(())
@@ -506,17 +368,7 @@ fn helm_lint_is_clean_for_the_default_values_and_variants() -> Result<()> {
 fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let r = render(cp, &[])?;
-    let want: BTreeSet<&str> = [
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-        "Service",
-        "Deployment",
-        "Lease",
-    ]
-    .into();
+    let want: BTreeSet<&str> = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment", "Lease"].into();
     assert_eq!(r.kinds(), want, "{:?}", r.objects);
     assert!(r.service_monitors.is_empty());
 
@@ -524,52 +376,26 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let spec = &d.spec;
     assert_eq!(spec.replicas, Some(1));
     // A standby is not Ready (/readyz waits for leadership): a surge rollout would never finish.
-    assert_eq!(
-        spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
-        Some("Recreate")
-    );
-    let pod_labels = spec
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .clone()
-        .unwrap();
+    assert_eq!(spec.strategy.as_ref().and_then(|s| s.type_.as_deref()), Some("Recreate"));
+    let pod_labels = spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
     for (k, v) in spec.selector.match_labels.as_ref().unwrap() {
-        assert_eq!(
-            pod_labels.get(k),
-            Some(v),
-            "selector label {k} is not on the pod template"
-        );
+        assert_eq!(pod_labels.get(k), Some(v), "selector label {k} is not on the pod template");
     }
     let pod = spec.template.spec.as_ref().unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some(RELEASE));
     assert_eq!(r.service_accounts.len(), 1);
-    assert_eq!(
-        r.service_accounts[0].metadata.name.as_deref(),
-        Some(RELEASE)
-    );
-    assert_eq!(
-        r.service_accounts[0].metadata.namespace.as_deref(),
-        Some(RELEASE_NS)
-    );
+    assert_eq!(r.service_accounts[0].metadata.name.as_deref(), Some(RELEASE));
+    assert_eq!(r.service_accounts[0].metadata.namespace.as_deref(), Some(RELEASE_NS));
 
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
     assert_eq!(psc.run_as_user, Some(65532));
-    assert_eq!(
-        psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
-        Some("RuntimeDefault")
-    );
+    assert_eq!(psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()), Some("RuntimeDefault"));
     assert!(pod.host_network.is_none() && pod.host_pid.is_none() && pod.host_ipc.is_none());
 
     assert_eq!(pod.containers.len(), 1);
     let c = &pod.containers[0];
-    assert_eq!(
-        c.image.as_deref(),
-        Some(format!("tfjob-operator:{}", chart_app_version()?).as_str())
-    );
+    assert_eq!(c.image.as_deref(), Some(format!("tfjob-operator:{}", chart_app_version()?).as_str()));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
     // The image's entrypoint (`tfjob operator`) runs unchanged.
     assert!(c.command.is_none() && c.args.is_none());
@@ -581,30 +407,18 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let caps = sc.capabilities.as_ref().unwrap();
     assert_eq!(caps.drop.as_deref(), Some(["ALL".to_string()].as_slice()));
     assert!(caps.add.is_none());
-    assert_eq!(
-        sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
-        Some("RuntimeDefault")
-    );
+    assert_eq!(sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()), Some("RuntimeDefault"));
 
     let res = c.resources.as_ref().unwrap();
     for part in [&res.requests, &res.limits] {
         let part = part.as_ref().unwrap();
-        assert!(
-            part.contains_key("cpu") && part.contains_key("memory"),
-            "{res:?}"
-        );
+        assert!(part.contains_key("cpu") && part.contains_key("memory"), "{res:?}");
     }
 
     let ports = c.ports.as_ref().unwrap();
     assert_eq!(ports.len(), 1);
-    assert_eq!(
-        (ports[0].name.as_deref(), ports[0].container_port),
-        (Some("metrics"), 8080)
-    );
-    for (probe, path) in [
-        (&c.liveness_probe, "/healthz"),
-        (&c.readiness_probe, "/readyz"),
-    ] {
+    assert_eq!((ports[0].name.as_deref(), ports[0].container_port), (Some("metrics"), 8080));
+    for (probe, path) in [(&c.liveness_probe, "/healthz"), (&c.readiness_probe, "/readyz")] {
         let http = probe.as_ref().unwrap().http_get.as_ref().unwrap();
         assert_eq!(http.path.as_deref(), Some(path));
         assert_eq!(serde_json::to_value(&http.port)?, "metrics");
@@ -615,16 +429,9 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     // The metrics Service reaches the pods' metrics port.
     assert_eq!(r.services.len(), 1);
     let svc = r.services[0].spec.as_ref().unwrap();
-    assert_eq!(
-        r.services[0].metadata.name.as_deref(),
-        Some(format!("{RELEASE}-metrics").as_str())
-    );
+    assert_eq!(r.services[0].metadata.name.as_deref(), Some(format!("{RELEASE}-metrics").as_str()));
     for (k, v) in svc.selector.as_ref().unwrap() {
-        assert_eq!(
-            pod_labels.get(k),
-            Some(v),
-            "Service selector label {k} is not on the pods"
-        );
+        assert_eq!(pod_labels.get(k), Some(v), "Service selector label {k} is not on the pods");
     }
     let sp = &svc.ports.as_ref().unwrap()[0];
     assert_eq!((sp.name.as_deref(), sp.port), (Some("metrics"), 8080));
@@ -638,18 +445,11 @@ fn default_rbac_is_exactly_the_operators_api_calls() -> Result<()> {
     let r = render(cp, &[])?;
     assert_eq!(operator_grants(&r, None)?, grants_of_rows(OPERATOR_RULES));
     // No podgroups without gang scheduling.
-    assert!(
-        !operator_grants(&r, None)?
-            .iter()
-            .any(|g| g.1 == "podgroups")
-    );
+    assert!(!operator_grants(&r, None)?.iter().any(|g| g.1 == "podgroups"));
     // Leases: a Role in the release namespace; get/update only on the lease the operator is told
     // to use.
     let env = env_of(r.deployment());
-    assert_eq!(
-        leader_election_grants(&r)?,
-        Some(lease_grants(&env["TFJOB_LEASE_NAME"]))
-    );
+    assert_eq!(leader_election_grants(&r)?, Some(lease_grants(&env["TFJOB_LEASE_NAME"])));
     assert_eq!(r.roles.len(), 1, "only the leases Role in cluster mode");
     // The Lease itself is part of the release (helm uninstall removes it), without a holder.
     assert_eq!(r.leases.len(), 1);
@@ -664,15 +464,9 @@ fn default_rbac_is_exactly_the_operators_api_calls() -> Result<()> {
 fn namespaced_mode_uses_a_role_in_the_watched_namespace() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let r = render(cp, &[("watchNamespace", "team-a")])?;
-    assert_eq!(
-        operator_grants(&r, Some("team-a"))?,
-        grants_of_rows(OPERATOR_RULES)
-    );
+    assert_eq!(operator_grants(&r, Some("team-a"))?, grants_of_rows(OPERATOR_RULES));
     assert_eq!(leader_election_grants(&r)?, Some(lease_grants(RELEASE)));
-    assert_eq!(
-        env_of(r.deployment()),
-        expected_env(&[("TFJOB_NAMESPACE", "team-a")], 8080)
-    );
+    assert_eq!(env_of(r.deployment()), expected_env(&[("TFJOB_NAMESPACE", "team-a")], 8080));
     Ok(())
 }
 
@@ -680,11 +474,7 @@ fn namespaced_mode_uses_a_role_in_the_watched_namespace() -> Result<()> {
 fn gang_scheduling_adds_podgroup_rules_of_its_api_group_only() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let base = grants_of_rows(OPERATOR_RULES);
-    for (setting, group) in [
-        ("volcano", Some("scheduling.volcano.sh")),
-        ("my-coscheduler", Some("scheduling.x-k8s.io")),
-        ("none", None),
-    ] {
+    for (setting, group) in [("volcano", Some("scheduling.volcano.sh")), ("my-coscheduler", Some("scheduling.x-k8s.io")), ("none", None)] {
         for watch in [None, Some("team-a")] {
             let mut values = vec![("gangScheduler", setting)];
             values.extend(watch.map(|w| ("watchNamespace", w)));
@@ -695,11 +485,7 @@ fn gang_scheduling_adds_podgroup_rules_of_its_api_group_only() -> Result<()> {
             }
             assert_eq!(operator_grants(&r, watch)?, want, "{values:?}");
             let env = env_of(r.deployment());
-            assert_eq!(
-                env.get("TFJOB_GANG_SCHEDULER").map(String::as_str),
-                group.map(|_| setting),
-                "{values:?}"
-            );
+            assert_eq!(env.get("TFJOB_GANG_SCHEDULER").map(String::as_str), group.map(|_| setting), "{values:?}");
         }
     }
     Ok(())
@@ -713,18 +499,9 @@ fn several_replicas_need_leader_election() -> Result<()> {
     assert_eq!(env_of(r.deployment())["TFJOB_LEADER_ELECT"], "true");
     assert!(leader_election_grants(&r)?.is_some());
 
-    let err = chart::template(
-        cp,
-        RELEASE,
-        RELEASE_NS,
-        &[("replicaCount", "2"), ("leaderElection.enabled", "false")],
-        &[],
-    )
-    .expect_err("two replicas without leader election must be refused");
-    assert!(
-        format!("{err:#}").contains("leaderElection.enabled=true"),
-        "{err:#}"
-    );
+    let err = chart::template(cp, RELEASE, RELEASE_NS, &[("replicaCount", "2"), ("leaderElection.enabled", "false")], &[])
+        .expect_err("two replicas without leader election must be refused");
+    assert!(format!("{err:#}").contains("leaderElection.enabled=true"), "{err:#}");
 
     // One replica without leader election: no Lease, no leases Role.
     let r = render(cp, &[("leaderElection.enabled", "false")])?;
@@ -738,39 +515,22 @@ fn several_replicas_need_leader_election() -> Result<()> {
 fn service_monitor_is_rendered_only_when_enabled() -> Result<()> {
     let cp = ControlPlane::shared()?;
     assert!(render(cp, &[])?.service_monitors.is_empty());
-    let r = render(
-        cp,
-        &[
-            ("serviceMonitor.enabled", "true"),
-            ("serviceMonitor.labels.release", "prometheus"),
-        ],
-    )?;
+    let r = render(cp, &[("serviceMonitor.enabled", "true"), ("serviceMonitor.labels.release", "prometheus")])?;
     assert_eq!(r.service_monitors.len(), 1);
     let sm = &r.service_monitors[0];
     assert_eq!(sm["metadata"]["namespace"], RELEASE_NS);
     assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
-    assert_eq!(
-        sm["spec"]["namespaceSelector"]["matchNames"],
-        serde_json::json!([RELEASE_NS])
-    );
+    assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], serde_json::json!([RELEASE_NS]));
     let svc = &r.services[0];
     let svc_labels = svc.metadata.labels.as_ref().unwrap();
-    let selector = sm["spec"]["selector"]["matchLabels"]
-        .as_object()
-        .context("matchLabels")?;
+    let selector = sm["spec"]["selector"]["matchLabels"].as_object().context("matchLabels")?;
     assert!(!selector.is_empty());
     for (k, v) in selector {
-        assert_eq!(
-            svc_labels.get(k).map(String::as_str),
-            v.as_str(),
-            "ServiceMonitor selects {k}={v}"
-        );
+        assert_eq!(svc_labels.get(k).map(String::as_str), v.as_str(), "ServiceMonitor selects {k}={v}");
     }
     let endpoints = sm["spec"]["endpoints"].as_array().context("endpoints")?;
     assert_eq!(endpoints.len(), 1);
-    let port_name = svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0]
-        .name
-        .clone();
+    let port_name = svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].name.clone();
     assert_eq!(endpoints[0]["port"].as_str(), port_name.as_deref());
     assert_eq!(endpoints[0]["path"], "/metrics");
     Ok(())
@@ -799,89 +559,39 @@ fn image_and_settings_reach_the_deployment() -> Result<()> {
     let d = r.deployment();
     let pod = d.spec.template.spec.as_ref().unwrap();
     let c = &pod.containers[0];
-    assert_eq!(
-        c.image.as_deref(),
-        Some("registry.example.com/ml/tfjob-operator:v9")
-    );
+    assert_eq!(c.image.as_deref(), Some("registry.example.com/ml/tfjob-operator:v9"));
     assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
-    let mut want = expected_env(
-        &[
-            ("TFJOB_CLUSTER_DOMAIN", "cluster.local"),
-            ("TFJOB_CONCURRENCY", "3"),
-        ],
-        9090,
-    );
+    let mut want = expected_env(&[("TFJOB_CLUSTER_DOMAIN", "cluster.local"), ("TFJOB_CONCURRENCY", "3")], 9090);
     want.insert("TFJOB_LOG_LEVEL".into(), "tfjob_operator=debug".into());
     want.insert("TFJOB_LOG_FORMAT".into(), "json".into());
     assert_eq!(env_of(d), want);
     assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 9090);
-    assert_eq!(
-        r.services[0].spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port,
-        9090
-    );
-    assert_eq!(
-        pod.node_selector.as_ref().unwrap()["kubernetes.io/os"],
-        "linux"
-    );
+    assert_eq!(r.services[0].spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port, 9090);
+    assert_eq!(pod.node_selector.as_ref().unwrap()["kubernetes.io/os"], "linux");
     let t = &pod.tolerations.as_ref().unwrap()[0];
-    assert_eq!(
-        (t.key.as_deref(), t.operator.as_deref()),
-        (Some("dedicated"), Some("Exists"))
-    );
-    assert_eq!(
-        pod.priority_class_name.as_deref(),
-        Some("system-cluster-critical")
-    );
+    assert_eq!((t.key.as_deref(), t.operator.as_deref()), (Some("dedicated"), Some("Exists")));
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
 
     let digest = format!("sha256:{}", "ab".repeat(32));
     let r = render(cp, &[("image.digest", &digest), ("image.tag", "ignored")])?;
-    let c = &r
-        .deployment()
-        .spec
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0];
-    assert_eq!(
-        c.image.as_deref(),
-        Some(format!("tfjob-operator@{digest}").as_str())
-    );
+    let c = &r.deployment().spec.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(c.image.as_deref(), Some(format!("tfjob-operator@{digest}").as_str()));
     Ok(())
 }
 
 #[test]
 fn an_existing_service_account_and_no_rbac_are_supported() -> Result<()> {
     let cp = ControlPlane::shared()?;
-    let r = render(
-        cp,
-        &[
-            ("serviceAccount.create", "false"),
-            ("serviceAccount.name", "existing"),
-        ],
-    )?;
+    let r = render(cp, &[("serviceAccount.create", "false"), ("serviceAccount.name", "existing")])?;
     assert!(r.service_accounts.is_empty());
     let pod = r.deployment().spec.template.spec.clone().unwrap();
     assert_eq!(pod.service_account_name.as_deref(), Some("existing"));
-    assert_eq!(
-        r.cluster_role_bindings[0].subjects.as_ref().unwrap()[0].name,
-        "existing"
-    );
+    assert_eq!(r.cluster_role_bindings[0].subjects.as_ref().unwrap()[0].name, "existing");
     for rb in &r.role_bindings {
         assert_eq!(rb.subjects.as_ref().unwrap()[0].name, "existing");
     }
-    let err = chart::template(
-        cp,
-        RELEASE,
-        RELEASE_NS,
-        &[("serviceAccount.create", "false")],
-        &[],
-    )
-    .expect_err("no ServiceAccount and no name");
-    assert!(
-        format!("{err:#}").contains("serviceAccount.name is required"),
-        "{err:#}"
-    );
+    let err = chart::template(cp, RELEASE, RELEASE_NS, &[("serviceAccount.create", "false")], &[]).expect_err("no ServiceAccount and no name");
+    assert!(format!("{err:#}").contains("serviceAccount.name is required"), "{err:#}");
 
     let r = render(cp, &[("rbac.create", "false")])?;
     let kinds = r.kinds();
@@ -897,18 +607,10 @@ fn invalid_values_are_refused_with_the_offending_value_named() -> Result<()> {
         (&[("logFormat", "xml")][..], "/logFormat"),
         (&[("metrics.port", "0")][..], "/metrics/port"),
         (&[("watchNamespace", "Team_A")][..], "/watchNamespace"),
-        (
-            &[("image.pullPolicy", "Sometimes")][..],
-            "/image/pullPolicy",
-        ),
-        (
-            &[("leaderElection.enabled", "yes")][..],
-            "/leaderElection/enabled",
-        ),
+        (&[("image.pullPolicy", "Sometimes")][..], "/image/pullPolicy"),
+        (&[("leaderElection.enabled", "yes")][..], "/leaderElection/enabled"),
     ] {
-        let err = chart::template(cp, RELEASE, RELEASE_NS, values, &[])
-            .err()
-            .with_context(|| format!("{values:?} was accepted"))?;
+        let err = chart::template(cp, RELEASE, RELEASE_NS, values, &[]).err().with_context(|| format!("{values:?} was accepted"))?;
         let msg = format!("{err:#}");
         assert!(msg.contains(needle), "{values:?}: {msg}");
     }
@@ -925,26 +627,9 @@ fn render_rbac_returns_the_service_account_and_rbac_only() -> Result<()> {
     let r = parse(&yaml)?;
     let mut kinds: Vec<&str> = r.objects.iter().map(|(k, _, _)| k.as_str()).collect();
     kinds.sort();
-    assert_eq!(
-        kinds,
-        [
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-            "ServiceAccount"
-        ]
-    );
-    let scoped = parse(&chart::render_rbac(
-        cp,
-        RELEASE_NS,
-        &[("watchNamespace", "team-a")],
-    )?)?;
-    let mut kinds: Vec<(&str, Option<&str>)> = scoped
-        .objects
-        .iter()
-        .map(|(k, ns, _)| (k.as_str(), ns.as_deref()))
-        .collect();
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"]);
+    let scoped = parse(&chart::render_rbac(cp, RELEASE_NS, &[("watchNamespace", "team-a")])?)?;
+    let mut kinds: Vec<(&str, Option<&str>)> = scoped.objects.iter().map(|(k, ns, _)| (k.as_str(), ns.as_deref())).collect();
     kinds.sort();
     assert_eq!(
         kinds,
@@ -960,11 +645,7 @@ fn render_rbac_returns_the_service_account_and_rbac_only() -> Result<()> {
     Ok(())
 }
 
-fn eventually(
-    what: &str,
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<bool>,
-) -> Result<()> {
+fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last = None;
     loop {
@@ -974,11 +655,7 @@ fn eventually(
             Err(e) => last = Some(e),
         }
         if Instant::now() > deadline {
-            bail!(
-                "{what}: not true after {timeout:?}{}",
-                last.map(|e| format!(" (last error: {e:#})"))
-                    .unwrap_or_default()
-            );
+            bail!("{what}: not true after {timeout:?}{}", last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default());
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -997,84 +674,39 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
             None => cmd.output()?,
             Some(input) => {
                 use std::io::Write;
-                cmd.stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
+                cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
                 let mut child = cmd.spawn()?;
                 child.stdin.take().unwrap().write_all(input.as_bytes())?;
                 child.wait_with_output()?
             }
         };
-        Ok((
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        ))
+        Ok((out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))))
     };
-    eventually(
-        "the RoleBinding takes effect",
-        Duration::from_secs(30),
-        || Ok(as_operator(&["get", "pods"], None)?.0),
-    )?;
+    eventually("the RoleBinding takes effect", Duration::from_secs(30), || Ok(as_operator(&["get", "pods"], None)?.0))?;
 
     // Server-side apply that creates an object needs create and patch: both granted for Services.
     let svc = "apiVersion: v1\nkind: Service\nmetadata:\n  name: job\nspec:\n  clusterIP: None\n  selector:\n    job: job\n";
-    let (ok, out) = as_operator(
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=tfjob-operator",
-            "-f",
-            "-",
-        ],
-        Some(svc),
-    )?;
+    let (ok, out) = as_operator(&["apply", "--server-side", "--field-manager=tfjob-operator", "-f", "-"], Some(svc))?;
     assert!(ok, "server-side apply of a Service: {out}");
     let (ok, out) = as_operator(&["get", "service", "job"], None)?;
-    assert!(
-        !ok && out.to_lowercase().contains("forbidden"),
-        "get service must be forbidden (the operator never reads one): {out}"
-    );
+    assert!(!ok && out.to_lowercase().contains("forbidden"), "get service must be forbidden (the operator never reads one): {out}");
     let (ok, out) = as_operator(&["delete", "service", "job"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
     // Secrets: create and get; never update or delete.
-    assert!(
-        as_operator(
-            &[
-                "create",
-                "secret",
-                "generic",
-                "tok",
-                "--from-literal=token=x"
-            ],
-            None
-        )?
-        .0
-    );
+    assert!(as_operator(&["create", "secret", "generic", "tok", "--from-literal=token=x"], None)?.0);
     assert!(as_operator(&["get", "secret", "tok"], None)?.0);
     assert!(!as_operator(&["label", "secret", "tok", "a=b"], None)?.0);
     assert!(!as_operator(&["delete", "secret", "tok"], None)?.0);
     // Nothing else.
     let (ok, out) = as_operator(&["create", "configmap", "x"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
-    assert!(
-        !as_operator(&["get", "pods", "--all-namespaces"], None)?.0,
-        "namespaced mode reaches other namespaces"
-    );
+    assert!(!as_operator(&["get", "pods", "--all-namespaces"], None)?.0, "namespaced mode reaches other namespaces");
 
     // Leader election: create, then get and update only the lease the chart names.
     let lease = |name: &str, holder: &str| {
-        format!(
-            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {name}\nspec:\n  holderIdentity: {holder}\n  leaseDurationSeconds: 15\n"
-        )
+        format!("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {name}\nspec:\n  holderIdentity: {holder}\n  leaseDurationSeconds: 15\n")
     };
-    let (ok, out) = as_operator(
-        &["create", "-f", "-"],
-        Some(&lease(&account.lease_name, "a")),
-    )?;
+    let (ok, out) = as_operator(&["create", "-f", "-"], Some(&lease(&account.lease_name, "a")))?;
     assert!(ok, "create lease: {out}");
     let (ok, out) = as_operator(&["get", "lease", &account.lease_name, "-o", "yaml"], None)?;
     assert!(ok, "get lease: {out}");
@@ -1083,14 +715,8 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
     assert!(ok, "replace (update) lease: {out}");
     assert!(as_operator(&["create", "-f", "-"], Some(&lease("someone-elses", "x")))?.0);
     let (ok, out) = as_operator(&["get", "lease", "someone-elses"], None)?;
-    assert!(
-        !ok && out.to_lowercase().contains("forbidden"),
-        "another lease must not be readable: {out}"
-    );
-    assert!(
-        !as_operator(&["get", "leases"], None)?.0,
-        "leases must not be listable"
-    );
+    assert!(!ok && out.to_lowercase().contains("forbidden"), "another lease must not be readable: {out}");
+    assert!(!as_operator(&["get", "leases"], None)?.0, "leases must not be listable");
     Ok(())
 }
 
@@ -1102,9 +728,7 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
 /// SubjectAccessReview: unlike `kubectl auth can-i` it needs no discovery, so it also answers for
 /// resources whose CRD is not installed (podgroups).
 fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> Result<bool> {
-    let [verb, target, flags @ ..] = args else {
-        bail!("can_i needs a verb and a resource: {args:?}")
-    };
+    let [verb, target, flags @ ..] = args else { bail!("can_i needs a verb and a resource: {args:?}") };
     let (kind, name) = target.split_once('/').unwrap_or((target, ""));
     let (resource, group) = kind.split_once('.').unwrap_or((kind, ""));
     let mut namespace = String::new();
@@ -1114,9 +738,7 @@ fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> Result<bool> {
         match *f {
             "-n" => namespace = it.next().context("-n without a namespace")?.to_string(),
             "--all-namespaces" => namespace.clear(),
-            f if f.starts_with("--subresource=") => {
-                subresource = f["--subresource=".len()..].to_string()
-            }
+            f if f.starts_with("--subresource=") => subresource = f["--subresource=".len()..].to_string(),
             f => bail!("can_i: unknown flag {f}"),
         }
     }
@@ -1163,253 +785,89 @@ fn exists(cp: &ControlPlane, kind: &str, name: &str, namespace: Option<&str>) ->
 
 /// Installs the chart (no --wait: no kubelet runs, pods stay Pending) and returns the objects it
 /// renders for these values.
-fn install(
-    cp: &ControlPlane,
-    ns: &str,
-    values: &[(&str, &str)],
-) -> Result<Vec<(String, Option<String>, String)>> {
+fn install(cp: &ControlPlane, ns: &str, values: &[(&str, &str)]) -> Result<Vec<(String, Option<String>, String)>> {
     let objects = parse(&chart::template(cp, RELEASE, ns, values, &[])?)?.objects;
-    let mut args = vec![
-        "install".to_string(),
-        RELEASE.into(),
-        chart_dir().display().to_string(),
-        "-n".into(),
-        ns.into(),
-    ];
+    let mut args = vec!["install".to_string(), RELEASE.into(), chart_dir().display().to_string(), "-n".into(), ns.into()];
     for (k, v) in values {
         args.push("--set".into());
         args.push(format!("{k}={v}"));
     }
     let out = cp.helm(&args)?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     ensure!(out.status.success(), "helm {args:?}:\n{text}");
     ensure!(text.contains("STATUS: deployed"), "helm {args:?}:\n{text}");
-    ensure!(
-        !text.contains("would violate PodSecurity"),
-        "helm {args:?}:\n{text}"
-    );
-    cp.kubectl_ok([
-        "wait",
-        "--for=condition=Established",
-        "crd/tfjobs.kubeflow.org",
-        "--timeout=60s",
-    ])?;
+    ensure!(!text.contains("would violate PodSecurity"), "helm {args:?}:\n{text}");
+    cp.kubectl_ok(["wait", "--for=condition=Established", "crd/tfjobs.kubeflow.org", "--timeout=60s"])?;
     for (kind, namespace, name) in &objects {
-        ensure!(
-            exists(cp, kind, name, namespace.as_deref())?,
-            "{kind} {name} was not created by helm install"
-        );
+        ensure!(exists(cp, kind, name, namespace.as_deref())?, "{kind} {name} was not created by helm install");
     }
     Ok(objects)
 }
 
-fn uninstall(
-    cp: &ControlPlane,
-    ns: &str,
-    objects: &[(String, Option<String>, String)],
-) -> Result<()> {
+fn uninstall(cp: &ControlPlane, ns: &str, objects: &[(String, Option<String>, String)]) -> Result<()> {
     cp.helm_ok(["uninstall", RELEASE, "-n", ns])?;
     for (kind, namespace, name) in objects {
-        eventually(
-            &format!("{kind} {name} is deleted"),
-            Duration::from_secs(60),
-            || Ok(!exists(cp, kind, name, namespace.as_deref())?),
-        )?;
+        eventually(&format!("{kind} {name} is deleted"), Duration::from_secs(60), || Ok(!exists(cp, kind, name, namespace.as_deref())?))?;
     }
     // helm never deletes what it installed from crds/: TFJobs survive an uninstall.
-    ensure!(
-        exists(cp, "crd", "tfjobs.kubeflow.org", None)?,
-        "helm uninstall deleted the CRD"
-    );
+    ensure!(exists(cp, "crd", "tfjobs.kubeflow.org", None)?, "helm uninstall deleted the CRD");
     Ok(())
 }
 
 #[test]
-fn helm_install_in_cluster_mode_is_accepted_under_the_restricted_pod_security_standard()
--> Result<()> {
+fn helm_install_in_cluster_mode_is_accepted_under_the_restricted_pod_security_standard() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let ns = cp.create_namespace("chart-install")?;
     // PodSecurity admission refuses pods that are not "restricted": the ReplicaSet's pod only
     // exists if the chart's security contexts comply.
-    cp.kubectl_ok([
-        "label",
-        "namespace",
-        &ns,
-        "pod-security.kubernetes.io/enforce=restricted",
-        "pod-security.kubernetes.io/enforce-version=latest",
-    ])?;
+    cp.kubectl_ok(["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest"])?;
     let objects = install(cp, &ns, &[])?;
     let kinds: BTreeSet<&str> = objects.iter().map(|(k, _, _)| k.as_str()).collect();
-    assert_eq!(
-        kinds,
-        [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-            "Service",
-            "Deployment",
-            "Lease"
-        ]
-        .into()
-    );
-    let crd_json: Value = serde_json::from_str(&cp.kubectl_ok([
-        "get",
-        "crd",
-        "tfjobs.kubeflow.org",
-        "-o",
-        "json",
-    ])?)?;
+    assert_eq!(kinds, ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment", "Lease"].into());
+    let crd_json: Value = serde_json::from_str(&cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "json"])?)?;
     assert_eq!(crd_json["spec"]["group"], "kubeflow.org");
 
     let selector = format!("app.kubernetes.io/instance={RELEASE}");
-    eventually(
-        "the ReplicaSet creates the operator pod",
-        Duration::from_secs(60),
-        || {
-            Ok(!cp
-                .kubectl_ok(["get", "pods", "-n", &ns, "-l", &selector, "-o", "name"])?
-                .trim()
-                .is_empty())
-        },
-    )?;
-    let pods: Value = serde_json::from_str(
-        &cp.kubectl_ok(["get", "pods", "-n", &ns, "-l", &selector, "-o", "json"])?,
-    )?;
+    eventually("the ReplicaSet creates the operator pod", Duration::from_secs(60), || {
+        Ok(!cp.kubectl_ok(["get", "pods", "-n", &ns, "-l", &selector, "-o", "name"])?.trim().is_empty())
+    })?;
+    let pods: Value = serde_json::from_str(&cp.kubectl_ok(["get", "pods", "-n", &ns, "-l", &selector, "-o", "json"])?)?;
     let pod = &pods["items"][0];
     assert_eq!(pod["spec"]["serviceAccountName"], RELEASE);
-    assert_eq!(
-        pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
-        true
-    );
+    assert_eq!(pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"], true);
 
     let who = format!("system:serviceaccount:{ns}:{RELEASE}");
-    eventually(
-        "the ClusterRoleBinding takes effect",
-        Duration::from_secs(30),
-        || {
-            can_i(
-                cp,
-                &who,
-                &["list", "tfjobs.kubeflow.org", "--all-namespaces"],
-            )
-        },
-    )?;
+    eventually("the ClusterRoleBinding takes effect", Duration::from_secs(30), || can_i(cp, &who, &["list", "tfjobs.kubeflow.org", "--all-namespaces"]))?;
     let lease_ns = ["-n", ns.as_str()];
     let table: Vec<(Vec<&str>, bool)> = vec![
-        (
-            vec!["watch", "tfjobs.kubeflow.org", "--all-namespaces"],
-            true,
-        ),
+        (vec!["watch", "tfjobs.kubeflow.org", "--all-namespaces"], true),
         (vec!["delete", "tfjobs.kubeflow.org", "-n", "default"], true),
-        (
-            vec!["update", "tfjobs.kubeflow.org", "-n", "default"],
-            false,
-        ),
-        (
-            vec!["create", "tfjobs.kubeflow.org", "-n", "default"],
-            false,
-        ),
-        (
-            vec![
-                "patch",
-                "tfjobs.kubeflow.org",
-                "--subresource=status",
-                "-n",
-                "default",
-            ],
-            true,
-        ),
-        (
-            vec![
-                "update",
-                "tfjobs.kubeflow.org",
-                "--subresource=status",
-                "-n",
-                "default",
-            ],
-            false,
-        ),
-        (
-            vec![
-                "update",
-                "tfjobs.kubeflow.org",
-                "--subresource=finalizers",
-                "-n",
-                "default",
-            ],
-            true,
-        ),
+        (vec!["update", "tfjobs.kubeflow.org", "-n", "default"], false),
+        (vec!["create", "tfjobs.kubeflow.org", "-n", "default"], false),
+        (vec!["patch", "tfjobs.kubeflow.org", "--subresource=status", "-n", "default"], true),
+        (vec!["update", "tfjobs.kubeflow.org", "--subresource=status", "-n", "default"], false),
+        (vec!["update", "tfjobs.kubeflow.org", "--subresource=finalizers", "-n", "default"], true),
         (vec!["create", "pods", "-n", "default"], true),
         (vec!["patch", "pods", "-n", "default"], true),
         (vec!["delete", "pods", "-n", "default"], true),
         (vec!["update", "pods", "-n", "default"], false),
-        (
-            vec!["create", "pods", "--subresource=exec", "-n", "default"],
-            false,
-        ),
+        (vec!["create", "pods", "--subresource=exec", "-n", "default"], false),
         (vec!["create", "services", "-n", "default"], true),
         (vec!["delete", "services", "-n", "default"], false),
         (vec!["get", "secrets", "-n", "kube-system"], true),
         (vec!["update", "secrets", "-n", "default"], false),
         (vec!["delete", "secrets", "-n", "default"], false),
-        (
-            vec!["create", "events.events.k8s.io", "-n", "default"],
-            true,
-        ),
+        (vec!["create", "events.events.k8s.io", "-n", "default"], true),
         (vec!["patch", "events.events.k8s.io", "-n", "default"], true),
         (vec!["create", "events", "-n", "default"], false),
-        (
-            vec!["create", "podgroups.scheduling.volcano.sh", "-n", "default"],
-            false,
-        ),
+        (vec!["create", "podgroups.scheduling.volcano.sh", "-n", "default"], false),
         (vec!["get", "configmaps", "-n", "default"], false),
         (vec!["create", "deployments.apps", "-n", "default"], false),
-        (
-            vec![
-                "create",
-                "leases.coordination.k8s.io",
-                lease_ns[0],
-                lease_ns[1],
-            ],
-            true,
-        ),
-        (
-            vec![
-                "update",
-                "leases.coordination.k8s.io/tfjob-operator",
-                lease_ns[0],
-                lease_ns[1],
-            ],
-            true,
-        ),
-        (
-            vec![
-                "get",
-                "leases.coordination.k8s.io/kube-controller-manager",
-                "-n",
-                "kube-system",
-            ],
-            false,
-        ),
-        (
-            vec![
-                "list",
-                "leases.coordination.k8s.io",
-                lease_ns[0],
-                lease_ns[1],
-            ],
-            false,
-        ),
-        (
-            vec!["create", "leases.coordination.k8s.io", "-n", "default"],
-            false,
-        ),
+        (vec!["create", "leases.coordination.k8s.io", lease_ns[0], lease_ns[1]], true),
+        (vec!["update", "leases.coordination.k8s.io/tfjob-operator", lease_ns[0], lease_ns[1]], true),
+        (vec!["get", "leases.coordination.k8s.io/kube-controller-manager", "-n", "kube-system"], false),
+        (vec!["list", "leases.coordination.k8s.io", lease_ns[0], lease_ns[1]], false),
+        (vec!["create", "leases.coordination.k8s.io", "-n", "default"], false),
     ];
     let table: Vec<(&[&str], bool)> = table.iter().map(|(a, w)| (a.as_slice(), *w)).collect();
     check_permissions(cp, &who, &table)?;
@@ -1422,57 +880,23 @@ fn helm_install_in_namespaced_mode_grants_nothing_outside_the_watched_namespace(
     let cp = ControlPlane::shared()?;
     let ops = cp.create_namespace("chart-ops")?;
     let team = cp.create_namespace("chart-team")?;
-    let objects = install(
-        cp,
-        &ops,
-        &[("watchNamespace", &team), ("gangScheduler", "volcano")],
-    )?;
-    assert!(
-        objects.iter().all(|(k, _, _)| !k.starts_with("Cluster")),
-        "{objects:?}"
-    );
-    assert!(
-        objects
-            .iter()
-            .any(|(k, n, _)| k == "Role" && n.as_deref() == Some(team.as_str())),
-        "{objects:?}"
-    );
+    let objects = install(cp, &ops, &[("watchNamespace", &team), ("gangScheduler", "volcano")])?;
+    assert!(objects.iter().all(|(k, _, _)| !k.starts_with("Cluster")), "{objects:?}");
+    assert!(objects.iter().any(|(k, n, _)| k == "Role" && n.as_deref() == Some(team.as_str())), "{objects:?}");
 
     let who = format!("system:serviceaccount:{ops}:{RELEASE}");
-    eventually(
-        "the RoleBinding takes effect",
-        Duration::from_secs(30),
-        || can_i(cp, &who, &["list", "tfjobs.kubeflow.org", "-n", &team]),
-    )?;
+    eventually("the RoleBinding takes effect", Duration::from_secs(30), || can_i(cp, &who, &["list", "tfjobs.kubeflow.org", "-n", &team]))?;
     let table: Vec<(Vec<&str>, bool)> = vec![
         (vec!["watch", "pods", "-n", &team], true),
-        (
-            vec!["create", "podgroups.scheduling.volcano.sh", "-n", &team],
-            true,
-        ),
-        (
-            vec!["delete", "podgroups.scheduling.volcano.sh", "-n", &team],
-            true,
-        ),
-        (
-            vec!["create", "podgroups.scheduling.x-k8s.io", "-n", &team],
-            false,
-        ),
-        (
-            vec!["list", "tfjobs.kubeflow.org", "--all-namespaces"],
-            false,
-        ),
+        (vec!["create", "podgroups.scheduling.volcano.sh", "-n", &team], true),
+        (vec!["delete", "podgroups.scheduling.volcano.sh", "-n", &team], true),
+        (vec!["create", "podgroups.scheduling.x-k8s.io", "-n", &team], false),
+        (vec!["list", "tfjobs.kubeflow.org", "--all-namespaces"], false),
         (vec!["list", "tfjobs.kubeflow.org", "-n", &ops], false),
         (vec!["get", "secrets", "-n", &ops], false),
         (vec!["get", "secrets", "-n", "default"], false),
-        (
-            vec!["create", "leases.coordination.k8s.io", "-n", &ops],
-            true,
-        ),
-        (
-            vec!["create", "leases.coordination.k8s.io", "-n", &team],
-            false,
-        ),
+        (vec!["create", "leases.coordination.k8s.io", "-n", &ops], true),
+        (vec!["create", "leases.coordination.k8s.io", "-n", &team], false),
     ];
     let table: Vec<(&[&str], bool)> = table.iter().map(|(a, w)| (a.as_slice(), *w)).collect();
     check_permissions(cp, &who, &table)?;
@@ -1486,14 +910,8 @@ fn helm_install_in_namespaced_mode_grants_nothing_outside_the_watched_namespace(
         "-o",
         "jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
     ])?;
-    assert!(
-        env.lines().any(|l| l == format!("TFJOB_NAMESPACE={team}")),
-        "{env}"
-    );
-    assert!(
-        env.lines().any(|l| l == "TFJOB_GANG_SCHEDULER=volcano"),
-        "{env}"
-    );
+    assert!(env.lines().any(|l| l == format!("TFJOB_NAMESPACE={team}")), "{env}");
+    assert!(env.lines().any(|l| l == "TFJOB_GANG_SCHEDULER=volcano"), "{env}");
 
     uninstall(cp, &ops, &objects)
 }

@@ -82,9 +82,7 @@ fn leftovers(job: &str) -> Result<Vec<String>> {
 /// its tail has no final report, one that lost its middle misses `global_step` lines.
 fn logged_steps(run_dir: &Path, replica: &str) -> Vec<i64> {
     let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log"))).unwrap_or_default();
-    log.lines()
-        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("local_step=")).and_then(|s| s.parse().ok()))
-        .collect()
+    log.lines().filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("local_step=")).and_then(|s| s.parse().ok())).collect()
 }
 
 #[test]
@@ -159,8 +157,7 @@ fn killed_worker_container_is_restarted_and_the_job_succeeds() -> Result<()> {
 fn running_replicas(podman: &Podman, job: &str) -> Result<Vec<(String, String)>> {
     let format = format!("{{{{index .Labels \"{LABEL_REPLICA}\"}}}} {{{{.Names}}}}");
     let listed = podman.run_ok(["ps", "--filter", &format!("label={LABEL_JOB}={job}"), "--format", &format])?;
-    let mut replicas: Vec<(String, String)> =
-        listed.lines().filter_map(|l| l.split_once(' ')).map(|(r, c)| (r.to_string(), c.trim().to_string())).collect();
+    let mut replicas: Vec<(String, String)> = listed.lines().filter_map(|l| l.split_once(' ')).map(|(r, c)| (r.to_string(), c.trim().to_string())).collect();
     replicas.sort();
     Ok(replicas)
 }

@@ -23,10 +23,7 @@ fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<b
             Err(e) => last = Some(e),
         }
         if Instant::now() > deadline {
-            bail!(
-                "{what}: not true after {timeout:?}{}",
-                last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default()
-            );
+            bail!("{what}: not true after {timeout:?}{}", last.map(|e| format!(" (last error: {e:#})")).unwrap_or_default());
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -54,9 +51,7 @@ fn namespace_and_configmap_round_trip() -> Result<()> {
     let got = cp.kubectl_ok(["get", "configmap", "settings", "-n", &ns, "-o", "jsonpath={.data.answer}"])?;
     assert_eq!(got, "42");
     // Server-side apply through the helper, then a conflicting manager is refused.
-    cp.apply(&format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: {ns}\ndata:\n  k: one\n"
-    ))?;
+    cp.apply(&format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: {ns}\ndata:\n  k: one\n"))?;
     let conflict = cp.kubectl_stdin(
         ["apply", "--server-side", "--field-manager=someone-else", "-f", "-"],
         &format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\n  namespace: {ns}\ndata:\n  k: two\n"),
@@ -105,15 +100,7 @@ fn service_account_is_forbidden_until_rbac_allows_it() -> Result<()> {
     assert!(stderr.contains("Forbidden") || stderr.contains("forbidden"), "{stderr}");
 
     cp.kubectl_ok(["create", "role", "configmap-reader", "-n", &ns, "--verb=get,list,watch", "--resource=configmaps"])?;
-    cp.kubectl_ok([
-        "create",
-        "rolebinding",
-        "reader-reads-configmaps",
-        "-n",
-        &ns,
-        "--role=configmap-reader",
-        &format!("--serviceaccount={ns}:reader"),
-    ])?;
+    cp.kubectl_ok(["create", "rolebinding", "reader-reads-configmaps", "-n", &ns, "--role=configmap-reader", &format!("--serviceaccount={ns}:reader")])?;
     eventually("the RoleBinding takes effect", Duration::from_secs(30), || {
         let out = as_reader(&["get", "configmaps", "-n", &ns, "-o", "name"])?;
         Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("configmap/visible"))
@@ -148,10 +135,7 @@ fn helm_reports_its_version_and_installs_a_chart() -> Result<()> {
 
 fn write_chart(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("templates"))?;
-    std::fs::write(
-        dir.join("Chart.yaml"),
-        "apiVersion: v2\nname: demo\nversion: 0.1.0\ndescription: a chart for the control plane test\n",
-    )?;
+    std::fs::write(dir.join("Chart.yaml"), "apiVersion: v2\nname: demo\nversion: 0.1.0\ndescription: a chart for the control plane test\n")?;
     std::fs::write(dir.join("values.yaml"), "greeting: hello\n")?;
     std::fs::write(
         dir.join("templates/configmap.yaml"),
@@ -170,9 +154,7 @@ fn leftovers(dir: &Path) -> Vec<(u32, String)> {
             let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let argv0 = raw.split(|&b| b == 0).next().unwrap_or_default();
             let name = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?.to_str()?.to_string();
-            ["etcd", "kube-apiserver", "kube-controller-manager"]
-                .contains(&name.as_str())
-                .then(|| (pid, String::from_utf8_lossy(&raw).replace('\0', " ")))
+            ["etcd", "kube-apiserver", "kube-controller-manager"].contains(&name.as_str()).then(|| (pid, String::from_utf8_lossy(&raw).replace('\0', " ")))
         })
         .collect()
 }

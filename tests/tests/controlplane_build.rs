@@ -15,12 +15,7 @@ fn build_with_fake_go(fake_go: &str, cache: &Path) -> Result<Output> {
     std::fs::write(&go, format!("#!/bin/sh\n{fake_go}\n"))?;
     std::fs::set_permissions(&go, std::fs::Permissions::from_mode(0o755))?;
     let path = format!("{}:/usr/bin:/bin", bin.path().display());
-    Ok(Command::new("bash")
-        .arg(controlplane_module_dir().join("build.sh"))
-        .env("PATH", path)
-        .env("TFJOB_CACHE_DIR", cache)
-        .stdin(Stdio::null())
-        .output()?)
+    Ok(Command::new("bash").arg(controlplane_module_dir().join("build.sh")).env("PATH", path).env("TFJOB_CACHE_DIR", cache).stdin(Stdio::null()).output()?)
 }
 
 #[test]

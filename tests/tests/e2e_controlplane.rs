@@ -83,9 +83,12 @@ impl Scene<'_> {
     /// The condition of type `kind` with status True, if the job has it: (reason, message).
     fn condition(&self, job: &str, kind: &str) -> Result<Option<(String, String)>> {
         let j = self.json(&["get", "tfjob", job])?;
-        Ok(j["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == kind && c["status"] == "True").map(|c| {
-            (c["reason"].as_str().unwrap_or("").to_string(), c["message"].as_str().unwrap_or("").to_string())
-        }))
+        Ok(j["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == kind && c["status"] == "True")
+            .map(|c| (c["reason"].as_str().unwrap_or("").to_string(), c["message"].as_str().unwrap_or("").to_string())))
     }
 
     /// Applies a manifest and follows the job to an end (`Succeeded` or `Failed`), marking the
@@ -193,7 +196,12 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     cp.kubectl_ok(["wait", "--for=condition=Established", "crd/tfjobs.kubeflow.org", "--timeout=60s"])?;
     let operator_pod = eventually("the operator's pod runs", Duration::from_secs(90), || {
         let pods = scene.json(&["get", "pods", "-l", "app.kubernetes.io/name=tfjob-operator"])?;
-        Ok(pods["items"].as_array().into_iter().flatten().find(|p| p["status"]["phase"] == "Running").and_then(|p| p["metadata"]["name"].as_str().map(String::from)))
+        Ok(pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["status"]["phase"] == "Running")
+            .and_then(|p| p["metadata"]["name"].as_str().map(String::from)))
     })?;
     // It leads (its Lease names it) once it talks to the API server from its container.
     eventually("the operator holds its Lease", Duration::from_secs(90), || {
@@ -206,7 +214,12 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     // Every example, one after the other.
     for (name, manifest) in examples()? {
         let (mut tl, end) = scene.run_job(&name, &manifest, |_, _| Ok(true))?;
-        ensure!(end == "Succeeded", "{name}: {end}: {:?}\nworker-0 log:\n{}", scene.condition(&name, "Failed")?, scene.agent.pod_log(&ns, &format!("{name}-worker-0")));
+        ensure!(
+            end == "Succeeded",
+            "{name}: {end}: {:?}\nworker-0 log:\n{}",
+            scene.condition(&name, "Failed")?,
+            scene.agent.pod_log(&ns, &format!("{name}-worker-0"))
+        );
         match name.as_str() {
             "linreg-async" | "linreg-sync" | "backup-workers" | "elastic-workers" | "classic-flags" => scene.assert_linear(&format!("{name}-worker-0"))?,
             "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
@@ -223,7 +236,8 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     let (mut killed_at, mut restarted_at) = (None, None);
     let (mut tl, end) = scene.run_job("worker-restart", &manifest(KILL_JOB)?, |s, pods| {
         let worker_1 = pods.iter().find(|(n, _, _)| n == "worker-restart-worker-1");
-        if killed_at.is_none() && worker_1.is_some_and(|(_, p, _)| p == "Running") && s.agent.pod_log(&s.ns, "worker-restart-worker-1").contains("local_step=") {
+        if killed_at.is_none() && worker_1.is_some_and(|(_, p, _)| p == "Running") && s.agent.pod_log(&s.ns, "worker-restart-worker-1").contains("local_step=")
+        {
             s.agent.kill(&s.ns, "worker-restart-worker-1", "KILL")?;
             killed_at = Some(Instant::now());
         }
@@ -240,7 +254,11 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     }
     ensure!(killed_at.is_some(), "worker-1 was never killed");
     ensure!(end == "Succeeded", "worker-restart: {end}: {:?}", scene.condition("worker-restart", "Failed")?);
-    ensure!(restarted_at.is_some(), "worker-1 was not seen restarted in place (restartCount >= 1) before the job ended: {:?}", scene.job_pods("worker-restart")?);
+    ensure!(
+        restarted_at.is_some(),
+        "worker-1 was not seen restarted in place (restartCount >= 1) before the job ended: {:?}",
+        scene.job_pods("worker-restart")?
+    );
     scene.assert_linear("worker-restart-worker-0")?;
     scene.delete_job("worker-restart", &mut tl)?;
     tl.print();
@@ -260,7 +278,14 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     // helm keeps crds/).
     cp.helm_ok(["uninstall", RELEASE, "-n", &ns, "--wait", "--timeout", "90s"])?;
     eventually("nothing of the release is left", Duration::from_secs(90), || {
-        let left = scene.kubectl(&["get", "deployments,replicasets,pods,serviceaccounts,services,roles,rolebindings", "-l", "app.kubernetes.io/instance=tfjob-operator", "-o", "name"])?;
+        let left = scene.kubectl(&[
+            "get",
+            "deployments,replicasets,pods,serviceaccounts,services,roles,rolebindings",
+            "-l",
+            "app.kubernetes.io/instance=tfjob-operator",
+            "-o",
+            "name",
+        ])?;
         let cluster = cp.kubectl_ok(["get", "clusterroles,clusterrolebindings", "-l", "app.kubernetes.io/instance=tfjob-operator", "-o", "name"])?;
         // The operator's Lease is part of the release.
         let lease = cp.kubectl(["get", "lease", RELEASE, "-n", &ns])?;

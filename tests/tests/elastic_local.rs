@@ -121,7 +121,11 @@ fn elastic_manifest(dir: &Path, name: &str, epochs: u32, marker: &str) -> Result
     );
     let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
     let cmd = r#"["tfjob-runtime"]"#;
-    Ok(write(dir, &format!("{name}.yaml"), &job(name, "", &[replica("PS", 1, "OnFailure", cmd, &args, &env), replica("Worker", 2, "OnFailure", cmd, &args, &env)])))
+    Ok(write(
+        dir,
+        &format!("{name}.yaml"),
+        &job(name, "", &[replica("PS", 1, "OnFailure", cmd, &args, &env), replica("Worker", 2, "OnFailure", cmd, &args, &env)]),
+    ))
 }
 
 const EPOCHS: u32 = 60;
@@ -150,9 +154,10 @@ fn a_scaled_and_disturbed_sync_job_trains_every_epoch_once() -> Result<()> {
     run.wait_for("worker-2 restarted", |d| log(d, "worker-2").matches("first gradient accepted").count() >= 2)?;
     let at = global_step(&run.dir, "worker-0");
     run.wait_for("a checkpoint after the restart", |d| {
-        log(d, "worker-0").lines().filter_map(|l| l.split("checkpoint of global_step=").nth(1)).any(|r| {
-            r.split(' ').next().and_then(|s| s.parse::<i64>().ok()).is_some_and(|s| s > at)
-        })
+        log(d, "worker-0")
+            .lines()
+            .filter_map(|l| l.split("checkpoint of global_step=").nth(1))
+            .any(|r| r.split(' ').next().and_then(|s| s.parse::<i64>().ok()).is_some_and(|s| s > at))
     })?;
     kill_replica(&marker, "ps", 0)?;
     run.wait_for("ps-0 restored", |d| log(d, "ps-0").contains("shard dispatcher restored"))?;
@@ -161,7 +166,8 @@ fn a_scaled_and_disturbed_sync_job_trains_every_epoch_once() -> Result<()> {
     let console = run.finish()?;
     let status = std::fs::read_to_string(dir.path().join("run/status.yaml"))?;
     ensure!(status.contains("type: Succeeded"), "{status}");
-    for shown in ["event Scaled: Worker 2 → 4", "event Scaled: Worker 4 → 1", "worker-2 exited with code 137; restarting in place", "ps-0 exited with code 137"] {
+    for shown in ["event Scaled: Worker 2 → 4", "event Scaled: Worker 4 → 1", "worker-2 exited with code 137; restarting in place", "ps-0 exited with code 137"]
+    {
         ensure!(console.contains(shown), "the console does not show {shown:?}:\n{console}");
     }
     let chief = report(&dir.path().join("run"), "worker-0")?;

@@ -18,10 +18,7 @@ use tfjob_operator::plan;
 use tfjob_operator::status::{self, Action, Observation, ObservedReplica, Phase};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
 fn kind_dir() -> PathBuf {
@@ -43,31 +40,20 @@ fn yaml(path: &Path) -> Result<Value> {
 /// The value of the one `NAME=value` line of the script (quotes removed).
 fn assignment(script: &str, name: &str) -> Result<String> {
     let prefix = format!("{name}=");
-    let values: Vec<&str> = script
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .collect();
-    ensure!(
-        values.len() == 1,
-        "run.sh: expected one line `{name}=...`, found {}",
-        values.len()
-    );
+    let values: Vec<&str> = script.lines().filter_map(|l| l.strip_prefix(&prefix)).collect();
+    ensure!(values.len() == 1, "run.sh: expected one line `{name}=...`, found {}", values.len());
     Ok(values[0].trim().trim_matches(['\'', '"']).to_string())
 }
 
 /// A manifest of the kind directory named by the script as `$here/<file>`.
 fn kind_manifest(script: &str, name: &str) -> Result<PathBuf> {
     let value = assignment(script, name)?;
-    let file = value
-        .strip_prefix("$here/")
-        .with_context(|| format!("{name}={value}: expected $here/<file>"))?;
+    let file = value.strip_prefix("$here/").with_context(|| format!("{name}={value}: expected $here/<file>"))?;
     Ok(kind_dir().join(file))
 }
 
 fn example_files() -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     files.sort();
     Ok(files)
@@ -75,11 +61,9 @@ fn example_files() -> Result<Vec<PathBuf>> {
 
 /// The one valid TFJob of a manifest file.
 fn load_job(path: &Path) -> Result<TFJob> {
-    let mut jobs =
-        api::load_manifest(&read(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut jobs = api::load_manifest(&read(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     ensure!(jobs.len() == 1, "{}: expected one TFJob", path.display());
-    jobs.remove(0)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    jobs.remove(0).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Every TFJob manifest the script applies: the examples and the two of tests/e2e/kind/.
@@ -108,20 +92,13 @@ fn check_bash_syntax(file: &str) -> Result<()> {
 fn the_script_is_valid_bash() -> Result<()> {
     check_bash_syntax("run.sh")?;
     let text = script()?;
-    ensure!(
-        text.contains("set -Eeuo pipefail"),
-        "run.sh must stop at the first error"
-    );
+    ensure!(text.contains("set -Eeuo pipefail"), "run.sh must stop at the first error");
     Ok(())
 }
 
 #[test]
 fn the_scripts_that_run_it_here_are_valid_bash() -> Result<()> {
-    for file in [
-        "run-here.sh",
-        "node-image/build.sh",
-        "node-image/cni/tfjob-kind-cni.sh",
-    ] {
+    for file in ["run-here.sh", "node-image/build.sh", "node-image/cni/tfjob-kind-cni.sh"] {
         check_bash_syntax(file)?;
     }
     Ok(())
@@ -130,16 +107,9 @@ fn the_scripts_that_run_it_here_are_valid_bash() -> Result<()> {
 /// The `k8s.io/kubernetes vX.Y.Z` require line of a go.mod.
 fn kubernetes_pin(go_mod: &Path) -> Result<String> {
     let text = read(go_mod)?;
-    let pins: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("k8s.io/kubernetes "))
-        .map(|rest| rest.split_whitespace().next().unwrap_or(""))
-        .collect();
-    ensure!(
-        pins.len() == 1,
-        "{}: expected one k8s.io/kubernetes require line, found {pins:?}",
-        go_mod.display()
-    );
+    let pins: Vec<&str> =
+        text.lines().filter_map(|l| l.trim().strip_prefix("k8s.io/kubernetes ")).map(|rest| rest.split_whitespace().next().unwrap_or("")).collect();
+    ensure!(pins.len() == 1, "{}: expected one k8s.io/kubernetes require line, found {pins:?}", go_mod.display());
     Ok(pins[0].to_string())
 }
 
@@ -153,10 +123,7 @@ fn the_node_image_runs_the_control_planes_kubernetes_release() -> Result<()> {
     );
     let build = read(&kind_dir().join("node-image/build.sh"))?;
     let pin_line = format!("KUBE_VERSION={node}");
-    ensure!(
-        build.lines().any(|l| l == pin_line),
-        "node-image/build.sh must say {pin_line}"
-    );
+    ensure!(build.lines().any(|l| l == pin_line), "node-image/build.sh must say {pin_line}");
     Ok(())
 }
 
@@ -166,17 +133,10 @@ fn the_workflow_runs_the_script_with_pinned_tools_and_keeps_its_dump() -> Result
     let wf = yaml(&path)?;
     ensure!(wf.get("on").is_some(), "{}: no `on`", path.display());
     let job = wf["jobs"]["kind"].clone();
-    ensure!(
-        job["runs-on"] == "ubuntu-latest",
-        "runs-on: {:?}",
-        job["runs-on"]
-    );
+    ensure!(job["runs-on"] == "ubuntu-latest", "runs-on: {:?}", job["runs-on"]);
     let env = &job["env"];
     let kind = env["KIND_VERSION"].as_str().context("no KIND_VERSION")?;
-    ensure!(
-        kind.starts_with("v0.") && kind.split('.').count() == 3,
-        "KIND_VERSION {kind}: pin a kind release"
-    );
+    ensure!(kind.starts_with("v0.") && kind.split('.').count() == 3, "KIND_VERSION {kind}: pin a kind release");
     // The same helm as the test control plane.
     let build = read(&repo().join("tests/controlplane/build.sh"))?;
     let pinned = assignment(&build, "HELM_VERSION")?;
@@ -185,48 +145,18 @@ fn the_workflow_runs_the_script_with_pinned_tools_and_keeps_its_dump() -> Result
         "HELM_VERSION {:?} in the workflow, {pinned} in tests/controlplane/build.sh",
         env["HELM_VERSION"]
     );
-    ensure!(
-        env["KUBECTL_VERSION"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("v1.")),
-        "KUBECTL_VERSION: {:?}",
-        env["KUBECTL_VERSION"]
-    );
+    ensure!(env["KUBECTL_VERSION"].as_str().is_some_and(|v| v.starts_with("v1.")), "KUBECTL_VERSION: {:?}", env["KUBECTL_VERSION"]);
 
     let steps = job["steps"].as_sequence().context("no steps")?;
     let run = steps
         .iter()
-        .find(|s| {
-            s["run"]
-                .as_str()
-                .is_some_and(|r| r.trim() == "bash tests/e2e/kind/run.sh")
-        })
+        .find(|s| s["run"].as_str().is_some_and(|r| r.trim() == "bash tests/e2e/kind/run.sh"))
         .context("no step runs `bash tests/e2e/kind/run.sh`")?;
-    let artifacts = run["env"]["ARTIFACTS_DIR"]
-        .as_str()
-        .context("the run step sets no ARTIFACTS_DIR")?;
-    let upload = steps
-        .iter()
-        .find(|s| {
-            s["uses"]
-                .as_str()
-                .is_some_and(|u| u.starts_with("actions/upload-artifact@"))
-        })
-        .context("no upload-artifact step")?;
-    ensure!(
-        upload["if"] == "failure()",
-        "upload only on failure: {:?}",
-        upload["if"]
-    );
-    ensure!(
-        upload["with"]["path"].as_str() == Some(artifacts),
-        "the upload path {:?} is not the script's ARTIFACTS_DIR {artifacts}",
-        upload["with"]["path"]
-    );
-    ensure!(
-        script()?.contains("ARTIFACTS_DIR=${ARTIFACTS_DIR:-"),
-        "run.sh must honour ARTIFACTS_DIR"
-    );
+    let artifacts = run["env"]["ARTIFACTS_DIR"].as_str().context("the run step sets no ARTIFACTS_DIR")?;
+    let upload = steps.iter().find(|s| s["uses"].as_str().is_some_and(|u| u.starts_with("actions/upload-artifact@"))).context("no upload-artifact step")?;
+    ensure!(upload["if"] == "failure()", "upload only on failure: {:?}", upload["if"]);
+    ensure!(upload["with"]["path"].as_str() == Some(artifacts), "the upload path {:?} is not the script's ARTIFACTS_DIR {artifacts}", upload["with"]["path"]);
+    ensure!(script()?.contains("ARTIFACTS_DIR=${ARTIFACTS_DIR:-"), "run.sh must honour ARTIFACTS_DIR");
     Ok(())
 }
 
@@ -237,16 +167,8 @@ fn the_kind_config_parses() -> Result<()> {
     let config = yaml(&kind_dir().join("kind-config.yaml"))?;
     ensure!(config["kind"] == "Cluster", "kind: {:?}", config["kind"]);
     ensure!(config["apiVersion"] == "kind.x-k8s.io/v1alpha4");
-    let roles: Vec<&str> = config["nodes"]
-        .as_sequence()
-        .context("no nodes")?
-        .iter()
-        .filter_map(|n| n["role"].as_str())
-        .collect();
-    ensure!(
-        roles.contains(&"control-plane") && roles.contains(&"worker"),
-        "nodes: {roles:?}"
-    );
+    let roles: Vec<&str> = config["nodes"].as_sequence().context("no nodes")?.iter().filter_map(|n| n["role"].as_str()).collect();
+    ensure!(roles.contains(&"control-plane") && roles.contains(&"worker"), "nodes: {roles:?}");
     Ok(())
 }
 
@@ -254,26 +176,12 @@ fn the_kind_config_parses() -> Result<()> {
 fn the_script_applies_every_example_and_only_files_that_exist() -> Result<()> {
     let text = script()?;
     let list = assignment(&text, "EXAMPLES")?;
-    let listed: Vec<&str> = list
-        .strip_prefix('(')
-        .and_then(|l| l.strip_suffix(')'))
-        .context("EXAMPLES=(...) on one line")?
-        .split_whitespace()
-        .collect();
+    let listed: Vec<&str> = list.strip_prefix('(').and_then(|l| l.strip_suffix(')')).context("EXAMPLES=(...) on one line")?.split_whitespace().collect();
     let listed_set: BTreeSet<&str> = listed.iter().copied().collect();
-    ensure!(
-        listed_set.len() == listed.len(),
-        "EXAMPLES lists one twice: {listed:?}"
-    );
-    let present: BTreeSet<String> = example_files()?
-        .iter()
-        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .collect();
+    ensure!(listed_set.len() == listed.len(), "EXAMPLES lists one twice: {listed:?}");
+    let present: BTreeSet<String> = example_files()?.iter().filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).collect();
     let listed_set: BTreeSet<String> = listed_set.into_iter().map(String::from).collect();
-    ensure!(
-        listed_set == present,
-        "EXAMPLES in run.sh {listed_set:?} must be exactly examples/*.yaml {present:?}"
-    );
+    ensure!(listed_set == present, "EXAMPLES in run.sh {listed_set:?} must be exactly examples/*.yaml {present:?}");
     // The script names each job by its manifest; the job names must be usable as given.
     for path in applied_manifests(&text)? {
         let job = load_job(&path)?;
@@ -281,10 +189,7 @@ fn the_script_applies_every_example_and_only_files_that_exist() -> Result<()> {
     }
     for dockerfile in ["operator/Dockerfile", "runtime/Dockerfile"] {
         ensure!(repo().join(dockerfile).is_file(), "no {dockerfile}");
-        ensure!(
-            text.contains(&format!("\"$repo/{dockerfile}\"")),
-            "run.sh does not build {dockerfile}"
-        );
+        ensure!(text.contains(&format!("\"$repo/{dockerfile}\"")), "run.sh does not build {dockerfile}");
     }
     ensure!(repo().join("charts/tfjob-operator/Chart.yaml").is_file());
     ensure!(assignment(&text, "CHART")? == "$repo/charts/tfjob-operator");
@@ -297,14 +202,10 @@ fn the_images_it_builds_are_the_ones_the_chart_and_the_manifests_run() -> Result
     let runtime_image = assignment(&text, "RUNTIME_IMAGE")?;
     for path in applied_manifests(&text)? {
         let doc = yaml(&path)?;
-        let specs = doc["spec"]["tfReplicaSpecs"]
-            .as_mapping()
-            .with_context(|| format!("{}: no tfReplicaSpecs", path.display()))?;
+        let specs = doc["spec"]["tfReplicaSpecs"].as_mapping().with_context(|| format!("{}: no tfReplicaSpecs", path.display()))?;
         for (rtype, spec) in specs {
             let rtype = rtype.as_str().unwrap_or("?");
-            let containers = spec["template"]["spec"]["containers"]
-                .as_sequence()
-                .with_context(|| format!("{}: {rtype} has no containers", path.display()))?;
+            let containers = spec["template"]["spec"]["containers"].as_sequence().with_context(|| format!("{}: {rtype} has no containers", path.display()))?;
             for c in containers {
                 ensure!(
                     c["image"].as_str() == Some(runtime_image.as_str()),
@@ -337,10 +238,7 @@ fn the_images_it_builds_are_the_ones_the_chart_and_the_manifests_run() -> Result
         "image.tag/digest are set in values.yaml: run.sh builds <repository>:<appVersion>"
     );
     ensure!(
-        matches!(
-            values["image"]["pullPolicy"].as_str(),
-            Some("IfNotPresent" | "Never")
-        ),
+        matches!(values["image"]["pullPolicy"].as_str(), Some("IfNotPresent" | "Never")),
         "the chart's image.pullPolicy must let a kind-loaded image be used"
     );
     Ok(())
@@ -355,20 +253,11 @@ fn the_labels_it_selects_by_are_the_operators() -> Result<()> {
         ("OPERATOR_NAME", plan::OPERATOR_NAME),
         ("LABEL_JOB_ROLE", plan::LABEL_JOB_ROLE),
     ] {
-        ensure!(
-            assignment(&text, name)? == want,
-            "{name} in run.sh is not {want}"
-        );
+        ensure!(assignment(&text, name)? == want, "{name} in run.sh is not {want}");
     }
     ensure!(api::secret_name("$JOB") == "$JOB-token");
-    ensure!(
-        text.contains("\"secret/$JOB-token\""),
-        "run.sh checks the job's Secret by name"
-    );
-    ensure!(
-        assignment(&text, "CRD")? == "tfjobs.kubeflow.org",
-        "the CRD the script waits for"
-    );
+    ensure!(text.contains("\"secret/$JOB-token\""), "run.sh checks the job's Secret by name");
+    ensure!(assignment(&text, "CRD")? == "tfjobs.kubeflow.org", "the CRD the script waits for");
     Ok(())
 }
 
@@ -389,16 +278,14 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
             now: Timestamp::now(),
         })
     };
-    let replica = |job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit: Option<i32>| {
-        ObservedReplica {
-            replica_type: rtype,
-            index,
-            name: format!("{}-{}-{index}", job.name(), rtype.lower()),
-            phase,
-            exit_code: exit,
-            restart_count: 0,
-            terminating: false,
-        }
+    let replica = |job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit: Option<i32>| ObservedReplica {
+        replica_type: rtype,
+        index,
+        name: format!("{}-{}-{index}", job.name(), rtype.lower()),
+        phase,
+        exit_code: exit,
+        restart_count: 0,
+        terminating: false,
     };
 
     // worker-restart: sync training over 2 or more workers (so the steps wait for the deleted
@@ -407,29 +294,15 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let job = load_job(&path)?;
     let specs = api::replica_specs(&job.spec);
     let workers = specs.get(&ReplicaType::Worker).context("no Worker")?;
-    ensure!(
-        workers.replicas >= 2,
-        "{}: worker 1 must exist",
-        path.display()
-    );
+    ensure!(workers.replicas >= 2, "{}: worker 1 must exist", path.display());
     let raw = read(&path)?;
-    ensure!(
-        raw.contains("--sync_replicas") && raw.contains("--model=linear"),
-        "{}: sync linear training",
-        path.display()
-    );
-    let mut seen: Vec<ObservedReplica> = specs
-        .iter()
-        .flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i)))
-        .map(|(t, i)| replica(&job, t, i, Phase::Running, None))
-        .collect();
+    ensure!(raw.contains("--sync_replicas") && raw.contains("--model=linear"), "{}: sync linear training", path.display());
+    let mut seen: Vec<ObservedReplica> =
+        specs.iter().flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i))).map(|(t, i)| replica(&job, t, i, Phase::Running, None)).collect();
     seen.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
     let out = observe(&job, &seen);
     ensure!(
-        out.actions.contains(&Action::CreateReplica {
-            replica_type: ReplicaType::Worker,
-            index: 1
-        }),
+        out.actions.contains(&Action::CreateReplica { replica_type: ReplicaType::Worker, index: 1 }),
         "a deleted worker 1 is not created again: {:?}",
         out.actions
     );
@@ -438,46 +311,16 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let path = kind_manifest(&text, "FAILURE_MANIFEST")?;
     let job = load_job(&path)?;
     let specs = api::replica_specs(&job.spec);
-    ensure!(
-        specs.len() == 1
-            && specs
-                .get(&ReplicaType::Worker)
-                .is_some_and(|w| w.replicas == 1),
-        "{}: one Worker and nothing else",
-        path.display()
-    );
-    ensure!(
-        specs[&ReplicaType::Worker].restart_policy == api::RestartPolicy::ExitCode,
-        "{}: restartPolicy ExitCode",
-        path.display()
-    );
-    let out = observe(
-        &job,
-        &[replica(
-            &job,
-            ReplicaType::Worker,
-            0,
-            Phase::Failed,
-            Some(1),
-        )],
-    );
-    let failed = out
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == status::FAILED && c.status == "True")
-        .context("exit code 1 under ExitCode did not fail the job")?;
+    ensure!(specs.len() == 1 && specs.get(&ReplicaType::Worker).is_some_and(|w| w.replicas == 1), "{}: one Worker and nothing else", path.display());
+    ensure!(specs[&ReplicaType::Worker].restart_policy == api::RestartPolicy::ExitCode, "{}: restartPolicy ExitCode", path.display());
+    let out = observe(&job, &[replica(&job, ReplicaType::Worker, 0, Phase::Failed, Some(1))]);
+    let failed =
+        out.status.conditions.iter().find(|c| c.type_ == status::FAILED && c.status == "True").context("exit code 1 under ExitCode did not fail the job")?;
     let message = failed.message.clone().unwrap_or_default();
     let expected = assignment(&text, "FAILURE_MESSAGE")?;
+    ensure!(message.contains(&expected), "the Failed message {message:?} does not contain run.sh's FAILURE_MESSAGE {expected:?}");
     ensure!(
-        message.contains(&expected),
-        "the Failed message {message:?} does not contain run.sh's FAILURE_MESSAGE {expected:?}"
-    );
-    ensure!(
-        !out.actions.iter().any(|a| matches!(
-            a,
-            Action::RecreateReplica { .. } | Action::CreateReplica { .. }
-        )),
+        !out.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. } | Action::CreateReplica { .. })),
         "a permanent failure must not be recreated: {:?}",
         out.actions
     );

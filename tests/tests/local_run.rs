@@ -48,9 +48,7 @@ fn assert_linear(run_dir: &Path, replica: &str) {
 #[test]
 fn every_example_succeeds() -> Result<()> {
     let examples = repo_root().join("examples");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
     files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
     files.sort();
     assert!(files.len() >= 6, "examples: {files:?}");
@@ -107,15 +105,22 @@ fn kubelet_expansion_reaches_the_process() -> Result<()> {
     let args = r#"["--ps_hosts=$(TFJOB_PS_HOSTS)", "--worker_hosts=$(TFJOB_WORKER_HOSTS)", "--job_name=$(TFJOB_JOB_NAME)", "--task_index=$(TFJOB_TASK_INDEX)", "$$(TFJOB_JOB_NAME)", "$(NOT_SET)"]"#;
     // TF_CONFIG is defined after the manifest's env: FLAGS cannot refer to it.
     let env = r#"[{name: FLAGS, value: "--ps=$(TFJOB_PS_HOSTS) $(TF_CONFIG)"}]"#;
-    let manifest = write(dir.path(), "expand.yaml", &job("expand", "", &[replica("PS", 1, "Never", cmd, args, env), replica("Worker", 1, "Never", cmd, args, env)]));
+    let manifest =
+        write(dir.path(), "expand.yaml", &job("expand", "", &[replica("PS", 1, "Never", cmd, args, env), replica("Worker", 1, "Never", cmd, args, env)]));
     let (out, run_dir) = run(&manifest, &["--quiet"])?;
     assert!(out.status.success(), "{}", text(&out));
     for (replica, job_name) in [("worker-0", "worker"), ("ps-0", "ps")] {
         let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log")))?;
-        let line = |prefix: &str| log.lines().find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.to_string())).unwrap_or_else(|| panic!("{replica}: no {prefix:?} in {log}"));
+        let line = |prefix: &str| {
+            log.lines().find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.to_string())).unwrap_or_else(|| panic!("{replica}: no {prefix:?} in {log}"))
+        };
         let cfg: Value = serde_json::from_str(&line("tf_config: "))?;
         let (ps, worker) = (cfg["cluster"]["ps"][0].as_str().unwrap(), cfg["cluster"]["worker"][0].as_str().unwrap());
-        assert_eq!(line("args: "), format!("--ps_hosts={ps} --worker_hosts={worker} --job_name={job_name} --task_index=0 $(TFJOB_JOB_NAME) $(NOT_SET)"), "{replica}");
+        assert_eq!(
+            line("args: "),
+            format!("--ps_hosts={ps} --worker_hosts={worker} --job_name={job_name} --task_index=0 $(TFJOB_JOB_NAME) $(NOT_SET)"),
+            "{replica}"
+        );
         assert_eq!(line("flags: "), format!("--ps={ps} $(TF_CONFIG)"), "{replica}");
     }
     Ok(())
@@ -175,11 +180,8 @@ fn exit_code_policy() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let sh = r#"["sh", "-c"]"#;
     // Exit 1: a permanent error.
-    let permanent = write(
-        dir.path(),
-        "permanent.yaml",
-        &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]),
-    );
+    let permanent =
+        write(dir.path(), "permanent.yaml", &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]));
     let (out, run_dir) = run(&permanent, &[])?;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let status = status_yaml(&run_dir);
@@ -228,18 +230,9 @@ fn ctrl_c_leaves_no_process() -> Result<()> {
     let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
     let args = r#"["--model=linear", "--train_steps=100000000", "--log_every_steps=1000"]"#;
     let cmd = r#"["tfjob-runtime"]"#;
-    let manifest = write(
-        dir.path(),
-        "long.yaml",
-        &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]),
-    );
-    let mut child = Command::new(tfjob()?)
-        .args(["run", "--quiet"])
-        .arg(&manifest)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let manifest =
+        write(dir.path(), "long.yaml", &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]));
+    let mut child = Command::new(tfjob()?).args(["run", "--quiet"]).arg(&manifest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while marked_replicas(&marker).len() < 3 {
         assert!(Instant::now() < deadline, "the replicas never started");
@@ -269,14 +262,7 @@ fn bad_input_starts_nothing() -> Result<()> {
         (dir.path().join("missing.yaml"), "cannot read"),
         (write(dir.path(), "cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), "ConfigMap"),
         (write(dir.path(), "broken.yaml", "apiVersion: kubeflow.org/v1\nkind: TFJob\n  bad: [indent\n"), "broken.yaml"),
-        (
-            write(
-                dir.path(),
-                "invalid.yaml",
-                &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)]),
-            ),
-            "restartPolicy",
-        ),
+        (write(dir.path(), "invalid.yaml", &job("invalid", "", &[replica("Worker", 1, "Sometimes", r#"["tfjob-runtime"]"#, ok_args, &env)])), "restartPolicy"),
         (
             write(
                 dir.path(),

@@ -129,7 +129,12 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
     let log = std::fs::read_to_string(tmp.join("run.stderr")).unwrap_or_default();
     result.map_err(|e| anyhow!("{e:#}\ntfjob run said:\n{log}"))?;
     assert_eq!(code, Some(130), "{log}");
-    for line in ["tfjob scale: Worker 2 \u{2192} 4", "event Scaled: Worker 2 \u{2192} 4", "event Scaled: Worker 4 \u{2192} 1", "tfjob scale refused: PS cannot be scaled"] {
+    for line in [
+        "tfjob scale: Worker 2 \u{2192} 4",
+        "event Scaled: Worker 2 \u{2192} 4",
+        "event Scaled: Worker 4 \u{2192} 1",
+        "tfjob scale refused: PS cannot be scaled",
+    ] {
         ensure!(log.contains(line), "{line:?} not in the run's output:\n{log}");
     }
     ensure!(!run_dir.join("control.sock").exists(), "control.sock left behind");

@@ -18,8 +18,8 @@ use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::{Value, json};
 use tfjob_tests::controlplane::ControlPlane;
 use tfjob_tests::operator::{
-    Cluster, Operator, OperatorSetup, PodState, RELEASE, condition, condition_true, eventually, install_crd,
-    operator_account, replica_count, repo_root, tfjob, timestamp, yaml_documents,
+    Cluster, Operator, OperatorSetup, PodState, RELEASE, condition, condition_true, eventually, install_crd, operator_account, replica_count, repo_root, tfjob,
+    timestamp, yaml_documents,
 };
 
 /// Bound of every wait for the operator to react to a change (it reacts in well under a second).
@@ -48,22 +48,14 @@ fn create_job(k: &Cluster<'_>, job: &Value) -> Result<()> {
 
 fn tf_config(pod: &Value) -> Result<Value> {
     let env = pod["spec"]["containers"][0]["env"].as_array().ok_or_else(|| anyhow!("no env"))?;
-    let cfg = env
-        .iter()
-        .find(|e| e["name"] == "TF_CONFIG")
-        .and_then(|e| e["value"].as_str())
-        .ok_or_else(|| anyhow!("no TF_CONFIG in {env:?}"))?;
+    let cfg = env.iter().find(|e| e["name"] == "TF_CONFIG").and_then(|e| e["value"].as_str()).ok_or_else(|| anyhow!("no TF_CONFIG in {env:?}"))?;
     Ok(serde_json::from_str(cfg)?)
 }
 
 fn owned_by(obj: &Value, uid: &str) -> bool {
     obj["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
         refs.iter().any(|r| {
-            r["uid"] == uid
-                && r["kind"] == "TFJob"
-                && r["apiVersion"] == "kubeflow.org/v1"
-                && r["controller"] == true
-                && r["blockOwnerDeletion"] == true
+            r["uid"] == uid && r["kind"] == "TFJob" && r["apiVersion"] == "kubeflow.org/v1" && r["controller"] == true && r["blockOwnerDeletion"] == true
         })
     })
 }
@@ -76,17 +68,9 @@ fn crd_is_established_and_every_example_is_accepted() -> Result<()> {
     let cp = ControlPlane::shared()?;
     install_crd(cp)?;
     let crd: Value = serde_json::from_str(&cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "json"])?)?;
-    let established = crd["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Established" && c["status"] == "True");
+    let established = crd["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Established" && c["status"] == "True");
     ensure!(established, "CRD not Established: {:#}", crd["status"]);
-    let names_accepted = crd["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "NamesAccepted" && c["status"] == "True");
+    let names_accepted = crd["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "NamesAccepted" && c["status"] == "True");
     ensure!(names_accepted, "CRD names not accepted: {:#}", crd["status"]);
     assert_eq!(crd["status"]["acceptedNames"]["kind"], "TFJob");
 
@@ -107,8 +91,7 @@ fn crd_is_established_and_every_example_is_accepted() -> Result<()> {
                 want.push(doc["metadata"]["name"].as_str().unwrap_or_default().to_string());
             }
         }
-        cp.kubectl_ok(["apply", "-n", &ns, "-f", &file.to_string_lossy()])
-            .with_context(|| format!("the API server refused {}", file.display()))?;
+        cp.kubectl_ok(["apply", "-n", &ns, "-f", &file.to_string_lossy()]).with_context(|| format!("the API server refused {}", file.display()))?;
     }
     want.sort();
     assert_eq!(k.names("tfjobs", "")?, want);
@@ -123,11 +106,7 @@ fn api_server_rejects_bad_enum_values() -> Result<()> {
     let k = Cluster::new(cp, &ns);
     let base = tfjob("bad", &[("Worker", 1, "Never")], json!({}));
     let cases: Vec<(Value, &str, &str)> = vec![
-        (
-            json!({"spec": {"tfReplicaSpecs": {"Worker": {"restartPolicy": "Sometimes"}}}}),
-            "spec.tfReplicaSpecs.Worker.restartPolicy",
-            "\"Sometimes\"",
-        ),
+        (json!({"spec": {"tfReplicaSpecs": {"Worker": {"restartPolicy": "Sometimes"}}}}), "spec.tfReplicaSpecs.Worker.restartPolicy", "\"Sometimes\""),
         (json!({"spec": {"runPolicy": {"cleanPodPolicy": "Some"}}}), "spec.runPolicy.cleanPodPolicy", "\"Some\""),
         (json!({"spec": {"successPolicy": "AnyWorker"}}), "spec.successPolicy", "\"AnyWorker\""),
         (json!({"spec": {"runPolicy": {"managedBy": "someone/else"}}}), "spec.runPolicy.managedBy", "\"someone/else\""),
@@ -203,11 +182,9 @@ fn operator_creates_pods_service_and_secret_and_garbage_collection_removes_them(
         k.wait_pods("mnist", &["mnist-ps-0", "mnist-worker-0", "mnist-worker-1"], REACT)?;
 
         // Pods: labels, DNS identity, restart policy, TF_CONFIG, token, owner.
-        for (pod, rtype, index, restart) in [
-            ("mnist-ps-0", "ps", 0, "OnFailure"),
-            ("mnist-worker-0", "worker", 0, "Never"),
-            ("mnist-worker-1", "worker", 1, "Never"),
-        ] {
+        for (pod, rtype, index, restart) in
+            [("mnist-ps-0", "ps", 0, "OnFailure"), ("mnist-worker-0", "worker", 0, "Never"), ("mnist-worker-1", "worker", 1, "Never")]
+        {
             let p = k.must_get("pod", pod)?;
             let labels = &p["metadata"]["labels"];
             assert_eq!(labels["training.kubeflow.org/job-name"], "mnist", "{pod}");
@@ -237,25 +214,16 @@ fn operator_creates_pods_service_and_secret_and_garbage_collection_removes_them(
                 }),
                 "{pod}"
             );
-            let token = c["env"]
-                .as_array()
-                .and_then(|env| env.iter().find(|e| e["name"] == "TFJOB_TOKEN"))
-                .ok_or_else(|| anyhow!("{pod} has no TFJOB_TOKEN"))?;
-            assert_eq!(
-                token["valueFrom"]["secretKeyRef"],
-                json!({"name": "mnist-token", "key": "token", "optional": false}),
-                "{pod}"
-            );
+            let token =
+                c["env"].as_array().and_then(|env| env.iter().find(|e| e["name"] == "TFJOB_TOKEN")).ok_or_else(|| anyhow!("{pod} has no TFJOB_TOKEN"))?;
+            assert_eq!(token["valueFrom"]["secretKeyRef"], json!({"name": "mnist-token", "key": "token", "optional": false}), "{pod}");
         }
 
         // The headless Service that names every replica.
         let svc = k.must_get("service", "mnist")?;
         assert_eq!(svc["spec"]["clusterIP"], "None");
         assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
-        assert_eq!(
-            svc["spec"]["selector"],
-            json!({"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/operator-name": "tfjob-controller"})
-        );
+        assert_eq!(svc["spec"]["selector"], json!({"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/operator-name": "tfjob-controller"}));
         assert_eq!(svc["spec"]["ports"][0]["name"], "tfjob-port");
         assert_eq!(svc["spec"]["ports"][0]["port"], 2222);
         ensure!(owned_by(&svc, &uid), "the Service is not owned by the job");
@@ -274,14 +242,8 @@ fn operator_creates_pods_service_and_secret_and_garbage_collection_removes_them(
 
         // Events from the operator, as its chart ServiceAccount.
         eventually("SuccessfulCreatePod events", REACT, || {
-            let evs: Value =
-                serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
-            let n = evs["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|e| e["reason"] == "SuccessfulCreatePod" && e["regarding"]["name"] == "mnist")
-                .count();
+            let evs: Value = serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
+            let n = evs["items"].as_array().into_iter().flatten().filter(|e| e["reason"] == "SuccessfulCreatePod" && e["regarding"]["name"] == "mnist").count();
             Ok((n == 3).then_some(()))
         })?;
 
@@ -297,19 +259,15 @@ fn operator_creates_pods_service_and_secret_and_garbage_collection_removes_them(
         op.kill();
         k.set_pod("mnist-worker-0", PodState::RUNNING)?;
         cp.kubectl_ok(["delete", "tfjob", "mnist", "-n", &ns, "--wait=false"])?;
-        eventually(
-            "the garbage collector removes the job's pods, Service and Secret",
-            Duration::from_secs(60),
-            || {
-                let left = [
-                    k.job_pods("mnist")?,
-                    k.names("services", "training.kubeflow.org/job-name=mnist")?,
-                    k.names("secrets", "training.kubeflow.org/job-name=mnist")?,
-                ]
-                .concat();
-                Ok(left.is_empty().then_some(()))
-            },
-        )?;
+        eventually("the garbage collector removes the job's pods, Service and Secret", Duration::from_secs(60), || {
+            let left = [
+                k.job_pods("mnist")?,
+                k.names("services", "training.kubeflow.org/job-name=mnist")?,
+                k.names("secrets", "training.kubeflow.org/job-name=mnist")?,
+            ]
+            .concat();
+            Ok(left.is_empty().then_some(()))
+        })?;
         ensure!(k.get("tfjob", "mnist")?.is_none());
         Ok(())
     })();
@@ -322,12 +280,9 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
     let (cp, ns, _account, op) = setup("op-restart")?;
     let k = Cluster::new(cp, &ns);
     let r = (|| -> Result<()> {
-        for (name, policy, backoff) in [
-            ("never", "Never", None),
-            ("exitcode", "ExitCode", None),
-            ("onfailure", "OnFailure", Some(3)),
-            ("always", "Always", None),
-        ] {
+        for (name, policy, backoff) in
+            [("never", "Never", None), ("exitcode", "ExitCode", None), ("onfailure", "OnFailure", Some(3)), ("always", "Always", None)]
+        {
             let rp = match backoff {
                 Some(b) => json!({"backoffLimit": b}),
                 None => json!({}),
@@ -342,9 +297,7 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
             let st = k.wait_status(name, "Created", REACT, |s| condition_true(s, "Created"))?;
             ensure!(!condition_true(&st, "Running"), "Running before any pod runs: {st:#}");
             k.set_pod(&pods[1], PodState::RUNNING)?;
-            let st = k.wait_status(name, "Running with 1 active", REACT, |s| {
-                condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1
-            })?;
+            let st = k.wait_status(name, "Running with 1 active", REACT, |s| condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1)?;
             assert_eq!(condition(&st, "Running").unwrap()["reason"], "TFJobRunning");
         }
 
@@ -366,9 +319,8 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
         // ExitCode: 137 (killed) is retryable: the pod is recreated; 2 is not: the job fails.
         let before = k.uid("pod", "exitcode-worker-1")?;
         k.set_pod("exitcode-worker-1", PodState::failed(137))?;
-        let recreated = eventually("exitcode-worker-1 is recreated", REACT, || {
-            Ok(k.get("pod", "exitcode-worker-1")?.filter(|p| p["metadata"]["uid"] != before.as_str()))
-        })?;
+        let recreated =
+            eventually("exitcode-worker-1 is recreated", REACT, || Ok(k.get("pod", "exitcode-worker-1")?.filter(|p| p["metadata"]["uid"] != before.as_str())))?;
         ensure!(recreated["status"]["phase"] == "Pending", "{:#}", recreated["status"]);
         let st = k.wait_status("exitcode", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
         let restarting = condition(&st, "Restarting").unwrap();
@@ -393,15 +345,11 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
         let uid0 = k.uid("pod", "onfailure-worker-1")?;
         k.set_pod("onfailure-worker-1", PodState::restarted(1, 1))?;
         k.set_pod("onfailure-worker-1", PodState::failed(1))?;
-        eventually("onfailure-worker-1 is recreated", REACT, || {
-            Ok(k.get("pod", "onfailure-worker-1")?.filter(|p| p["metadata"]["uid"] != uid0.as_str()))
-        })?;
+        eventually("onfailure-worker-1 is recreated", REACT, || Ok(k.get("pod", "onfailure-worker-1")?.filter(|p| p["metadata"]["uid"] != uid0.as_str())))?;
         let st = k.wait_status("onfailure", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
         assert_eq!(replica_count(&st, "Worker", "recreated"), 1, "{st:#}");
         k.set_pod("onfailure-worker-1", PodState::RUNNING)?;
-        k.wait_status("onfailure", "Running again", REACT, |s| {
-            condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1
-        })?;
+        k.wait_status("onfailure", "Running again", REACT, |s| condition_true(s, "Running") && replica_count(s, "Worker", "active") == 1)?;
         // 1 recreation + 2 in-place restarts = 3: within the limit.
         k.set_pod("onfailure-worker-0", PodState::restarted(2, 1))?;
         let st = k.wait_status("onfailure", "2 active", REACT, |s| replica_count(s, "Worker", "active") == 2)?;
@@ -418,9 +366,7 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
         // with Succeeded (and never Failed).
         let uid1 = k.uid("pod", "always-worker-1")?;
         k.set_pod("always-worker-1", PodState::failed(0))?;
-        eventually("always-worker-1 is recreated", REACT, || {
-            Ok(k.get("pod", "always-worker-1")?.filter(|p| p["metadata"]["uid"] != uid1.as_str()))
-        })?;
+        eventually("always-worker-1 is recreated", REACT, || Ok(k.get("pod", "always-worker-1")?.filter(|p| p["metadata"]["uid"] != uid1.as_str())))?;
         k.wait_status("always", "Restarting", REACT, |s| condition_true(s, "Restarting"))?;
         k.set_pod("always-worker-1", PodState::RUNNING)?;
         k.wait_status("always", "Running again", REACT, |s| condition_true(s, "Running"))?;
@@ -435,13 +381,13 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
         k.wait_pods("always", &["always-worker-0"], REACT)?;
 
         // Every restart was announced with a Warning event on its job.
-        let evs: Value =
-            serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
+        let evs: Value = serde_json::from_str(&cp.kubectl_ok(["get", "events.events.k8s.io", "-n", &ns, "-o", "json"])?)?;
         for job in ["exitcode", "onfailure", "always"] {
-            let found =
-                evs["items"].as_array().into_iter().flatten().any(|e| {
-                    e["regarding"]["name"] == job && e["reason"] == "TFJobRestarting" && e["type"] == "Warning"
-                });
+            let found = evs["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["regarding"]["name"] == job && e["reason"] == "TFJobRestarting" && e["type"] == "Warning");
             ensure!(found, "no TFJobRestarting Warning event for {job}");
         }
         Ok(())
@@ -561,9 +507,7 @@ fn suspend_deletes_the_pods_and_resume_recreates_them() -> Result<()> {
         k.wait_pods("pausable", &["pausable-worker-0", "pausable-worker-1"], REACT)?;
         k.set_pod("pausable-worker-0", PodState::RUNNING)?;
         k.set_pod("pausable-worker-1", PodState::RUNNING)?;
-        let st = k.wait_status("pausable", "Running", REACT, |s| {
-            condition_true(s, "Running") && replica_count(s, "Worker", "active") == 2
-        })?;
+        let st = k.wait_status("pausable", "Running", REACT, |s| condition_true(s, "Running") && replica_count(s, "Worker", "active") == 2)?;
         let started = timestamp(&st["startTime"])?;
 
         k.patch_job("pausable", json!({"spec": {"runPolicy": {"suspend": true}}}))?;
@@ -580,9 +524,7 @@ fn suspend_deletes_the_pods_and_resume_recreates_them() -> Result<()> {
         std::thread::sleep(Duration::from_millis(1100));
         k.patch_job("pausable", json!({"spec": {"runPolicy": {"suspend": false}}}))?;
         k.wait_pods("pausable", &["pausable-worker-0", "pausable-worker-1"], REACT)?;
-        let st = k.wait_status("pausable", "resumed", REACT, |s| {
-            condition(s, "Suspended").is_some_and(|c| c["status"] == "False")
-        })?;
+        let st = k.wait_status("pausable", "resumed", REACT, |s| condition(s, "Suspended").is_some_and(|c| c["status"] == "False"))?;
         assert_eq!(condition(&st, "Suspended").unwrap()["reason"], "TFJobResumed");
         ensure!(timestamp(&st["startTime"])? > started, "startTime not reset on resume: {st:#}");
         assert_eq!(k.must_get("secret", "pausable-token")?["data"]["token"], token);
@@ -605,9 +547,7 @@ fn active_deadline_fails_the_job_on_time() -> Result<()> {
         let st = k.wait_status("bounded", "Running", REACT, |s| condition_true(s, "Running"))?;
         let start = timestamp(&st["startTime"])?;
         // From here on nothing changes: only the deadline can wake the operator up.
-        let st = k.wait_status("bounded", "Failed", Duration::from_secs(DEADLINE as u64 + 15), |s| {
-            condition_true(s, "Failed")
-        })?;
+        let st = k.wait_status("bounded", "Failed", Duration::from_secs(DEADLINE as u64 + 15), |s| condition_true(s, "Failed"))?;
         let seen = jiff::Timestamp::now();
         let failed = condition(&st, "Failed").unwrap();
         assert_eq!(failed["reason"], "TFJobFailed", "{st:#}");
@@ -616,10 +556,7 @@ fn active_deadline_fails_the_job_on_time() -> Result<()> {
         // Timestamps have second resolution: startTime may be up to 1 s before the real start.
         let at = timestamp(&failed["lastTransitionTime"])?;
         let after_start = at.duration_since(start).as_secs_f64();
-        ensure!(
-            (DEADLINE as f64..=DEADLINE as f64 + 2.0).contains(&after_start),
-            "Failed {after_start}s after startTime, the deadline is {DEADLINE}s: {st:#}"
-        );
+        ensure!((DEADLINE as f64..=DEADLINE as f64 + 2.0).contains(&after_start), "Failed {after_start}s after startTime, the deadline is {DEADLINE}s: {st:#}");
         let observed = seen.duration_since(start).as_secs_f64();
         ensure!(observed <= DEADLINE as f64 + 3.0, "the failure was visible only {observed}s after startTime");
         // cleanPodPolicy Running (the default): the running pod is deleted.
@@ -635,14 +572,7 @@ fn ttl_after_finished_deletes_the_job_and_its_objects() -> Result<()> {
     let (cp, ns, _account, op) = setup("op-ttl")?;
     let k = Cluster::new(cp, &ns);
     let r = (|| -> Result<()> {
-        create_job(
-            &k,
-            &tfjob(
-                "shortlived",
-                &[("Worker", 1, "Never")],
-                json!({"ttlSecondsAfterFinished": TTL, "cleanPodPolicy": "None"}),
-            ),
-        )?;
+        create_job(&k, &tfjob("shortlived", &[("Worker", 1, "Never")], json!({"ttlSecondsAfterFinished": TTL, "cleanPodPolicy": "None"})))?;
         k.wait_pods("shortlived", &["shortlived-worker-0"], REACT)?;
         k.set_pod("shortlived-worker-0", PodState::RUNNING)?;
         k.wait_status("shortlived", "Running", REACT, |s| condition_true(s, "Running"))?;
@@ -651,14 +581,9 @@ fn ttl_after_finished_deletes_the_job_and_its_objects() -> Result<()> {
         let done = timestamp(&st["completionTime"])?;
         // cleanPodPolicy None: the pod stays until the job goes.
         assert_eq!(k.job_pods("shortlived")?, vec!["shortlived-worker-0".to_string()]);
-        eventually("the job is deleted", Duration::from_secs(TTL as u64 + 15), || {
-            Ok(k.get("tfjob", "shortlived")?.is_none().then_some(()))
-        })?;
+        eventually("the job is deleted", Duration::from_secs(TTL as u64 + 15), || Ok(k.get("tfjob", "shortlived")?.is_none().then_some(())))?;
         let gone = jiff::Timestamp::now().duration_since(done).as_secs_f64();
-        ensure!(
-            (TTL as f64 - 1.0..=TTL as f64 + 3.0).contains(&gone),
-            "the job was deleted {gone}s after completionTime; ttlSecondsAfterFinished is {TTL}"
-        );
+        ensure!((TTL as f64 - 1.0..=TTL as f64 + 3.0).contains(&gone), "the job was deleted {gone}s after completionTime; ttlSecondsAfterFinished is {TTL}");
         eventually("the garbage collector removes the pod, Service and Secret", Duration::from_secs(60), || {
             let left = [
                 k.job_pods("shortlived")?,
@@ -680,12 +605,7 @@ fn events_by(cp: &ControlPlane, ns: &str, job: &str) -> Result<Vec<(String, Stri
         .into_iter()
         .flatten()
         .filter(|e| e["regarding"]["name"] == job)
-        .map(|e| {
-            (
-                e["reportingInstance"].as_str().unwrap_or_default().to_string(),
-                e["reason"].as_str().unwrap_or_default().to_string(),
-            )
-        })
+        .map(|e| (e["reportingInstance"].as_str().unwrap_or_default().to_string(), e["reason"].as_str().unwrap_or_default().to_string()))
         .collect())
 }
 
@@ -743,11 +663,7 @@ fn leader_election_only_the_leader_writes_and_killing_it_hands_over() -> Result<
         create_job(&k, &tfjob("second", &[("Worker", 1, "Never")], json!({})))?;
         k.wait_pods("second", &["second-worker-0"], REACT)?;
         let evs = events_by(cp, &ns, "second")?;
-        ensure!(
-            !evs.is_empty() && evs.iter().all(|(by, _)| *by == follower.name),
-            "events of the new job not all from {}: {evs:?}",
-            follower.name
-        );
+        ensure!(!evs.is_empty() && evs.iter().all(|(by, _)| *by == follower.name), "events of the new job not all from {}: {evs:?}", follower.name);
         ensure!(follower.metric("tfjob_reconcile_duration_seconds_count")? > 0.0);
         Ok(())
     })();

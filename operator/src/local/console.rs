@@ -200,22 +200,10 @@ impl Console {
         self.clear_line(&mut st);
         eprintln!("tfjob: conditions of TFJob {}:", self.job);
         for c in &status.conditions {
-            eprintln!(
-                "tfjob:   {:<10} {:<5} {:<22} {}",
-                c.type_,
-                c.status,
-                c.reason.as_deref().unwrap_or(""),
-                c.message.as_deref().unwrap_or("")
-            );
+            eprintln!("tfjob:   {:<10} {:<5} {:<22} {}", c.type_, c.status, c.reason.as_deref().unwrap_or(""), c.message.as_deref().unwrap_or(""));
         }
         let verdict = if result.succeeded { "succeeded" } else { "did not succeed" };
-        eprintln!(
-            "tfjob: TFJob {} {verdict} ({}) after {:.1}s: {}",
-            self.job,
-            result.reason,
-            elapsed.as_secs_f64(),
-            result.message
-        );
+        eprintln!("tfjob: TFJob {} {verdict} ({}) after {:.1}s: {}", self.job, result.reason, elapsed.as_secs_f64(), result.message);
         eprintln!("tfjob: logs and status.yaml in {}", result.run_dir.display());
     }
 }

@@ -43,7 +43,8 @@ pub const LABEL_JOB: &str = "io.tfjob.job";
 pub const LABEL_REPLICA: &str = "io.tfjob.replica";
 
 /// How to start an engine, for the error when none answers.
-const HOW_TO_START: &str = "start Docker, or `podman system service --time=0 unix:///run/podman/podman.sock` and set DOCKER_HOST=unix:///run/podman/podman.sock";
+const HOW_TO_START: &str =
+    "start Docker, or `podman system service --time=0 unix:///run/podman/podman.sock` and set DOCKER_HOST=unix:///run/podman/podman.sock";
 
 /// How often container states are inspected.
 const POLL: Duration = Duration::from_millis(250);
@@ -131,12 +132,8 @@ pub fn container_body(spec: &PodContainer, network: String) -> ContainerCreateBo
         labels: Some(spec.labels.iter().cloned().collect()),
         host_config: Some(HostConfig {
             network_mode: Some(network.clone()),
-            binds: (!spec.mounts.is_empty()).then(|| {
-                spec.mounts
-                    .iter()
-                    .map(|m| format!("{}:{}:{}", m.host_path, m.container_path, if m.read_only { "ro" } else { "rw" }))
-                    .collect()
-            }),
+            binds: (!spec.mounts.is_empty())
+                .then(|| spec.mounts.iter().map(|m| format!("{}:{}:{}", m.host_path, m.container_path, if m.read_only { "ro" } else { "rw" })).collect()),
             extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
             ..Default::default()
         }),
@@ -329,21 +326,12 @@ impl ContainerKubelet {
     /// [`connect`](Self::connect) to the first engine of `hosts` that answers
     /// (`unix://...`, `tcp://...`).
     pub fn connect_to(hosts: &[String], network_prefix: &str, labels: &[(String, String)], output: Arc<dyn PodOutput>) -> Result<Self, ContainerError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .map_err(|e| ContainerError::Client(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| ContainerError::Client(e.to_string()))?;
         let docker = rt.block_on(connect(hosts))?;
         let network = format!("{network_prefix}-{}", random_suffix());
-        let request = NetworkCreateRequest {
-            name: network.clone(),
-            driver: Some("bridge".into()),
-            labels: Some(labels.iter().cloned().collect()),
-            ..Default::default()
-        };
-        rt.block_on(docker.create_network(request))
-            .map_err(|e| ContainerError::Network { network: network.clone(), reason: e.to_string() })?;
+        let request =
+            NetworkCreateRequest { name: network.clone(), driver: Some("bridge".into()), labels: Some(labels.iter().cloned().collect()), ..Default::default() };
+        rt.block_on(docker.create_network(request)).map_err(|e| ContainerError::Network { network: network.clone(), reason: e.to_string() })?;
         Ok(ContainerKubelet { rt, docker, network: Some(network), output, pods: BTreeMap::new(), next_poll: Instant::now() })
     }
 
@@ -442,15 +430,7 @@ impl ContainerKubelet {
         let container = format!("{base}-{}", random_suffix());
         self.create(&spec, &container).map_err(fail)?;
         let mut p = Pod {
-            state: PodState {
-                phase: Phase::Pending,
-                running: false,
-                exit_code: None,
-                restart_count: 0,
-                container,
-                started_at: None,
-                finished_at: None,
-            },
+            state: PodState { phase: Phase::Pending, running: false, exit_code: None, restart_count: 0, container, started_at: None, finished_at: None },
             spec,
             restart_at: None,
             backoff: FIRST_BACKOFF,
@@ -639,8 +619,8 @@ impl ContainerBackend {
     pub fn new(job: &TFJob, console: Arc<Console>) -> Result<Self, RunError> {
         let name = job.name().to_string();
         let labels = [(LABEL_JOB.to_string(), name.clone())];
-        let kubelet = ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone())))
-            .map_err(|e| RunError::Backend(e.to_string()))?;
+        let kubelet =
+            ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone()))).map_err(|e| RunError::Backend(e.to_string()))?;
         console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
         Ok(ContainerBackend { job: name, kubelet, images: images_of(job), planned: BTreeMap::new() })
     }
@@ -655,10 +635,8 @@ impl ContainerBackend {
 /// of its replica type in `images`.
 fn pod_container(job: &str, images: &BTreeMap<ReplicaType, String>, planned: &PlannedReplica, token: &str) -> Result<PodContainer, String> {
     let short = short_name(job, &planned.pod_name);
-    let image = images
-        .get(&planned.replica_type)
-        .ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?
-        .clone();
+    let image =
+        images.get(&planned.replica_type).ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?.clone();
     let env = super::replica_environment(planned, token).into_vars();
     Ok(PodContainer {
         log_name: short.clone(),

@@ -17,9 +17,9 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -360,10 +360,7 @@ mod tests {
         for (arg, want) in cases {
             assert_eq!(parse_scale(arg), want, "{arg}");
         }
-        assert_eq!(
-            parse_scale("Worker=abc").unwrap_err().to_string(),
-            "\"Worker=abc\": the count \"abc\" is not a whole number"
-        );
+        assert_eq!(parse_scale("Worker=abc").unwrap_err().to_string(), "\"Worker=abc\": the count \"abc\" is not a whole number");
     }
 
     fn job(types: &str) -> TFJob {
@@ -391,23 +388,22 @@ mod tests {
             (
                 "PS=1,Worker=2",
                 scale("Worker", 0),
-                Err("Worker=0 would make TFJob lin invalid: spec.tfReplicaSpecs.Worker.replicas: must be at least 1 when the job has no Chief or Master: worker 0 is the chief, got 0"),
+                Err(
+                    "Worker=0 would make TFJob lin invalid: spec.tfReplicaSpecs.Worker.replicas: must be at least 1 when the job has no Chief or Master: worker 0 is the chief, got 0",
+                ),
                 2,
             ),
             (
                 "PS=1,Worker=2",
                 scale("PS", 2),
-                Err("PS cannot be scaled: the variables are placed over the ps tasks when the job starts, so their number is fixed for the job's life; only Worker can be scaled"),
+                Err(
+                    "PS cannot be scaled: the variables are placed over the ps tasks when the job starts, so their number is fixed for the job's life; only Worker can be scaled",
+                ),
                 2,
             ),
             ("Chief=1,Worker=2", scale("Chief", 0), Err("Chief cannot be scaled: a job has at most one, for its whole life; only Worker can be scaled"), 2),
             ("PS=1,Worker=2", scale("Launcher", 2), Err("unknown replica type \"Launcher\"; only Worker can be scaled"), 2),
-            (
-                "PS=1,Worker=2",
-                scale("Worker", -3),
-                Err("Worker=-3 would make TFJob lin invalid: spec.tfReplicaSpecs.Worker.replicas: must be >= 0, got -3"),
-                2,
-            ),
+            ("PS=1,Worker=2", scale("Worker", -3), Err("Worker=-3 would make TFJob lin invalid: spec.tfReplicaSpecs.Worker.replicas: must be >= 0, got -3"), 2),
         ];
         for (types, request, want, after) in cases {
             let mut j = job(types);

@@ -139,15 +139,7 @@ mod tests {
 
     #[test]
     fn expansion_table() {
-        let vars: HashMap<&str, &str> = [
-            ("A", "a"),
-            ("B", "b"),
-            ("EMPTY", ""),
-            ("REF", "$(A)"),
-            ("É", "e"),
-        ]
-        .into_iter()
-        .collect();
+        let vars: HashMap<&str, &str> = [("A", "a"), ("B", "b"), ("EMPTY", ""), ("REF", "$(A)"), ("É", "e")].into_iter().collect();
         let lookup = |n: &str| vars.get(n).copied();
         // (input, expanded)
         let cases = [
@@ -194,12 +186,7 @@ mod tests {
 
     #[test]
     fn env_values_see_the_variables_before_them() {
-        let literal = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<Vec<_>>()
-        };
+        let literal = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
         let env = Environment::of_values(&literal(&[
             ("HOSTS", "h:1,h:2"),
             ("FLAGS", "--worker_hosts=$(HOSTS) --job=$(JOB)"),
@@ -207,35 +194,17 @@ mod tests {
             ("ESCAPED", "$$(HOSTS)"),
             ("SELF", "x$(SELF)"),
         ]));
-        assert_eq!(
-            env.get("FLAGS"),
-            Some("--worker_hosts=h:1,h:2 --job=$(JOB)"),
-            "JOB is defined after FLAGS"
-        );
+        assert_eq!(env.get("FLAGS"), Some("--worker_hosts=h:1,h:2 --job=$(JOB)"), "JOB is defined after FLAGS");
         assert_eq!(env.get("ESCAPED"), Some("$(HOSTS)"));
         assert_eq!(env.get("SELF"), Some("x$(SELF)"));
-        let args = env.expand_all(&[
-            "--job_name=$(JOB)".into(),
-            "$(FLAGS)".into(),
-            "$(UNSET)".into(),
-        ]);
-        assert_eq!(
-            args,
-            [
-                "--job_name=worker",
-                "--worker_hosts=h:1,h:2 --job=$(JOB)",
-                "$(UNSET)"
-            ]
-        );
+        let args = env.expand_all(&["--job_name=$(JOB)".into(), "$(FLAGS)".into(), "$(UNSET)".into()]);
+        assert_eq!(args, ["--job_name=worker", "--worker_hosts=h:1,h:2 --job=$(JOB)", "$(UNSET)"]);
 
         // Defined again: the new value in the first place; a value taken as
         // it is (from a Secret) is not expanded.
         let mut env = Environment::of_values(&literal(&[("A", "1"), ("B", "2")]));
         env.define_value("A", "$(B)3");
         env.define("TOKEN", "$(A)".into());
-        assert_eq!(
-            env.vars(),
-            literal(&[("A", "23"), ("B", "2"), ("TOKEN", "$(A)")]).as_slice()
-        );
+        assert_eq!(env.vars(), literal(&[("A", "23"), ("B", "2"), ("TOKEN", "$(A)")]).as_slice());
     }
 }

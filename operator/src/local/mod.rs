@@ -17,15 +17,15 @@ pub mod expand;
 pub mod process;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{self, ManifestError, ReplicaType, TFJob, TFJobStatus};
 use crate::plan::{self, AddressBook, ENV_TOKEN, PlannedReplica};
-use crate::status::{self, Action, EventKind, ObservedReplica, Observation};
+use crate::status::{self, Action, EventKind, Observation, ObservedReplica};
 
 use console::Console;
 
@@ -82,15 +82,7 @@ pub fn restarts_in_place(pod_restart_policy: &str, code: i32) -> bool {
 
 /// What a backend reports for one of its replicas.
 pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit_code: Option<i32>, restart_count: i32) -> ObservedReplica {
-    ObservedReplica {
-        replica_type: planned.replica_type,
-        index: planned.index,
-        name: name.to_string(),
-        phase,
-        exit_code,
-        restart_count,
-        terminating: false,
-    }
+    ObservedReplica { replica_type: planned.replica_type, index: planned.index, name: name.to_string(), phase, exit_code, restart_count, terminating: false }
 }
 
 /// The environment of a planned replica's container as the kubelet builds it: the replica's
@@ -275,7 +267,10 @@ impl Driver {
     /// needed to run the job: a failure is reported and the run goes on.
     fn open_control(&self) -> Option<control::ControlServer> {
         if let Err(e) = control::record_latest(&control::runs_root(), &self.name, &self.run_dir) {
-            self.console.info(&format!("cannot point {} at this run ({e}); `tfjob scale` needs the run directory", control::latest_link(&control::runs_root(), &self.name).display()));
+            self.console.info(&format!(
+                "cannot point {} at this run ({e}); `tfjob scale` needs the run directory",
+                control::latest_link(&control::runs_root(), &self.name).display()
+            ));
         }
         match control::ControlServer::start(&self.run_dir) {
             Ok(server) => Some(server),
@@ -317,7 +312,15 @@ impl Driver {
     /// One pass of the status machine and its actions; the result once the
     /// job has finished.
     fn reconcile(&mut self, backend: &mut dyn Backend, observed: &[Observed]) -> Result<Option<RunResult>, RunError> {
-        let obs = Observation { namespace: &self.namespace, name: &self.name, spec: &self.job.spec, status: &self.status, replicas: observed, invalid: &[], now: Timestamp::now() };
+        let obs = Observation {
+            namespace: &self.namespace,
+            name: &self.name,
+            spec: &self.job.spec,
+            status: &self.status,
+            replicas: observed,
+            invalid: &[],
+            now: Timestamp::now(),
+        };
         let outcome = status::reconcile_status(&obs);
         let mut requeue = self.resync;
         let mut delete_job = false;
@@ -377,9 +380,7 @@ fn start_replica(
     token: &str,
     console: &Console,
 ) -> Result<(), RunError> {
-    let replica = planner
-        .replica(rtype, index)
-        .ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
+    let replica = planner.replica(rtype, index).ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
     console.info(&format!("starting {}", short_name(planner.job_name(), &replica.pod_name)));
     backend.start(&replica, token)
 }
@@ -402,7 +403,6 @@ fn write_status(run_dir: &Path, status: &TFJobStatus) {
         let _ = std::fs::rename(&tmp, run_dir.join("status.yaml"));
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -64,13 +64,7 @@ fn exit_code_of(status: std::process::ExitStatus) -> i32 {
 
 impl ProcessBackend {
     pub fn new(job: &str, console: Arc<Console>) -> Self {
-        ProcessBackend {
-            job: job.to_string(),
-            console,
-            ports: Mutex::new(BTreeMap::new()),
-            replicas: BTreeMap::new(),
-            runtime: runtime_binary(),
-        }
+        ProcessBackend { job: job.to_string(), console, ports: Mutex::new(BTreeMap::new()), replicas: BTreeMap::new(), runtime: runtime_binary() }
     }
 
     fn spawn(&self, planned: &PlannedReplica, token: &str) -> Result<Child, RunError> {
@@ -105,10 +99,8 @@ impl ProcessBackend {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| RunError::Start {
-            replica: short.clone(),
-            reason: format!("cannot start {:?}: {e}", program.display().to_string()),
-        })?;
+        let mut child =
+            cmd.spawn().map_err(|e| RunError::Start { replica: short.clone(), reason: format!("cannot start {:?}: {e}", program.display().to_string()) })?;
         for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>)]
             .into_iter()
             .flatten()
@@ -238,10 +230,7 @@ impl Backend for ProcessBackend {
                 }
             }
         }
-        self.replicas
-            .iter()
-            .map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count))
-            .collect()
+        self.replicas.iter().map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count)).collect()
     }
 
     fn shutdown(&mut self) {

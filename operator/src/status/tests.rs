@@ -6,15 +6,8 @@ use crate::api::{CleanPodPolicy, ReplicaSpec, RestartPolicy, TFJobSpec};
 fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
     let mut s = TFJobSpec::default();
     for (t, n, p) in types {
-        s.tf_replica_specs.insert(
-            t.as_str().to_string(),
-            ReplicaSpec {
-                replicas: *n,
-                template: Default::default(),
-                restart_policy: p.clone(),
-                template_error: None,
-            },
-        );
+        s.tf_replica_specs
+            .insert(t.as_str().to_string(), ReplicaSpec { replicas: *n, template: Default::default(), restart_policy: p.clone(), template_error: None });
     }
     s
 }
@@ -48,47 +41,18 @@ fn at(secs: i64) -> Timestamp {
     t0() + k8s_openapi::jiff::SignedDuration::from_secs(secs)
 }
 
-fn run(
-    spec: &TFJobSpec,
-    status: &TFJobStatus,
-    replicas: &[ObservedReplica],
-    now: Timestamp,
-) -> Outcome {
+fn run(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], now: Timestamp) -> Outcome {
     run_invalid(spec, status, replicas, &[], now)
 }
 
 /// [`run`] of a spec with these validation problems.
-fn run_invalid(
-    spec: &TFJobSpec,
-    status: &TFJobStatus,
-    replicas: &[ObservedReplica],
-    invalid: &[crate::api::FieldError],
-    now: Timestamp,
-) -> Outcome {
-    reconcile_status(&Observation {
-        namespace: "ns",
-        name: "job",
-        spec,
-        status,
-        replicas,
-        invalid,
-        now,
-    })
+fn run_invalid(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], invalid: &[crate::api::FieldError], now: Timestamp) -> Outcome {
+    reconcile_status(&Observation { namespace: "ns", name: "job", spec, status, replicas, invalid, now })
 }
 
 /// (type, status, reason, message) of every condition.
 fn conds(s: &TFJobStatus) -> Vec<(String, String, String, String)> {
-    s.conditions
-        .iter()
-        .map(|c| {
-            (
-                c.type_.clone(),
-                c.status.clone(),
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
-        .collect()
+    s.conditions.iter().map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default())).collect()
 }
 
 fn c(t: &str, s: &str, reason: &str, msg: &str) -> (String, String, String, String) {
@@ -114,11 +78,7 @@ fn events(o: &Outcome) -> Vec<String> {
 }
 
 fn non_events(o: &Outcome) -> Vec<Action> {
-    o.actions
-        .iter()
-        .filter(|a| !matches!(a, Action::Event { .. }))
-        .cloned()
-        .collect()
+    o.actions.iter().filter(|a| !matches!(a, Action::Event { .. })).cloned().collect()
 }
 
 use ReplicaType::{Chief, Evaluator, Master, PS, Worker};
@@ -133,18 +93,9 @@ fn new_job_creates_every_replica() {
     assert_eq!(
         non_events(&o),
         vec![
-            Action::CreateReplica {
-                replica_type: PS,
-                index: 0
-            },
-            Action::CreateReplica {
-                replica_type: Worker,
-                index: 0
-            },
-            Action::CreateReplica {
-                replica_type: Worker,
-                index: 1
-            },
+            Action::CreateReplica { replica_type: PS, index: 0 },
+            Action::CreateReplica { replica_type: Worker, index: 0 },
+            Action::CreateReplica { replica_type: Worker, index: 1 },
         ]
     );
     assert_eq!(o.status.start_time, Some(Time(t0())));
@@ -152,9 +103,7 @@ fn new_job_creates_every_replica() {
     let w = &o.status.replica_statuses["Worker"];
     assert_eq!(
         w.selector.as_deref(),
-        Some(
-            "training.kubeflow.org/job-name=job,training.kubeflow.org/operator-name=tfjob-controller,training.kubeflow.org/replica-type=worker"
-        )
+        Some("training.kubeflow.org/job-name=job,training.kubeflow.org/operator-name=tfjob-controller,training.kubeflow.org/replica-type=worker")
     );
 }
 
@@ -164,23 +113,12 @@ fn new_job_creates_every_replica() {
 fn status_table() {
     type Counts = Vec<(&'static str, i32, i32, i32)>;
     type Cond = (String, String, String, String);
-    type Case = (
-        &'static str,
-        TFJobSpec,
-        Vec<ObservedReplica>,
-        Vec<Cond>,
-        Vec<Action>,
-        Counts,
-    );
+    type Case = (&'static str, TFJobSpec, Vec<ObservedReplica>, Vec<Cond>, Vec<Action>, Counts);
     let cases: Vec<Case> = vec![
         (
             "all pending: no Running",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![
-                r(PS, 0, Phase::Pending),
-                r(Worker, 0, Phase::Pending),
-                r(Worker, 1, Phase::Pending),
-            ],
+            vec![r(PS, 0, Phase::Pending), r(Worker, 0, Phase::Pending), r(Worker, 1, Phase::Pending)],
             vec![],
             vec![],
             vec![("PS", 0, 0, 0), ("Worker", 0, 0, 0)],
@@ -196,11 +134,7 @@ fn status_table() {
         (
             "a worker running without chief: Running",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![
-                r(PS, 0, Phase::Running),
-                r(Worker, 0, Phase::Pending),
-                r(Worker, 1, Phase::Running),
-            ],
+            vec![r(PS, 0, Phase::Running), r(Worker, 0, Phase::Pending), r(Worker, 1, Phase::Running)],
             vec![running()],
             vec![],
             vec![("PS", 1, 0, 0), ("Worker", 1, 0, 0)],
@@ -208,11 +142,7 @@ fn status_table() {
         (
             "with chief, workers running but chief pending: not Running",
             spec(&[(Chief, 1, Never), (Worker, 2, Never)]),
-            vec![
-                r(Chief, 0, Phase::Pending),
-                r(Worker, 0, Phase::Running),
-                r(Worker, 1, Phase::Running),
-            ],
+            vec![r(Chief, 0, Phase::Pending), r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Running)],
             vec![],
             vec![],
             vec![("Chief", 0, 0, 0), ("Worker", 2, 0, 0)],
@@ -228,44 +158,17 @@ fn status_table() {
         (
             "chief succeeded: Succeeded, running ps cleaned (default cleanPodPolicy Running)",
             spec(&[(Chief, 1, Never), (PS, 1, Never), (Worker, 1, Never)]),
-            vec![
-                r(Chief, 0, Phase::Succeeded),
-                r(PS, 0, Phase::Running),
-                r(Worker, 0, Phase::Succeeded),
-            ],
-            vec![c(
-                SUCCEEDED,
-                "True",
-                "TFJobSucceeded",
-                "TFJob ns/job successfully completed.",
-            )],
-            vec![Action::DeleteReplica {
-                name: "job-ps-0".into(),
-            }],
+            vec![r(Chief, 0, Phase::Succeeded), r(PS, 0, Phase::Running), r(Worker, 0, Phase::Succeeded)],
+            vec![c(SUCCEEDED, "True", "TFJobSucceeded", "TFJob ns/job successfully completed.")],
+            vec![Action::DeleteReplica { name: "job-ps-0".into() }],
             vec![("Chief", 0, 1, 0), ("PS", 1, 0, 0), ("Worker", 0, 1, 0)],
         ),
         (
             "worker 0 succeeded with exit 0, no chief: Succeeded",
             spec(&[(PS, 1, Never), (Worker, 2, Never)]),
-            vec![
-                r(PS, 0, Phase::Running),
-                r(Worker, 0, Phase::Succeeded),
-                r(Worker, 1, Phase::Running),
-            ],
-            vec![c(
-                SUCCEEDED,
-                "True",
-                "TFJobSucceeded",
-                "TFJob ns/job successfully completed.",
-            )],
-            vec![
-                Action::DeleteReplica {
-                    name: "job-ps-0".into(),
-                },
-                Action::DeleteReplica {
-                    name: "job-worker-1".into(),
-                },
-            ],
+            vec![r(PS, 0, Phase::Running), r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)],
+            vec![c(SUCCEEDED, "True", "TFJobSucceeded", "TFJob ns/job successfully completed.")],
+            vec![Action::DeleteReplica { name: "job-ps-0".into() }, Action::DeleteReplica { name: "job-worker-1".into() }],
             vec![("PS", 1, 0, 0), ("Worker", 1, 1, 0)],
         ),
         (
@@ -279,109 +182,48 @@ fn status_table() {
         (
             "ps failed under Never: Failed, never also Succeeded",
             spec(&[(PS, 2, Never), (Worker, 1, Never)]),
-            vec![
-                r(PS, 0, Phase::Failed),
-                r(PS, 1, Phase::Running),
-                r(Worker, 0, Phase::Running),
-            ],
-            vec![c(
-                FAILED,
-                "True",
-                "TFJobFailed",
-                "TFJob ns/job has failed because 1 PS replica(s) failed.",
-            )],
-            vec![
-                Action::DeleteReplica {
-                    name: "job-ps-1".into(),
-                },
-                Action::DeleteReplica {
-                    name: "job-worker-0".into(),
-                },
-            ],
+            vec![r(PS, 0, Phase::Failed), r(PS, 1, Phase::Running), r(Worker, 0, Phase::Running)],
+            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 PS replica(s) failed.")],
+            vec![Action::DeleteReplica { name: "job-ps-1".into() }, Action::DeleteReplica { name: "job-worker-0".into() }],
             vec![("PS", 1, 0, 1), ("Worker", 1, 0, 0)],
         ),
         (
             "worker failed under OnFailure: recreated, Restarting",
             spec(&[(Worker, 2, OnFailure)]),
             vec![r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Failed)],
-            vec![c(
-                RESTARTING,
-                "True",
-                "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
-            )],
-            vec![Action::RecreateReplica {
-                name: "job-worker-1".into(),
-                replica_type: Worker,
-                index: 1,
-            }],
+            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![Action::RecreateReplica { name: "job-worker-1".into(), replica_type: Worker, index: 1 }],
             vec![("Worker", 1, 0, 1)],
         ),
         (
             "worker failed under Always: recreated",
             spec(&[(Worker, 1, Always)]),
             vec![r(Worker, 0, Phase::Failed)],
-            vec![c(
-                RESTARTING,
-                "True",
-                "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
-            )],
-            vec![Action::RecreateReplica {
-                name: "job-worker-0".into(),
-                replica_type: Worker,
-                index: 0,
-            }],
+            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
             vec![("Worker", 0, 0, 1)],
         ),
         (
             "ExitCode 137 (retryable): recreated",
             spec(&[(PS, 1, ExitCode), (Worker, 1, ExitCode)]),
-            vec![
-                with_exit(r(PS, 0, Phase::Failed), 137),
-                r(Worker, 0, Phase::Running),
-            ],
-            vec![c(
-                RESTARTING,
-                "True",
-                "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 PS replica(s) failed.",
-            )],
-            vec![Action::RecreateReplica {
-                name: "job-ps-0".into(),
-                replica_type: PS,
-                index: 0,
-            }],
+            vec![with_exit(r(PS, 0, Phase::Failed), 137), r(Worker, 0, Phase::Running)],
+            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 PS replica(s) failed.")],
+            vec![Action::RecreateReplica { name: "job-ps-0".into(), replica_type: PS, index: 0 }],
             vec![("PS", 0, 0, 1), ("Worker", 1, 0, 0)],
         ),
         (
             "ExitCode 1 (permanent): Failed",
             spec(&[(Worker, 2, ExitCode)]),
-            vec![
-                with_exit(r(Worker, 0, Phase::Failed), 1),
-                r(Worker, 1, Phase::Running),
-            ],
-            vec![c(
-                FAILED,
-                "True",
-                "TFJobFailed",
-                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
-            )],
-            vec![Action::DeleteReplica {
-                name: "job-worker-1".into(),
-            }],
+            vec![with_exit(r(Worker, 0, Phase::Failed), 1), r(Worker, 1, Phase::Running)],
+            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
+            vec![Action::DeleteReplica { name: "job-worker-1".into() }],
             vec![("Worker", 1, 0, 1)],
         ),
         (
             "ExitCode 127 is still permanent",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 127)],
-            vec![c(
-                FAILED,
-                "True",
-                "TFJobFailed",
-                "TFJob ns/job has failed because 1 Worker replica(s) failed.",
-            )],
+            vec![c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because 1 Worker replica(s) failed.")],
             vec![],
             vec![("Worker", 0, 0, 1)],
         ),
@@ -389,36 +231,16 @@ fn status_table() {
             "ExitCode 128 is retryable",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 128)],
-            vec![c(
-                RESTARTING,
-                "True",
-                "TFJobRestarting",
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
-            )],
-            vec![Action::RecreateReplica {
-                name: "job-worker-0".into(),
-                replica_type: Worker,
-                index: 0,
-            }],
+            vec![c(RESTARTING, "True", "TFJobRestarting", "TFJob ns/job is restarting because 1 Worker replica(s) failed.")],
+            vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
             vec![("Worker", 0, 0, 1)],
         ),
         (
             "scale down: out-of-range and unknown-type replicas deleted",
             spec(&[(Worker, 1, Never)]),
-            vec![
-                r(Worker, 0, Phase::Running),
-                r(Worker, 1, Phase::Running),
-                r(Evaluator, 0, Phase::Running),
-            ],
+            vec![r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Running), r(Evaluator, 0, Phase::Running)],
             vec![running()],
-            vec![
-                Action::DeleteReplica {
-                    name: "job-worker-1".into(),
-                },
-                Action::DeleteReplica {
-                    name: "job-evaluator-0".into(),
-                },
-            ],
+            vec![Action::DeleteReplica { name: "job-worker-1".into() }, Action::DeleteReplica { name: "job-evaluator-0".into() }],
             vec![("Worker", 1, 0, 0)],
         ),
         (
@@ -426,16 +248,7 @@ fn status_table() {
             spec(&[(Worker, 3, Never)]),
             vec![r(Worker, 0, Phase::Running)],
             vec![running()],
-            vec![
-                Action::CreateReplica {
-                    replica_type: Worker,
-                    index: 1,
-                },
-                Action::CreateReplica {
-                    replica_type: Worker,
-                    index: 2,
-                },
-            ],
+            vec![Action::CreateReplica { replica_type: Worker, index: 1 }, Action::CreateReplica { replica_type: Worker, index: 2 }],
             vec![("Worker", 1, 0, 0)],
         ),
     ];
@@ -445,25 +258,13 @@ fn status_table() {
         want.extend(expected_conds);
         assert_eq!(conds(&o.status), want, "{name}: conditions");
         assert_eq!(non_events(&o), expected_actions, "{name}: actions");
-        let got: Vec<_> = o
-            .status
-            .replica_statuses
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.active, v.succeeded, v.failed))
-            .collect();
+        let got: Vec<_> = o.status.replica_statuses.iter().map(|(k, v)| (k.as_str(), v.active, v.succeeded, v.failed)).collect();
         let want_counts: Vec<_> = counts.iter().map(|(k, a, s, f)| (*k, *a, *s, *f)).collect();
         assert_eq!(got, want_counts, "{name}: counts");
-        assert!(
-            !(has_condition(&o.status, SUCCEEDED) && has_condition(&o.status, FAILED)),
-            "{name}: both terminal"
-        );
+        assert!(!(has_condition(&o.status, SUCCEEDED) && has_condition(&o.status, FAILED)), "{name}: both terminal");
         // Every transition comes with an event.
         let transitions = o.status.conditions.len();
-        assert_eq!(
-            events(&o).len(),
-            transitions,
-            "{name}: one event per transition"
-        );
+        assert_eq!(events(&o).len(), transitions, "{name}: one event per transition");
     }
 }
 
@@ -471,32 +272,14 @@ fn status_table() {
 fn success_policy_all_workers() {
     let mut s = spec(&[(Worker, 2, Never)]);
     s.success_policy = Some(SuccessPolicy::AllWorkers);
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)],
-        t0(),
-    );
+    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Running)], t0());
     assert!(!has_condition(&o.status, SUCCEEDED));
     assert!(has_condition(&o.status, RUNNING));
-    let o = run(
-        &s,
-        &o.status,
-        &[
-            r(Worker, 0, Phase::Succeeded),
-            r(Worker, 1, Phase::Succeeded),
-        ],
-        at(5),
-    );
+    let o = run(&s, &o.status, &[r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Succeeded)], at(5));
     assert!(has_condition(&o.status, SUCCEEDED));
     assert_eq!(o.status.completion_time, Some(Time(at(5))));
     // Running turned false when the job succeeded.
-    let run_cond = o
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == RUNNING)
-        .unwrap();
+    let run_cond = o.status.conditions.iter().find(|c| c.type_ == RUNNING).unwrap();
     assert_eq!(run_cond.status, "False");
     assert_eq!(job_phase(&o.status), SUCCEEDED);
 }
@@ -504,28 +287,15 @@ fn success_policy_all_workers() {
 #[test]
 fn worker0_nonzero_exit_is_not_success() {
     let s = spec(&[(Worker, 2, OnFailure)]);
-    let w0 = ObservedReplica {
-        exit_code: Some(3),
-        ..r(Worker, 0, Phase::Succeeded)
-    };
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[w0, r(Worker, 1, Phase::Running)],
-        t0(),
-    );
+    let w0 = ObservedReplica { exit_code: Some(3), ..r(Worker, 0, Phase::Succeeded) };
+    let o = run(&s, &TFJobStatus::default(), &[w0, r(Worker, 1, Phase::Running)], t0());
     assert!(!has_condition(&o.status, SUCCEEDED));
 }
 
 #[test]
 fn terminal_is_terminal() {
     let s = spec(&[(Worker, 1, Never)]);
-    let done = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(Worker, 0, Phase::Succeeded)],
-        t0(),
-    );
+    let done = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded)], t0());
     assert!(has_condition(&done.status, SUCCEEDED));
     // Later the pod is reported failed (or gone): the job stays Succeeded, nothing recreated.
     let o = run(&s, &done.status, &[r(Worker, 0, Phase::Failed)], at(10));
@@ -540,26 +310,13 @@ fn terminal_is_terminal() {
 
 #[test]
 fn clean_pod_policies() {
-    let observed = [
-        r(Chief, 0, Phase::Succeeded),
-        r(PS, 0, Phase::Running),
-        r(Worker, 0, Phase::Pending),
-        r(Evaluator, 0, Phase::Failed),
-    ];
+    let observed = [r(Chief, 0, Phase::Succeeded), r(PS, 0, Phase::Running), r(Worker, 0, Phase::Pending), r(Evaluator, 0, Phase::Failed)];
     for (policy, expected) in [
-        (
-            CleanPodPolicy::All,
-            vec!["job-chief-0", "job-ps-0", "job-worker-0", "job-evaluator-0"],
-        ),
+        (CleanPodPolicy::All, vec!["job-chief-0", "job-ps-0", "job-worker-0", "job-evaluator-0"]),
         (CleanPodPolicy::Running, vec!["job-ps-0", "job-worker-0"]),
         (CleanPodPolicy::None, vec![]),
     ] {
-        let mut s = spec(&[
-            (Chief, 1, Never),
-            (PS, 1, Never),
-            (Worker, 1, Never),
-            (Evaluator, 1, OnFailure),
-        ]);
+        let mut s = spec(&[(Chief, 1, Never), (PS, 1, Never), (Worker, 1, Never), (Evaluator, 1, OnFailure)]);
         s.run_policy.clean_pod_policy = policy.clone();
         let o = run(&s, &TFJobStatus::default(), &observed, t0());
         assert!(has_condition(&o.status, SUCCEEDED), "{policy:?}");
@@ -583,12 +340,7 @@ fn clean_pod_policies() {
 fn active_deadline_requeues_and_fires_on_time() {
     let mut s = spec(&[(Worker, 1, Never)]);
     s.run_policy.active_deadline_seconds = Some(60);
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(Worker, 0, Phase::Running)],
-        t0(),
-    );
+    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Running)], t0());
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(60)));
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(45));
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(15)));
@@ -596,19 +348,9 @@ fn active_deadline_requeues_and_fires_on_time() {
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(60));
     assert_eq!(
         conds(&o.status).last().unwrap(),
-        &c(
-            FAILED,
-            "True",
-            "TFJobFailed",
-            "TFJob ns/job has failed because it was active longer than specified deadline"
-        )
+        &c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because it was active longer than specified deadline")
     );
-    assert_eq!(
-        non_events(&o),
-        vec![Action::DeleteReplica {
-            name: "job-worker-0".into()
-        }]
-    );
+    assert_eq!(non_events(&o), vec![Action::DeleteReplica { name: "job-worker-0".into() }]);
     assert_eq!(events(&o), vec!["TFJobFailed"]);
 }
 
@@ -617,26 +359,15 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     let mut s = spec(&[(Worker, 1, OnFailure)]);
     s.run_policy.backoff_limit = Some(2);
     // Two in-place restarts: within the limit.
-    let w = ObservedReplica {
-        restart_count: 2,
-        ..r(Worker, 0, Phase::Running)
-    };
+    let w = ObservedReplica { restart_count: 2, ..r(Worker, 0, Phase::Running) };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert!(!has_condition(&o.status, FAILED));
     // A third: over the limit.
-    let w = ObservedReplica {
-        restart_count: 3,
-        ..r(Worker, 0, Phase::Running)
-    };
+    let w = ObservedReplica { restart_count: 3, ..r(Worker, 0, Phase::Running) };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert_eq!(
         conds(&o.status).last().unwrap(),
-        &c(
-            FAILED,
-            "True",
-            "TFJobFailed",
-            "TFJob ns/job has failed because it has reached the specified backoff limit"
-        )
+        &c(FAILED, "True", "TFJobFailed", "TFJob ns/job has failed because it has reached the specified backoff limit")
     );
 
     // ExitCode recreations count too (Kubeflow ignores them).
@@ -644,68 +375,27 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     s.run_policy.backoff_limit = Some(2);
     let mut status = TFJobStatus::default();
     for round in 0..2 {
-        let o = run(
-            &s,
-            &status,
-            &[with_exit(r(Worker, 0, Phase::Failed), 137)],
-            at(round),
-        );
-        assert!(
-            o.actions.contains(&Action::RecreateReplica {
-                name: "job-worker-0".into(),
-                replica_type: Worker,
-                index: 0
-            }),
-            "round {round}"
-        );
+        let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(round));
+        assert!(o.actions.contains(&Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }), "round {round}");
         status = o.status;
-        assert_eq!(
-            status.replica_statuses["Worker"].recreated,
-            round as i32 + 1
-        );
+        assert_eq!(status.replica_statuses["Worker"].recreated, round as i32 + 1);
     }
-    let o = run(
-        &s,
-        &status,
-        &[with_exit(r(Worker, 0, Phase::Failed), 137)],
-        at(3),
-    );
+    let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(3));
     assert!(has_condition(&o.status, FAILED));
-    assert!(
-        !has_condition(&o.status, RESTARTING),
-        "terminal turns Restarting false"
-    );
-    assert!(
-        !o.actions
-            .iter()
-            .any(|a| matches!(a, Action::RecreateReplica { .. }))
-    );
+    assert!(!has_condition(&o.status, RESTARTING), "terminal turns Restarting false");
+    assert!(!o.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. })));
 }
 
 #[test]
 fn restarting_then_running_again() {
     let s = spec(&[(Worker, 1, OnFailure)]);
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(Worker, 0, Phase::Running)],
-        t0(),
-    );
+    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Running)], t0());
     assert_eq!(conds(&o.status), vec![created(), running()]);
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Failed)], at(1));
     assert_eq!(job_phase(&o.status), RESTARTING);
-    assert!(
-        !o.status.conditions.iter().any(|c| c.type_ == RUNNING),
-        "Restarting replaces Running"
-    );
+    assert!(!o.status.conditions.iter().any(|c| c.type_ == RUNNING), "Restarting replaces Running");
     let o = run(&s, &o.status, &[], at(2));
-    assert_eq!(
-        non_events(&o),
-        vec![Action::CreateReplica {
-            replica_type: Worker,
-            index: 0
-        }]
-    );
+    assert_eq!(non_events(&o), vec![Action::CreateReplica { replica_type: Worker, index: 0 }]);
     let o = run(&s, &o.status, &[r(Worker, 0, Phase::Running)], at(3));
     assert_eq!(conds(&o.status), vec![created(), running()]);
     assert_eq!(events(&o), vec!["TFJobRunning"]);
@@ -718,57 +408,19 @@ fn restarting_then_running_again() {
 #[test]
 fn suspend_and_resume() {
     let mut s = spec(&[(PS, 1, Never), (Worker, 1, Never)]);
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)],
-        t0(),
-    );
+    let o = run(&s, &TFJobStatus::default(), &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], t0());
     s.run_policy.suspend = true;
-    let o = run(
-        &s,
-        &o.status,
-        &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)],
-        at(10),
-    );
+    let o = run(&s, &o.status, &[r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running)], at(10));
     assert_eq!(
         conds(&o.status),
-        vec![
-            created(),
-            c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."),
-            c(
-                SUSPENDED,
-                "True",
-                "TFJobSuspended",
-                "TFJob ns/job is suspended."
-            ),
-        ]
+        vec![created(), c(RUNNING, "False", "TFJobRunning", "TFJob ns/job is running."), c(SUSPENDED, "True", "TFJobSuspended", "TFJob ns/job is suspended."),]
     );
-    assert_eq!(
-        non_events(&o),
-        vec![
-            Action::DeleteReplica {
-                name: "job-ps-0".into()
-            },
-            Action::DeleteReplica {
-                name: "job-worker-0".into()
-            }
-        ]
-    );
+    assert_eq!(non_events(&o), vec![Action::DeleteReplica { name: "job-ps-0".into() }, Action::DeleteReplica { name: "job-worker-0".into() }]);
     assert_eq!(events(&o), vec!["TFJobSuspended"]);
     s.run_policy.suspend = false;
     let o = run(&s, &o.status, &[], at(100));
-    assert_eq!(
-        o.status.start_time,
-        Some(Time(at(100))),
-        "resume resets startTime"
-    );
-    assert!(conds(&o.status).contains(&c(
-        SUSPENDED,
-        "False",
-        "TFJobResumed",
-        "TFJob ns/job is resumed."
-    )));
+    assert_eq!(o.status.start_time, Some(Time(at(100))), "resume resets startTime");
+    assert!(conds(&o.status).contains(&c(SUSPENDED, "False", "TFJobResumed", "TFJob ns/job is resumed.")));
     assert_eq!(events(&o), vec!["TFJobResumed"]);
     assert_eq!(non_events(&o).len(), 2);
 }
@@ -777,12 +429,7 @@ fn suspend_and_resume() {
 fn ttl_after_finished() {
     let mut s = spec(&[(Worker, 1, Never)]);
     s.run_policy.ttl_seconds_after_finished = Some(30);
-    let o = run(
-        &s,
-        &TFJobStatus::default(),
-        &[r(Worker, 0, Phase::Succeeded)],
-        t0(),
-    );
+    let o = run(&s, &TFJobStatus::default(), &[r(Worker, 0, Phase::Succeeded)], t0());
     assert_eq!(o.requeue_after(), Some(Duration::from_secs(30)));
     let o2 = run(&s, &o.status, &[r(Worker, 0, Phase::Succeeded)], at(29));
     assert_eq!(o2.requeue_after(), Some(Duration::from_secs(1)));
@@ -806,11 +453,7 @@ fn invalid_job_fails_with_warning() {
         )
     );
     assert!(o.actions.iter().any(|a| matches!(a, Action::Event { kind: EventKind::Warning, reason, .. } if reason == "TFJobFailedValidation")));
-    assert!(
-        !o.actions
-            .iter()
-            .any(|a| matches!(a, Action::CreateReplica { .. }))
-    );
+    assert!(!o.actions.iter().any(|a| matches!(a, Action::CreateReplica { .. })));
 }
 
 /// (reason, message) of every event.
@@ -818,9 +461,7 @@ fn event_texts(o: &Outcome) -> Vec<(String, String)> {
     o.actions
         .iter()
         .filter_map(|a| match a {
-            Action::Event {
-                reason, message, ..
-            } => Some((reason.clone(), message.clone())),
+            Action::Event { reason, message, .. } => Some((reason.clone(), message.clone())),
             _ => None,
         })
         .collect()
@@ -831,29 +472,15 @@ fn ev(reason: &str, message: &str) -> (String, String) {
 }
 
 fn running_all(types: &[(ReplicaType, i32)]) -> Vec<ObservedReplica> {
-    types
-        .iter()
-        .flat_map(|&(t, n)| (0..n).map(move |i| r(t, i, Phase::Running)))
-        .collect()
+    types.iter().flat_map(|&(t, n)| (0..n).map(move |i| r(t, i, Phase::Running))).collect()
 }
 
 fn creates(rtype: ReplicaType, indices: &[i32]) -> Vec<Action> {
-    indices
-        .iter()
-        .map(|&index| Action::CreateReplica {
-            replica_type: rtype,
-            index,
-        })
-        .collect()
+    indices.iter().map(|&index| Action::CreateReplica { replica_type: rtype, index }).collect()
 }
 
 fn deletes(names: &[&str]) -> Vec<Action> {
-    names
-        .iter()
-        .map(|n| Action::DeleteReplica {
-            name: n.to_string(),
-        })
-        .collect()
+    names.iter().map(|n| Action::DeleteReplica { name: n.to_string() }).collect()
 }
 
 /// Scaling a running job: (name, spec before, spec after, replicas running before, expected
@@ -862,14 +489,7 @@ fn deletes(names: &[&str]) -> Vec<Action> {
 fn scaling_table() {
     let worker_floor = "Worker replicas is 0, kept at 1: worker 0 is the chief of a job without \
                         Chief or Master and is never removed";
-    type Case = (
-        &'static str,
-        Vec<(ReplicaType, i32)>,
-        Vec<(ReplicaType, i32)>,
-        Vec<Action>,
-        Vec<(String, String)>,
-        i32,
-    );
+    type Case = (&'static str, Vec<(ReplicaType, i32)>, Vec<(ReplicaType, i32)>, Vec<Action>, Vec<(String, String)>, i32);
     let cases: Vec<Case> = vec![
         (
             "up 2 -> 4: only the missing indices are created",
@@ -887,23 +507,13 @@ fn scaling_table() {
             vec![ev("Scaled", "Worker 4 \u{2192} 1")],
             1,
         ),
-        (
-            "unchanged: no event, nothing touched",
-            vec![(PS, 1), (Worker, 2)],
-            vec![(PS, 1), (Worker, 2)],
-            vec![],
-            vec![],
-            2,
-        ),
+        ("unchanged: no event, nothing touched", vec![(PS, 1), (Worker, 2)], vec![(PS, 1), (Worker, 2)], vec![], vec![], 2),
         (
             "down 2 -> 0 without a chief: worker 0 is kept, with a warning",
             vec![(PS, 1), (Worker, 2)],
             vec![(PS, 1), (Worker, 0)],
             deletes(&["job-worker-1"]),
-            vec![
-                ev("Scaled", "Worker 2 \u{2192} 1"),
-                ev("ScaleLimited", worker_floor),
-            ],
+            vec![ev("Scaled", "Worker 2 \u{2192} 1"), ev("ScaleLimited", worker_floor)],
             1,
         ),
         (
@@ -924,31 +534,17 @@ fn scaling_table() {
         ),
     ];
     for (name, before, after, want_actions, want_events, want_workers) in cases {
-        let with = |types: &[(ReplicaType, i32)]| {
-            spec(
-                &types
-                    .iter()
-                    .map(|&(t, n)| (t, n, OnFailure))
-                    .collect::<Vec<_>>(),
-            )
-        };
+        let with = |types: &[(ReplicaType, i32)]| spec(&types.iter().map(|&(t, n)| (t, n, OnFailure)).collect::<Vec<_>>());
         let (s0, s1) = (with(&before), with(&after));
         let pods = running_all(&before);
         let first = run(&s0, &TFJobStatus::default(), &pods, t0());
-        assert!(
-            !events(&first).contains(&"Scaled".to_string()),
-            "{name}: no Scaled event on creation"
-        );
+        assert!(!events(&first).contains(&"Scaled".to_string()), "{name}: no Scaled event on creation");
         // What validation says of the new spec (the templates here are empty on purpose).
         let invalid: Vec<_> = crate::api::worker_floor_error(&s1).into_iter().collect();
         let o = run_invalid(&s1, &first.status, &pods, &invalid, at(5));
         assert_eq!(non_events(&o), want_actions, "{name}: actions");
         assert_eq!(event_texts(&o), want_events, "{name}: events");
-        assert_eq!(
-            o.status.replica_statuses["Worker"].replicas,
-            Some(want_workers),
-            "{name}: planned Worker count"
-        );
+        assert_eq!(o.status.replica_statuses["Worker"].replicas, Some(want_workers), "{name}: planned Worker count");
         assert!(has_condition(&o.status, RUNNING), "{name}: still running");
         // The next reconcile, with the scale carried out, announces nothing again.
         let now_running: Vec<ObservedReplica> = pods
@@ -956,20 +552,13 @@ fn scaling_table() {
             .filter(|p| !deletes_of(&o).contains(&p.name))
             .cloned()
             .chain(o.actions.iter().filter_map(|a| match a {
-                Action::CreateReplica {
-                    replica_type,
-                    index,
-                } => Some(r(*replica_type, *index, Phase::Running)),
+                Action::CreateReplica { replica_type, index } => Some(r(*replica_type, *index, Phase::Running)),
                 _ => None,
             }))
             .collect();
         let again = run_invalid(&s1, &o.status, &now_running, &invalid, at(6));
         assert_eq!(again.actions, vec![], "{name}: steady after the scale");
-        assert_eq!(
-            again.status.replica_statuses["Worker"].replicas,
-            Some(want_workers),
-            "{name}"
-        );
+        assert_eq!(again.status.replica_statuses["Worker"].replicas, Some(want_workers), "{name}");
     }
 }
 
@@ -991,19 +580,13 @@ fn a_new_job_below_its_chief_fails_validation() {
     let o = run_invalid(&s, &TFJobStatus::default(), &[], &invalid, t0());
     let (_, _, reason, message) = conds(&o.status).pop().unwrap();
     assert_eq!(reason, "TFJobFailedValidation");
-    assert!(
-        message.contains("spec.tfReplicaSpecs.Worker.replicas: must be at least 1"),
-        "{message}"
-    );
+    assert!(message.contains("spec.tfReplicaSpecs.Worker.replicas: must be at least 1"), "{message}");
     assert_eq!(non_events(&o), vec![]);
 }
 
 /// Replicas in the given phases, by type (index = position).
 fn in_phases(types: &[(ReplicaType, &[Phase])]) -> Vec<ObservedReplica> {
-    types
-        .iter()
-        .flat_map(|(t, phases)| phases.iter().enumerate().map(|(i, p)| r(*t, i as i32, *p)))
-        .collect()
+    types.iter().flat_map(|(t, phases)| phases.iter().enumerate().map(|(i, p)| r(*t, i as i32, *p))).collect()
 }
 
 /// `enableDynamicWorker`: (name, spec, replicas in their phases, expected last condition
@@ -1011,12 +594,7 @@ fn in_phases(types: &[(ReplicaType, &[Phase])]) -> Vec<ObservedReplica> {
 #[test]
 fn dynamic_worker_failures() {
     use Phase::{Failed as F, Running as R};
-    type Case = (
-        &'static str,
-        Vec<(ReplicaType, i32, RestartPolicy)>,
-        Vec<ObservedReplica>,
-        Option<(&'static str, &'static str)>,
-    );
+    type Case = (&'static str, Vec<(ReplicaType, i32, RestartPolicy)>, Vec<ObservedReplica>, Option<(&'static str, &'static str)>);
     let cases: Vec<Case> = vec![
         (
             "chief running, one of two workers failed: tolerated",
@@ -1024,12 +602,7 @@ fn dynamic_worker_failures() {
             in_phases(&[(Chief, &[R]), (Worker, &[F, R])]),
             None,
         ),
-        (
-            "no chief, worker 1 of 3 failed: tolerated",
-            vec![(PS, 1, Never), (Worker, 3, Never)],
-            in_phases(&[(PS, &[R]), (Worker, &[R, F, R])]),
-            None,
-        ),
+        ("no chief, worker 1 of 3 failed: tolerated", vec![(PS, 1, Never), (Worker, 3, Never)], in_phases(&[(PS, &[R]), (Worker, &[R, F, R])]), None),
         (
             "no chief, worker 0 failed: it is the chief, the job fails",
             vec![(PS, 1, Never), (Worker, 3, Never)],
@@ -1044,40 +617,25 @@ fn dynamic_worker_failures() {
             "chief running, every worker failed: the job fails, naming how many",
             vec![(Chief, 1, Never), (PS, 2, Never), (Worker, 2, Never)],
             in_phases(&[(Chief, &[R]), (PS, &[R, R]), (Worker, &[F, F])]),
-            Some((
-                FAILED,
-                "TFJob ns/job has failed because all 2 Worker replica(s) failed.",
-            )),
+            Some((FAILED, "TFJob ns/job has failed because all 2 Worker replica(s) failed.")),
         ),
         (
             "no chief, every worker failed (exit 3 each, the issue's hang): fails",
             vec![(PS, 2, Never), (Worker, 3, Never)],
-            in_phases(&[(PS, &[R, R])])
-                .into_iter()
-                .chain((0..3).map(|i| with_exit(r(Worker, i, F), 3)))
-                .collect(),
-            Some((
-                FAILED,
-                "TFJob ns/job has failed because all 3 Worker replica(s) failed.",
-            )),
+            in_phases(&[(PS, &[R, R])]).into_iter().chain((0..3).map(|i| with_exit(r(Worker, i, F), 3))).collect(),
+            Some((FAILED, "TFJob ns/job has failed because all 3 Worker replica(s) failed.")),
         ),
         (
             "the chief failed: fails as in any job",
             vec![(Chief, 1, Never), (Worker, 2, Never)],
             in_phases(&[(Chief, &[F]), (Worker, &[R, R])]),
-            Some((
-                FAILED,
-                "TFJob ns/job has failed because 1 Chief replica(s) failed.",
-            )),
+            Some((FAILED, "TFJob ns/job has failed because 1 Chief replica(s) failed.")),
         ),
         (
             "a worker that its policy restarts is not lost",
             vec![(PS, 1, Never), (Worker, 1, OnFailure)],
             in_phases(&[(PS, &[R]), (Worker, &[F])]),
-            Some((
-                RESTARTING,
-                "TFJob ns/job is restarting because 1 Worker replica(s) failed.",
-            )),
+            Some((RESTARTING, "TFJob ns/job is restarting because 1 Worker replica(s) failed.")),
         ),
     ];
     for (name, types, observed, want) in cases {
@@ -1091,11 +649,7 @@ fn dynamic_worker_failures() {
             }
             Some((type_, message)) => {
                 let (t, status, _, msg) = conds(&o.status).pop().unwrap();
-                assert_eq!(
-                    (t.as_str(), status.as_str(), msg.as_str()),
-                    (type_, "True", message),
-                    "{name}"
-                );
+                assert_eq!((t.as_str(), status.as_str(), msg.as_str()), (type_, "True", message), "{name}");
             }
         }
     }
@@ -1104,10 +658,7 @@ fn dynamic_worker_failures() {
 #[test]
 fn terminating_pods_are_neither_counted_nor_duplicated() {
     let s = spec(&[(Worker, 1, Never)]);
-    let w = ObservedReplica {
-        terminating: true,
-        ..r(Worker, 0, Phase::Running)
-    };
+    let w = ObservedReplica { terminating: true, ..r(Worker, 0, Phase::Running) };
     let o = run(&s, &TFJobStatus::default(), &[w], t0());
     assert_eq!(non_events(&o), vec![]);
     assert_eq!(o.status.replica_statuses["Worker"].active, 0);

@@ -38,14 +38,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        State {
-            objects: BTreeMap::new(),
-            log: Vec::new(),
-            unserved: Vec::new(),
-            counter: 0,
-            history: Vec::new(),
-            changes: broadcast::channel(4096).0,
-        }
+        State { objects: BTreeMap::new(), log: Vec::new(), unserved: Vec::new(), counter: 0, history: Vec::new(), changes: broadcast::channel(4096).0 }
     }
 }
 
@@ -117,21 +110,13 @@ fn split(path: &str) -> Option<(String, Option<String>, Option<String>)> {
         return Some((format!("/{}", segs.join("/")), None, None));
     }
     let collection = format!("/{}", segs[..base + 3].join("/"));
-    Some((
-        collection,
-        segs.get(base + 3).map(|s| s.to_string()),
-        segs.get(base + 4).map(|s| s.to_string()),
-    ))
+    Some((collection, segs.get(base + 3).map(|s| s.to_string()), segs.get(base + 4).map(|s| s.to_string())))
 }
 
 fn query_param(uri: &http::Uri, key: &str) -> Option<String> {
     uri.query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| {
-            v.replace("%3D", "=")
-                .replace("%2C", ",")
-                .replace("%2F", "/")
-        })
+        (k == key).then(|| v.replace("%3D", "=").replace("%2C", ",").replace("%2F", "/"))
     })
 }
 
@@ -168,16 +153,10 @@ impl State {
     /// The garbage collector, run after each write: objects whose owner no longer exists go.
     fn collect_garbage(&mut self) {
         loop {
-            let uids: std::collections::BTreeSet<String> = self
-                .objects
-                .values()
-                .filter_map(|o| o["metadata"]["uid"].as_str().map(str::to_string))
-                .collect();
+            let uids: std::collections::BTreeSet<String> = self.objects.values().filter_map(|o| o["metadata"]["uid"].as_str().map(str::to_string)).collect();
             let orphan = self.objects.iter().find_map(|(k, o)| {
                 let refs = o["metadata"]["ownerReferences"].as_array()?;
-                refs.iter()
-                    .any(|r| r["uid"].as_str().is_some_and(|u| !uids.contains(u)))
-                    .then(|| k.clone())
+                refs.iter().any(|r| r["uid"].as_str().is_some_and(|u| !uids.contains(u))).then(|| k.clone())
             });
             match orphan {
                 Some(k) => {
@@ -197,11 +176,7 @@ impl State {
             let owned: Vec<String> = self
                 .objects
                 .iter()
-                .filter(|(_, o)| {
-                    o["metadata"]["ownerReferences"]
-                        .as_array()
-                        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
-                })
+                .filter(|(_, o)| o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid)))
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in owned {
@@ -214,17 +189,10 @@ impl State {
     fn answer(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> Answer {
         if method == "GET" && query_param(uri, "watch").as_deref() == Some("true") {
             self.log.push(format!("WATCH {}", uri.path()));
-            let since: u64 = query_param(uri, "resourceVersion")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let since: u64 = query_param(uri, "resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
             let path = uri.path().to_string();
             let selector = query_param(uri, "labelSelector").unwrap_or_default();
-            let replay = self
-                .history
-                .iter()
-                .filter(|c| c.0 > since && in_collection(&c.1, &path))
-                .cloned()
-                .collect();
+            let replay = self.history.iter().filter(|c| c.0 > since && in_collection(&c.1, &path)).cloned().collect();
             return Answer::Watch(replay, self.changes.subscribe(), path, selector);
         }
         let (code, value) = self.handle(method, uri, body);
@@ -236,16 +204,8 @@ impl State {
 
     fn handle(&mut self, method: &str, uri: &http::Uri, body: &[u8]) -> (u16, Value) {
         self.log.push(format!("{method} {}", uri.path()));
-        if self
-            .unserved
-            .iter()
-            .any(|p| uri.path().starts_with(p.as_str()))
-        {
-            return status(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            );
+        if self.unserved.iter().any(|p| uri.path().starts_with(p.as_str())) {
+            return status(404, "NotFound", "the server could not find the requested resource");
         }
         let Some((collection, name, sub)) = split(uri.path()) else {
             return status(404, "NotFound", "unknown path");
@@ -261,17 +221,9 @@ impl State {
         match (method, name) {
             ("GET", None) => {
                 let selector = query_param(uri, "labelSelector").unwrap_or_default();
-                let items: Vec<Value> = self
-                    .objects
-                    .iter()
-                    .filter(|(k, _)| in_collection(k, &collection))
-                    .map(|(_, v)| v.clone())
-                    .filter(|o| labels_match(o, &selector))
-                    .collect();
-                (
-                    200,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.counter.to_string()}, "items": items}),
-                )
+                let items: Vec<Value> =
+                    self.objects.iter().filter(|(k, _)| in_collection(k, &collection)).map(|(_, v)| v.clone()).filter(|o| labels_match(o, &selector)).collect();
+                (200, json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.counter.to_string()}, "items": items}))
             }
             ("GET", Some(name)) => match self.objects.get(&format!("{collection}/{name}")) {
                 Some(o) => (200, o.clone()),
@@ -282,10 +234,7 @@ impl State {
                 let name = match obj["metadata"]["name"].as_str() {
                     Some(n) => n.to_string(),
                     None => {
-                        let prefix = obj["metadata"]["generateName"]
-                            .as_str()
-                            .unwrap_or("obj-")
-                            .to_string();
+                        let prefix = obj["metadata"]["generateName"].as_str().unwrap_or("obj-").to_string();
                         format!("{prefix}{}", self.next())
                     }
                 };
@@ -371,32 +320,21 @@ impl FakeApi {
             async move {
                 let (parts, body) = req.into_parts();
                 let bytes = body.collect_bytes().await.unwrap_or_default();
-                let answer =
-                    state
-                        .lock()
-                        .unwrap()
-                        .answer(parts.method.as_str(), &parts.uri, &bytes);
+                let answer = state.lock().unwrap().answer(parts.method.as_str(), &parts.uri, &bytes);
                 let (code, frames): (u16, Frames) = match answer {
                     Answer::Json(code, value) => {
                         let data = Bytes::from(serde_json::to_vec(&value).unwrap());
-                        (
-                            code,
-                            futures::stream::once(async move { Ok(Frame::data(data)) }).boxed(),
-                        )
+                        (code, futures::stream::once(async move { Ok(Frame::data(data)) }).boxed())
                     }
                     Answer::Watch(replay, rx, path, selector) => {
                         let line = |(_, _, kind, obj): Change| {
-                            let mut v =
-                                serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap();
+                            let mut v = serde_json::to_vec(&json!({"type": kind, "object": obj})).unwrap();
                             v.push(b'\n');
                             Ok(Frame::data(Bytes::from(v)))
                         };
-                        let wanted = move |c: &Change| {
-                            in_collection(&c.1, &path) && labels_match(&c.3, &selector)
-                        };
+                        let wanted = move |c: &Change| in_collection(&c.1, &path) && labels_match(&c.3, &selector);
                         let wanted2 = wanted.clone();
-                        let replay =
-                            futures::stream::iter(replay.into_iter().filter(wanted).map(line));
+                        let replay = futures::stream::iter(replay.into_iter().filter(wanted).map(line));
                         let live = futures::stream::unfold(rx, |mut rx| async move {
                             loop {
                                 match rx.recv().await {
@@ -441,23 +379,14 @@ impl FakeApi {
     /// Mutates an object in place (e.g. the kubelet updating a pod's status).
     pub fn update(&self, key: &str, f: impl FnOnce(&mut Value)) {
         let mut st = self.state.lock().unwrap();
-        let obj = st
-            .objects
-            .get_mut(key)
-            .unwrap_or_else(|| panic!("{key} missing"));
+        let obj = st.objects.get_mut(key).unwrap_or_else(|| panic!("{key} missing"));
         f(obj);
     }
 
     /// Keys under a collection.
     pub fn names(&self, collection: &str) -> Vec<String> {
         let prefix = format!("{collection}/");
-        self.state
-            .lock()
-            .unwrap()
-            .objects
-            .keys()
-            .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string))
-            .collect()
+        self.state.lock().unwrap().objects.keys().filter_map(|k| k.strip_prefix(&prefix).map(str::to_string)).collect()
     }
 
     /// Takes the request log.

@@ -17,14 +17,15 @@ fn shard(ps: usize, step: i64) -> ShardData {
             (format!("{b}:slot0"), vec![3], vec![1.0, 2.0, 3.0]),
         ],
         updates: vec![(w, step as u64 * 3 + 1), (b, u64::MAX)],
-        dispatcher: (ps == 0).then(|| format!(r#"{{"plan":{{"examples":100,"shard_size":10,"seed":1,"num_epochs":3}},"next":[1,{}],"not_done":[],"shards_redone":2}}"#, step % 10)),
+        dispatcher: (ps == 0).then(|| {
+            format!(r#"{{"plan":{{"examples":100,"shard_size":10,"seed":1,"num_epochs":3}},"next":[1,{}],"not_done":[],"shards_redone":2}}"#, step % 10)
+        }),
     }
 }
 
 /// Writes a complete checkpoint of `num_ps` shards at `step`.
 fn save(dir: &Path, step: i64, num_ps: usize) -> Vec<ShardInfo> {
-    let infos: Vec<ShardInfo> =
-        (0..num_ps).map(|ps| write_shard(dir, step, ps, num_ps, &shard(ps, step)).unwrap()).collect();
+    let infos: Vec<ShardInfo> = (0..num_ps).map(|ps| write_shard(dir, step, ps, num_ps, &shard(ps, step)).unwrap()).collect();
     write_index(dir, step, num_ps, &infos).unwrap();
     infos
 }
@@ -70,8 +71,7 @@ fn round_trip() {
     assert!(matches!(read_shard(&ckpt, 2), Err(CheckpointError::InvalidArgument { .. })));
 
     // The directory holds exactly the shards and the index: no temporary files left.
-    let mut names: Vec<String> =
-        fs::read_dir(&ckpt.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(&ckpt.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["index.json", "shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"]);
 }
@@ -165,13 +165,7 @@ fn a_flipped_byte_in_tensor_data_is_caught_by_the_checksum() {
     }
     assert_eq!(latest_complete(dir, 2).unwrap().unwrap().global_step, 100);
     // Reading the damaged checkpoint directly also refuses, naming the file.
-    let ckpt = Checkpoint {
-        path: checkpoint_path(dir, 200),
-        global_step: 200,
-        num_ps: 2,
-        created_unix_secs: 0,
-        shards: infos,
-    };
+    let ckpt = Checkpoint { path: checkpoint_path(dir, 200), global_step: 200, num_ps: 2, created_unix_secs: 0, shards: infos };
     let err = read_shard(&ckpt, 0).unwrap_err();
     assert!(matches!(err, CheckpointError::Damaged { .. }), "{err}");
     assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");
@@ -338,9 +332,7 @@ fn write_index_checks_the_shards_it_is_given() {
         Err(e @ CheckpointError::InvalidArgument { .. }) => assert!(e.to_string().contains(what), "{e}"),
         other => panic!("expected InvalidArgument containing {what:?}, got {other:?}"),
     };
-    assert!(
-        matches!(write_index(dir, 100, 2, &infos[..1]), Err(CheckpointError::Incomplete { reason, .. }) if reason.contains("ps 1"))
-    );
+    assert!(matches!(write_index(dir, 100, 2, &infos[..1]), Err(CheckpointError::Incomplete { reason, .. }) if reason.contains("ps 1")));
     is_invalid(write_index(dir, 100, 2, &[infos[0].clone(), infos[0].clone()]), "two shards for ps 0");
     is_invalid(write_index(dir, 100, 1, &infos[..1]), "with 2 ps tasks");
     is_invalid(write_index(dir, 101, 2, &infos), "not step 101");
@@ -354,9 +346,7 @@ fn write_index_checks_the_shards_it_is_given() {
     assert!(matches!(write_index(dir, 100, 2, &[infos[0].clone(), wrong_size]), Err(CheckpointError::Damaged { .. })));
     assert!(!index.exists(), "a refused index must not be written");
     fs::remove_file(shard_path(dir, 100, 1, 2)).unwrap();
-    assert!(
-        matches!(write_index(dir, 100, 2, &infos), Err(CheckpointError::Incomplete { reason, .. }) if reason.contains("missing"))
-    );
+    assert!(matches!(write_index(dir, 100, 2, &infos), Err(CheckpointError::Incomplete { reason, .. }) if reason.contains("missing")));
     assert!(!index.exists());
 }
 
@@ -374,18 +364,11 @@ fn bad_shard_data_is_refused_before_anything_is_written() {
     empty.variables[0].0.clear();
     let mut overflow = shard(0, 1);
     overflow.variables[0].1 = vec![usize::MAX, 2];
-    for (data, what) in [
-        (&bad_shape, "does not hold 6 values"),
-        (&dup, "used twice"),
-        (&dup_update, "used twice"),
-        (&empty, "empty name"),
-        (&overflow, "does not hold"),
-    ] {
+    for (data, what) in
+        [(&bad_shape, "does not hold 6 values"), (&dup, "used twice"), (&dup_update, "used twice"), (&empty, "empty name"), (&overflow, "does not hold")]
+    {
         let err = write_shard(&dir, 1, 0, 2, data).unwrap_err();
-        assert!(
-            matches!(err, CheckpointError::InvalidArgument { .. }) && err.to_string().contains(what),
-            "{what}: {err}"
-        );
+        assert!(matches!(err, CheckpointError::InvalidArgument { .. }) && err.to_string().contains(what), "{what}: {err}");
     }
     assert!(write_shard(&dir, 1, 2, 2, &shard(0, 1)).unwrap_err().to_string().contains("not in 0..2"));
     assert!(write_shard(&dir, -5, 0, 2, &shard(0, 1)).unwrap_err().to_string().contains("negative"));
@@ -419,8 +402,7 @@ fn prune_keeps_the_last_k_complete() {
     write_shard(dir, 600, 0, 1, &shard(0, 600)).unwrap();
 
     let deleted = prune(dir, 2).unwrap();
-    let deleted_steps: Vec<i64> =
-        deleted.iter().map(|p| parse_dir_name(p.file_name().unwrap().to_str().unwrap()).unwrap()).collect();
+    let deleted_steps: Vec<i64> = deleted.iter().map(|p| parse_dir_name(p.file_name().unwrap().to_str().unwrap()).unwrap()).collect();
     assert_eq!(deleted_steps, [100, 200, 300, 350, 450]);
     assert_eq!(steps(dir), [400, 500, 600]);
     assert!(deleted.iter().all(|p| !p.exists()));

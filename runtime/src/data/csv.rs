@@ -203,7 +203,12 @@ mod tests {
             ("not a class", "a,label\n1,setosa\n", opts(), "line 2: column \"label\": \"setosa\" is not a class number"),
             ("negative class", "a,label\n1,-1\n", opts(), "\"-1\" is not a class number"),
             ("fractional class", "a,label\n1,0.5\n", opts(), "\"0.5\" is not a class number"),
-            ("class out of range", "a,label\n1,0\n1,3\n", CsvOptions { num_classes: Some(3), ..opts() }, "line 3: column \"label\": class 3 is out of range 0..3"),
+            (
+                "class out of range",
+                "a,label\n1,0\n1,3\n",
+                CsvOptions { num_classes: Some(3), ..opts() },
+                "line 3: column \"label\": class 3 is out of range 0..3",
+            ),
             ("short row", "a,b,label\n1,2,0\n1,0\n", opts(), "line 3"),
             ("no label column", "a,b\n1,2\n", opts(), "header: no label column \"label\" (--label_column; the columns are a, b)"),
             ("named label column missing", "a,b\n1,2\n", CsvOptions { label_column: Some("y".into()), ..opts() }, "no label column \"y\""),

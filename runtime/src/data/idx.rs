@@ -23,8 +23,7 @@ pub const MNIST_CLASSES: u32 = 10;
 
 /// The four files of the MNIST distribution (each may also end in `.gz`):
 /// train images, train labels, test images, test labels.
-pub const MNIST_FILES: [&str; 4] =
-    ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
+pub const MNIST_FILES: [&str; 4] = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"];
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const IDX_UBYTE: u8 = 0x08;
@@ -43,9 +42,7 @@ pub(super) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
         return Ok(raw);
     }
     let mut out = Vec::with_capacity(raw.len() * 4);
-    MultiGzDecoder::new(raw.as_slice())
-        .read_to_end(&mut out)
-        .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
+    MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
     Ok(out)
 }
 
@@ -53,12 +50,8 @@ pub(super) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
 /// for images, any of `ndims`) and that the data has exactly the announced
 /// size; returns the dimensions and the data.
 fn parse_idx<'a>(path: &Path, bytes: &'a [u8], ndims: std::ops::RangeInclusive<u8>, kind: &'static str) -> Result<(Vec<usize>, &'a [u8]), DataError> {
-    let truncated = |part, expected: usize, found: usize| DataError::Truncated {
-        path: path.to_path_buf(),
-        part,
-        expected: expected as u64,
-        found: found as u64,
-    };
+    let truncated =
+        |part, expected: usize, found: usize| DataError::Truncated { path: path.to_path_buf(), part, expected: expected as u64, found: found as u64 };
     if bytes.len() < 4 {
         return Err(truncated("header", 4, bytes.len()));
     }
@@ -74,14 +67,11 @@ fn parse_idx<'a>(path: &Path, bytes: &'a [u8], ndims: std::ops::RangeInclusive<u
     if bytes.len() < header_len {
         return Err(truncated("header", header_len, bytes.len()));
     }
-    let dims: Vec<usize> = bytes[4..header_len]
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
-        .collect();
-    let total = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| DataError::BadHeader {
-        path: path.to_path_buf(),
-        reason: format!("dimensions {dims:?} are too large"),
-    })?;
+    let dims: Vec<usize> = bytes[4..header_len].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
+    let total = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| DataError::BadHeader { path: path.to_path_buf(), reason: format!("dimensions {dims:?} are too large") })?;
     let data = &bytes[header_len..];
     if data.len() < total {
         return Err(truncated("data", total, data.len()));
@@ -140,12 +130,7 @@ pub fn read_idx_pair(images: impl AsRef<Path>, labels: impl AsRef<Path>, num_cla
     let (x, shape) = read_idx_examples(images)?;
     let y = read_idx_labels(labels, num_classes.unwrap_or(u32::MAX))?;
     if x.nrows() != y.len() {
-        return Err(DataError::CountMismatch {
-            images_path: images.to_path_buf(),
-            labels_path: labels.to_path_buf(),
-            images: x.nrows(),
-            labels: y.len(),
-        });
+        return Err(DataError::CountMismatch { images_path: images.to_path_buf(), labels_path: labels.to_path_buf(), images: x.nrows(), labels: y.len() });
     }
     Ok((Dataset::new(x, Targets::Labels(y))?, shape))
 }
@@ -190,12 +175,7 @@ pub fn load_idx_dir(dir: impl AsRef<Path>, num_classes: Option<u32>) -> Result<I
     let (train, example_shape) = read_idx_pair(&files[0], &files[1], num_classes)?;
     let (test, test_shape) = read_idx_pair(&files[2], &files[3], num_classes)?;
     if train.input_dim() != test.input_dim() || example_shape != test_shape {
-        return Err(DataError::ImageSizeMismatch {
-            path: files[2].clone(),
-            other: files[0].clone(),
-            found: test.input_dim(),
-            expected: train.input_dim(),
-        });
+        return Err(DataError::ImageSizeMismatch { path: files[2].clone(), other: files[0].clone(), found: test.input_dim(), expected: train.input_dim() });
     }
     Ok(IdxSets { train, test, example_shape, files })
 }

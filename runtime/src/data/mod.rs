@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ndarray::{Array2, Axis};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
 
 use crate::dispatch::{ShardId, ShardPlan};
 
@@ -23,11 +23,13 @@ mod idx;
 mod source;
 mod synthetic;
 
-pub use csv::{read_csv, CsvData, CsvOptions, LabelKind, DEFAULT_LABEL_COLUMN};
-pub use idx::{load_idx_dir, load_mnist, read_idx_examples, read_idx_images, read_idx_labels, read_idx_pair, read_mnist_pair, IdxSets, Mnist, MNIST_CLASSES, MNIST_FILES};
-pub use source::{load_training_data, read_input, DataFormat, DataOptions, InputData, TrainingData};
+pub use csv::{CsvData, CsvOptions, DEFAULT_LABEL_COLUMN, LabelKind, read_csv};
+pub use idx::{
+    IdxSets, MNIST_CLASSES, MNIST_FILES, Mnist, load_idx_dir, load_mnist, read_idx_examples, read_idx_images, read_idx_labels, read_idx_pair, read_mnist_pair,
+};
+pub use source::{DataFormat, DataOptions, InputData, TrainingData, load_training_data, read_input};
 pub use synthetic::{
-    synthetic_classification, synthetic_images, IMAGE_LATENT_DIMS, synthetic_line, LINE_INTERCEPT, LINE_NOISE_STDDEV, LINE_POINTS, LINE_SLOPE,
+    IMAGE_LATENT_DIMS, LINE_INTERCEPT, LINE_NOISE_STDDEV, LINE_POINTS, LINE_SLOPE, synthetic_classification, synthetic_images, synthetic_line,
 };
 
 /// What a batch is trained against.

@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use super::csv::{read_csv, CsvOptions, LabelKind};
+use super::csv::{CsvOptions, LabelKind, read_csv};
 use super::idx::{find, load_idx_dir, read_bytes, read_idx_examples, read_idx_labels};
 use super::{DataError, Dataset, Targets};
 
@@ -187,7 +187,12 @@ pub fn read_input(path: &Path, labels_file: Option<&Path>, opts: &DataOptions, k
                 Some(l) => {
                     let labels = read_idx_labels(l, opts.idx_classes().unwrap_or(u32::MAX))?;
                     if labels.len() != x.nrows() {
-                        return Err(DataError::CountMismatch { images_path: path.to_path_buf(), labels_path: l.to_path_buf(), images: x.nrows(), labels: labels.len() });
+                        return Err(DataError::CountMismatch {
+                            images_path: path.to_path_buf(),
+                            labels_path: l.to_path_buf(),
+                            images: x.nrows(),
+                            labels: labels.len(),
+                        });
                     }
                     let labels = Targets::Labels(labels);
                     Some(if kind == LabelKind::Values { labels_as_values(labels) } else { labels })
@@ -208,7 +213,9 @@ fn check_input_flags(path: &Path, format: DataFormat, labels_file: bool, opts: &
     }
     match format {
         DataFormat::Csv if labels_file => unused("labels", format!("goes with IDX images; {} is CSV, whose labels are its --label_column", path.display())),
-        DataFormat::Idx if opts.label_column.is_some() => unused("label_column", format!("goes with CSV; {} is IDX (labels come from --labels)", path.display())),
+        DataFormat::Idx if opts.label_column.is_some() => {
+            unused("label_column", format!("goes with CSV; {} is IDX (labels come from --labels)", path.display()))
+        }
         DataFormat::Idx if opts.feature_columns.is_some() => unused("feature_columns", format!("goes with CSV; {} is IDX images", path.display())),
         _ => Ok(()),
     }

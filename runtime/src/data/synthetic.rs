@@ -39,13 +39,7 @@ pub fn synthetic_line(seed: u64) -> Dataset {
 ///
 /// # Panics
 /// If `input_dim` or `num_classes` is 0.
-pub fn synthetic_classification(
-    input_dim: usize,
-    num_classes: usize,
-    train_examples: usize,
-    test_examples: usize,
-    seed: u64,
-) -> (Dataset, Dataset) {
+pub fn synthetic_classification(input_dim: usize, num_classes: usize, train_examples: usize, test_examples: usize, seed: u64) -> (Dataset, Dataset) {
     assert!(input_dim > 0, "synthetic_classification: input_dim must be at least 1");
     assert!(num_classes > 0, "synthetic_classification: num_classes must be at least 1");
     let mut rng = StdRng::seed_from_u64(seed);
@@ -89,13 +83,7 @@ pub const IMAGE_LATENT_DIMS: usize = 8;
 ///
 /// # Panics
 /// If `input_dim` or `num_classes` is 0.
-pub fn synthetic_images(
-    input_dim: usize,
-    num_classes: usize,
-    train_examples: usize,
-    test_examples: usize,
-    seed: u64,
-) -> (Dataset, Dataset) {
+pub fn synthetic_images(input_dim: usize, num_classes: usize, train_examples: usize, test_examples: usize, seed: u64) -> (Dataset, Dataset) {
     assert!(input_dim > 0 && num_classes > 0, "synthetic_images: sizes must be at least 1");
     let mut rng = StdRng::seed_from_u64(seed);
     let scale = 1.0 / (IMAGE_LATENT_DIMS as f32).sqrt();

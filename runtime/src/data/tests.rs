@@ -2,9 +2,9 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use flate2::write::GzEncoder;
 use flate2::Compression;
-use ndarray::{arr2, Array2};
+use flate2::write::GzEncoder;
+use ndarray::{Array2, arr2};
 use proptest::prelude::*;
 
 use super::*;
@@ -100,10 +100,22 @@ fn bad_idx_files_give_errors_naming_the_file() {
         ("empty file", vec![], labels(&[1]), |e| matches!(e, DataError::Truncated { part: "header", expected: 4, found: 0, .. }), "img"),
         ("short header", images(2)[..9].to_vec(), labels(&[1, 2]), |e| matches!(e, DataError::Truncated { part: "header", expected: 16, found: 9, .. }), "img"),
         ("short data", images(2)[..20].to_vec(), labels(&[1, 2]), |e| matches!(e, DataError::Truncated { part: "data", expected: 12, found: 4, .. }), "img"),
-        ("short labels", images(3), labels(&[1, 2, 3])[..10].to_vec(), |e| matches!(e, DataError::Truncated { part: "data", expected: 3, found: 2, .. }), "lab"),
+        (
+            "short labels",
+            images(3),
+            labels(&[1, 2, 3])[..10].to_vec(),
+            |e| matches!(e, DataError::Truncated { part: "data", expected: 3, found: 2, .. }),
+            "lab",
+        ),
         ("trailing bytes", [images(2), vec![0, 0]].concat(), labels(&[1, 2]), |e| matches!(e, DataError::TrailingBytes { extra: 2, .. }), "img"),
         ("zero-size images", idx(&[2, 0, 28], &[]), labels(&[1, 2]), |e| matches!(e, DataError::BadHeader { .. }), "img"),
-        ("huge dimensions", idx(&[u32::MAX, u32::MAX, u32::MAX], &[]), labels(&[1]), |e| matches!(e, DataError::BadHeader { .. } | DataError::Truncated { .. }), "img"),
+        (
+            "huge dimensions",
+            idx(&[u32::MAX, u32::MAX, u32::MAX], &[]),
+            labels(&[1]),
+            |e| matches!(e, DataError::BadHeader { .. } | DataError::Truncated { .. }),
+            "img",
+        ),
         ("label out of range", images(3), labels(&[1, 10, 2]), |e| matches!(e, DataError::LabelOutOfRange { index: 1, label: 10, num_classes: 10, .. }), "lab"),
         ("more labels than images", images(2), labels(&[1, 2, 3]), |e| matches!(e, DataError::CountMismatch { images: 2, labels: 3, .. }), "img"),
         ("truncated gzip", truncated_gz, labels(&[1, 2, 3]), |e| matches!(e, DataError::Gzip { .. }), "img"),
@@ -236,11 +248,7 @@ fn synthetic_labels_are_a_linear_function_of_the_inputs() {
 /// Example `i` has input [i, -i] and label i (or value 10 i).
 fn numbered(n: usize, values: bool) -> Dataset {
     let x = Array2::from_shape_fn((n, 2), |(i, j)| if j == 0 { i as f32 } else { -(i as f32) });
-    let targets = if values {
-        Targets::Values(Array2::from_shape_fn((n, 1), |(i, _)| 10.0 * i as f32))
-    } else {
-        Targets::Labels((0..n as u32).collect())
-    };
+    let targets = if values { Targets::Values(Array2::from_shape_fn((n, 1), |(i, _)| 10.0 * i as f32)) } else { Targets::Labels((0..n as u32).collect()) };
     Dataset::new(x, targets).unwrap()
 }
 

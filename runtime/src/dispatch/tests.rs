@@ -48,10 +48,7 @@ fn bad_plans_name_the_flag() {
     }
     let d = ShardDispatcher::new(plan(100, 10, Some(2)));
     let other = ShardPlan { shard_size: 20, ..*d.plan() };
-    assert_eq!(
-        d.check_plan(&other).unwrap_err().to_string(),
-        "dataset plan mismatch: --shard_size: the job's is 10, the caller's is 20"
-    );
+    assert_eq!(d.check_plan(&other).unwrap_err().to_string(), "dataset plan mismatch: --shard_size: the job's is 10, the caller's is 20");
     assert_eq!(d.check_plan(d.plan()), Ok(()));
 }
 
@@ -257,14 +254,8 @@ fn restore_refuses_states_outside_the_plan() {
     let cases = [
         (DispatcherState { plan: p, next: (0, 3), not_done: vec![], shards_redone: 0 }, "next: (0, 3) is outside the plan"),
         (DispatcherState { plan: p, next: (2, 0), not_done: vec![], shards_redone: 0 }, "next: (2, 0) is outside the plan"),
-        (
-            DispatcherState { plan: p, next: (0, 1), not_done: vec![ShardId { epoch: 0, index: 4 }], shards_redone: 0 },
-            "shard 4 of epoch 0 does not exist",
-        ),
-        (
-            DispatcherState { plan: ShardPlan { shard_size: 0, ..p }, next: (0, 0), not_done: vec![], shards_redone: 0 },
-            "--shard_size: must be at least 1",
-        ),
+        (DispatcherState { plan: p, next: (0, 1), not_done: vec![ShardId { epoch: 0, index: 4 }], shards_redone: 0 }, "shard 4 of epoch 0 does not exist"),
+        (DispatcherState { plan: ShardPlan { shard_size: 0, ..p }, next: (0, 0), not_done: vec![], shards_redone: 0 }, "--shard_size: must be at least 1"),
     ];
     for (state, want) in cases {
         let err = ShardDispatcher::restore(&state).unwrap_err().to_string();

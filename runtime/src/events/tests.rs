@@ -71,9 +71,7 @@ fn encoding_matches_event_proto_field_numbers() {
     let summary = Event {
         wall_time: 2.0,
         step: 300,
-        what: Some(What::Summary(Summary {
-            value: vec![SummaryValue { tag: "loss".into(), value: Some(Value::SimpleValue(0.0)) }],
-        })),
+        what: Some(What::Summary(Summary { value: vec![SummaryValue { tag: "loss".into(), value: Some(Value::SimpleValue(0.0)) }] })),
     };
     let mut want = vec![0x09];
     want.extend_from_slice(&2.0f64.to_le_bytes());
@@ -129,11 +127,7 @@ fn a_flipped_length_byte_is_detected() {
     let second = read_records(&path, &bytes).unwrap()[1].0 as usize;
     bytes[second] ^= 0x40;
     fs::write(&path, &bytes).unwrap();
-    assert!(
-        matches!(read_events(&path), Err(EventError::LengthChecksum { offset, .. }) if offset == second as u64),
-        "{:?}",
-        read_events(&path)
-    );
+    assert!(matches!(read_events(&path), Err(EventError::LengthChecksum { offset, .. }) if offset == second as u64), "{:?}", read_events(&path));
 }
 
 #[test]

@@ -6,8 +6,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayD, ArrayView2, Axis, Zip};
 
 use super::{
-    as_matrix, check_params, metrics, targets_view, Activation, Init, LossAndGradients, Metrics, Model, Pass, Real,
-    TargetsView, VariableSpec, WeightInit,
+    Activation, Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, WeightInit, as_matrix, check_params, metrics, targets_view,
 };
 use crate::data::Batch;
 

@@ -2,10 +2,7 @@
 
 use ndarray::{Array1, ArrayD, ArrayView2, Zip};
 
-use super::{
-    as_matrix, check_params, metrics, targets_view, Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView,
-    VariableSpec,
-};
+use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, as_matrix, check_params, metrics, targets_view};
 use crate::data::Batch;
 
 /// `pred = x·W + b`, loss = mean over the batch of `(y - pred)^2` (TF's

@@ -49,12 +49,18 @@ pub enum Init {
     Zeros,
     Constant(f32),
     /// Normal(0, stddev).
-    Normal { stddev: f32 },
+    Normal {
+        stddev: f32,
+    },
     /// Normal(0, stddev) truncated at two standard deviations (TensorFlow's
     /// `truncated_normal`).
-    TruncatedNormal { stddev: f32 },
+    TruncatedNormal {
+        stddev: f32,
+    },
     /// Uniform(-limit, limit).
-    Uniform { limit: f32 },
+    Uniform {
+        limit: f32,
+    },
 }
 
 /// A trainable variable of a model.
@@ -146,10 +152,7 @@ impl FromStr for Activation {
             "sigmoid" => Ok(Activation::Sigmoid),
             "relu" => Ok(Activation::Relu),
             "tanh" => Ok(Activation::Tanh),
-            _ => Err(ModelError::Invalid {
-                field: "activation",
-                reason: format!("unknown activation {s:?} (expected sigmoid, relu or tanh)"),
-            }),
+            _ => Err(ModelError::Invalid { field: "activation", reason: format!("unknown activation {s:?} (expected sigmoid, relu or tanh)") }),
         }
     }
 }
@@ -190,10 +193,7 @@ impl FromStr for WeightInit {
         match s.trim().to_ascii_lowercase().as_str() {
             "truncated_normal" | "truncated-normal" => Ok(WeightInit::TruncatedNormal),
             "normal" => Ok(WeightInit::Normal),
-            _ => Err(ModelError::Invalid {
-                field: "weight_init",
-                reason: format!("unknown initialisation {s:?} (expected truncated_normal or normal)"),
-            }),
+            _ => Err(ModelError::Invalid { field: "weight_init", reason: format!("unknown initialisation {s:?} (expected truncated_normal or normal)") }),
         }
     }
 }
@@ -238,14 +238,7 @@ impl ModelConfig {
     /// E.g. `ModelConfig::mlp(784, &[100], 10, Activation::Sigmoid)` for
     /// the classic 784-100-10 network.
     pub fn mlp(input_dim: usize, hidden_units: &[usize], num_classes: usize, activation: Activation) -> Self {
-        ModelConfig {
-            name: "mlp".into(),
-            input_dim,
-            num_classes,
-            hidden_units: hidden_units.to_vec(),
-            activation,
-            weight_init: WeightInit::default(),
-        }
+        ModelConfig { name: "mlp".into(), input_dim, num_classes, hidden_units: hidden_units.to_vec(), activation, weight_init: WeightInit::default() }
     }
 
     pub fn with_weight_init(mut self, weight_init: WeightInit) -> Self {
@@ -387,14 +380,14 @@ pub fn init_values(specs: &[VariableSpec], seed: u64) -> Vec<ArrayD<f32>> {
             let values: Vec<f32> = match spec.init {
                 Init::Zeros => vec![0.0; n],
                 Init::Constant(c) => vec![c; n],
-                Init::Normal { stddev } => {
-                    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal) * stddev).collect()
-                }
+                Init::Normal { stddev } => (0..n).map(|_| rng.sample::<f32, _>(StandardNormal) * stddev).collect(),
                 Init::TruncatedNormal { stddev } => (0..n)
-                    .map(|_| loop {
-                        let v: f32 = rng.sample(StandardNormal);
-                        if v.abs() <= 2.0 {
-                            break v * stddev;
+                    .map(|_| {
+                        loop {
+                            let v: f32 = rng.sample(StandardNormal);
+                            if v.abs() <= 2.0 {
+                                break v * stddev;
+                            }
                         }
                     })
                     .collect(),

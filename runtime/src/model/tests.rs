@@ -1,10 +1,10 @@
-use ndarray::{arr1, arr2, Array2, ArrayD};
+use ndarray::{Array2, ArrayD, arr1, arr2};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
 use super::*;
-use crate::data::{synthetic_classification, synthetic_line, Sampler};
+use crate::data::{Sampler, synthetic_classification, synthetic_line};
 
 // ---------------------------------------------------------------- helpers
 
@@ -270,11 +270,8 @@ fn sigmoid_mlp_is_finite_with_saturated_units() {
 
 #[test]
 fn an_empty_batch_gives_zero_loss_and_zero_gradients() {
-    let models: Vec<Box<dyn Model>> = vec![
-        Box::new(LinearRegression::new(2)),
-        Box::new(SoftmaxRegression::new(2, 3)),
-        Box::new(Mlp::new(2, &[4], 3, Activation::Relu, WeightInit::Normal)),
-    ];
+    let models: Vec<Box<dyn Model>> =
+        vec![Box::new(LinearRegression::new(2)), Box::new(SoftmaxRegression::new(2, 3)), Box::new(Mlp::new(2, &[4], 3, Activation::Relu, WeightInit::Normal))];
     for m in models {
         let params = init_values(&m.variables(), 3);
         let targets = if m.name() == "linear" { Targets::Values(Array2::zeros((0, 1))) } else { Targets::Labels(vec![]) };
@@ -318,7 +315,11 @@ fn build_model_variables() {
     let cases: Vec<(ModelConfig, &str, Variables)> = vec![
         (ModelConfig::linear(1), "linear", ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])])),
         (ModelConfig::linear(3), "linear", ns(&[("dense/kernel", &[3, 1]), ("dense/bias", &[1])])),
-        (ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) }, "linear", ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])])),
+        (
+            ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) },
+            "linear",
+            ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])]),
+        ),
         (ModelConfig::softmax(784, 10), "softmax", ns(&[("dense/kernel", &[784, 10]), ("dense/bias", &[10])])),
         (
             ModelConfig::mlp(784, &[100], 10, Sigmoid),
@@ -355,15 +356,7 @@ fn build_model_initialisers() {
     assert_eq!(inits(&ModelConfig::softmax(5, 3)), vec![Init::Zeros, Init::Zeros]);
     let classic = ModelConfig::mlp(784, &[100], 10, Activation::Sigmoid);
     assert_eq!(classic.weight_init, WeightInit::TruncatedNormal);
-    assert_eq!(
-        inits(&classic),
-        vec![
-            Init::TruncatedNormal { stddev: 1.0 / 28.0 },
-            Init::Zeros,
-            Init::TruncatedNormal { stddev: 0.1 },
-            Init::Zeros
-        ]
-    );
+    assert_eq!(inits(&classic), vec![Init::TruncatedNormal { stddev: 1.0 / 28.0 }, Init::Zeros, Init::TruncatedNormal { stddev: 0.1 }, Init::Zeros]);
     assert_eq!(inits(&classic.with_weight_init(WeightInit::Normal)), vec![n1.clone(), Init::Zeros, n1, Init::Zeros]);
 }
 

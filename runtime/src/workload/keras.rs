@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{WorkloadError, WorkloadSpec, SYNTHETIC_TRAIN_EXAMPLES};
+use super::{SYNTHETIC_TRAIN_EXAMPLES, WorkloadError, WorkloadSpec};
 use crate::data::{self, DataFormat, Dataset, LabelKind};
-use crate::model::keras::{default_loss, load_model_file, KerasError, KerasModel, Loss};
 use crate::model::Model;
+use crate::model::keras::{KerasError, KerasModel, Loss, default_loss, load_model_file};
 
 /// `--keras_model`, `--loss`, `--from_logits`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,7 +46,10 @@ pub fn check_flags(spec: &WorkloadSpec) -> Result<(), WorkloadError> {
     let keras = spec.keras.model_file.is_some();
     if !keras {
         if spec.keras.loss.is_some() {
-            return Err(flag("loss", "goes with --keras_model (the built-in models have their own loss: mse for linear, softmax cross-entropy for softmax and mlp)"));
+            return Err(flag(
+                "loss",
+                "goes with --keras_model (the built-in models have their own loss: mse for linear, softmax cross-entropy for softmax and mlp)",
+            ));
         }
         if spec.keras.from_logits {
             return Err(flag("from_logits", "goes with --keras_model"));
@@ -62,7 +65,10 @@ pub fn check_flags(spec: &WorkloadSpec) -> Result<(), WorkloadError> {
     if !keras && spec.model.eq_ignore_ascii_case("linear") {
         let given = [("data_dir", spec.data_dir.is_some()), ("data_format", d.format.is_some()), ("num_classes", d.num_classes.is_some())];
         if let Some(name) = given.iter().find(|(_, g)| *g).map(|(n, _)| *n) {
-            return Err(flag(name, "the linear model trains on the classic example's synthetic line and reads no data (--model=softmax, --model=mlp or --keras_model read data)"));
+            return Err(flag(
+                name,
+                "the linear model trains on the classic example's synthetic line and reads no data (--model=softmax, --model=mlp or --keras_model read data)",
+            ));
         }
     }
     let csv_only = [("label_column", d.label_column.is_some()), ("feature_columns", d.feature_columns.is_some())];
@@ -140,7 +146,10 @@ pub fn model_and_data(spec: &WorkloadSpec, file: &Path) -> Result<(Box<dyn Model
 fn synthetic(model: &KerasModel, spec: &WorkloadSpec) -> Result<(Dataset, Dataset), WorkloadError> {
     let softmax_classifier = matches!(model.loss(), Loss::SparseCategoricalCrossentropy | Loss::CategoricalCrossentropy) && model.output_units() >= 2;
     if !softmax_classifier || model.check_inputs(&ndarray::Array2::from_elem((1, model.input_dim()), 0.5)).is_err() {
-        return Err(flag("data_dir", format!("missing: synthetic data is only made for softmax classifiers of real-valued inputs; this model ({}) needs data", model.loss())));
+        return Err(flag(
+            "data_dir",
+            format!("missing: synthetic data is only made for softmax classifiers of real-valued inputs; this model ({}) needs data", model.loss()),
+        ));
     }
     let classes = model.output_units();
     tracing::info!(
@@ -220,8 +229,16 @@ mod tests {
             ("from_logits without keras", WorkloadSpec { keras: KerasOptions { from_logits: true, ..Default::default() }, ..spec("mlp") }, Err("from_logits")),
             ("keras with data (the default model name is linear)", WorkloadSpec { data_dir: dir.clone(), keras: keras.clone(), ..spec("linear") }, Ok(())),
             ("keras and a built-in model", WorkloadSpec { keras: keras.clone(), ..spec("mlp") }, Err("model")),
-            ("zero classes", WorkloadSpec { data_dir: dir.clone(), data: DataOptions { num_classes: Some(0), ..Default::default() }, ..spec("mlp") }, Err("num_classes")),
-            ("mlp with its flags", WorkloadSpec { hidden_units: Some(vec![8, 4]), activation: Some("relu".into()), weight_init: Some("normal".into()), ..spec("mlp") }, Ok(())),
+            (
+                "zero classes",
+                WorkloadSpec { data_dir: dir.clone(), data: DataOptions { num_classes: Some(0), ..Default::default() }, ..spec("mlp") },
+                Err("num_classes"),
+            ),
+            (
+                "mlp with its flags",
+                WorkloadSpec { hidden_units: Some(vec![8, 4]), activation: Some("relu".into()), weight_init: Some("normal".into()), ..spec("mlp") },
+                Ok(()),
+            ),
             ("hidden units of linear", WorkloadSpec { hidden_units: Some(vec![8]), ..spec("linear") }, Err("hidden_units")),
             ("activation of softmax", WorkloadSpec { activation: Some("relu".into()), ..spec("softmax") }, Err("activation")),
             ("weight init of softmax", WorkloadSpec { weight_init: Some("normal".into()), ..spec("softmax") }, Err("weight_init")),

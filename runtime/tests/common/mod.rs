@@ -52,9 +52,12 @@ pub struct Finished {
 impl Finished {
     /// The final JSON line the task printed.
     pub fn report(&self) -> Value {
-        let line = self.stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| {
-            panic!("{}: no JSON report; stdout:\n{}\nstderr:\n{}", self.name, self.stdout, tail(&self.stderr, 4000))
-        });
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("{}: no JSON report; stdout:\n{}\nstderr:\n{}", self.name, self.stdout, tail(&self.stderr, 4000)));
         serde_json::from_str(line).unwrap()
     }
 }
@@ -95,12 +98,7 @@ impl Job {
         let spec = &self.specs[name];
         let open = |ext: &str| std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(name, ext)).unwrap();
         let mut cmd = Command::new(BIN);
-        cmd.args(&spec.args)
-            .stdin(Stdio::null())
-            .stdout(open("out"))
-            .stderr(open("err"))
-            .env_remove("TF_CONFIG")
-            .env_remove("TFJOB_TOKEN");
+        cmd.args(&spec.args).stdin(Stdio::null()).stdout(open("out")).stderr(open("err")).env_remove("TF_CONFIG").env_remove("TFJOB_TOKEN");
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -222,12 +220,7 @@ impl Job {
         }
         self.specs
             .keys()
-            .map(|name| Finished {
-                name: name.clone(),
-                code: self.ended.get(name).copied().flatten(),
-                stdout: self.stdout(name),
-                stderr: self.stderr(name),
-            })
+            .map(|name| Finished { name: name.clone(), code: self.ended.get(name).copied().flatten(), stdout: self.stdout(name), stderr: self.stderr(name) })
             .collect()
     }
 }

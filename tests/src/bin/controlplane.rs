@@ -99,12 +99,7 @@ fn main() -> ExitCode {
     );
     eprintln!("use it from another shell with:");
     // Not println!: a closed stdout must not stop the control plane.
-    let _ = writeln!(
-        std::io::stdout(),
-        "export KUBECONFIG={}\nexport PATH={}:\"$PATH\"",
-        cp.kubeconfig_path().display(),
-        cp.bin_dir().display()
-    );
+    let _ = writeln!(std::io::stdout(), "export KUBECONFIG={}\nexport PATH={}:\"$PATH\"", cp.kubeconfig_path().display(), cp.bin_dir().display());
     eprintln!("press Ctrl-C to stop it");
 
     let sig = stop_rx.recv().unwrap_or(0);

@@ -64,17 +64,7 @@ struct Report {
 
 impl Report {
     #[allow(clippy::too_many_arguments)]
-    fn row(
-        &mut self,
-        section: &str,
-        metric: &str,
-        ours: f64,
-        unit: &str,
-        baseline: Option<(&str, f64)>,
-        tf: Option<f64>,
-        target: &str,
-        met: Option<bool>,
-    ) {
+    fn row(&mut self, section: &str, metric: &str, ours: f64, unit: &str, baseline: Option<(&str, f64)>, tf: Option<f64>, target: &str, met: Option<bool>) {
         let row = Row {
             section: section.into(),
             metric: metric.into(),
@@ -129,9 +119,8 @@ fn parse(args: &[String]) -> Result<Options> {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
-        let mut value = |name: &str| -> Result<String> {
-            inline.clone().or_else(|| it.next().cloned()).with_context(|| format!("{name} needs a value\n{}", usage()))
-        };
+        let mut value =
+            |name: &str| -> Result<String> { inline.clone().or_else(|| it.next().cloned()).with_context(|| format!("{name} needs a value\n{}", usage())) };
         match flag.as_str() {
             "--quick" => o.quick = true,
             "--out" => o.out = PathBuf::from(value("--out")?),
@@ -320,10 +309,7 @@ fn loopback_once(streams: usize, per_stream: u64) -> Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let me = std::env::current_exe()?;
-    let mut child = Command::new(me)
-        .args(["__tcp-send", &addr.to_string(), &streams.to_string(), &per_stream.to_string()])
-        .stdin(Stdio::null())
-        .spawn()?;
+    let mut child = Command::new(me).args(["__tcp-send", &addr.to_string(), &streams.to_string(), &per_stream.to_string()]).stdin(Stdio::null()).spawn()?;
     let mut conns = vec![];
     for _ in 0..streams {
         conns.push(listener.accept()?.0);
@@ -399,17 +385,10 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
             let gate = label == "25M" && channel;
             let target = if gate { ">= 0.6 x loopback" } else { "" };
             let via = if channel { "" } else { ", gRPC" };
-            for (what, rate) in [(format!("pull of a {label}-float variable (1 ps{via})"), pull), (format!("push of a {label}-float gradient (1 ps{via})"), push)] {
-                report.row(
-                    "ps",
-                    &what,
-                    rate,
-                    "MB/s",
-                    Some(("loopback TCP 1 stream", loopback)),
-                    None,
-                    target,
-                    gate.then_some(rate >= 0.6 * loopback),
-                );
+            for (what, rate) in
+                [(format!("pull of a {label}-float variable (1 ps{via})"), pull), (format!("push of a {label}-float gradient (1 ps{via})"), push)]
+            {
+                report.row("ps", &what, rate, "MB/s", Some(("loopback TCP 1 stream", loopback)), None, target, gate.then_some(rate >= 0.6 * loopback));
             }
         }
     }
@@ -722,16 +701,7 @@ fn mlp(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 
     let (v, _) = run_single(opts, bin, "mlp-single", &args)?;
     let single = v["steps_per_sec"].as_f64().unwrap_or(f64::NAN) * batch;
-    report.row(
-        "mlp",
-        "single process: examples/s",
-        single,
-        "ex/s",
-        None,
-        Some(TF_MLP_SINGLE),
-        ">= 0.8 x TF",
-        Some(single >= 0.8 * TF_MLP_SINGLE),
-    );
+    report.row("mlp", "single process: examples/s", single, "ex/s", None, Some(TF_MLP_SINGLE), ">= 0.8 x TF", Some(single >= 0.8 * TF_MLP_SINGLE));
     details.push(json!({ "config": "single", "report": v }));
     let configs = [
         ("1ps+1w async", 1, 1, false, TF_MLP_1PS1W_ASYNC),
@@ -744,16 +714,7 @@ fn mlp(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
         a.push(format!("--sync_replicas={sync}"));
         let run = run_cluster(opts, bin, &format!("mlp-{}", label.replace([' ', '+'], "-")), nps, nw, &a)?;
         let ex = run.global_steps_per_sec() * batch;
-        report.row(
-            "mlp",
-            &format!("{label}: examples/s"),
-            ex,
-            "ex/s",
-            Some(("ours single process", single)),
-            Some(tf),
-            ">= 2 x TF",
-            Some(ex >= 2.0 * tf),
-        );
+        report.row("mlp", &format!("{label}: examples/s"), ex, "ex/s", Some(("ours single process", single)), Some(tf), ">= 2 x TF", Some(ex >= 2.0 * tf));
         let acc = run.chief()["accuracy"].as_f64();
         if let Some(acc) = acc {
             println!("          {label}: held-out accuracy on synthetic data after {} global steps: {acc:.4}", run.global_step());
@@ -826,16 +787,7 @@ fn startup(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
         firsts.push(run.first_step_secs.context("no worker logged a completed global step")?);
     }
     let first = median(firsts.clone());
-    report.row(
-        "startup",
-        "1ps+2w launch to first global step",
-        first,
-        "s",
-        Some(("launch+exit of one process", launch)),
-        None,
-        "< 0.5",
-        Some(first < 0.5),
-    );
+    report.row("startup", "1ps+2w launch to first global step", first, "s", Some(("launch+exit of one process", launch)), None, "< 0.5", Some(first < 0.5));
     report.details.insert("startup_secs".into(), json!(firsts));
     Ok(())
 }
@@ -1044,7 +996,10 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
     }
     let secs = t.elapsed().as_secs_f64();
     let after = vm_hwm_kib();
-    println!("{}", json!({ "jobs": jobs, "replicas_per_job": replicas, "passes": 3, "pods_planned": pods, "secs": secs, "vm_hwm_kib_before": before, "vm_hwm_kib_parsed": parsed, "vm_hwm_kib_after": after }));
+    println!(
+        "{}",
+        json!({ "jobs": jobs, "replicas_per_job": replicas, "passes": 3, "pods_planned": pods, "secs": secs, "vm_hwm_kib_before": before, "vm_hwm_kib_parsed": parsed, "vm_hwm_kib_after": after })
+    );
     drop(all);
     Ok(())
 }
@@ -1068,10 +1023,8 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
     ];
     // The single process's millions of steps/s are in the table: next to
     // them the distributed bars would be flat on the axis.
-    let lin: Vec<(Option<&Row>, Option<f64>)> = vec![
-        (pick("linear", "1ps+2w async: global"), Some(6_700.0)),
-        (pick("linear", "1ps+2w sync: global"), Some(3_000.0)),
-    ];
+    let lin: Vec<(Option<&Row>, Option<f64>)> =
+        vec![(pick("linear", "1ps+2w async: global"), Some(6_700.0)), (pick("linear", "1ps+2w sync: global"), Some(3_000.0))];
     let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (left, rest) = root.split_horizontally(700);
@@ -1095,8 +1048,7 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
                 area.draw(&Rectangle::new([(x0, y(ours)), (x0 + bw, base)], BLUE.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
             }
             if tf.is_finite() {
-                area.draw(&Rectangle::new([(x0 + bw, y(tf)), (x0 + 2 * bw, base)], RGBColor(150, 150, 150).filled()))
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                area.draw(&Rectangle::new([(x0 + bw, y(tf)), (x0 + 2 * bw, base)], RGBColor(150, 150, 150).filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
             }
             if let Some(t) = target {
                 let ty = y(t);
@@ -1111,10 +1063,7 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
             .map(|(r, f)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), r.and_then(|r| r.tf_reference).map(|t| t * f)))
             .collect(),
     )?;
-    panel(
-        &right,
-        lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect(),
-    )?;
+    panel(&right, lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect())?;
     // PS bandwidth, 25M floats: tensor channel pull and push (target tick at
     // 0.6 x loopback), gRPC pull and push, and the loopback baseline in grey.
     let ours = |prefix: &str| pick("ps", prefix).map_or(f64::NAN, |r| r.ours);

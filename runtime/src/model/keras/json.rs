@@ -99,22 +99,42 @@ pub enum InitSpec {
     Zeros,
     Constant(f32),
     /// Uniform(-limit, limit).
-    RandomUniform { limit: f32 },
-    RandomNormal { stddev: f32 },
-    TruncatedNormal { stddev: f32 },
+    RandomUniform {
+        limit: f32,
+    },
+    RandomNormal {
+        stddev: f32,
+    },
+    TruncatedNormal {
+        stddev: f32,
+    },
     /// GlorotUniform, HeNormal, LecunUniform, ... are variance scalings.
-    VarianceScaling { scale: f32, mode: FanMode, uniform: bool },
+    VarianceScaling {
+        scale: f32,
+        mode: FanMode,
+        uniform: bool,
+    },
 }
 
 /// The computation of one layer, with its options.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LayerKind {
-    Dense { units: usize, activation: Act, use_bias: bool, kernel_init: InitSpec, bias_init: InitSpec },
+    Dense {
+        units: usize,
+        activation: Act,
+        use_bias: bool,
+        kernel_init: InitSpec,
+        bias_init: InitSpec,
+    },
     Activation(Act),
-    Dropout { rate: f32 },
+    Dropout {
+        rate: f32,
+    },
     Flatten,
     /// `-1` stands for the one dimension to infer.
-    Reshape { target_shape: Vec<i64> },
+    Reshape {
+        target_shape: Vec<i64>,
+    },
     Conv2D {
         filters: usize,
         kernel_size: [usize; 2],
@@ -125,8 +145,17 @@ pub enum LayerKind {
         kernel_init: InitSpec,
         bias_init: InitSpec,
     },
-    Pool2D { kind: PoolKind, pool_size: [usize; 2], strides: [usize; 2], padding: Padding },
-    Embedding { input_dim: usize, output_dim: usize, init: InitSpec },
+    Pool2D {
+        kind: PoolKind,
+        pool_size: [usize; 2],
+        strides: [usize; 2],
+        padding: Padding,
+    },
+    Embedding {
+        input_dim: usize,
+        output_dim: usize,
+        init: InitSpec,
+    },
 }
 
 /// One layer of the model definition.
@@ -214,7 +243,8 @@ pub fn parse_model_json(text: &str) -> Result<ModelSpec, KerasError> {
         let mut opts = Options::new(&name, class, config);
         input_shape = opts.take_batch_shape("build_input_shape")?;
     }
-    let input_shape = input_shape.ok_or_else(|| model_err("the model has no input shape: build it with keras.Input(shape=...) (or give the first layer an input shape)"))?;
+    let input_shape =
+        input_shape.ok_or_else(|| model_err("the model has no input shape: build it with keras.Input(shape=...) (or give the first layer an input shape)"))?;
     Ok(ModelSpec { name, format, input_shape, layers })
 }
 
@@ -235,7 +265,10 @@ fn chain_order<'a>(config: &Map<String, Value>, layers: &'a [Value]) -> Result<V
         };
         match list.as_slice() {
             [one] => one.get(0).and_then(Value::as_str).map(str::to_string).ok_or_else(|| model_err(format!("{key}: malformed: {v}"))),
-            _ => Err(model_err(format!("{key}: a model with {} inputs or outputs is not a plain stack of layers (exactly one of each is supported)", list.len()))),
+            _ => Err(model_err(format!(
+                "{key}: a model with {} inputs or outputs is not a plain stack of layers (exactly one of each is supported)",
+                list.len()
+            ))),
         }
     };
     let (first, last) = (endpoint("input_layers")?, endpoint("output_layers")?);
@@ -269,7 +302,8 @@ fn chain_order<'a>(config: &Map<String, Value>, layers: &'a [Value]) -> Result<V
 /// A `training` keyword argument (Keras 3 records Dropout's) is not an
 /// input: the runtime decides when dropout applies.
 fn single_inbound(name: &str, layer: &Value) -> Result<String, KerasError> {
-    let not_chain = |what: String| model_err(format!("layer {name:?}: {what}: only a plain stack of layers (one input per layer, each used once) is supported"));
+    let not_chain =
+        |what: String| model_err(format!("layer {name:?}: {what}: only a plain stack of layers (one input per layer, each used once) is supported"));
     let nodes = layer.get("inbound_nodes").and_then(Value::as_array).ok_or_else(|| not_chain("no inbound_nodes".into()))?;
     let [node] = nodes.as_slice() else {
         return Err(not_chain(format!("called {} times", nodes.len())));
@@ -338,7 +372,9 @@ fn layer_kind(opts: &mut Options<'_>, input_shape: &mut Option<Vec<usize>>, firs
         "Reshape" => {
             let target = opts.take("target_shape").ok_or_else(|| opts.option_err("target_shape", "missing"))?;
             let dims = target.as_array().and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>());
-            let target_shape = dims.filter(|d| d.iter().all(|&v| v > 0 || v == -1)).ok_or_else(|| opts.option_err("target_shape", format!("{target} is not a list of positive sizes (and at most one -1)")))?;
+            let target_shape = dims
+                .filter(|d| d.iter().all(|&v| v > 0 || v == -1))
+                .ok_or_else(|| opts.option_err("target_shape", format!("{target} is not a list of positive sizes (and at most one -1)")))?;
             LayerKind::Reshape { target_shape }
         }
         "Conv2D" => {

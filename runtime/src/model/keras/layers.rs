@@ -15,16 +15,33 @@ use super::json::{Act, PoolKind};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `act(x·kernel + bias)` over the last axis.
-    Dense { units: usize, activation: Act, use_bias: bool },
+    Dense {
+        units: usize,
+        activation: Act,
+        use_bias: bool,
+    },
     Activation(Act),
     /// Inverted dropout: kept elements are scaled by `1 / (1 - rate)`.
-    Dropout { rate: f32 },
+    Dropout {
+        rate: f32,
+    },
     /// Flatten and Reshape: the same elements in the same order, another shape.
     Reshape,
-    Conv2D { geometry: Geometry, filters: usize, activation: Act, use_bias: bool },
-    Pool { kind: PoolKind, geometry: Geometry },
+    Conv2D {
+        geometry: Geometry,
+        filters: usize,
+        activation: Act,
+        use_bias: bool,
+    },
+    Pool {
+        kind: PoolKind,
+        geometry: Geometry,
+    },
     /// Rows of `embeddings` picked by the integer ids of the input.
-    Embedding { input_dim: usize, output_dim: usize },
+    Embedding {
+        input_dim: usize,
+        output_dim: usize,
+    },
 }
 
 /// One layer of a built model.
@@ -47,13 +64,25 @@ pub struct Layer {
 pub enum Cache<F> {
     None,
     /// The input (of Dense) and the activation's output.
-    Dense { input: ArrayD<F>, output: ArrayD<F> },
-    Activation { output: ArrayD<F> },
+    Dense {
+        input: ArrayD<F>,
+        output: ArrayD<F>,
+    },
+    Activation {
+        output: ArrayD<F>,
+    },
     /// Per element: 0 or `1 / (1 - rate)`.
-    Dropout { mask: ArrayD<F> },
-    Conv { cols: Array2<F>, output: ArrayD<F> },
+    Dropout {
+        mask: ArrayD<F>,
+    },
+    Conv {
+        cols: Array2<F>,
+        output: ArrayD<F>,
+    },
     Pool(PoolCache),
-    Embedding { ids: Vec<usize> },
+    Embedding {
+        ids: Vec<usize>,
+    },
 }
 
 /// `a` (batch first) as rows of its last axis: `[elements / last, last]`.
@@ -197,7 +226,14 @@ impl Layer {
     /// Given `dy`, the gradient of the loss with respect to this layer's
     /// output, adds the gradients of its variables into `grads` and returns
     /// the gradient with respect to its input when `need_input_gradient`.
-    pub fn backward<F: Real>(&self, params: &[ArrayD<F>], cache: Cache<F>, mut dy: ArrayD<F>, grads: &mut [ArrayD<F>], need_input_gradient: bool) -> Option<ArrayD<F>> {
+    pub fn backward<F: Real>(
+        &self,
+        params: &[ArrayD<F>],
+        cache: Cache<F>,
+        mut dy: ArrayD<F>,
+        grads: &mut [ArrayD<F>],
+        need_input_gradient: bool,
+    ) -> Option<ArrayD<F>> {
         let n = dy.shape()[0];
         match (&self.op, cache) {
             (Op::Dense { units, activation, use_bias }, Cache::Dense { input, output }) => {

@@ -87,7 +87,9 @@ impl Loss {
                     None => Ok(()),
                 }
             }
-            (Loss::MeanSquaredError, Targets::Labels(_)) if outputs != 1 => Err(format!("mse on one target column needs one output unit, the model has {outputs}")),
+            (Loss::MeanSquaredError, Targets::Labels(_)) if outputs != 1 => {
+                Err(format!("mse on one target column needs one output unit, the model has {outputs}"))
+            }
             (Loss::SparseCategoricalCrossentropy, Targets::Values(_)) => Err("sparse_categorical_crossentropy needs class labels, not values".into()),
             (_, Targets::Values(v)) if v.ncols() != outputs => Err(format!("targets have {} columns but the model has {outputs} output units", v.ncols())),
             _ => Ok(()),
@@ -162,7 +164,8 @@ fn categorical_values<F: Real>(z: &mut Array2<F>, y: ndarray::ArrayView2<'_, F>,
     let mut loss = 0.0;
     let mut correct = 0;
     for (mut zr, yr) in z.rows_mut().into_iter().zip(y.rows()) {
-        let argmax = |r: ndarray::ArrayView1<'_, F>| r.iter().enumerate().fold((0, F::neg_infinity()), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0;
+        let argmax =
+            |r: ndarray::ArrayView1<'_, F>| r.iter().enumerate().fold((0, F::neg_infinity()), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0;
         if argmax(zr.view()) == argmax(yr) {
             correct += 1;
         }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Array2, ArrayD, ArrayView2};
 
-use super::{check_params, metrics, targets_view, Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec};
+use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, check_params, metrics, targets_view};
 use crate::data::{Batch, Targets};
 
 mod conv;
@@ -32,7 +32,7 @@ mod json;
 mod layers;
 mod loss;
 
-pub use json::{load_model_file, parse_model_json, Act, InitSpec, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS};
+pub use json::{Act, InitSpec, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS, load_model_file, parse_model_json};
 pub use loss::{Head, Loss};
 
 use json::FanMode;
@@ -115,7 +115,8 @@ impl KerasModel {
     pub fn describe(&self) -> String {
         let mut out = String::new();
         for l in &self.layers {
-            let vars: Vec<String> = self.specs[l.first_variable..l.first_variable + l.num_variables].iter().map(|v| format!("{} {:?}", v.name, v.shape)).collect();
+            let vars: Vec<String> =
+                self.specs[l.first_variable..l.first_variable + l.num_variables].iter().map(|v| format!("{} {:?}", v.name, v.shape)).collect();
             out += &format!("{} ({}) -> {:?} {}\n", l.name, l.class, l.output_shape, vars.join(", "));
         }
         out
@@ -187,7 +188,14 @@ impl KerasModel {
     /// Loss, correct predictions and (when `want_gradients`) gradients of a
     /// batch. `dropout_seed`: the seed of this pass's dropout masks (none:
     /// no dropout).
-    pub(crate) fn pass<F: Real>(&self, params: &[ArrayD<F>], x: ArrayView2<'_, F>, t: TargetsView<'_, F>, dropout_seed: Option<u64>, want_gradients: bool) -> Pass<F> {
+    pub(crate) fn pass<F: Real>(
+        &self,
+        params: &[ArrayD<F>],
+        x: ArrayView2<'_, F>,
+        t: TargetsView<'_, F>,
+        dropout_seed: Option<u64>,
+        want_gradients: bool,
+    ) -> Pass<F> {
         let n = x.nrows();
         let (mut z, mut caches) = self.forward(params, x, dropout_seed, want_gradients);
         let (loss_sum, correct) = self.loss.compute(self.head, &mut z, t, want_gradients);

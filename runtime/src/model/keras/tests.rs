@@ -178,7 +178,10 @@ fn bad_json_gives_clear_errors() {
         (dense(r#""units": 2, "dtype": "float16""#), "dtype"),
         (dense(r#""units": 2, "kernel_initializer": {"class_name": "Orthogonal", "config": {}}"#), "kernel_initializer: Orthogonal"),
         (dense(r#""units": 2, "kernel_initializer": {"class_name": "RandomUniform", "config": {"minval": 0, "maxval": 1}}"#), "symmetric"),
-        (dense(r#""units": 2, "kernel_initializer": {"class_name": "RandomNormal", "config": {"mean": 0, "stddev": 1, "extra": 3}}"#), "kernel_initializer.extra"),
+        (
+            dense(r#""units": 2, "kernel_initializer": {"class_name": "RandomNormal", "config": {"mean": 0, "stddev": 1, "extra": 3}}"#),
+            "kernel_initializer.extra",
+        ),
         (dense(r#""units": 2, "lora_rank": 4"#), "lora_rank: 4 is not supported"),
         (dense(r#""units": 2, "lora_rank": null, "quantization_config": null"#), ""),
     ];
@@ -319,7 +322,8 @@ fn random_targets(m: &KerasModel, n: usize, values: bool, rng: &mut StdRng) -> T
 /// Dropout draws its mask from a fixed seed, the same in every evaluation.
 fn gradient_check(case: &str, m: &KerasModel, n: usize, ids: Option<usize>, values: bool, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let params: Vec<ArrayD<f64>> = m.variables().iter().map(|s| ArrayD::from_shape_simple_fn(s.shape.clone(), || 0.7 * rng.sample::<f64, _>(StandardNormal))).collect();
+    let params: Vec<ArrayD<f64>> =
+        m.variables().iter().map(|s| ArrayD::from_shape_simple_fn(s.shape.clone(), || 0.7 * rng.sample::<f64, _>(StandardNormal))).collect();
     let x: Array2<f64> = match ids {
         Some(vocab) => Array2::from_shape_simple_fn((n, m.input_dim()), || rng.random_range(0..vocab) as f64),
         None => Array2::from_shape_simple_fn((n, m.input_dim()), || rng.sample(StandardNormal)),
@@ -380,25 +384,156 @@ fn every_layer_passes_a_gradient_check() {
     let mut cases: Vec<Case> = Vec::new();
     for act in [Linear, Relu, Sigmoid, Tanh, Softmax] {
         cases.push(("dense + activation", vec![5], vec![dense("d1", 4, act), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 6, None, false));
-        cases.push(("Activation layer", vec![5], vec![dense("d1", 4, Linear), layer("act", LayerKind::Activation(act)), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 6, None, false));
+        cases.push((
+            "Activation layer",
+            vec![5],
+            vec![dense("d1", 4, Linear), layer("act", LayerKind::Activation(act)), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            6,
+            None,
+            false,
+        ));
     }
     cases.extend([
-        ("dense on rows of a sequence", vec![3, 4], vec![dense("rows", 2, Tanh), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 5, None, false),
-        ("no bias", vec![4], vec![layer("nb", LayerKind::Dense { units: 3, activation: Relu, use_bias: false, kernel_init: GLOROT, bias_init: InitSpec::Zeros }), dense("out", 2, Softmax)], SparseCategoricalCrossentropy, false, 4, None, false),
-        ("conv valid", vec![5, 6, 2], vec![conv("c", 3, [3, 2], [1, 1], Valid, Relu, true), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("conv same strided, then conv", vec![7, 6, 2], vec![conv("c1", 3, [3, 3], [2, 2], Same, Tanh, true), conv("c2", 2, [2, 2], [1, 1], Same, Linear, false), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("max pool valid", vec![6, 6, 1], vec![conv("c", 2, [3, 3], [1, 1], Same, Linear, true), pool("p", PoolKind::Max, [2, 2], [2, 2], Valid), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("max pool same overlapping", vec![5, 5, 1], vec![conv("c", 2, [2, 2], [1, 1], Same, Linear, true), pool("p", PoolKind::Max, [3, 3], [2, 2], Same), flat(), dense("out", 2, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("average pool valid", vec![6, 6, 1], vec![conv("c", 2, [3, 3], [1, 1], Valid, Tanh, true), pool("p", PoolKind::Average, [2, 2], [1, 2], Valid), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("average pool same", vec![5, 5, 1], vec![conv("c", 2, [2, 2], [1, 1], Same, Linear, true), pool("p", PoolKind::Average, [2, 3], [2, 2], Same), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 3, None, false),
-        ("reshape", vec![6], vec![dense("d", 8, Tanh), layer("r", LayerKind::Reshape { target_shape: vec![2, -1, 2] }), layer("r2", LayerKind::Reshape { target_shape: vec![2, 2, 2] }), conv("c", 2, [2, 2], [1, 1], Same, Linear, true), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 4, None, false),
-        ("dropout", vec![6], vec![dense("d", 8, Relu), layer("drop", LayerKind::Dropout { rate: 0.3 }), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 5, None, false),
-        ("embedding", vec![4], vec![layer("emb", LayerKind::Embedding { input_dim: 7, output_dim: 3, init: InitSpec::RandomUniform { limit: 0.05 } }), flat(), dense("out", 3, Softmax)], SparseCategoricalCrossentropy, false, 6, Some(7), false),
+        (
+            "dense on rows of a sequence",
+            vec![3, 4],
+            vec![dense("rows", 2, Tanh), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            5,
+            None,
+            false,
+        ),
+        (
+            "no bias",
+            vec![4],
+            vec![
+                layer("nb", LayerKind::Dense { units: 3, activation: Relu, use_bias: false, kernel_init: GLOROT, bias_init: InitSpec::Zeros }),
+                dense("out", 2, Softmax),
+            ],
+            SparseCategoricalCrossentropy,
+            false,
+            4,
+            None,
+            false,
+        ),
+        (
+            "conv valid",
+            vec![5, 6, 2],
+            vec![conv("c", 3, [3, 2], [1, 1], Valid, Relu, true), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "conv same strided, then conv",
+            vec![7, 6, 2],
+            vec![conv("c1", 3, [3, 3], [2, 2], Same, Tanh, true), conv("c2", 2, [2, 2], [1, 1], Same, Linear, false), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "max pool valid",
+            vec![6, 6, 1],
+            vec![conv("c", 2, [3, 3], [1, 1], Same, Linear, true), pool("p", PoolKind::Max, [2, 2], [2, 2], Valid), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "max pool same overlapping",
+            vec![5, 5, 1],
+            vec![conv("c", 2, [2, 2], [1, 1], Same, Linear, true), pool("p", PoolKind::Max, [3, 3], [2, 2], Same), flat(), dense("out", 2, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "average pool valid",
+            vec![6, 6, 1],
+            vec![conv("c", 2, [3, 3], [1, 1], Valid, Tanh, true), pool("p", PoolKind::Average, [2, 2], [1, 2], Valid), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "average pool same",
+            vec![5, 5, 1],
+            vec![conv("c", 2, [2, 2], [1, 1], Same, Linear, true), pool("p", PoolKind::Average, [2, 3], [2, 2], Same), flat(), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            3,
+            None,
+            false,
+        ),
+        (
+            "reshape",
+            vec![6],
+            vec![
+                dense("d", 8, Tanh),
+                layer("r", LayerKind::Reshape { target_shape: vec![2, -1, 2] }),
+                layer("r2", LayerKind::Reshape { target_shape: vec![2, 2, 2] }),
+                conv("c", 2, [2, 2], [1, 1], Same, Linear, true),
+                flat(),
+                dense("out", 3, Softmax),
+            ],
+            SparseCategoricalCrossentropy,
+            false,
+            4,
+            None,
+            false,
+        ),
+        (
+            "dropout",
+            vec![6],
+            vec![dense("d", 8, Relu), layer("drop", LayerKind::Dropout { rate: 0.3 }), dense("out", 3, Softmax)],
+            SparseCategoricalCrossentropy,
+            false,
+            5,
+            None,
+            false,
+        ),
+        (
+            "embedding",
+            vec![4],
+            vec![
+                layer("emb", LayerKind::Embedding { input_dim: 7, output_dim: 3, init: InitSpec::RandomUniform { limit: 0.05 } }),
+                flat(),
+                dense("out", 3, Softmax),
+            ],
+            SparseCategoricalCrossentropy,
+            false,
+            6,
+            Some(7),
+            false,
+        ),
         ("categorical on labels", vec![4], vec![dense("out", 3, Softmax)], CategoricalCrossentropy, false, 5, None, false),
         ("categorical on distributions", vec![4], vec![dense("out", 3, Softmax)], CategoricalCrossentropy, false, 5, None, true),
         ("sparse from logits", vec![4], vec![dense("out", 3, Linear)], SparseCategoricalCrossentropy, true, 5, None, false),
         ("binary", vec![4], vec![dense("d", 3, Tanh), dense("out", 1, Sigmoid)], BinaryCrossentropy, false, 6, None, false),
-        ("binary separate activation", vec![4], vec![dense("out", 1, Linear), layer("sig", LayerKind::Activation(Sigmoid))], BinaryCrossentropy, false, 6, None, false),
+        (
+            "binary separate activation",
+            vec![4],
+            vec![dense("out", 1, Linear), layer("sig", LayerKind::Activation(Sigmoid))],
+            BinaryCrossentropy,
+            false,
+            6,
+            None,
+            false,
+        ),
         ("binary from logits", vec![4], vec![dense("out", 1, Linear)], BinaryCrossentropy, true, 6, None, false),
         ("mse", vec![4], vec![dense("d", 3, Sigmoid), dense("out", 2, Linear)], MeanSquaredError, false, 5, None, false),
         ("mse through softmax", vec![4], vec![dense("out", 3, Softmax)], MeanSquaredError, false, 5, None, false),
@@ -415,9 +550,16 @@ fn every_layer_passes_a_gradient_check() {
 fn the_gradient_check_catches_a_wrong_backward_pass() {
     // A gradient 0.1% off must fail the comparison the check makes;
     // otherwise the check proves nothing.
-    let m = KerasModel::new(&spec(&[5, 5, 1], vec![conv("c", 2, [3, 3], [1, 1], Padding::Same, Act::Linear, true), layer("f", LayerKind::Flatten), dense("out", 2, Act::Softmax)]), Loss::SparseCategoricalCrossentropy, false, 1).unwrap();
+    let m = KerasModel::new(
+        &spec(&[5, 5, 1], vec![conv("c", 2, [3, 3], [1, 1], Padding::Same, Act::Linear, true), layer("f", LayerKind::Flatten), dense("out", 2, Act::Softmax)]),
+        Loss::SparseCategoricalCrossentropy,
+        false,
+        1,
+    )
+    .unwrap();
     let mut rng = StdRng::seed_from_u64(5);
-    let params: Vec<ArrayD<f64>> = m.variables().iter().map(|s| ArrayD::from_shape_simple_fn(s.shape.clone(), || rng.sample::<f64, _>(StandardNormal))).collect();
+    let params: Vec<ArrayD<f64>> =
+        m.variables().iter().map(|s| ArrayD::from_shape_simple_fn(s.shape.clone(), || rng.sample::<f64, _>(StandardNormal))).collect();
     let x = Array2::from_shape_simple_fn((3, 25), || rng.sample::<f64, _>(StandardNormal));
     let labels = vec![0u32, 1, 1];
     let mut analytic = m.pass(&params, x.view(), TargetsView::Labels(&labels), None, true).gradients;
@@ -463,7 +605,15 @@ fn initial_values_follow_keras_defaults() {
 
 #[test]
 fn dropout_masks_depend_on_seed_and_batch_and_evaluation_has_none() {
-    let m = |seed| KerasModel::new(&spec(&[20], vec![layer("drop", LayerKind::Dropout { rate: 0.5 }), dense("out", 2, Act::Softmax)]), Loss::SparseCategoricalCrossentropy, false, seed).unwrap();
+    let m = |seed| {
+        KerasModel::new(
+            &spec(&[20], vec![layer("drop", LayerKind::Dropout { rate: 0.5 }), dense("out", 2, Act::Softmax)]),
+            Loss::SparseCategoricalCrossentropy,
+            false,
+            seed,
+        )
+        .unwrap()
+    };
     let (a, b, c) = (m(1), m(1), m(2));
     let params = crate::model::init_values(&a.variables(), 3);
     let batch = Batch { x: Array2::from_elem((4, 20), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]) };
