@@ -157,6 +157,8 @@ pub struct Reply {
     pub counted: bool,
     /// The next shard, when one was asked for.
     pub handout: Option<Handout>,
+    /// Shards of the caller's that it gave up by asking again (back to todo).
+    pub abandoned: usize,
 }
 
 /// The dispatcher's figures (the chief's final report).
@@ -259,13 +261,9 @@ impl ShardDispatcher {
             Some(shard) => self.mark_done(shard)?,
             None => false,
         };
-        let abandoned: Vec<ShardId> = self.doing.iter().filter(|(_, t)| t.as_str() == task).map(|(s, _)| *s).collect();
-        for s in abandoned {
-            self.doing.remove(&s);
-            self.returned.insert(s);
-        }
+        let abandoned = self.release(task);
         let handout = want.then(|| self.hand_out(task));
-        Ok(Reply { counted, handout })
+        Ok(Reply { counted, handout, abandoned })
     }
 
     /// Marks `shard` done; false when the report changes nothing.

@@ -496,6 +496,7 @@ fn print_report(report: &impl serde::Serialize) {
 }
 
 fn main() -> ExitCode {
+    tfjob_runtime::process_age();
     tfjob_runtime::tune_allocator();
     let cli = Cli::parse();
     let format = cli.task.log_format.clone();

@@ -732,6 +732,9 @@ impl ParameterStore {
         let before = dispatcher.progress();
         let reply = dispatcher.next(&task.to_string(), finished, req.want).map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
         let progress = dispatcher.progress();
+        if reply.abandoned > 0 {
+            tracing::info!("ps:{ps}: {} shard(s) of {task} go back to todo (it asked again without finishing them)", reply.abandoned);
+        }
         log_dispatch(ps, &task, &before, &progress, reply.handout);
         let (outcome, shard, examples) = match reply.handout {
             None => (Outcome::Reported, None, 0),

@@ -91,7 +91,9 @@ impl ShardFeed {
         if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.pop_front()) {
             return Ok(Fed::Batch(batch));
         }
-        let reply = ps.next_shard(self.plan_proto(), self.finished(), true).await?;
+        let finished = self.finished();
+        let reply = ps.next_shard(self.plan_proto(), finished, true).await?;
+        self.note_trained(ps, finished);
         self.current = None;
         self.progress = reply.progress;
         match Outcome::try_from(reply.outcome) {
@@ -112,6 +114,16 @@ impl ShardFeed {
         }
     }
 
+    /// Every shard this task trained, at debug level (target
+    /// `tfjob_runtime::shards`), for whoever checks that every example was
+    /// trained: `RUST_LOG=info,tfjob_runtime::shards=debug`.
+    fn note_trained(&self, ps: &PsSet, finished: Option<(proto::ShardRef, u64)>) {
+        if let Some((shard, _)) = finished {
+            let examples = self.plan.shard_examples(shard.index);
+            tracing::debug!(target: "tfjob_runtime::shards", "{}: trained shard {} of epoch {} ({examples} examples)", ps.task, shard.index, shard.epoch);
+        }
+    }
+
     /// The ps tasks restarted: the shard in hand is given up (the
     /// dispatcher, back from its checkpoint, hands it out again).
     fn abandon(&mut self) {
@@ -121,8 +133,12 @@ impl ShardFeed {
     /// Reports a finished shard without asking for another, and returns the
     /// dispatcher's figures (the last known ones if ps 0 is gone).
     async fn close(&mut self, ps: &PsSet) -> Option<proto::DispatchProgress> {
-        match ps.next_shard(self.plan_proto(), self.finished(), false).await {
-            Ok(reply) => reply.progress,
+        let finished = self.finished();
+        match ps.next_shard(self.plan_proto(), finished, false).await {
+            Ok(reply) => {
+                self.note_trained(ps, finished);
+                reply.progress
+            }
             Err(e) => {
                 tracing::warn!("{}: cannot report to the shard dispatcher: {e}", ps.task);
                 self.progress
@@ -361,10 +377,10 @@ impl<'a> Trainer<'a> {
         if !self.first_gradient_seen && replies.iter().any(|r| r.accepted) {
             self.first_gradient_seen = true;
             tracing::info!(
-                "{}: first gradient accepted at global_step={} ({:.3}s after the task started)",
+                "{}: first gradient accepted at global_step={} ({:.3}s after the process started)",
                 self.task,
                 self.global_step,
-                self.started.elapsed().as_secs_f64()
+                crate::process_age().as_secs_f64()
             );
         }
         self.log_progress(summaries);

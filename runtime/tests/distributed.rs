@@ -207,3 +207,28 @@ fn chief_worker_evaluator_with_token() {
     assert!(report["global_step"].as_i64().unwrap() >= 3000, "final evaluation after the last step: {report}");
     assert!(report["loss"].as_f64().unwrap() < 0.5, "{report}");
 }
+
+/// A dynamic worker whose sparse TF_CONFIG does not list the chief takes itself for the chief
+/// (it is worker 0 and sees no chief job); the ps tasks, which know the chief, tell it otherwise
+/// at the handshake, and it trains as an ordinary worker: one chief, and the job converges.
+#[test]
+fn a_sparse_worker_learns_the_chief_from_the_ps() {
+    let ports = free_ports(3);
+    let addr = |p: u16| format!("127.0.0.1:{p}");
+    let full = serde_json::json!({ "chief": [addr(ports[0])], "ps": [addr(ports[1])], "worker": {"0": addr(ports[2])} });
+    let without_chief = serde_json::json!({ "ps": [addr(ports[1])], "worker": {"0": addr(ports[2])} });
+    let args = strings(&["--bind=127.0.0.1", "--train_steps=3000", "--log_every_steps=1000", "--sync_replicas"]);
+    let mut job = Job::new();
+    for (name, task_type, cluster) in [("chief0", "chief", &full), ("ps0", "ps", &full), ("worker0", "worker", &without_chief)] {
+        let tf_config = serde_json::json!({"cluster": cluster, "task": {"type": task_type, "index": 0}, "environment": "cloud"});
+        job.spawn(name, &args, &[("TF_CONFIG", tf_config.to_string())]);
+    }
+    let results = job.wait_all(Duration::from_secs(120));
+    assert_all_ok(&results);
+    let worker = results.iter().find(|r| r.name == "worker0").unwrap();
+    assert!(worker.stderr.contains("the ps tasks name chief:0 as the chief: this task is not the chief"), "{}", tail(&worker.stderr, 3000));
+    assert_eq!(worker.report()["chief"], false);
+    let chief = results.iter().find(|r| r.name == "chief0").unwrap().report();
+    assert_eq!(chief["chief"], true);
+    assert!((chief["W"].as_f64().unwrap() - 2.0).abs() < 0.1 && (chief["b"].as_f64().unwrap() - 10.0).abs() < 0.1, "{chief}");
+}

@@ -361,3 +361,31 @@ fn event_files_metrics_and_health() {
     let eval = tags_of("eval");
     assert!(eval.contains(&"eval/loss".to_string()), "evaluator tags {eval:?}");
 }
+
+/// A static sync job (no `auto`) that a worker joins: the job keeps aggregating the number of
+/// gradients its chief fixed at the start, and the new worker says so in its log (its late
+/// gradients are a backup worker's); the job goes on.
+#[test]
+fn a_worker_joining_a_static_sync_job_is_told_what_it_is() {
+    let ports = free_ports(4);
+    let ps_hosts = hosts(&ports[..1]);
+    let args = |workers: &[u16], job: &str, i: u32| {
+        vec![
+            format!("--ps_hosts={ps_hosts}"),
+            format!("--worker_hosts={}", hosts(workers)),
+            format!("--job_name={job}"),
+            format!("--task_index={i}"),
+            "--bind=127.0.0.1".into(),
+            "--model=linear".into(),
+            "--sync_replicas".into(),
+            "--train_steps=100000000".into(),
+            "--log_every_steps=50".into(),
+        ]
+    };
+    let mut job = start_then_scale_up(&ports, args);
+    job.wait_until(LIMIT, "worker2's view of the aggregation", |j| j.stderr("worker2").contains("backup workers"));
+    let said = job.stderr("worker2");
+    assert!(said.contains("aggregate 2 gradient(s), fixed by its chief at the start; this task sees 3 training task(s)"), "{}", tail(&said, 2000));
+    let before = job.logged_global_step("worker0");
+    job.wait_until(LIMIT, "steps after the join", |j| j.logged_global_step("worker0") >= before + 200);
+}

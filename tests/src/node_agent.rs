@@ -68,13 +68,17 @@ enum Request {
     Kill { pod: String, signal: String, reply: mpsc::Sender<Result<()>> },
 }
 
+/// What the agent times in the pods' logs: the first line of a pod that contains each of these.
+const WATCHED: [&str; 2] = ["global_step", "first gradient accepted"];
+
 /// Every line of every pod, in files `<dir>/<namespace>_<pod>.log` (appended across restarts,
 /// as `kubectl logs` and `--previous` together would show them), and the time each pod's
-/// first line mentioning `global_step` was seen. The kubelet's messages go to stderr.
+/// first line containing each of [`WATCHED`] was seen. The kubelet's messages go to stderr.
 struct Logs {
     dir: PathBuf,
     files: Mutex<HashMap<String, File>>,
-    first_step: Mutex<BTreeMap<String, Instant>>,
+    /// (watched text, `<namespace>/<pod>`) → when first seen.
+    first_seen: Mutex<BTreeMap<(&'static str, String), Instant>>,
 }
 
 impl Logs {
@@ -94,8 +98,8 @@ impl PodOutput for Logs {
         if let Some(f) = files.get_mut(pod_key) {
             let _ = writeln!(f, "{line}");
         }
-        if line.contains("global_step") {
-            self.first_step.lock().unwrap_or_else(|p| p.into_inner()).entry(pod_key.to_string()).or_insert_with(Instant::now);
+        for watched in WATCHED.iter().filter(|w| line.contains(*w)) {
+            self.first_seen.lock().unwrap_or_else(|p| p.into_inner()).entry((watched, pod_key.to_string())).or_insert_with(Instant::now);
         }
     }
 
@@ -121,7 +125,7 @@ impl NodeAgent {
     pub fn start(cp: &ControlPlane, namespaces: &[&str], docker_host: &str) -> Result<NodeAgent> {
         Podman::setup()?;
         let dir = tempfile::Builder::new().prefix("tfjob-node-agent.").tempdir().context("agent directory")?;
-        let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_step: Mutex::new(BTreeMap::new()) });
+        let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_seen: Mutex::new(BTreeMap::new()) });
         fs::create_dir_all(&logs.dir)?;
         let labels = [(LABEL.to_string(), std::process::id().to_string())];
         let kubelet = ContainerKubelet::connect_to(&[docker_host.to_string()], "tfjob-node", &labels, logs.clone()).map_err(|e| anyhow!("{e}"))?;
@@ -189,8 +193,19 @@ impl NodeAgent {
     /// When the first line with `global_step` of any pod of `namespace` whose name starts with
     /// `prefix` was seen.
     pub fn first_step(&self, namespace: &str, prefix: &str) -> Option<Instant> {
+        self.first_seen("global_step", namespace, prefix)
+    }
+
+    /// When the first line with a new gradient accepted ("first gradient accepted") of any pod of
+    /// `namespace` whose name starts with `prefix` was seen.
+    pub fn first_gradient(&self, namespace: &str, prefix: &str) -> Option<Instant> {
+        self.first_seen("first gradient accepted", namespace, prefix)
+    }
+
+    fn first_seen(&self, watched: &str, namespace: &str, prefix: &str) -> Option<Instant> {
         let key = format!("{namespace}/{prefix}");
-        self.logs.first_step.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|(k, _)| k.starts_with(&key)).map(|(_, t)| *t).min()
+        let seen = self.logs.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().filter(|((w, pod), _)| *w == watched && pod.starts_with(&key)).map(|(_, t)| *t).min()
     }
 
     /// Kills the container of a pod with a signal (`KILL`, `TERM`), as a crash would.

@@ -3,7 +3,8 @@
 //! API server reachable from the container network), `kubectl apply` every example (the
 //! runtime containers find each other by DNS and train; each TFJob reaches `Succeeded`; the
 //! linear ones converge), a worker container killed mid-run (restarted in place, the job still
-//! succeeds), an `ExitCode` failure with code 1 (the job fails with the message), `kubectl
+//! succeeds), `kubectl scale` of a training job 2 → 4 → 1 workers (only the difference created or
+//! deleted, the new workers train at once, every example once per epoch), an `ExitCode` failure with code 1 (the job fails with the message), `kubectl
 //! delete tfjob` (every pod, Service and Secret of the job gone), `helm uninstall` (nothing of
 //! the operator left). Prints a timeline of each job.
 //!
@@ -143,6 +144,17 @@ impl Scene<'_> {
         Ok(())
     }
 
+    /// (name, uid) of the pods of a job.
+    fn pod_uids(&self, job: &str) -> Result<Vec<(String, String)>> {
+        let list = self.json(&["get", "pods", "-l", &format!("training.kubeflow.org/job-name={job}")])?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| (p["metadata"]["name"].as_str().unwrap_or("").to_string(), p["metadata"]["uid"].as_str().unwrap_or("").to_string()))
+            .collect())
+    }
+
     /// The final JSON report of a pod, from its log.
     fn report(&self, pod: &str) -> Result<Value> {
         final_report(&self.agent.pod_log(&self.ns, pod), pod)
@@ -164,6 +176,8 @@ fn examples() -> Result<Vec<(String, String)>> {
 /// lose a worker mid-run, and a worker that exits 1 under the `ExitCode` policy.
 const KILL_JOB: &str = "tests/e2e/kind/worker-restart.yaml";
 const EXIT_ONE_JOB: &str = "tests/e2e/kind/exitcode-failure.yaml";
+/// Elastic sync training long enough to be scaled 2 → 4 → 1 while it trains.
+const SCALE_JOB: &str = "tests/e2e/kind/elastic-scale.yaml";
 
 fn manifest(path: &str) -> Result<String> {
     std::fs::read_to_string(repo_root().join(path)).with_context(|| format!("reading {path}"))
@@ -263,6 +277,8 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     scene.delete_job("worker-restart", &mut tl)?;
     tl.print();
 
+    scale_a_training_job(&scene)?;
+
     // ExitCode policy, exit code 1: permanent, the job fails with the message.
     let (mut tl, end) = scene.run_job("exitcode-failure", &manifest(EXIT_ONE_JOB)?, |_, _| Ok(true))?;
     ensure!(end == "Failed", "exitcode-failure: {end}");
@@ -300,5 +316,84 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     let left = podman.run_ok(["ps", "-a", "--filter", &filters[0], "--filter", &filters[1], "--format", "{{.Names}}"])?;
     ensure!(left.trim().is_empty(), "containers left: {left}");
     eprintln!("end to end in {:.1}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Where the scaling scenario is.
+#[derive(Debug, Default)]
+struct Scaling {
+    scaled_up: Option<Instant>,
+    /// UIDs of the pods there before the scale: they must be the same pods after it.
+    before: Vec<(String, String)>,
+    created: Option<Instant>,
+    first_gradient: Option<Instant>,
+    scaled_down: Option<Instant>,
+    deleted: Option<Instant>,
+}
+
+/// `kubectl scale` of a job that trains: 2 → 4 workers (only worker-2 and worker-3 are created,
+/// and train at once), then 4 → 1 once worker-3 pushed its first gradient (worker-1..3 deleted,
+/// the chief stays); nothing else is touched, each scale is a `Scaled` event, and the job still
+/// trains every example once per epoch to `Succeeded`.
+fn scale_a_training_job(scene: &Scene) -> Result<()> {
+    const JOB: &str = "elastic-scale";
+    let pod = |i: u32| format!("{JOB}-worker-{i}");
+    let mut at = Scaling::default();
+    let (mut tl, end) = scene.run_job(JOB, &manifest(SCALE_JOB)?, |s, pods| {
+        let names: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
+        if at.scaled_up.is_none() && s.agent.pod_log(&s.ns, &pod(0)).contains("first gradient accepted") {
+            at.before = s.pod_uids(JOB)?;
+            s.kubectl(&["scale", &format!("tfjob/{JOB}"), "--replicas=4"])?;
+            at.scaled_up = Some(Instant::now());
+        }
+        if at.scaled_up.is_some() && at.created.is_none() && names.contains(&pod(2).as_str()) && names.contains(&pod(3).as_str()) {
+            at.created = Some(Instant::now());
+        }
+        if at.created.is_some() && at.scaled_down.is_none() {
+            if let Some(t) = s.agent.first_gradient(&s.ns, &pod(3)) {
+                at.first_gradient = Some(t);
+                let now = s.pod_uids(JOB)?;
+                for (name, uid) in &at.before {
+                    ensure!(now.iter().any(|(n, u)| n == name && u == uid), "{name} was replaced by the scale-up: {:?} → {now:?}", at.before);
+                }
+                s.kubectl(&["scale", &format!("tfjob/{JOB}"), "--replicas=1"])?;
+                at.scaled_down = Some(Instant::now());
+            }
+        }
+        if at.scaled_down.is_some() && at.deleted.is_none() && !(1..4).any(|i| names.contains(&pod(i).as_str())) {
+            ensure!(
+                names.contains(&pod(0).as_str()) && names.contains(&format!("{JOB}-ps-0").as_str()),
+                "the scale-down took more than workers 1-3: {names:?}"
+            );
+            at.deleted = Some(Instant::now());
+        }
+        Ok(at.deleted.is_some())
+    })?;
+    for (what, when) in [
+        ("scaled 2→4", at.scaled_up),
+        ("pods created", at.created),
+        ("worker-3 first gradient", at.first_gradient),
+        ("scaled 4→1", at.scaled_down),
+        ("pods deleted", at.deleted),
+    ] {
+        let when = when.with_context(|| format!("{JOB}: never {what} ({end}): {at:?}; pods {:?}", scene.job_pods(JOB)))?;
+        tl.mark_at(what, when);
+    }
+    ensure!(end == "Succeeded", "{JOB}: {end}: {:?}", scene.condition(JOB, "Failed")?);
+    let events =
+        scene.kubectl(&["get", "events", "--field-selector", &format!("involvedObject.name={JOB},reason=Scaled"), "-o", "jsonpath={.items[*].message}"])?;
+    for shown in ["Worker 2 → 4", "Worker 4 → 1"] {
+        ensure!(events.contains(shown), "no Scaled event {shown:?}: {events}");
+    }
+    // Stopped on purpose (SIGTERM from the pod's deletion), the removed workers deregistered.
+    for i in 1..4 {
+        let log = scene.agent.pod_log(&scene.ns, &pod(i));
+        ensure!(log.contains("left the job"), "{} did not deregister when its pod was deleted:\n{log}", pod(i));
+    }
+    let chief = scene.report(&pod(0))?;
+    ensure!(chief["epochs_completed"].as_u64() == Some(600) && chief["examples_trained"].as_u64() == Some(600 * 101), "{chief}");
+    ensure_linear(&chief, JOB)?;
+    scene.delete_job(JOB, &mut tl)?;
+    tl.print();
     Ok(())
 }

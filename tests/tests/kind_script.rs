@@ -66,11 +66,12 @@ fn load_job(path: &Path) -> Result<TFJob> {
     jobs.remove(0).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// Every TFJob manifest the script applies: the examples and the two of tests/e2e/kind/.
+/// Every TFJob manifest the script applies: the examples and the three of tests/e2e/kind/.
 fn applied_manifests(script: &str) -> Result<Vec<PathBuf>> {
     let mut files = example_files()?;
     files.push(kind_manifest(script, "RESTART_MANIFEST")?);
     files.push(kind_manifest(script, "FAILURE_MANIFEST")?);
+    files.push(kind_manifest(script, "SCALE_MANIFEST")?);
     Ok(files)
 }
 
@@ -261,32 +262,38 @@ fn the_labels_it_selects_by_are_the_operators() -> Result<()> {
     Ok(())
 }
 
+/// What the operator's state machine makes of `replicas` seen for a job with no status yet.
+fn reconcile(job: &TFJob, replicas: &[ObservedReplica]) -> status::Outcome {
+    let status = TFJobStatus::default();
+    status::reconcile_status(&Observation {
+        namespace: "default",
+        name: job.name(),
+        spec: &job.spec,
+        status: &status,
+        replicas,
+        invalid: &[],
+        now: Timestamp::now(),
+    })
+}
+
+/// Replica `index` of type `rtype` of `job`, seen in `phase`.
+fn seen(job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit_code: Option<i32>) -> ObservedReplica {
+    ObservedReplica {
+        replica_type: rtype,
+        index,
+        name: format!("{}-{}-{index}", job.name(), rtype.lower()),
+        phase,
+        exit_code,
+        restart_count: 0,
+        terminating: false,
+    }
+}
+
 /// The operator's state machine does what the script waits for: a missing worker pod is
 /// created again, and exit code 1 under ExitCode fails the job with FAILURE_MESSAGE.
 #[test]
 fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let text = script()?;
-    let observe = |job: &TFJob, replicas: &[ObservedReplica]| {
-        let status = TFJobStatus::default();
-        status::reconcile_status(&Observation {
-            namespace: "default",
-            name: job.name(),
-            spec: &job.spec,
-            status: &status,
-            replicas,
-            invalid: &[],
-            now: Timestamp::now(),
-        })
-    };
-    let replica = |job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit: Option<i32>| ObservedReplica {
-        replica_type: rtype,
-        index,
-        name: format!("{}-{}-{index}", job.name(), rtype.lower()),
-        phase,
-        exit_code: exit,
-        restart_count: 0,
-        terminating: false,
-    };
 
     // worker-restart: sync training over 2 or more workers (so the steps wait for the deleted
     // worker 1), and the operator creates worker 1 again when its pod is gone.
@@ -297,10 +304,10 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     ensure!(workers.replicas >= 2, "{}: worker 1 must exist", path.display());
     let raw = read(&path)?;
     ensure!(raw.contains("--sync_replicas") && raw.contains("--model=linear"), "{}: sync linear training", path.display());
-    let mut seen: Vec<ObservedReplica> =
-        specs.iter().flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i))).map(|(t, i)| replica(&job, t, i, Phase::Running, None)).collect();
-    seen.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
-    let out = observe(&job, &seen);
+    let mut observed: Vec<ObservedReplica> =
+        specs.iter().flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (*t, i))).map(|(t, i)| seen(&job, t, i, Phase::Running, None)).collect();
+    observed.retain(|r| !(r.replica_type == ReplicaType::Worker && r.index == 1));
+    let out = reconcile(&job, &observed);
     ensure!(
         out.actions.contains(&Action::CreateReplica { replica_type: ReplicaType::Worker, index: 1 }),
         "a deleted worker 1 is not created again: {:?}",
@@ -313,7 +320,7 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
     let specs = api::replica_specs(&job.spec);
     ensure!(specs.len() == 1 && specs.get(&ReplicaType::Worker).is_some_and(|w| w.replicas == 1), "{}: one Worker and nothing else", path.display());
     ensure!(specs[&ReplicaType::Worker].restart_policy == api::RestartPolicy::ExitCode, "{}: restartPolicy ExitCode", path.display());
-    let out = observe(&job, &[replica(&job, ReplicaType::Worker, 0, Phase::Failed, Some(1))]);
+    let out = reconcile(&job, &[seen(&job, ReplicaType::Worker, 0, Phase::Failed, Some(1))]);
     let failed =
         out.status.conditions.iter().find(|c| c.type_ == status::FAILED && c.status == "True").context("exit code 1 under ExitCode did not fail the job")?;
     let message = failed.message.clone().unwrap_or_default();
@@ -324,5 +331,92 @@ fn the_operator_does_what_the_script_waits_for() -> Result<()> {
         "a permanent failure must not be recreated: {:?}",
         out.actions
     );
+    Ok(())
+}
+
+/// The scaling step: run.sh scales an elastic job with `kubectl scale` 2 → 4 → 1 and checks what
+/// its chief reports; the manifest is such a job, and the operator creates and deletes exactly
+/// the workers the script waits for.
+#[test]
+fn the_scaling_step_scales_an_elastic_job() -> Result<()> {
+    let text = script()?;
+    ensure!(!text.contains("SCALING STEP"), "run.sh still holds the placeholder of the scaling step");
+    let calls: Vec<&str> = text.lines().map(str::trim).filter(|l| *l == "run_elastic_scale").collect();
+    ensure!(calls.len() == 1, "run.sh must call run_elastic_scale once");
+    for scale in ["--replicas=4", "--replicas=1"] {
+        ensure!(
+            text.lines().any(|l| l.contains("k scale ") && l.contains("\"tfjob/$JOB\"") && l.contains(scale)),
+            "run.sh does not `kubectl scale tfjob/$JOB {scale}`"
+        );
+    }
+    let path = kind_manifest(&text, "SCALE_MANIFEST")?;
+    let raw = read(&path)?;
+    let epochs: u64 = assignment(&text, "SCALE_EPOCHS")?.parse().context("SCALE_EPOCHS")?;
+    for arg in ["--sync_replicas", "--replicas_to_aggregate=auto", "--model=linear", &format!("--num_epochs={epochs}")] {
+        let lines_with = raw.lines().filter(|l| l.contains("args:") && l.contains(arg)).count();
+        ensure!(lines_with == 2, "{}: ps and workers need {arg} (found in {lines_with} args)", path.display());
+    }
+    // The linear example's data: 101 points per epoch (runtime/src/data/synthetic.rs).
+    ensure!(assignment(&text, "SCALE_EXAMPLES")? == "$((SCALE_EPOCHS * 101))");
+    let job = load_job(&path)?;
+    let specs = api::replica_specs(&job.spec);
+    ensure!(specs.get(&ReplicaType::Worker).map(|w| w.replicas) == Some(2), "{}: 2 workers to start with", path.display());
+    ensure!(!specs.contains_key(&ReplicaType::Chief), "{}: worker 0 is the chief", path.display());
+
+    // What the operator does at each scale, from the state the script sees.
+    let running = |job: &TFJob, workers: i32| -> Vec<ObservedReplica> {
+        let mut r: Vec<ObservedReplica> = (0..workers).map(|i| seen(job, ReplicaType::Worker, i, Phase::Running, None)).collect();
+        r.push(seen(job, ReplicaType::PS, 0, Phase::Running, None));
+        r
+    };
+    let scaled_to = |n: i32| {
+        let mut j = job.clone();
+        if let Some(w) = j.spec.tf_replica_specs.get_mut("Worker") {
+            w.replicas = n;
+        }
+        j
+    };
+    let up = scaled_to(4);
+    let actions = reconcile(&up, &running(&up, 2)).actions;
+    let created: Vec<i32> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateReplica { replica_type: ReplicaType::Worker, index } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    ensure!(created == vec![2, 3], "2 → 4 creates workers 2 and 3 only: {actions:?}");
+    let down = scaled_to(1);
+    let actions = reconcile(&down, &running(&down, 4)).actions;
+    let mut deleted: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DeleteReplica { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    deleted.sort();
+    let want: Vec<String> = (1..4).map(|i| format!("{}-worker-{i}", job.name())).collect();
+    ensure!(deleted == want, "4 → 1 deletes workers 1-3 only: {actions:?}");
+    Ok(())
+}
+
+/// run-here.sh is a CI job of its own (too slow for the default test run): the workflow parses,
+/// runs the script as root with the build caches kept, and is started weekly and on demand.
+#[test]
+fn the_run_here_workflow_runs_run_here_sh() -> Result<()> {
+    let path = repo().join(".github/workflows/e2e-kind-here.yml");
+    let wf = yaml(&path)?;
+    let on = &wf["on"];
+    ensure!(!on["workflow_dispatch"].is_null() || on.as_mapping().is_some_and(|m| m.contains_key("workflow_dispatch")), "no workflow_dispatch");
+    ensure!(on["schedule"].as_sequence().is_some_and(|s| !s.is_empty()), "no schedule");
+    let steps = wf["jobs"]["kind-here"]["steps"].as_sequence().context("jobs.kind-here.steps")?;
+    let runs: Vec<&str> = steps.iter().filter_map(|s| s["run"].as_str()).collect();
+    ensure!(runs.iter().any(|r| r.contains("sudo") && r.trim_end().ends_with("bash tests/e2e/kind/run-here.sh")), "no step runs run-here.sh as root: {runs:?}");
+    let cached = steps.iter().filter_map(|s| s["with"]["path"].as_str()).collect::<String>();
+    for dir in ["~/.cache/tfjob-rs/controlplane", "~/.cache/tfjob-rs/kind-node"] {
+        ensure!(cached.contains(dir), "the workflow does not keep {dir} between runs");
+    }
+    ensure!(wf["jobs"]["kind-here"]["timeout-minutes"].as_u64().is_some_and(|t| t >= 90), "a first node-image build takes most of an hour");
     Ok(())
 }

@@ -10,11 +10,14 @@
 #   5. delete a worker pod while the job trains (worker-restart.yaml): the operator recreates
 #      it and the job still succeeds; a worker exiting 1 under restartPolicy ExitCode
 #      (exitcode-failure.yaml) fails the job with the operator's message
-#   6. `kubectl delete tfjob` after each job: no pod, Service or Secret of the job is left
-#   7. `helm uninstall`: no object of the release is left (the CRD stays: Helm never deletes
+#   6. `kubectl scale` a job while it trains (elastic-scale.yaml): 2 → 4 workers (only the
+#      difference is created; the new worker trains at once), then 4 → 1 (workers 1-3 deleted,
+#      the chief stays); Scaled events; every example of every epoch trained once
+#   7. `kubectl delete tfjob` after each job: no pod, Service or Secret of the job is left
+#   8. `helm uninstall`: no object of the release is left (the CRD stays: Helm never deletes
 #      what it installed from a chart's crds/ directory)
-#   8. print a timeline of every job (applied, pods created, all running, first step,
-#      succeeded or failed, cleaned)
+#   9. print a timeline of every job (applied, pods created, all running, first step,
+#      scaled, first gradient of a new worker, pods deleted, succeeded or failed, cleaned)
 #
 # On failure, the state of the cluster (kubectl get/describe, every pod's logs, events,
 # `kind export logs`) is written to $ARTIFACTS_DIR.
@@ -56,6 +59,10 @@ OPERATOR_REPOSITORY=tfjob-operator
 EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp classic-flags)
 RESTART_MANIFEST=$here/worker-restart.yaml
 FAILURE_MANIFEST=$here/exitcode-failure.yaml
+SCALE_MANIFEST=$here/elastic-scale.yaml
+# What the chief of elastic-scale.yaml reports: every example of every epoch, once.
+SCALE_EPOCHS=600
+SCALE_EXAMPLES=$((SCALE_EPOCHS * 101))
 # The Failed condition's message (operator/src/status.rs) for one permanent Worker failure.
 FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed.'
 # Labels the operator puts on every object of a job (operator/src/plan.rs).
@@ -450,18 +457,90 @@ run_exit_code_failure() {
     delete_job
 }
 
+# 5c. `kubectl scale` of a job while it trains: 2 → 4 workers (only worker-2 and worker-3 are
+#     created; the pods there before are the same pods), worker-3 pushes its first gradient,
+#     then 4 → 1 (workers 1-3 deleted; the chief and the ps stay). Each scale is a Scaled event;
+#     the job still trains every example once per epoch and learns W = 2, b = 10.
+pods_with_uids() {
+    k get pods -n "$JOB_NAMESPACE" -l "$JOB_SELECTOR" -o json |
+        jq -r '.items[] | "\(.metadata.name) \(.metadata.uid)"' | sort
+}
+
+# The container runtime's time of the first line of pod $1 that contains $2 (fails if none).
+first_logged() {
+    local logs line
+    logs=$(k logs -n "$JOB_NAMESPACE" "$1" --timestamps 2>/dev/null) || return 1
+    line=$(grep -m1 -F -- "$2" <<<"$logs") || return 1
+    echo "${line%% *}"
+}
+
+# Waits (observing the job) until `$@` succeeds; dies if the job ends first or after JOB_TIMEOUT.
+wait_until() {
+    local what=$1 deadline=$(($(now) + JOB_TIMEOUT))
+    shift
+    while ! "$@"; do
+        observe
+        [[ -z $JOB_STATE ]] || die "TFJob $JOB ended ($JOB_STATE: $JOB_MESSAGE) before $what; raise --num_epochs in ${SCALE_MANIFEST#"$repo"/}"
+        (($(now) < deadline)) || die "TFJob $JOB: no $what in ${JOB_TIMEOUT}s"
+        sleep 1
+    done
+}
+
+workers_1_to_3_gone() {
+    local names
+    names=$(k get pods -n "$JOB_NAMESPACE" -l "$JOB_SELECTOR" -o name)
+    ! grep -qE "/$JOB-worker-[123]\$" <<<"$names"
+}
+
+run_elastic_scale() {
+    local before after missing t created events report chief
+    apply_job "$SCALE_MANIFEST"
+    wait_until "first gradient of $JOB-worker-0" first_logged "$JOB-worker-0" 'first gradient accepted'
+    before=$(pods_with_uids)
+    k scale -n "$JOB_NAMESPACE" "tfjob/$JOB" --replicas=4
+    mark "scaled Worker 2 → 4" "$(now)"
+    log "kubectl scale tfjob/$JOB --replicas=4"
+    wait_until "first gradient of $JOB-worker-3" first_logged "$JOB-worker-3" 'first gradient accepted'
+    created=$(k get pods -n "$JOB_NAMESPACE" "$JOB-worker-2" "$JOB-worker-3" -o json |
+        jq -r '[.items[].metadata.creationTimestamp] | max')
+    mark "pods created ($JOB-worker-2, $JOB-worker-3)" "$(epoch_of "$created")"
+    t=$(first_logged "$JOB-worker-3" 'first gradient accepted')
+    mark "first gradient ($JOB-worker-3)" "$(epoch_of "$t")"
+    after=$(pods_with_uids)
+    missing=$(comm -23 <(echo "$before") <(echo "$after"))
+    [[ -z $missing ]] || die "the scale-up replaced pods that were there before: $missing"
+    k scale -n "$JOB_NAMESPACE" "tfjob/$JOB" --replicas=1
+    mark "scaled Worker 4 → 1" "$(now)"
+    log "kubectl scale tfjob/$JOB --replicas=1"
+    wait_until "deletion of $JOB-worker-1..3" workers_1_to_3_gone
+    mark "pods deleted ($JOB-worker-1..3)" "$(now)"
+    after=$(pods_with_uids)
+    grep -q "^$JOB-worker-0 " <<<"$after" && grep -q "^$JOB-ps-0 " <<<"$after" ||
+        die "the scale-down took more than workers 1-3: $after"
+    wait_job Succeeded
+    events=$(k get events -n "$JOB_NAMESPACE" --field-selector "involvedObject.name=$JOB,reason=Scaled" \
+        -o jsonpath='{.items[*].message}')
+    [[ $events == *"Worker 2 → 4"* && $events == *"Worker 4 → 1"* ]] ||
+        die "TFJob $JOB: expected Scaled events 'Worker 2 → 4' and 'Worker 4 → 1', got: $events"
+    chief=$(chief_pod)
+    report=$(final_report "$chief")
+    jq -e --argjson e "$SCALE_EPOCHS" --argjson n "$SCALE_EXAMPLES" \
+        '.epochs_completed == $e and .examples_trained == $n' <<<"$report" >/dev/null ||
+        die "$chief: expected epochs_completed=$SCALE_EPOCHS and examples_trained=$SCALE_EXAMPLES: $report"
+    log "$chief: $(jq -r '"epochs_completed=\(.epochs_completed) examples_trained=\(.examples_trained) shards_redone=\(.shards_redone)"' <<<"$report")"
+    check_linear "$chief"
+    delete_job
+}
+
 for example in "${EXAMPLES[@]}"; do
     run_example "$example"
 done
 run_worker_restart
-# >>> SCALING STEP (issue 13, elastic workers): not written yet. Once the TFJob CRD has the scale
-# >>> subresource, a run_elastic_scale function goes here: apply examples/elastic-workers.yaml,
-# >>> `kubectl scale tfjob/elastic-workers --replicas=N` while it trains (up, then down), wait
-# >>> until the job has exactly N worker pods, and require Succeeded with every shard trained.
+run_elastic_scale
 run_exit_code_failure
 
 # ---------------------------------------------------------------------------------------------
-# 7. helm uninstall: nothing of the release is left, the leader-election Lease included (the
+# 8. helm uninstall: nothing of the release is left, the leader-election Lease included (the
 #    chart renders it; the operator only takes it). The CRD stays (Helm never deletes CRDs it
 #    installed from crds/).
 

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup operator
+//! sections: raw ps linear mlp startup elastic operator
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "operator"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "operator"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -169,7 +169,7 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") { Some(runtime_binary()?) } else { None };
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") { Some(runtime_binary()?) } else { None };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -178,6 +178,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("startup") {
         startup(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("elastic") {
+        elastic(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     if want("operator") {
         operator(&opts, &mut report)?;
@@ -793,6 +796,178 @@ fn startup(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 }
 
 // ---------------------------------------------------------------- 6. operator
+
+// ---------------------------------------------------------------- 5b. elastic
+
+/// A `tfjob run` of an elastic sync linear job (ps + `workers`, `--replicas_to_aggregate=auto`,
+/// trains until stopped), the user's way: the `tfjob` next to `tfjob-runtime`.
+struct LocalRun {
+    child: Child,
+    dir: PathBuf,
+    started: Instant,
+}
+
+impl LocalRun {
+    fn start(opts: &Options, runtime: &Path, name: &str, workers: usize) -> Result<LocalRun> {
+        let tfjob = runtime.with_file_name("tfjob");
+        anyhow::ensure!(tfjob.is_file(), "no tfjob next to {}: build it with `cargo build --release --bins`", runtime.display());
+        let base = opts.out.join("elastic");
+        let dir = base.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&base)?;
+        let args = r#"["--model=linear", "--learning_rate=0.01", "--batch_size=1", "--train_steps=1000000000", "--sync_replicas", "--replicas_to_aggregate=auto", "--lease_secs=2", "--log_every_steps=200"]"#;
+        let replica = |rtype: &str, n: usize| {
+            format!(
+                "    {rtype}:\n      replicas: {n}\n      restartPolicy: Never\n      template:\n        spec:\n          containers:\n            - name: tensorflow\n              image: tfjob-runtime:latest\n              command: [\"tfjob-runtime\"]\n              args: {args}\n"
+            )
+        };
+        let manifest = base.join(format!("{name}.yaml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: {name}\nspec:\n  tfReplicaSpecs:\n{}{}",
+                replica("PS", 1),
+                replica("Worker", workers)
+            ),
+        )?;
+        let started = Instant::now();
+        let child = Command::new(&tfjob)
+            .args(["run", "--quiet", "--run-dir"])
+            .arg(&dir)
+            .arg(&manifest)
+            .env("PATH", format!("{}:{}", runtime.parent().unwrap_or(Path::new(".")).display(), std::env::var("PATH").unwrap_or_default()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(base.join(format!("{name}.console.txt")))?)
+            .spawn()
+            .with_context(|| format!("starting {}", tfjob.display()))?;
+        Ok(LocalRun { child, dir, started })
+    }
+
+    fn log(&self, replica: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{replica}.log"))).unwrap_or_default()
+    }
+
+    /// Polls until `ready` holds (every 5 ms); fails after `limit` or when the run ends.
+    fn wait_for(&mut self, what: &str, limit: Duration, ready: impl Fn(&LocalRun) -> bool) -> Result<Instant> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if ready(self) {
+                return Ok(Instant::now());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("tfjob run of {} ended ({status}) before {what}; see {}", self.dir.display(), self.dir.display());
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: not within {limit:?} (run directory {})", self.dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The largest `global_step=N` worker-0 logged so far.
+    fn global_step(&self) -> i64 {
+        self.log("worker-0").lines().filter_map(step_of).max().unwrap_or(0)
+    }
+
+    /// Global steps per second over `window`, from worker-0's log.
+    fn steps_per_sec(&mut self, window: Duration) -> Result<f64> {
+        let (s0, t0) = (self.global_step(), Instant::now());
+        std::thread::sleep(window);
+        if let Some(status) = self.child.try_wait()? {
+            bail!("tfjob run of {} ended ({status}) while measuring", self.dir.display());
+        }
+        Ok((self.global_step() - s0) as f64 / t0.elapsed().as_secs_f64())
+    }
+
+    fn first_gradient(&self, replica: &str) -> bool {
+        self.log(replica).contains("first gradient accepted")
+    }
+
+    /// Ctrl-C, as a user stops it (the run stops every replica).
+    fn stop(mut self) -> Result<()> {
+        // SAFETY: kill(2) of the child this bench started.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("tfjob run of {} did not stop on SIGINT", self.dir.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+/// "(X s after the process started)" of a replica's first-gradient line.
+fn first_gradient_secs(log: &str) -> Option<f64> {
+    let rest = log.split("first gradient accepted at global_step=").nth(1)?;
+    rest.split('(').nth(1)?.split('s').next()?.parse().ok()
+}
+
+/// Scaling a running job with `tfjob scale`: the time from the request to the new worker's first
+/// applied gradient (next to the time a static job of the same size takes from `tfjob run` to its
+/// last worker's first gradient), and global steps/s before (2 workers) and after (4 workers)
+/// the scale, each next to a static job of that size measured in this run.
+fn elastic(opts: &Options, report: &mut Report, runtime: &Path) -> Result<()> {
+    let window = Duration::from_secs(if opts.quick { 1 } else { 4 });
+    let limit = Duration::from_secs(60);
+    let mut statics = vec![];
+    for workers in [2usize, 4] {
+        let mut run = LocalRun::start(opts, runtime, &format!("static-{workers}w"), workers)?;
+        let last = format!("worker-{}", workers - 1);
+        let ready = run.wait_for(&format!("{last}'s first gradient"), limit, |r| r.first_gradient(&last))?;
+        let launch_to_gradient = ready.duration_since(run.started).as_secs_f64();
+        std::thread::sleep(window / 4);
+        let rate = run.steps_per_sec(window)?;
+        run.stop()?;
+        statics.push((launch_to_gradient, rate));
+    }
+    let [(_, static2), (static4_launch, static4)] = [statics[0], statics[1]];
+
+    let mut run = LocalRun::start(opts, runtime, "elastic", 2)?;
+    run.wait_for("worker-1's first gradient", limit, |r| r.first_gradient("worker-1"))?;
+    std::thread::sleep(window / 4);
+    let before = run.steps_per_sec(window)?;
+    let tfjob = runtime.with_file_name("tfjob");
+    let asked = Instant::now();
+    let out = Command::new(&tfjob).arg("scale").arg(&run.dir).arg("Worker=4").output()?;
+    anyhow::ensure!(out.status.success(), "tfjob scale: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let got = run.wait_for("worker-3's first gradient", limit, |r| r.first_gradient("worker-3") && r.first_gradient("worker-2"))?;
+    let scale_to_gradient = got.duration_since(asked).as_secs_f64();
+    let process_to_gradient = first_gradient_secs(&run.log("worker-3")).unwrap_or(f64::NAN);
+    std::thread::sleep(window / 4);
+    let after = run.steps_per_sec(window)?;
+    run.stop()?;
+
+    report.row(
+        "elastic",
+        "tfjob scale 2→4: to new workers' 1st gradient",
+        scale_to_gradient,
+        "s",
+        Some(("static 4w: run to 1st gradient", static4_launch)),
+        None,
+        "",
+        None,
+    );
+    report.row("elastic", "new worker: process start to 1st gradient", process_to_gradient, "s", None, None, "< 1", Some(process_to_gradient < 1.0));
+    report.row("elastic", "2 workers before the scale: global steps/s", before, "steps/s", Some(("static 2w job", static2)), None, "", None);
+    report.row("elastic", "4 workers after the scale: global steps/s", after, "steps/s", Some(("static 4w job", static4)), None, "", None);
+    report.details.insert(
+        "elastic".into(),
+        json!({
+            "scale_to_first_gradient_secs": scale_to_gradient,
+            "process_start_to_first_gradient_secs": process_to_gradient,
+            "steps_per_sec": { "before_2w": before, "after_4w": after, "static_2w": static2, "static_4w": static4 },
+            "static_4w_launch_to_first_gradient_secs": static4_launch,
+            "window_secs": window.as_secs_f64(),
+        }),
+    );
+    Ok(())
+}
 
 fn job_yaml(name: &str, replicas: usize) -> String {
     let ps = (replicas / 10).max(1).min(replicas.saturating_sub(1)).max(usize::from(replicas > 1));
