@@ -12,7 +12,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use tfjob_runtime::auth::TOKEN_ENV;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::client::channel;
-use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, Role};
+use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
 use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
@@ -66,12 +66,13 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Predictions of a Keras model with the latest complete checkpoint's weights for the
-    /// examples of --input (CSV or IDX images), as CSV on stdout: the class (classifiers),
-    /// then the outputs.
+    /// Predictions of a Keras model (or a built-in one, --model) with the latest complete
+    /// checkpoint's weights for the examples of --input (CSV or IDX images), as CSV on stdout:
+    /// the class (classifiers), then the outputs.
     Predict(Box<InferenceArgs>),
-    /// Loss and accuracy of a Keras model with the latest complete checkpoint's weights on a
-    /// labelled set (--input: CSV with its label column, or IDX images with --labels), as JSON.
+    /// Loss and accuracy of a Keras model (or a built-in one, --model) with the latest complete
+    /// checkpoint's weights on a labelled set (--input: CSV with its label column, or IDX images
+    /// with --labels), as JSON.
     Evaluate(Box<InferenceArgs>),
     /// Writes learnable click-through data with known weights (libsvm or criteo) and prints the
     /// AUC the true model reaches on the held-out file: what --model=sparse_lr or wide_deep can hope for.
@@ -106,10 +107,40 @@ struct InferenceArgs {
     /// The IDX label file of --input's images (evaluate).
     #[arg(long)]
     labels: Option<PathBuf>,
+    /// A built-in model instead of --keras_model: linear, softmax or mlp, with --hidden_units and
+    /// --activation as in training (the input size and the classes come from the checkpoint).
+    #[arg(long)]
+    model: Option<String>,
+    #[command(flatten)]
+    mlp: MlpArgs,
     #[command(flatten)]
     keras: KerasArgs,
     #[command(flatten)]
     data: DataArgs,
+}
+
+/// The hidden layers of --model=mlp (an error with any other model).
+#[derive(Args, Debug, Clone)]
+struct MlpArgs {
+    /// Hidden layer widths of the mlp, comma separated (default 100: the classic 784-100-10).
+    #[arg(long = "hidden_units", visible_alias = "hidden-units")]
+    hidden_units: Option<String>,
+    /// Activation of the mlp's hidden layers: sigmoid (the default), relu or tanh.
+    #[arg(long)]
+    activation: Option<String>,
+}
+
+impl MlpArgs {
+    fn hidden_units(&self) -> Result<Option<Vec<usize>>, String> {
+        let Some(list) = &self.hidden_units else { return Ok(None) };
+        let widths = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(widths))
+    }
 }
 
 /// A Keras model to train instead of --model.
@@ -218,15 +249,12 @@ struct ModelArgs {
     /// linear (y = 2x + 10, the classic example), softmax, mlp, sparse_lr or wide_deep.
     #[arg(long, default_value = "linear")]
     model: String,
-    /// Hidden layer widths of the mlp, comma separated (784-100-10: --hidden_units=100).
-    #[arg(long = "hidden_units", visible_alias = "hidden-units", default_value = "100")]
-    hidden_units: String,
-    /// Activation of the mlp's hidden layers: sigmoid, relu or tanh.
-    #[arg(long, default_value = "sigmoid")]
-    activation: String,
-    /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example) or normal (N(0,1)).
-    #[arg(long = "weight_init", visible_alias = "weight-init", default_value = "truncated_normal")]
-    weight_init: String,
+    #[command(flatten)]
+    mlp: MlpArgs,
+    /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example;
+    /// the default) or normal (N(0,1)).
+    #[arg(long = "weight_init", visible_alias = "weight-init")]
+    weight_init: Option<String>,
     /// sgd, momentum, nesterov, adagrad, adam or ftrl.
     #[arg(long, default_value = "sgd")]
     optimizer: String,
@@ -404,13 +432,6 @@ fn init_logging(format: &str) {
 }
 
 fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
-    let hidden_units = m
-        .hidden_units
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
-        .collect::<Result<Vec<_>, _>>()?;
     let sparse_format = match m.data.data_format.as_deref().map(str::parse::<tfjob_runtime::data::SparseFormat>) {
         Some(Ok(f)) => Some(f),
         _ => None,
@@ -434,8 +455,8 @@ fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
     Ok(WorkloadSpec {
         sparse,
         model: m.model.clone(),
-        hidden_units,
-        activation: m.activation.clone(),
+        hidden_units: m.mlp.hidden_units()?,
+        activation: m.mlp.activation.clone(),
         weight_init: m.weight_init.clone(),
         batch_size: m.batch_size,
         data_dir: check_data_dir(m.data_dir.as_ref())?,
@@ -521,9 +542,10 @@ fn session_factory() -> WorkloadFactory {
     Arc::new(|run: &proto::TrainRun| {
         let spec = WorkloadSpec {
             model: if run.model.is_empty() { "linear".into() } else { run.model.clone() },
-            hidden_units: if run.hidden_units == 0 { vec![100] } else { vec![run.hidden_units as usize] },
-            activation: "sigmoid".into(),
-            weight_init: "truncated_normal".into(),
+            // A session's run names one hidden layer, used by the mlp only.
+            hidden_units: (run.model.eq_ignore_ascii_case("mlp") && run.hidden_units > 0).then(|| vec![run.hidden_units as usize]),
+            activation: None,
+            weight_init: None,
             batch_size: (run.batch_size > 0).then_some(run.batch_size as usize),
             data_dir: (!run.data_dir.is_empty()).then(|| PathBuf::from(&run.data_dir)),
             seed: run.seed.max(1),
@@ -636,10 +658,24 @@ async fn run_task(args: TaskArgs) -> u8 {
         task_index: args.task_index,
     };
     let tf_config = std::env::var("TF_CONFIG").ok();
+    let source = cluster::source(&flags, tf_config.as_deref());
     let cluster = match cluster::resolve(&flags, tf_config.as_deref()) {
         Ok(c) => c,
-        Err(e) => return fail(2, format_args!("{}{e}", if tf_config.is_some() && !flags_given(&flags) { "TF_CONFIG: " } else { "" })),
+        Err(e) => return fail(2, format_args!("{}{e}", if source == Some(ClusterSource::TfConfig) { "TF_CONFIG: " } else { "" })),
     };
+    if let Some(c) = &cluster {
+        let ignored = if c.source == ClusterSource::Flags && tf_config.is_some() { "; TF_CONFIG is set and ignored" } else { "" };
+        tracing::info!("{}: cluster from {}{ignored}: {}", c.task, c.source, describe_cluster(&c.cluster));
+    }
+    // One training task and no ps (a one-replica TFJob run with the classic
+    // flags): nothing to share variables with, it trains alone.
+    let cluster = cluster.filter(|c| {
+        let alone = c.role() == Role::Worker && c.cluster.num_tasks("ps") == 0 && c.cluster.training_tasks().len() == 1;
+        if alone {
+            tracing::info!("{}: the cluster has no ps task and no other training task: training in this process", c.task);
+        }
+        !alone
+    });
     let settings = match settings(&args) {
         Ok(s) => s,
         Err(e) => return fail(2, e),
@@ -656,6 +692,9 @@ async fn run_task(args: TaskArgs) -> u8 {
         },
     };
     let Some(cluster) = cluster else {
+        if source.is_none() {
+            tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts)");
+        }
         return run_single_process(&spec, &settings).await;
     };
     let status = Arc::new(TaskStatus::new(cluster.task.clone()));
@@ -806,8 +845,16 @@ fn ps_metrics(task: &str, store: &ParameterStore) -> String {
     out
 }
 
-fn flags_given(f: &ClusterFlags) -> bool {
-    f.ps_hosts.is_some() || f.worker_hosts.is_some() || f.chief_hosts.is_some() || f.evaluator_hosts.is_some() || f.job_name.is_some()
+/// `ps=[a:1] worker=[b:1,c:1]` (a long job: its first addresses and its size).
+fn describe_cluster(spec: &cluster::ClusterSpec) -> String {
+    let job = |job: &str| {
+        let all = spec.addresses(job);
+        match all.len() {
+            0..=4 => format!("{job}=[{}]", all.join(",")),
+            n => format!("{job}=[{},... {n} tasks]", all[..3].join(",")),
+        }
+    };
+    spec.jobs().map(job).collect::<Vec<_>>().join(" ")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -886,7 +933,7 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
         Ok(w) => w,
         Err(e) => return fail(2, e),
     };
-    tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts): training {} in this process", workload.model.name());
+    tracing::info!("training {} in this process", workload.model.name());
     let settings = settings.clone();
     let report = tokio::task::spawn_blocking(move || {
         train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
@@ -978,7 +1025,7 @@ async fn run_client(args: ClientArgs) -> u8 {
         }
         Fetch::Train(proto::TrainRun {
             model: m.model.clone(),
-            hidden_units: m.hidden_units.split(',').next().and_then(|s| s.trim().parse().ok()).unwrap_or(100),
+            hidden_units: m.mlp.hidden_units.as_deref().and_then(|h| h.split(',').next()).and_then(|s| s.trim().parse().ok()).unwrap_or(100),
             train_steps: m.train_steps.unwrap_or(0),
             batch_size: m.batch_size.unwrap_or(0) as u32,
             learning_rate: m.learning_rate,
@@ -1017,53 +1064,72 @@ fn metrics_line(m: &std::collections::HashMap<String, f64>) -> String {
 }
 
 /// `predict` (CSV on stdout) or `evaluate` (one JSON line): the Keras model
-/// with the latest complete checkpoint's weights on --input.
+/// (or the built-in model's preset) with the latest complete checkpoint's
+/// weights on --input.
 fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
-    use tfjob_runtime::data::{self, LabelKind};
-    use tfjob_runtime::trained;
-    let Some(model_file) = &args.keras.keras_model else {
-        return fail(2, "--keras_model: missing (the model whose weights the checkpoint holds)");
-    };
-    let options = match args.data.options() {
-        Ok(o) => o,
-        Err(e) => return fail(2, e),
-    };
-    let model = match args.keras.options().build(model_file, 1) {
-        Ok(m) => m,
-        Err(e) => return fail(2, e),
-    };
-    let kind = if model.loss().is_classification() { LabelKind::Classes } else { LabelKind::Values };
-    let input = match data::read_input(&args.input, args.labels.as_deref(), &options, kind, evaluate) {
-        Ok(i) => i,
-        Err(e) => return fail(2, e),
-    };
-    let check = workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).and_then(|()| {
-        model.check_inputs(&input.x).map_err(|e| workload::WorkloadError::Flag { field: "input", reason: format!("{}: {e}", args.input.display()) })
-    });
-    if let Err(e) = check {
-        return fail(2, e);
+    match inference(args, evaluate) {
+        Ok(out) => {
+            print!("{out}");
+            0
+        }
+        Err(e) => fail(2, e),
     }
-    let (ckpt, params) = match trained::load_params(&args.checkpoint_dir, &model) {
-        Ok(p) => p,
-        Err(e) => return fail(2, e),
+}
+
+fn message(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// What `predict` or `evaluate` prints.
+fn inference(args: &InferenceArgs, evaluate: bool) -> Result<String, String> {
+    use tfjob_runtime::data::{self, LabelKind};
+    use tfjob_runtime::model::Model as _;
+    use tfjob_runtime::trained;
+    let spec = workload::InferenceSpec {
+        model: args.model.clone(),
+        hidden_units: args.mlp.hidden_units()?,
+        activation: args.mlp.activation.clone(),
+        keras: args.keras.options(),
+        data: args.data.options()?,
     };
+    spec.check().map_err(message)?;
+    // A Keras model is read before anything else; a built-in one needs the checkpoint's sizes.
+    let keras = match &spec.keras.model_file {
+        Some(file) => {
+            let model = spec.keras.build(file, 1).map_err(message)?;
+            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
+            Some(model)
+        }
+        None => None,
+    };
+    let kind = if spec.is_classifier(keras.as_ref()) { LabelKind::Classes } else { LabelKind::Values };
+    let input = data::read_input(&args.input, args.labels.as_deref(), &spec.data, kind, evaluate).map_err(message)?;
+    let (ckpt, values) = trained::latest_variables(&args.checkpoint_dir).map_err(message)?;
+    let model = match keras {
+        Some(m) => m,
+        None => {
+            let model = workload::inference_model(&spec, &ckpt.path.to_string(), &values).map_err(message)?;
+            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
+            model
+        }
+    };
+    workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).map_err(message)?;
+    model.check_inputs(&input.x).map_err(|x| format!("--input: {}: {x}", args.input.display()))?;
+    let params = trained::params_in_order(&ckpt.path.to_string(), &model.variables(), &values).map_err(message)?;
     if !evaluate {
-        print!("{}", trained::predictions_csv(&model, &params, &input.x));
-        return 0;
+        return Ok(trained::predictions_csv(&model, &params, &input.x));
     }
     let targets = input.targets.expect("read_input requires labels for evaluate");
-    if let Err(e) = model.check_targets(&targets) {
-        return fail(2, format_args!("{}: {e}", args.labels.as_deref().unwrap_or(args.input.as_path()).display()));
-    }
+    model.check_targets(&targets).map_err(|x| format!("{}: {x}", args.labels.as_deref().unwrap_or(args.input.as_path()).display()))?;
     let result = trained::evaluate(&model, &params, &input.x, &targets);
-    print_report(&serde_json::json!({
+    let report = serde_json::json!({
         "checkpoint": ckpt.path.to_string(),
         "global_step": ckpt.global_step,
         "examples": result.examples,
         "loss": result.loss,
         "accuracy": result.accuracy,
-    }));
-    0
+    });
+    Ok(format!("{report}\n"))
 }
 
 /// `generate`: learnable data with known weights, and the AUC they allow.

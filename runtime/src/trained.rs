@@ -1,7 +1,8 @@
 //! What a trained checkpoint is for: `export` writes its variables as NumPy
 //! arrays (.npz) named as the model names them (`dense/kernel`, ...) in
 //! their full shapes, a variable partitioned over several ps joined again;
-//! `predict` and `evaluate` run a Keras model with them.
+//! `predict` and `evaluate` run a Keras model with them (a built-in model
+//! as its Keras preset).
 //!
 //! The pure parts (joining partitions, putting variables in a model's
 //! order, formatting predictions) are plain functions; the file I/O is at
@@ -29,6 +30,8 @@ pub enum TrainedError {
     Parts { path: String, variable: String, reason: String },
     #[error("checkpoint {path} has no variable {name} (it has: {})", have.join(", "))]
     MissingVariable { path: String, name: String, have: Vec<String> },
+    #[error("checkpoint {path} holds variables the model does not have: {} (is it the model the checkpoint was trained as?)", extra.join(", "))]
+    ExtraVariables { path: String, extra: Vec<String> },
     #[error("checkpoint {path}: variable {name} has shape {found:?} but the model's is {expected:?}")]
     ShapeMismatch { path: String, name: String, found: Vec<usize>, expected: Vec<usize> },
     #[error("{}: cannot write: {reason}", path.display())]
@@ -128,8 +131,13 @@ pub fn export(dir: &Location, out: &Path) -> Result<ExportReport, TrainedError> 
 }
 
 /// The variables a model declares, in its order, from `values`; names and
-/// shapes must match.
+/// shapes must match, and `values` must hold no other variable (a
+/// checkpoint of a bigger model is not this model's).
 pub fn params_in_order(path: &str, specs: &[VariableSpec], values: &BTreeMap<String, ArrayD<f32>>) -> Result<Vec<ArrayD<f32>>, TrainedError> {
+    let extra: Vec<String> = values.keys().filter(|k| !specs.iter().any(|s| &s.name == *k)).cloned().collect();
+    if !extra.is_empty() {
+        return Err(TrainedError::ExtraVariables { path: path.to_string(), extra });
+    }
     specs
         .iter()
         .map(|s| {
@@ -146,12 +154,11 @@ pub fn params_in_order(path: &str, specs: &[VariableSpec], values: &BTreeMap<Str
         .collect()
 }
 
-/// The weights of the latest complete checkpoint of `dir` for `model`.
-pub fn load_params(dir: &Location, model: &dyn Model) -> Result<(Checkpoint, Vec<ArrayD<f32>>), TrainedError> {
+/// The latest complete checkpoint of `dir` and its variables by name.
+pub fn latest_variables(dir: &Location) -> Result<(Checkpoint, BTreeMap<String, ArrayD<f32>>), TrainedError> {
     let ckpt = latest_checkpoint(dir)?;
     let values = read_variables(&ckpt)?;
-    let params = params_in_order(&ckpt.path.to_string(), &model.variables(), &values)?;
-    Ok((ckpt, params))
+    Ok((ckpt, values))
 }
 
 /// Examples per forward pass of `predict` and `evaluate`.
@@ -257,6 +264,10 @@ mod tests {
         let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
         assert!(err.contains("d/kernel has shape [1, 2] but the model's is [2, 1]"), "{err}");
         values.insert("d/kernel".to_string(), ArrayD::from_elem(vec![2, 1], 3.0f32));
+        values.insert("e/kernel".to_string(), ArrayD::from_elem(vec![1, 1], 3.0f32));
+        let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
+        assert!(err.contains("holds variables the model does not have: e/kernel"), "{err}");
+        values.remove("e/kernel");
         values.remove("d/bias");
         let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
         assert!(err.contains("no variable d/bias"), "{err}");

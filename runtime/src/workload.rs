@@ -10,10 +10,12 @@ use crate::data::{self, Dataset, InMemoryTrainingSet};
 use crate::model::{self, Activation, Model, ModelConfig, WeightInit};
 use crate::train::Workload;
 
+mod inference;
 mod keras;
 mod sparse;
 
-pub use keras::{KerasOptions, check_example_shape};
+pub use inference::{InferenceSpec, inference_model};
+pub use keras::{KerasOptions, check_example_shape, check_flags, check_num_classes};
 pub use sparse::{SparseOptions, is_sparse_model};
 
 /// What to train, as given on the command line.
@@ -21,9 +23,12 @@ pub use sparse::{SparseOptions, is_sparse_model};
 pub struct WorkloadSpec {
     /// `linear`, `softmax` or `mlp`.
     pub model: String,
-    pub hidden_units: Vec<usize>,
-    pub activation: String,
-    pub weight_init: String,
+    /// `--hidden_units`, `--activation`, `--weight_init`: the mlp's only
+    /// (`None`: 100, sigmoid, truncated_normal); given for another model, an
+    /// error ([`check_flags`]).
+    pub hidden_units: Option<Vec<usize>>,
+    pub activation: Option<String>,
+    pub weight_init: Option<String>,
     /// Examples per step; `None` picks the model's classic default.
     pub batch_size: Option<usize>,
     pub data_dir: Option<PathBuf>,
@@ -82,16 +87,10 @@ pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
 /// A built-in model (linear, softmax, mlp) with its training and held-out
 /// data, and its classic batch size.
 fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, usize), WorkloadError> {
-    let activation = match spec.activation.to_ascii_lowercase().as_str() {
-        "sigmoid" => Activation::Sigmoid,
-        "relu" => Activation::Relu,
-        "tanh" => Activation::Tanh,
-        other => return Err(WorkloadError::Flag { field: "activation", reason: format!("unknown activation {other:?} (sigmoid, relu, tanh)") }),
-    };
-    let weight_init = match spec.weight_init.to_ascii_lowercase().as_str() {
-        "truncated_normal" | "truncated-normal" => WeightInit::TruncatedNormal,
-        "normal" => WeightInit::Normal,
-        other => return Err(WorkloadError::Flag { field: "weight_init", reason: format!("unknown initialisation {other:?} (truncated_normal, normal)") }),
+    let (hidden_units, activation) = mlp_options(spec.hidden_units.as_deref(), spec.activation.as_deref())?;
+    let weight_init = match &spec.weight_init {
+        Some(w) => w.parse::<WeightInit>().map_err(as_flag)?,
+        None => WeightInit::default(),
     };
     let name = spec.model.to_ascii_lowercase();
     let (train, test, input_dim, num_classes, default_batch) = match name.as_str() {
@@ -134,7 +133,25 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
             });
         }
     };
-    let model =
-        model::build_model(&ModelConfig { name: name.clone(), input_dim, num_classes, hidden_units: spec.hidden_units.clone(), activation, weight_init })?;
+    let model = model::build_model(&ModelConfig { name: name.clone(), input_dim, num_classes, hidden_units, activation, weight_init })?;
     Ok((model, train, test, default_batch))
+}
+
+/// The mlp's hidden layers and activation from `--hidden_units` and
+/// `--activation` (defaults: one layer of 100, sigmoid: the classic
+/// 784-100-10 network).
+pub(crate) fn mlp_options(hidden_units: Option<&[usize]>, activation: Option<&str>) -> Result<(Vec<usize>, Activation), WorkloadError> {
+    let activation = match activation {
+        Some(a) => a.parse::<Activation>().map_err(as_flag)?,
+        None => Activation::Sigmoid,
+    };
+    Ok((hidden_units.map_or_else(|| vec![100], <[usize]>::to_vec), activation))
+}
+
+/// A bad value of a model flag, as the flag's error.
+fn as_flag(e: model::ModelError) -> WorkloadError {
+    match e {
+        model::ModelError::Invalid { field, reason } => WorkloadError::Flag { field, reason },
+        other => WorkloadError::Model(other),
+    }
 }

@@ -100,7 +100,7 @@ fn mlp_sync_with_backup_worker_over_two_ps() {
         all.extend(vars);
     }
     all.sort();
-    assert_eq!(all, vec!["hid_b", "hid_w", "sm_b", "sm_w"]);
+    assert_eq!(all, vec!["dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel"]);
     // With 3 workers and 2 to aggregate, some pushes were from backup workers.
     let stale: u64 = results.iter().filter(|r| r.name.starts_with("ps")).map(|r| r.report()["stale_gradients_dropped"].as_u64().unwrap()).sum();
     assert!(stale > 0, "a backup worker's late gradients are dropped as stale");

@@ -237,7 +237,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
             scene.agent.pod_log(&ns, &format!("{name}-worker-0"))
         );
         match name.as_str() {
-            "linreg-async" | "linreg-sync" | "backup-workers" | "elastic-workers" => scene.assert_linear(&format!("{name}-worker-0"))?,
+            "linreg-async" | "linreg-sync" | "backup-workers" | "elastic-workers" | "classic-flags" => scene.assert_linear(&format!("{name}-worker-0"))?,
             "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "chief-evaluator" => ensure!(scene.report(&format!("{name}-chief-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "ctr-wide-deep" => ensure!(scene.report(&format!("{name}-worker-0"))?["auc"].as_f64().unwrap_or(0.0) > 0.85),

@@ -70,6 +70,14 @@ fn every_example_succeeds() -> Result<()> {
                 assert_linear(&run_dir, "worker-0");
                 assert!(report(&run_dir, "worker-0")["global_step"].as_i64().unwrap() >= 4000);
             }
+            "classic-flags" => {
+                // The runtime as a TF 1.x script: the cluster from the flags the manifest builds
+                // from TFJOB_* with $(VAR), not from TF_CONFIG.
+                assert_linear(&run_dir, "worker-0");
+                assert!(report(&run_dir, "worker-0")["global_step"].as_i64().unwrap() >= 4000);
+                let log = std::fs::read_to_string(run_dir.join("worker-1.log"))?;
+                assert!(log.contains("worker:1: cluster from the classic flags") && log.contains("TF_CONFIG is set and ignored"), "{log}");
+            }
             "elastic-workers" => {
                 // 80 epochs of the 101 points, every one trained once per epoch.
                 assert_linear(&run_dir, "worker-0");
@@ -124,6 +132,36 @@ fn assert_final_evaluation(run_dir: &Path) {
     assert_eq!(evaluator["global_step"].as_i64(), Some(last), "the evaluator saw the last step: {evaluator}");
     let log = std::fs::read_to_string(run_dir.join("evaluator-0.log")).unwrap_or_default();
     assert!(log.contains("final evaluation at global_step="), "{log}");
+}
+
+/// The process backend expands `$(VAR)` in env values, command and args as the kubelet does:
+/// the classic values of every replica reach its argv.
+#[test]
+fn kubelet_expansion_reaches_the_process() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cmd = r#"["sh", "-c", "echo \"args: $*\"; echo \"flags: $FLAGS\"; echo \"tf_config: $TF_CONFIG\"", "sh"]"#;
+    let args = r#"["--ps_hosts=$(TFJOB_PS_HOSTS)", "--worker_hosts=$(TFJOB_WORKER_HOSTS)", "--job_name=$(TFJOB_JOB_NAME)", "--task_index=$(TFJOB_TASK_INDEX)", "$$(TFJOB_JOB_NAME)", "$(NOT_SET)"]"#;
+    // TF_CONFIG is defined after the manifest's env: FLAGS cannot refer to it.
+    let env = r#"[{name: FLAGS, value: "--ps=$(TFJOB_PS_HOSTS) $(TF_CONFIG)"}]"#;
+    let manifest =
+        write(dir.path(), "expand.yaml", &job("expand", "", &[replica("PS", 1, "Never", cmd, args, env), replica("Worker", 1, "Never", cmd, args, env)]));
+    let (out, run_dir) = run(&manifest, &["--quiet"])?;
+    assert!(out.status.success(), "{}", text(&out));
+    for (replica, job_name) in [("worker-0", "worker"), ("ps-0", "ps")] {
+        let log = std::fs::read_to_string(run_dir.join(format!("{replica}.log")))?;
+        let line = |prefix: &str| {
+            log.lines().find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.to_string())).unwrap_or_else(|| panic!("{replica}: no {prefix:?} in {log}"))
+        };
+        let cfg: Value = serde_json::from_str(&line("tf_config: "))?;
+        let (ps, worker) = (cfg["cluster"]["ps"][0].as_str().unwrap(), cfg["cluster"]["worker"][0].as_str().unwrap());
+        assert_eq!(
+            line("args: "),
+            format!("--ps_hosts={ps} --worker_hosts={worker} --job_name={job_name} --task_index=0 $(TFJOB_JOB_NAME) $(NOT_SET)"),
+            "{replica}"
+        );
+        assert_eq!(line("flags: "), format!("--ps={ps} $(TF_CONFIG)"), "{replica}");
+    }
+    Ok(())
 }
 
 /// A worker killed mid-run under OnFailure is restarted and the job still
@@ -190,7 +228,8 @@ fn exit_code_policy() -> Result<()> {
     assert!(String::from_utf8_lossy(&out.stdout).contains("[worker-0] bad configuration"), "{}", text(&out));
     // 137 the first time (killed), 0 the second: recreated, then succeeded.
     let mark = dir.path().join("killed-once");
-    let script = format!(r#"["if [ ! -e {0} ]; then touch {0}; kill -9 $$; fi; echo second run; exit 0"]"#, mark.display());
+    // `$$$$`: args are expanded as the kubelet does, where `$$` is an escaped `$`.
+    let script = format!(r#"["if [ ! -e {0} ]; then touch {0}; kill -9 $$$$; fi; echo second run; exit 0"]"#, mark.display());
     let transient = write(dir.path(), "transient.yaml", &job("transient", "", &[replica("Worker", 1, "ExitCode", sh, &script, "[]")]));
     let (out, run_dir) = run(&transient, &[])?;
     assert!(out.status.success(), "{}", text(&out));

@@ -13,6 +13,7 @@
 pub mod console;
 pub mod container;
 pub mod control;
+pub mod expand;
 pub mod process;
 pub mod training;
 pub mod volumes;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{self, ManifestError, ReplicaType, TFJob, TFJobStatus};
-use crate::plan::{self, AddressBook, PlannedReplica};
+use crate::plan::{self, AddressBook, ENV_TOKEN, PlannedReplica};
 use crate::status::{self, Action, EventKind, Observation, ObservedReplica};
 
 use console::Console;
@@ -94,6 +95,16 @@ pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit
         terminating: false,
         unschedulable: None,
     }
+}
+
+/// The environment of a planned replica's container as the kubelet builds it: the replica's
+/// env with each value's `$(VAR)` references expanded ([`expand`]), then `TFJOB_TOKEN` (on a
+/// cluster it comes from the job's Secret, and such values are not expanded). A backend
+/// expands `command` and `args` against it.
+pub fn replica_environment(planned: &PlannedReplica, token: &str) -> expand::Environment {
+    let mut env = expand::Environment::of_values(planned.env.iter().filter(|(name, _)| name != ENV_TOKEN));
+    env.define(ENV_TOKEN, token.to_string());
+    env
 }
 
 /// Phase of a pod whose container ended for good.

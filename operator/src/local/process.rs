@@ -118,14 +118,15 @@ impl ProcessBackend {
     fn spawn(&self, planned: &PlannedReplica, token: &str, first_start: bool) -> Result<Child, RunError> {
         let short = short_name(&self.job, &planned.pod_name);
         let mounts = self.mounts(planned, first_start)?;
-        let mut argv: Vec<String> = planned.command.clone();
-        if argv.is_empty() {
+        if planned.command.is_empty() {
             return Err(RunError::Start {
                 replica: short,
                 reason: "the `tensorflow` container has no `command`; locally the image's entrypoint is unknown, so give the command in the manifest (e.g. [\"tfjob-runtime\"])".into(),
             });
         }
-        argv.extend(planned.args.iter().cloned());
+        // As the kubelet: env values, then command and args, with their `$(VAR)` expanded.
+        let env = super::replica_environment(planned, token);
+        let argv = env.expand_all(&[planned.command.as_slice(), planned.args.as_slice()].concat());
         // A process cannot mount: paths under a mountPath go to the volume's directory.
         let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();
         let program = if argv[0] == RUNTIME_COMMAND { self.runtime.clone() } else { PathBuf::from(&argv[0]) };
@@ -145,8 +146,7 @@ impl ProcessBackend {
             .env_remove(ENV_TOKEN)
             // Locally, replicas listen on loopback only (tfjob-runtime's --bind).
             .env("TFJOB_BIND", "127.0.0.1")
-            .envs(planned.env.iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG { v.clone() } else { volumes::map_path(v, &mounts) })))
-            .env(ENV_TOKEN, token)
+            .envs(env.vars().iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG || k == ENV_TOKEN { v.clone() } else { volumes::map_path(v, &mounts) })))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -143,6 +143,9 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
+    /// A flag that does not apply to this input.
+    #[error("--{flag}: {reason}")]
+    UnusedFlag { flag: &'static str, reason: String },
 }
 
 /// Inputs (one row per example) with their targets.

@@ -5,15 +5,22 @@
 //! metrics. Parameters and gradients are passed in the order of
 //! [`Model::variables`].
 //!
-//! Three models, built from a [`ModelConfig`] by [`build_model`]:
+//! Three built-in models, built from a [`ModelConfig`] by [`build_model`]:
 //!
 //! | name      | type                  | variables (in order)                              |
 //! |-----------|-----------------------|---------------------------------------------------|
-//! | `linear`  | [`LinearRegression`]  | `W` `[n_features, 1]`, `b` `[1]`                      |
-//! | `softmax` | [`SoftmaxRegression`] | `weights` `[n_in, n_classes]`, `biases` `[n_classes]` |
-//! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `hid_w`, `hid_b`, `sm_w`, `sm_b` for one hidden layer |
+//! | `linear`  | [`LinearRegression`]  | `dense/kernel` `[n_features, 1]`, `dense/bias` `[1]` |
+//! | `softmax` | [`SoftmaxRegression`] | `dense/kernel` `[n_in, n_classes]`, `dense/bias` `[n_classes]` |
+//! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `dense/kernel`, `dense/bias`, `dense_1/kernel`, `dense_1/bias` for one hidden layer |
 //!
 //! Models defined by Keras's `model.to_json()` are built by [`keras::KerasModel`].
+//!
+//! The built-in models are presets: each is a stack of Keras Dense layers
+//! ([`preset_spec`]) whose variables have the same names, shapes and
+//! initialisers, so a checkpoint of one is exported, and used by `predict`
+//! and `evaluate`, as that Keras model ([`preset`]). They train with their
+//! own fused forward and backward passes (the benchmarked hot path); the
+//! tests check that both compute the same loss and gradients.
 //!
 //! The arithmetic is written once, generically over the float type (see
 //! [`Real`]), so the tests can run the very same code in `f64` for finite
@@ -344,6 +351,70 @@ pub fn build_model(cfg: &ModelConfig) -> Result<Box<dyn Model>, ModelError> {
         }
         _ => Err(ModelError::UnknownModel { name: cfg.name.clone() }),
     }
+}
+
+/// The name Keras gives the `i`-th Dense layer of a model, counted from 0:
+/// `dense`, `dense_1`, `dense_2`, ...
+pub fn dense_layer_name(i: usize) -> String {
+    if i == 0 { "dense".to_string() } else { format!("dense_{i}") }
+}
+
+/// The variable `<layer>/<weight>` of the `i`-th Dense layer (`dense_1/kernel`).
+pub(crate) fn dense_variable(i: usize, weight: &str) -> String {
+    format!("{}/{weight}", dense_layer_name(i))
+}
+
+/// The built-in model `cfg` as the Keras model it is, with the loss it
+/// trains with: `linear` is `Dense(1)` with mse; `softmax` is
+/// `Dense(n_classes, softmax)` and `mlp` `Dense(h, activation)`... then
+/// `Dense(n_classes, softmax)`, with sparse categorical cross-entropy. The
+/// variables of the Keras model are those of [`build_model`]'s (names,
+/// shapes, initialisers). Errors as [`build_model`]'s.
+pub fn preset_spec(cfg: &ModelConfig) -> Result<(keras::ModelSpec, keras::Loss), ModelError> {
+    use keras::{Act, InitSpec, KerasFormat, LayerKind, LayerSpec, Loss};
+    let model = build_model(cfg)?;
+    let name = model.name().to_string();
+    let variables = model.variables();
+    let init = |v: &VariableSpec| match v.init {
+        Init::Zeros => InitSpec::Zeros,
+        Init::Constant(c) => InitSpec::Constant(c),
+        Init::Normal { stddev } => InitSpec::RandomNormal { stddev },
+        Init::TruncatedNormal { stddev } => InitSpec::TruncatedNormal { stddev },
+        Init::Uniform { limit } => InitSpec::RandomUniform { limit },
+    };
+    let hidden = match name.as_str() {
+        "mlp" => cfg.hidden_units.len(),
+        _ => 0,
+    };
+    let hidden_act = match cfg.activation {
+        Activation::Sigmoid => Act::Sigmoid,
+        Activation::Relu => Act::Relu,
+        Activation::Tanh => Act::Tanh,
+    };
+    let (last_act, loss) = if name == "linear" { (Act::Linear, Loss::MeanSquaredError) } else { (Act::Softmax, Loss::SparseCategoricalCrossentropy) };
+    let layers = variables
+        .chunks_exact(2)
+        .enumerate()
+        .map(|(i, kb)| LayerSpec {
+            name: dense_layer_name(i),
+            class: "Dense".into(),
+            kind: LayerKind::Dense {
+                units: kb[0].shape[1],
+                activation: if i < hidden { hidden_act } else { last_act },
+                use_bias: true,
+                kernel_init: init(&kb[0]),
+                bias_init: init(&kb[1]),
+            },
+        })
+        .collect();
+    Ok((keras::ModelSpec { name, format: KerasFormat::Keras3, input_shape: vec![cfg.input_dim], layers }, loss))
+}
+
+/// The built-in model `cfg` as a [`keras::KerasModel`] ([`preset_spec`]):
+/// what `export`, `predict` and `evaluate` see in its checkpoints.
+pub fn preset(cfg: &ModelConfig) -> Result<keras::KerasModel, ModelError> {
+    let (spec, loss) = preset_spec(cfg)?;
+    keras::KerasModel::new(&spec, loss, false, 1).map_err(|e| ModelError::Invalid { field: "model", reason: e.to_string() })
 }
 
 /// Initial values of `specs`, in order. Deterministic given `seed`: the

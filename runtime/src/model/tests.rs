@@ -289,7 +289,7 @@ fn an_empty_batch_gives_zero_loss_and_zero_gradients() {
 }
 
 #[test]
-#[should_panic(expected = "variable hid_b has shape [3], expected [4]")]
+#[should_panic(expected = "variable dense/bias has shape [3], expected [4]")]
 fn wrong_parameter_shapes_are_named() {
     let m = Mlp::new(2, &[4], 3, Activation::Relu, WeightInit::Normal);
     let mut params = init_values(&m.variables(), 3);
@@ -313,23 +313,31 @@ fn build_model_variables() {
     use Activation::*;
     type Variables = Vec<(String, Vec<usize>)>;
     let cases: Vec<(ModelConfig, &str, Variables)> = vec![
-        (ModelConfig::linear(1), "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
-        (ModelConfig::linear(3), "linear", ns(&[("W", &[3, 1]), ("b", &[1])])),
-        (ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) }, "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
-        (ModelConfig::softmax(784, 10), "softmax", ns(&[("weights", &[784, 10]), ("biases", &[10])])),
-        (ModelConfig::mlp(784, &[100], 10, Sigmoid), "mlp", ns(&[("hid_w", &[784, 100]), ("hid_b", &[100]), ("sm_w", &[100, 10]), ("sm_b", &[10])])),
+        (ModelConfig::linear(1), "linear", ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])])),
+        (ModelConfig::linear(3), "linear", ns(&[("dense/kernel", &[3, 1]), ("dense/bias", &[1])])),
+        (
+            ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) },
+            "linear",
+            ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])]),
+        ),
+        (ModelConfig::softmax(784, 10), "softmax", ns(&[("dense/kernel", &[784, 10]), ("dense/bias", &[10])])),
+        (
+            ModelConfig::mlp(784, &[100], 10, Sigmoid),
+            "mlp",
+            ns(&[("dense/kernel", &[784, 100]), ("dense/bias", &[100]), ("dense_1/kernel", &[100, 10]), ("dense_1/bias", &[10])]),
+        ),
         (
             ModelConfig::mlp(784, &[256, 128, 64], 10, Relu),
             "mlp",
             ns(&[
-                ("hid0_w", &[784, 256]),
-                ("hid0_b", &[256]),
-                ("hid1_w", &[256, 128]),
-                ("hid1_b", &[128]),
-                ("hid2_w", &[128, 64]),
-                ("hid2_b", &[64]),
-                ("sm_w", &[64, 10]),
-                ("sm_b", &[10]),
+                ("dense/kernel", &[784, 256]),
+                ("dense/bias", &[256]),
+                ("dense_1/kernel", &[256, 128]),
+                ("dense_1/bias", &[128]),
+                ("dense_2/kernel", &[128, 64]),
+                ("dense_2/bias", &[64]),
+                ("dense_3/kernel", &[64, 10]),
+                ("dense_3/bias", &[10]),
             ]),
         ),
     ];
@@ -505,4 +513,45 @@ fn mlp_reproduces_the_tensorflow_reference_on_synthetic_mnist() {
     sgd(model.as_ref(), &mut params, &mut sampler, 0.5, 2000);
     let accuracy = model.evaluate(&params, &mnist.test.to_batch()).accuracy.unwrap();
     assert!((0.6..0.75).contains(&accuracy), "test accuracy {accuracy}, the reference is about 0.67");
+}
+
+// ------------------------------------------------------------- presets
+
+/// Every built-in model is the Keras model of its preset: the same
+/// variables (names, shapes, initialisers), and the same loss, gradients,
+/// accuracy and outputs on the same parameters and batch.
+#[test]
+fn built_in_models_are_their_keras_presets() {
+    use Activation::*;
+    let cases = [
+        ModelConfig::linear(1),
+        ModelConfig::linear(3),
+        ModelConfig::softmax(5, 3),
+        ModelConfig::mlp(4, &[6], 3, Sigmoid),
+        ModelConfig::mlp(4, &[5, 3], 7, Relu).with_weight_init(WeightInit::Normal),
+        ModelConfig::mlp(3, &[2, 2, 2], 2, Tanh),
+    ];
+    let mut rng = StdRng::seed_from_u64(11);
+    for cfg in cases {
+        let built_in = build_model(&cfg).unwrap();
+        let keras = preset(&cfg).unwrap();
+        assert_eq!(keras.variables(), built_in.variables(), "{cfg:?}");
+        let any = match cfg.name.as_str() {
+            "linear" => Any::Linear(LinearRegression::new(cfg.input_dim)),
+            "softmax" => Any::Softmax(SoftmaxRegression::new(cfg.input_dim, cfg.num_classes)),
+            _ => Any::Mlp(Mlp::new(cfg.input_dim, &cfg.hidden_units, cfg.num_classes, cfg.activation, cfg.weight_init)),
+        };
+        let params = random_params(&built_in.variables(), 0.7, &mut rng);
+        let batch = random_batch(&any, 9, cfg.input_dim, cfg.num_classes, &mut rng);
+        let (a, b) = (built_in.loss_and_gradients(&params, &batch), keras.loss_and_gradients(&params, &batch));
+        assert!((a.loss - b.loss).abs() < 1e-5 * a.loss.abs().max(1.0), "{cfg:?}: {} vs {}", a.loss, b.loss);
+        for (ga, gb) in a.gradients.iter().zip(&b.gradients) {
+            let diff = (ga - gb).iter().fold(0.0f32, |m, d| m.max(d.abs()));
+            assert!(diff < 1e-5, "{cfg:?}: gradients differ by {diff}");
+        }
+        let (ea, eb) = (built_in.evaluate(&params, &batch), keras.evaluate(&params, &batch));
+        assert_eq!(ea.accuracy, eb.accuracy, "{cfg:?}");
+    }
+    assert_eq!((dense_layer_name(0), dense_layer_name(2)), ("dense".to_string(), "dense_2".to_string()));
+    assert_eq!(preset(&ModelConfig::softmax(4, 1)).unwrap_err().field(), "num_classes");
 }

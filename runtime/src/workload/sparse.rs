@@ -56,6 +56,14 @@ fn flag(field: &'static str, reason: impl Into<String>) -> WorkloadError {
 pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
     let o = &spec.sparse;
     let name = spec.model.to_ascii_lowercase();
+    let unused = [
+        ("activation", spec.activation.is_some()),
+        ("weight_init", spec.weight_init.is_some()),
+        ("hidden_units", name == "sparse_lr" && spec.hidden_units.is_some()),
+    ];
+    if let Some((field, _)) = unused.iter().find(|(_, given)| *given) {
+        return Err(flag(field, format!("the {name} model does not use it (--hidden_units shapes wide_deep's deep part)")));
+    }
     if spec.data_dir.is_some() {
         return Err(flag("data_dir", "the sparse models read --train_files and --eval_files"));
     }
@@ -96,7 +104,7 @@ pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
     let cfg = SparseModelConfig {
         hash_buckets: o.hash_buckets,
         embedding_dim: o.embedding_dim,
-        hidden_units: spec.hidden_units.clone(),
+        hidden_units: spec.hidden_units.clone().unwrap_or_else(|| vec![100]),
         dense_dim: format.dense_dim(),
         fields: format.fields(),
         partition: o.partition,

@@ -32,10 +32,10 @@ mod json;
 mod layers;
 mod loss;
 
-pub use json::{Act, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS, load_model_file, parse_model_json};
+pub use json::{Act, InitSpec, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS, load_model_file, parse_model_json};
 pub use loss::{Head, Loss};
 
-use json::{FanMode, InitSpec};
+use json::FanMode;
 use layers::{Cache, Layer, Op};
 
 /// A Keras model definition made trainable: layers with fixed shapes, the
