@@ -508,9 +508,11 @@ fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
         for &(nps, nw) in shapes {
             let mut figures = vec![];
             for dense in [false, true] {
-                let mut a =
-                    strs(&["--optimizer=adagrad", "--learning_rate=0.2", "--num_epochs=1", "--log_every_steps=0", "--eval_examples=1000", "--hidden_units=16"]);
+                let mut a = strs(&["--optimizer=adagrad", "--learning_rate=0.2", "--num_epochs=1", "--log_every_steps=0", "--eval_examples=1000"]);
                 a.extend([format!("--model={model}"), format!("--generated_examples={examples}"), format!("--hash_buckets={buckets}")]);
+                if model == "wide_deep" {
+                    a.push("--hidden_units=16".into());
+                }
                 if dense {
                     a.push("--dense_embeddings".into());
                 }
