@@ -171,17 +171,7 @@ async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
 /// How long a leaving task waits for each ps's answer (a ps that has exited
 /// never answers): well inside Kubernetes' default grace period of 30 s, and
 /// inside the 3 s the test node agent grants.
-const LEAVE_DEADLINE: Duration = Duration::from_millis(1500);
-
-/// Deregisters `task` from every ps at `addresses` (a task stopping on
-/// purpose: SIGTERM, a scale-down), so no sync step waits for its lease to
-/// run out and its shard of the data is handed to another worker at once.
-/// Returns how many ps tasks acknowledged; bounded by [`LEAVE_DEADLINE`]
-/// however the connections fare.
-pub async fn leave_job(task: &TaskId, addresses: &[String], credentials: &Credentials, reason: &str) -> usize {
-    let clients: Vec<PsGrpc> = addresses.iter().filter_map(|a| ps_client(a, credentials, LEAVE_DEADLINE).ok()).collect();
-    tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&clients, task, reason)).await.unwrap_or(0)
-}
+pub const LEAVE_DEADLINE: Duration = Duration::from_millis(1500);
 
 /// A variable of the model as the client knows it.
 #[derive(Debug, Clone)]
@@ -940,10 +930,15 @@ impl PsSet {
         try_join_all(calls).await.map(|_| ())
     }
 
-    /// Tells every ps this task is leaving; errors are ignored (a ps that is
-    /// already gone does not need to know).
-    pub async fn leave(&self, reason: &str) {
-        tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&self.clients, &self.task, reason)).await.ok();
+    /// Tells every ps this task is leaving (a worker done, scaled away,
+    /// stopped on a signal), so no sync step waits for its lease to run out
+    /// and its shard of the data goes to another worker at once. It goes over
+    /// the connections training opened: no name lookup or handshake stands
+    /// between a signal and the ps hearing it. Errors are ignored (a ps that
+    /// is already gone does not need to know); returns how many ps tasks
+    /// heard it, within [`LEAVE_DEADLINE`].
+    pub async fn leave(&self, reason: &str) -> usize {
+        tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&self.clients, &self.task, reason)).await.unwrap_or(0)
     }
 
     /// Tells every ps `i` that this task has nothing to train at

@@ -21,7 +21,7 @@ use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
 use tfjob_runtime::storage::Location;
 use tfjob_runtime::tensor;
-use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainSettings};
+use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainError, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
 #[derive(Parser, Debug)]
@@ -766,21 +766,18 @@ async fn run_task(args: TaskArgs) -> u8 {
         }
         None => None,
     };
+    // A worker stopped on a signal is told to leave, and given the time to
+    // say so over the connections it trains on.
+    let (leave_tx, leave_rx) = tokio::sync::watch::channel(false);
+    let role = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs, leave_rx);
+    tokio::pin!(role);
     let code = tokio::select! {
-        code = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs) => code,
+        code = &mut role => code,
         code = termination() => {
             tracing::warn!("{}: stopping on signal", cluster.task);
             if cluster.role() == Role::Worker {
-                // Stopped on purpose (a scale-down, a deleted pod): deregister
-                // at once, so that no sync step waits for this task's lease to
-                // run out and its shard of the data goes to another worker.
-                let ps = cluster.cluster.addresses("ps");
-                let told = tfjob_runtime::client::leave_job(&cluster.task, &ps, &credentials, "stopping on a signal").await;
-                if told == ps.len() {
-                    tracing::info!("{}: left the job", cluster.task);
-                } else {
-                    tracing::warn!("{}: stopping; {} of {} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps.len() - told, ps.len());
-                }
+                let _ = leave_tx.send(true);
+                let _ = tokio::time::timeout(tfjob_runtime::client::LEAVE_DEADLINE + Duration::from_millis(500), &mut role).await;
             }
             code
         }
@@ -867,6 +864,7 @@ async fn run_role(
     metrics: Arc<TrainingMetrics>,
     store: Option<Arc<ParameterStore>>,
     grace_secs: u64,
+    mut leave: tokio::sync::watch::Receiver<bool>,
 ) -> u8 {
     match cluster.role() {
         Role::Ps => run_ps(cluster, store.expect("ps store"), status, Duration::from_secs(grace_secs)).await,
@@ -878,12 +876,31 @@ async fn run_role(
             let result = if cluster.role() == Role::Evaluator {
                 train::run_evaluator(cluster, &mut workload, settings, credentials, status, metrics).await
             } else {
-                tfjob_runtime::worker::run_worker(cluster, &mut workload, settings, credentials, status, metrics).await
+                // Resolves once told to leave; never when the sender is gone
+                // without a word.
+                let told_to_leave = async move {
+                    if leave.wait_for(|l| *l).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tfjob_runtime::worker::run_worker(cluster, &mut workload, settings, credentials, status, metrics, told_to_leave).await
             };
             match result {
                 Ok(report) => {
                     print_report(&report);
                     0
+                }
+                Err(TrainError::Stopped { ps_heard, ps_total }) if ps_heard == ps_total => {
+                    tracing::info!("{}: left the job", cluster.task);
+                    143
+                }
+                Err(TrainError::Stopped { ps_heard, ps_total }) => {
+                    tracing::warn!(
+                        "{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)",
+                        cluster.task,
+                        ps_total - ps_heard
+                    );
+                    143
                 }
                 Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
             }

@@ -199,6 +199,9 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("the parameter servers restarted {0} times; giving up")]
     TooManyRecoveries(u32),
+    /// Stopped on purpose (a signal) after telling the ps tasks it leaves.
+    #[error("stopped on a signal; {ps_heard} of {ps_total} ps task(s) heard it leave")]
+    Stopped { ps_heard: usize, ps_total: usize },
 }
 
 impl TrainError {
@@ -214,6 +217,7 @@ impl TrainError {
             },
             TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => 138,
             TrainError::Checkpoint(_) => 4,
+            TrainError::Stopped { .. } => 143,
         }
     }
 }

@@ -614,9 +614,24 @@ pub async fn run_worker(
     credentials: &Credentials,
     status: Arc<TaskStatus>,
     metrics: Arc<TrainingMetrics>,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<FinalReport, TrainError> {
-    let mut trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
+    let trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
     let mut feed = ShardFeed::new(workload, settings)?;
+    let ps = trainer.ps.clone();
+    tokio::select! {
+        report = train_until_done(trainer, workload, &mut feed, settings) => report,
+        () = stop => {
+            // Stopped on purpose (a scale-down, a deleted pod, SIGTERM):
+            // the step in flight is dropped and the task deregisters at once.
+            let ps_heard = ps.leave("stopping on a signal").await;
+            Err(TrainError::Stopped { ps_heard, ps_total: ps.num_ps() })
+        }
+    }
+}
+
+/// The loop of [`run_worker`], from joining the job to the final report.
+async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &mut ShardFeed, settings: &TrainSettings) -> Result<FinalReport, TrainError> {
     trainer.log_start();
     trainer.status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     trainer.join().await?;
@@ -626,8 +641,8 @@ pub async fn run_worker(
     let loop_start = Instant::now();
     while !(trainer.pulled.done || trainer.steps_done()) {
         let over = match feed.next(&trainer.ps).await? {
-            Fed::Batch(batch) => trainer.train_on(&batch, &mut feed, &mut summaries).await?,
-            Fed::Wait => trainer.idle(&mut feed).await?,
+            Fed::Batch(batch) => trainer.train_on(&batch, feed, &mut summaries).await?,
+            Fed::Wait => trainer.idle(feed).await?,
             Fed::Finished => {
                 tracing::info!("{}: every shard of every epoch is done", trainer.task);
                 true
@@ -641,7 +656,7 @@ pub async fn run_worker(
         }
     }
     let train_secs = loop_start.elapsed().as_secs_f64();
-    trainer.finish(workload, &mut feed, checkpointer, summaries, train_secs).await
+    trainer.finish(workload, feed, checkpointer, summaries, train_secs).await
 }
 
 /// Aborts a background task when dropped.
