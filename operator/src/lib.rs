@@ -11,6 +11,7 @@
 //! - [`kube`]: the Kubernetes controller that executes plans and status actions.
 //! - [`metrics`]: the controller's Prometheus metrics and HTTP endpoints.
 //! - [`cli`]: the `tfjob` command.
+//! - [`plot`]: every picture the project draws (training under `tfjob run`, the benchmark's).
 
 pub mod api;
 pub mod cli;
@@ -18,5 +19,6 @@ pub mod kube;
 pub mod local;
 pub mod metrics;
 pub mod plan;
+pub mod plot;
 pub mod status;
 pub mod template;

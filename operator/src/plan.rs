@@ -10,15 +10,22 @@
 //!   for a job.
 //!
 //! A planning pass is linear in the number of replicas: the cluster spec is written once and
-//! shared ([`TfConfig`]); a pod's `TF_CONFIG` text, which lists every replica, is written only
-//! when the pod is sent ([`PlannedPod::into_pod`]).
+//! shared ([`TfConfig`]), and so are the classic host lists ([`ClassicEnv`]); a pod's
+//! `TF_CONFIG` text and host lists, which list every replica, are written only when the pod is
+//! sent ([`PlannedPod::into_pod`]).
+//!
+//! Besides `TF_CONFIG`, every replica gets the classic values of distributed TensorFlow 1.x as
+//! environment variables (see [`ClassicEnv`]), so that a manifest can hand a tutorial script its
+//! flags with Kubernetes' own syntax: `args: ["--ps_hosts=$(TFJOB_PS_HOSTS)", ...]`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -45,6 +52,23 @@ pub const ENV_TF_CONFIG: &str = "TF_CONFIG";
 pub const ENV_TOKEN: &str = "TFJOB_TOKEN";
 /// Key of the token in the job's Secret.
 pub const SECRET_TOKEN_KEY: &str = "token";
+/// Classic value: the ps addresses, comma separated (`--ps_hosts`).
+pub const ENV_PS_HOSTS: &str = "TFJOB_PS_HOSTS";
+/// Classic value: the worker addresses, comma separated (`--worker_hosts`).
+pub const ENV_WORKER_HOSTS: &str = "TFJOB_WORKER_HOSTS";
+/// Classic value: the chief's (or master's) address (`--chief_hosts`), when the job has one.
+pub const ENV_CHIEF_HOSTS: &str = "TFJOB_CHIEF_HOSTS";
+/// Classic value: the evaluator addresses (`--evaluator_hosts`), when the job has some.
+pub const ENV_EVALUATOR_HOSTS: &str = "TFJOB_EVALUATOR_HOSTS";
+/// Classic value: this replica's job in the cluster: `ps`, `worker`, `chief` or `evaluator`
+/// (`--job_name`).
+pub const ENV_JOB_NAME: &str = "TFJOB_JOB_NAME";
+/// Classic value: this replica's index in its job (`--task_index`).
+pub const ENV_TASK_INDEX: &str = "TFJOB_TASK_INDEX";
+/// Every variable the operator sets on the `tensorflow` container: a manifest's own value of
+/// one of these is replaced.
+pub const OPERATOR_ENV: [&str; 8] =
+    [ENV_TF_CONFIG, ENV_TOKEN, ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_CHIEF_HOSTS, ENV_EVALUATOR_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX];
 
 /// Resolves the `host:port` address of a replica. The cluster uses [`ClusterDns`]; the local
 /// backend maps each replica to `127.0.0.1:<free port>`.
@@ -105,12 +129,20 @@ pub struct PlannedReplica {
     pub command: Vec<String>,
     /// `args` of the `tensorflow` container.
     pub args: Vec<String>,
-    /// Literal environment of the `tensorflow` container, followed by `TF_CONFIG` when set.
+    /// The environment of the `tensorflow` container in the order the kubelet defines it: the
+    /// classic values ([`ClassicEnv`]) first, so that the manifest's own values can refer to
+    /// them (`value: "--worker_hosts=$(TFJOB_WORKER_HOSTS)"`), then the manifest's literal
+    /// values, then `TF_CONFIG` when set. Values are as written: a backend expands their
+    /// `$(VAR)` references as the kubelet does.
     pub env: Vec<(String, String)>,
     /// The `TF_CONFIG` JSON of this replica (`None` for a one-replica job).
     pub tf_config: Option<String>,
     /// Whether this replica carries `job-role: master`.
     pub is_master_role: bool,
+    /// The pod template's volumes and the `tensorflow` container's mounts of them (the local
+    /// backends map them to directories of the machine).
+    pub volumes: Vec<Volume>,
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 /// The `tfjob-port` of a replica set (port named `tfjob-port` on the `tensorflow` container,
@@ -261,6 +293,70 @@ impl TfConfig {
     }
 }
 
+/// The job a replica type is in for the classic flags (`--job_name`, the `--*_hosts` it is
+/// listed in). A `Master` is the chief under its older name: the classic flags (and
+/// `tfjob-runtime`) know only `--chief_hosts`, and a job has at most one of the two.
+pub fn classic_job(rtype: ReplicaType) -> &'static str {
+    match rtype {
+        ReplicaType::Chief | ReplicaType::Master => "chief",
+        ReplicaType::PS => "ps",
+        ReplicaType::Worker => "worker",
+        ReplicaType::Evaluator => "evaluator",
+    }
+}
+
+/// The classic values of distributed TensorFlow 1.x for every replica of a job, from the same
+/// addresses as its `TF_CONFIG`: `TFJOB_PS_HOSTS` and `TFJOB_WORKER_HOSTS` (comma-separated
+/// `host:port`; always set, empty when the job has none, so that `$(TFJOB_PS_HOSTS)` always
+/// expands), `TFJOB_CHIEF_HOSTS` (the `Chief` or `Master`) and `TFJOB_EVALUATOR_HOSTS` when the
+/// job has such replicas, and the replica's own `TFJOB_JOB_NAME` ([`classic_job`]) and
+/// `TFJOB_TASK_INDEX`.
+///
+/// The host lists are written once per planning pass and shared, like the cluster spec of
+/// `TF_CONFIG`. They are never sparse: with `enableDynamicWorker` a worker's `TF_CONFIG` lists
+/// only itself, but the classic flags have no sparse form (a task's index is its position in
+/// `--worker_hosts`), so every replica gets every worker planned when its pod was made, as in a
+/// job without dynamic workers. A script that reads `TF_CONFIG` still sees the sparse cluster.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ClassicEnv {
+    /// `(variable, addresses comma separated)`, in the order they are set.
+    hosts: Vec<(&'static str, String)>,
+}
+
+impl ClassicEnv {
+    fn new(addresses: &BTreeMap<ReplicaType, Vec<String>>) -> ClassicEnv {
+        let list = |types: &[ReplicaType]| -> Option<String> {
+            let mut present = types.iter().filter_map(|t| addresses.get(t)).filter(|l| !l.is_empty()).peekable();
+            present.peek()?;
+            Some(present.flatten().map(String::as_str).collect::<Vec<_>>().join(","))
+        };
+        let mut hosts =
+            vec![(ENV_PS_HOSTS, list(&[ReplicaType::PS]).unwrap_or_default()), (ENV_WORKER_HOSTS, list(&[ReplicaType::Worker]).unwrap_or_default())];
+        if let Some(chief) = list(&[ReplicaType::Chief, ReplicaType::Master]) {
+            hosts.push((ENV_CHIEF_HOSTS, chief));
+        }
+        if let Some(evaluators) = list(&[ReplicaType::Evaluator]) {
+            hosts.push((ENV_EVALUATOR_HOSTS, evaluators));
+        }
+        ClassicEnv { hosts }
+    }
+
+    /// The host list held in variable `name`, if it is one of them.
+    fn hosts(&self, name: &str) -> Option<&str> {
+        self.hosts.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The host-list variables, in the order they are set.
+    fn host_vars(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.hosts.iter().map(|(n, v)| (*n, v.as_str()))
+    }
+}
+
+/// `TFJOB_JOB_NAME` and `TFJOB_TASK_INDEX` of replica (`rtype`, `index`).
+fn task_vars(rtype: ReplicaType, index: i32) -> [(&'static str, String); 2] {
+    [(ENV_JOB_NAME, classic_job(rtype).to_string()), (ENV_TASK_INDEX, index.to_string())]
+}
+
 /// One planning pass over the replicas of a job: every address is resolved and the cluster spec
 /// written once, after which each replica costs only its own fields (a 10,000-replica job is
 /// planned in linear time). Backend-neutral: the local backends start replicas from
@@ -271,6 +367,8 @@ pub struct ReplicaPlanner<'a> {
     addresses: BTreeMap<ReplicaType, Vec<String>>,
     /// `None` for a one-replica job (no `TF_CONFIG`).
     cluster: Option<Arc<ClusterJson>>,
+    /// The classic host lists (every job, one-replica jobs included).
+    classic: Arc<ClassicEnv>,
     has_chief: bool,
 }
 
@@ -296,8 +394,9 @@ impl<'a> ReplicaPlanner<'a> {
             .collect();
         let dynamic = spec.enable_dynamic_worker.unwrap_or(false);
         let cluster = is_distributed(spec).then(|| Arc::new(ClusterJson::new(&resolved, dynamic)));
+        let classic = Arc::new(ClassicEnv::new(&resolved));
         let has_chief = specs.keys().any(|t| t.is_chief());
-        ReplicaPlanner { job_name, specs, addresses: resolved, cluster, has_chief }
+        ReplicaPlanner { job_name, specs, addresses: resolved, cluster, classic, has_chief }
     }
 
     /// Name of the job.
@@ -340,15 +439,15 @@ impl<'a> ReplicaPlanner<'a> {
         let slot = self.slot(rtype, index)?;
         let container = tensorflow_container(slot.spec);
         let tf_config = slot.tf_config.as_ref().map(TfConfig::render);
-        let mut env: Vec<(String, String)> = container
+        let hosts = self.classic.host_vars().map(|(n, v)| (n, v.to_string()));
+        let classic = hosts.chain(task_vars(rtype, index)).map(|(name, value)| (name.to_string(), value));
+        let manifest = container
             .and_then(|c| c.env.as_ref())
-            .map(|env| {
-                env.iter()
-                    .filter(|e| e.name != ENV_TF_CONFIG && e.value_from.is_none())
-                    .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .into_iter()
+            .flatten()
+            .filter(|e| !OPERATOR_ENV.contains(&e.name.as_str()) && e.value_from.is_none())
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()));
+        let mut env: Vec<(String, String)> = classic.chain(manifest).collect();
         if let Some(cfg) = &tf_config {
             env.push((ENV_TF_CONFIG.to_string(), cfg.clone()));
         }
@@ -364,6 +463,8 @@ impl<'a> ReplicaPlanner<'a> {
             env,
             tf_config,
             is_master_role: slot.is_master_role,
+            volumes: slot.spec.template.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default(),
+            volume_mounts: container.and_then(|c| c.volume_mounts.clone()).unwrap_or_default(),
         })
     }
 }
@@ -556,9 +657,11 @@ pub fn build_network_policy(job: &TFJob) -> NetworkPolicy {
 /// gigabytes; [`PlannedPod::into_pod`] writes it when the pod is sent.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedPod {
-    /// The pod; the `TF_CONFIG` variable of its `tensorflow` container has no value yet.
+    /// The pod; the `TF_CONFIG` and host-list variables of its `tensorflow` container have no
+    /// value yet.
     pod: Pod,
     tf_config: Option<TfConfig>,
+    classic: Arc<ClassicEnv>,
 }
 
 impl PlannedPod {
@@ -572,19 +675,21 @@ impl PlannedPod {
         self.tf_config.as_ref()
     }
 
-    /// The pod to apply, with its `TF_CONFIG` written out.
+    /// The pod to apply, with its `TF_CONFIG` and host lists written out.
     pub fn into_pod(mut self) -> Pod {
-        if let Some(cfg) = &self.tf_config {
-            let vars = self
-                .pod
-                .spec
-                .iter_mut()
-                .flat_map(|s| s.containers.iter_mut())
-                .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
-                .flat_map(|c| c.env.iter_mut().flatten())
-                .filter(|e| e.name == ENV_TF_CONFIG);
-            for var in vars {
-                var.value = Some(cfg.render());
+        let vars = self
+            .pod
+            .spec
+            .iter_mut()
+            .flat_map(|s| s.containers.iter_mut())
+            .filter(|c| c.name == DEFAULT_CONTAINER_NAME)
+            .flat_map(|c| c.env.iter_mut().flatten())
+            .filter(|e| e.value.is_none() && e.value_from.is_none());
+        for var in vars {
+            if var.name == ENV_TF_CONFIG {
+                var.value = self.tf_config.as_ref().map(TfConfig::render);
+            } else if let Some(list) = self.classic.hosts(&var.name) {
+                var.value = Some(list.to_string());
             }
         }
         self.pod
@@ -642,8 +747,13 @@ impl<'a> PodPlanner<'a> {
             }
         }
         for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
-            let env = c.env.get_or_insert_with(Vec::new);
-            env.retain(|e| e.name != ENV_TF_CONFIG && e.name != ENV_TOKEN);
+            let manifest = c.env.take().unwrap_or_default();
+            // The classic values first (the manifest's values may refer to them); the host
+            // lists' values are written by `PlannedPod::into_pod`.
+            let hosts = self.replicas.classic.host_vars().map(|(name, _)| EnvVar { name: name.into(), value: None, value_from: None });
+            let task = task_vars(rtype, index).map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None });
+            let mut env: Vec<EnvVar> = hosts.chain(task).collect();
+            env.extend(manifest.into_iter().filter(|e| !OPERATOR_ENV.contains(&e.name.as_str())));
             if slot.tf_config.is_some() {
                 // Its value is written by `PlannedPod::into_pod`.
                 env.push(EnvVar { name: ENV_TF_CONFIG.into(), value: None, value_from: None });
@@ -656,8 +766,9 @@ impl<'a> PodPlanner<'a> {
                     ..Default::default()
                 }),
             });
+            c.env = Some(env);
         }
-        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config })
+        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
     }
 }
 
@@ -877,6 +988,181 @@ mod tests {
         serde_json::to_string(&cfg).unwrap()
     }
 
+    /// The classic variables (`TFJOB_*` but the token) of a replica's env, in order.
+    fn classic_vars(env: &[(String, String)]) -> Vec<(String, String)> {
+        env.iter().filter(|(n, _)| n.starts_with("TFJOB_") && n != ENV_TOKEN).cloned().collect()
+    }
+
+    #[test]
+    fn classic_env_table() {
+        let ps_workers = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let everything = mnist("", &[("Chief", 1), ("PS", 2), ("Worker", 1), ("Evaluator", 2)]);
+        let dynamic = mnist("  enableDynamicWorker: true\n", &[("Chief", 1), ("PS", 2), ("Worker", 3)]);
+        let master = mnist("", &[("Master", 1), ("Worker", 2)]);
+        let single = mnist("", &[("Worker", 1)]);
+        let book = |t: ReplicaType, i: i32, port: i32| format!("{}{i}:{port}", t.lower());
+        // (job, replica, the classic variables in order)
+        type Case<'a> = (&'a TFJob, &'a str, &'a [(&'a str, &'a str)]);
+        let cases: Vec<Case> = vec![
+            (
+                &ps_workers,
+                "mnist-worker-1",
+                &[(ENV_PS_HOSTS, "ps0:2222"), (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"), (ENV_JOB_NAME, "worker"), (ENV_TASK_INDEX, "1")],
+            ),
+            (
+                &ps_workers,
+                "mnist-ps-0",
+                &[(ENV_PS_HOSTS, "ps0:2222"), (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"), (ENV_JOB_NAME, "ps"), (ENV_TASK_INDEX, "0")],
+            ),
+            (
+                &everything,
+                "mnist-chief-0",
+                &[
+                    (ENV_PS_HOSTS, "ps0:2222,ps1:2222"),
+                    (ENV_WORKER_HOSTS, "worker0:2222"),
+                    (ENV_CHIEF_HOSTS, "chief0:2222"),
+                    (ENV_EVALUATOR_HOSTS, "evaluator0:2222,evaluator1:2222"),
+                    (ENV_JOB_NAME, "chief"),
+                    (ENV_TASK_INDEX, "0"),
+                ],
+            ),
+            (
+                &everything,
+                "mnist-ps-1",
+                &[
+                    (ENV_PS_HOSTS, "ps0:2222,ps1:2222"),
+                    (ENV_WORKER_HOSTS, "worker0:2222"),
+                    (ENV_CHIEF_HOSTS, "chief0:2222"),
+                    (ENV_EVALUATOR_HOSTS, "evaluator0:2222,evaluator1:2222"),
+                    (ENV_JOB_NAME, "ps"),
+                    (ENV_TASK_INDEX, "1"),
+                ],
+            ),
+            (
+                &everything,
+                "mnist-evaluator-1",
+                &[
+                    (ENV_PS_HOSTS, "ps0:2222,ps1:2222"),
+                    (ENV_WORKER_HOSTS, "worker0:2222"),
+                    (ENV_CHIEF_HOSTS, "chief0:2222"),
+                    (ENV_EVALUATOR_HOSTS, "evaluator0:2222,evaluator1:2222"),
+                    (ENV_JOB_NAME, "evaluator"),
+                    (ENV_TASK_INDEX, "1"),
+                ],
+            ),
+            // Dynamic workers: TF_CONFIG is sparse, the classic lists are whole.
+            (
+                &dynamic,
+                "mnist-worker-2",
+                &[
+                    (ENV_PS_HOSTS, "ps0:2222,ps1:2222"),
+                    (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222,worker2:2222"),
+                    (ENV_CHIEF_HOSTS, "chief0:2222"),
+                    (ENV_JOB_NAME, "worker"),
+                    (ENV_TASK_INDEX, "2"),
+                ],
+            ),
+            (
+                &dynamic,
+                "mnist-ps-0",
+                &[
+                    (ENV_PS_HOSTS, "ps0:2222,ps1:2222"),
+                    (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222,worker2:2222"),
+                    (ENV_CHIEF_HOSTS, "chief0:2222"),
+                    (ENV_JOB_NAME, "ps"),
+                    (ENV_TASK_INDEX, "0"),
+                ],
+            ),
+            // A Master is the chief under its older name; no ps: an empty list.
+            (
+                &master,
+                "mnist-master-0",
+                &[
+                    (ENV_PS_HOSTS, ""),
+                    (ENV_WORKER_HOSTS, "worker0:2222,worker1:2222"),
+                    (ENV_CHIEF_HOSTS, "master0:2222"),
+                    (ENV_JOB_NAME, "chief"),
+                    (ENV_TASK_INDEX, "0"),
+                ],
+            ),
+            // One replica: no TF_CONFIG, the classic values all the same.
+            (&single, "mnist-worker-0", &[(ENV_PS_HOSTS, ""), (ENV_WORKER_HOSTS, "worker0:2222"), (ENV_JOB_NAME, "worker"), (ENV_TASK_INDEX, "0")]),
+        ];
+        for (j, name, want) in cases {
+            let replica = plan_replicas(j.name(), &j.spec, &book).into_iter().find(|r| r.pod_name == name).unwrap();
+            let want: Vec<(String, String)> = want.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+            assert_eq!(classic_vars(&replica.env), want, "{name}");
+            // First in the env, before the manifest's own values.
+            assert_eq!(replica.env[..want.len()], want[..], "{name}");
+        }
+        assert_eq!(classic_job(ReplicaType::Master), "chief");
+    }
+
+    #[test]
+    fn manifest_env_comes_after_the_classic_values_and_cannot_replace_them() {
+        let y = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: mnist, namespace: default, uid: u-1}
+spec:
+  tfReplicaSpecs:
+    PS:
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img, env: [{name: FLAGS, value: "--ps_hosts=$(TFJOB_PS_HOSTS)"}, {name: TFJOB_PS_HOSTS, value: "mine:1"}, {name: TFJOB_TASK_INDEX, value: "7"}]}]
+    Worker:
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: tensorflow, image: img}]
+"#;
+        let j = job(y);
+        let replicas = plan_replicas("mnist", &j.spec, &|t: ReplicaType, i: i32, _| format!("{}{i}:1", t.lower()));
+        let names: Vec<&str> = replicas[0].env.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "FLAGS", ENV_TF_CONFIG]);
+        assert_eq!(replicas[0].env[0].1, "ps0:1");
+        assert_eq!(replicas[0].env[3].1, "0");
+        assert_eq!(replicas[0].env[4].1, "--ps_hosts=$(TFJOB_PS_HOSTS)");
+        // The pod: the same order, then the token; every classic value written out.
+        let pod = desired_objects(&j, "t", &PlanOptions::default()).pods.remove(0).into_pod();
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, [ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "FLAGS", ENV_TF_CONFIG, ENV_TOKEN]);
+        assert_eq!(env[0].value.as_deref(), Some("mnist-ps-0.mnist.default.svc:2222"));
+        assert_eq!(env[1].value.as_deref(), Some("mnist-worker-0.mnist.default.svc:2222"));
+    }
+
+    /// The straightforward classic variables of one replica: every address looked up and
+    /// joined. The planners must give exactly these.
+    fn reference_classic(spec: &TFJobSpec, rtype: ReplicaType, index: i32, addresses: &dyn AddressBook) -> Vec<(String, String)> {
+        let specs = api::replica_specs(spec);
+        let list = |types: &[ReplicaType]| -> Vec<String> {
+            types
+                .iter()
+                .filter_map(|t| specs.get(t).map(|rs| (*t, rs)))
+                .flat_map(|(t, rs)| (0..rs.replicas).map(move |i| (t, i, replica_port(rs))))
+                .map(|(t, i, port)| addresses.address(t, i, port))
+                .collect()
+        };
+        let mut out = vec![(ENV_PS_HOSTS, list(&[ReplicaType::PS]).join(",")), (ENV_WORKER_HOSTS, list(&[ReplicaType::Worker]).join(","))];
+        let chief = list(&[ReplicaType::Chief, ReplicaType::Master]);
+        if !chief.is_empty() {
+            out.push((ENV_CHIEF_HOSTS, chief.join(",")));
+        }
+        let evaluators = list(&[ReplicaType::Evaluator]);
+        if !evaluators.is_empty() {
+            out.push((ENV_EVALUATOR_HOSTS, evaluators.join(",")));
+        }
+        let job = match rtype {
+            ReplicaType::Chief | ReplicaType::Master => "chief",
+            other => other.lower(),
+        };
+        out.push((ENV_JOB_NAME, job.to_string()));
+        out.push((ENV_TASK_INDEX, index.to_string()));
+        out.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+    }
+
     #[test]
     fn fast_tf_config_equals_the_straightforward_one() {
         let dynamic = "  enableDynamicWorker: true\n";
@@ -927,7 +1213,10 @@ spec:
                     let want = is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, book));
                     let fast = planner.tf_config(t, i).map(|c| c.render());
                     assert_eq!(fast, want, "{} {t} {i}", j.name());
-                    assert_eq!(planner.replica(t, i).unwrap().tf_config, want);
+                    let replica = planner.replica(t, i).unwrap();
+                    assert_eq!(replica.tf_config, want);
+                    let classic = reference_classic(&j.spec, t, i, book);
+                    assert_eq!(classic_vars(&replica.env), classic, "{} {t} {i}", j.name());
                     checked += 1;
                 }
             }
@@ -940,6 +1229,8 @@ spec:
                 let cfg = env.iter().find(|e| e.name == ENV_TF_CONFIG);
                 let want = is_distributed(&j.spec).then(|| reference_tf_config(&j.spec, t, i, &dns));
                 assert_eq!(cfg.and_then(|e| e.value.clone()), want, "{} {t} {i}", j.name());
+                let classic: Vec<(String, String)> = env.iter().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect();
+                assert_eq!(classic_vars(&classic), reference_classic(&j.spec, t, i, &dns), "{} {t} {i}", j.name());
             }
         }
         assert_eq!(checked, 3 * (3 + 7 + 7 + 4 + 3 + 5 + 1 + 40 + 6));
@@ -1052,7 +1343,8 @@ spec:
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         let env = spec.containers[0].env.clone().unwrap();
         let names: Vec<_> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, vec!["A", "TF_CONFIG", "TFJOB_TOKEN"]);
+        assert_eq!(names, vec![ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_CHIEF_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "A", "TF_CONFIG", "TFJOB_TOKEN"]);
+        let env = &env[5..];
         assert_eq!(
             env[1].value.as_deref(),
             Some(

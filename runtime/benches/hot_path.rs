@@ -68,7 +68,7 @@ fn encode_decode(c: &mut Criterion) {
 
 fn placement_10k(c: &mut Criterion) {
     let inputs: Vec<PlacementInput> =
-        (0..10_000).map(|i| PlacementInput { name: format!("layer_{:05}/kernel", i), shape: vec![1 + i % 300, 1 + (i * 7) % 128] }).collect();
+        (0..10_000).map(|i| PlacementInput::dense(format!("layer_{:05}/kernel", i), vec![1 + i % 300, 1 + (i * 7) % 128])).collect();
     let mut g = c.benchmark_group("placement");
     g.throughput(Throughput::Elements(inputs.len() as u64));
     for num_ps in [1usize, 4, 16] {
@@ -94,7 +94,7 @@ fn keras_cnn_step(c: &mut Criterion) {
     let model = KerasModel::new(&parse_model_json(json).unwrap(), Loss::SparseCategoricalCrossentropy, false, 1).unwrap();
     let params = init_values(&model.variables(), 1);
     let x = ndarray::Array2::from_shape_fn((32, 784), |(i, j)| ((i * 31 + j * 7) % 255) as f32 / 255.0);
-    let batch = Batch { x, targets: Targets::Labels((0..32).map(|i| i % 10).collect()) };
+    let batch = Batch { x, targets: Targets::Labels((0..32).map(|i| i % 10).collect()), sparse: None };
     let mut g = c.benchmark_group("keras");
     g.throughput(Throughput::Elements(32));
     g.bench_function("cnn_step/conv2d_32x3x3_28x28_batch32", |b| b.iter(|| black_box(model.loss_and_gradients(black_box(&params), black_box(&batch)))));

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use crate::auth::TokenCheck;
-use crate::proto::{self, RawTensorPart, TensorChannelReply, TensorChannelRequest, TensorPart};
+use crate::proto::{self, RawRowsPart, RawTensorPart, RowsPart, TensorChannelReply, TensorChannelRequest, TensorPart};
 use crate::ps::PsService;
 
 /// The first bytes of a tensor channel connection.
@@ -231,7 +231,7 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
             r = read_frame(stream) => r?,
             _ = stop.wait_for(|s| *s) => return Ok(()),
         };
-        let total: u64 = request.push_parts.iter().map(|p| p.content_length).sum();
+        let total: u64 = request.push_parts.iter().map(|p| p.content_length).chain(request.push_rows.iter().map(|r| r.content_length)).sum();
         if total > service.max_push_bytes() as u64 {
             // The contents that follow cannot be skipped sensibly: answer and close.
             let refused = Status::invalid_argument(format!("push carries {total} bytes: more than this ps holds"));
@@ -243,7 +243,12 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
             let content = read_content_into(stream, h.content_length as usize, pool.pop().unwrap_or_default()).await?;
             parts.push(TensorPart { name: h.name.clone(), dtype: h.dtype, shape: h.shape.clone(), offset: h.offset, content });
         }
-        let answer = service.exchange(request.push, &parts, request.pull).await;
+        let mut rows = Vec::with_capacity(request.push_rows.len());
+        for h in &request.push_rows {
+            let content = read_content(stream, h.content_length as usize).await?;
+            rows.push(RowsPart { name: h.name.clone(), count: h.count, content });
+        }
+        let answer = service.exchange(request.push, &parts, &rows, request.pull).await;
         let mut pooled: usize = pool.iter().map(|b| b.capacity()).sum();
         for p in parts {
             if let Ok(buf) = p.content.try_into_mut()
@@ -257,21 +262,34 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
             Err(status) => stream.write_all(&encode_frame(&error_reply(&status))).await?,
             Ok((push, pulled)) => {
                 let mut reply = TensorChannelReply { push, ..Default::default() };
-                let mut contents: Vec<&[f32]> = Vec::new();
+                let mut contents: Vec<std::borrow::Cow<'_, [u8]>> = Vec::new();
                 if let Some(pulled) = &pulled {
                     reply.step = pulled.step;
                     reply.done = pulled.done;
                     reply.waited_micros = pulled.waited_micros;
+                    let (shared, rows) = match &pulled.values {
+                        Some((shared, rows)) => (&shared[..], &rows[..]),
+                        None => (&[][..], &[][..]),
+                    };
                     // Written from the variables themselves (shared, not
                     // locked: an update meanwhile works on a copy).
-                    for v in pulled.values.iter().flatten() {
+                    for v in shared {
                         for (header, chunk) in raw_parts(&v.name, &v.shape, &v.values, service.part_bytes()) {
                             reply.parts.push(header);
-                            contents.push(chunk);
+                            contents.push(le_bytes(chunk));
                         }
                     }
+                    for r in rows {
+                        reply.rows.push(RawRowsPart {
+                            name: r.name.clone(),
+                            count: r.ids.len() as u64,
+                            content_length: (r.ids.len() * 8 + r.values.len() * 4) as u64,
+                        });
+                        contents.push(std::borrow::Cow::Owned(crate::embedding::ids_to_le(&r.ids)));
+                        contents.push(le_bytes(&r.values));
+                    }
                 }
-                write_message(stream.get_mut(), &reply, contents.iter().map(|c| le_bytes(c))).await?;
+                write_message(stream.get_mut(), &reply, contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..]))).await?;
             }
         }
     }
@@ -325,18 +343,20 @@ impl ChannelClient {
         Ok(stream)
     }
 
-    /// Sends one request (with the raw contents of its pushed parts) and
-    /// reads the reply, the pulled contents going straight into
+    /// Sends one request (with the raw contents of its pushed parts and
+    /// rows) and reads the reply, the pulled contents going straight into
     /// `destinations` where `locate` says. Returns the reply (its `code` is
-    /// 0) and when its header arrived.
+    /// 0), when its header arrived, and the contents of its rows (ids then
+    /// values, per [`TensorChannelReply::rows`]).
     pub async fn exchange(
         &self,
         mut request: TensorChannelRequest,
         push: Vec<(RawTensorPart, &[f32])>,
+        push_rows: Vec<(RawRowsPart, Vec<u8>)>,
         destinations: &mut [&mut [f32]],
         locate: &Locate<'_>,
         timeout: Duration,
-    ) -> Result<(TensorChannelReply, Instant), Status> {
+    ) -> Result<(TensorChannelReply, Instant, Vec<Bytes>), Status> {
         let mut slot = self.connection.lock().await;
         let mut stream = match slot.take() {
             Some(s) => s,
@@ -344,8 +364,11 @@ impl ChannelClient {
         };
         let (headers, contents): (Vec<RawTensorPart>, Vec<&[f32]>) = push.into_iter().unzip();
         request.push_parts = headers;
+        let (row_headers, row_contents): (Vec<RawRowsPart>, Vec<Vec<u8>>) = push_rows.into_iter().unzip();
+        request.push_rows = row_headers;
         let io = async {
-            write_message(stream.get_mut(), &request, contents.iter().map(|c| le_bytes(c))).await?;
+            let all = contents.iter().map(|c| le_bytes(c)).chain(row_contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..])));
+            write_message(stream.get_mut(), &request, all).await?;
             let reply: TensorChannelReply = read_frame(&mut stream).await?;
             let arrived = Instant::now();
             for part in &reply.parts {
@@ -355,11 +378,21 @@ impl ChannelClient {
                 }
                 read_f32_into(&mut stream, &mut destinations[k][range]).await?;
             }
-            Ok::<_, ChannelError>((reply, arrived))
+            let mut rows = Vec::with_capacity(reply.rows.len());
+            for r in &reply.rows {
+                let len = usize::try_from(r.content_length).ok().filter(|&n| n <= MAX_POOLED_BYTES);
+                let len = len.ok_or_else(|| ChannelError::Protocol(format!("rows of {:?}: {} bytes", r.name, r.content_length)))?;
+                rows.push(read_content(&mut stream, len).await?);
+            }
+            Ok::<_, ChannelError>((reply, arrived, rows))
         };
-        let (reply, arrived) = match tokio::time::timeout(timeout, io).await {
-            Err(_) => return Err(Status::deadline_exceeded(format!("tensor channel to {}: no reply within {timeout:?}", self.address))),
-            Ok(Err(ChannelError::Protocol(m))) => return Err(Status::internal(format!("tensor channel to {}: {m}", self.address))),
+        let (reply, arrived, rows) = match tokio::time::timeout(timeout, io).await {
+            Err(_) => {
+                return Err(Status::deadline_exceeded(format!("tensor channel to {}: no reply within {timeout:?}", self.address)));
+            }
+            Ok(Err(ChannelError::Protocol(m))) => {
+                return Err(Status::internal(format!("tensor channel to {}: {m}", self.address)));
+            }
             Ok(Err(e)) => return Err(unavailable(&self.address, e)),
             Ok(Ok(r)) => r,
         };
@@ -368,7 +401,7 @@ impl ChannelClient {
         if reply.code != 0 {
             return Err(Status::new(Code::from(reply.code), reply.message));
         }
-        Ok((reply, arrived))
+        Ok((reply, arrived, rows))
     }
 }
 

@@ -20,6 +20,14 @@
 //! any safetensors reader can open it. The shard of ps 0 also holds the shard
 //! dispatcher's state (JSON) under `dispatcher`.
 //!
+//! An embedding partition holds only its materialised rows: its values as an
+//! `F32` tensor `[rows, dim]` under its own name (and its slots likewise),
+//! the rows' ids as an `I64` tensor `[rows]` named `<partition>:ids`, listed
+//! in the metadata `row_ids` (a JSON array of partition names), and the
+//! partition's description (table size, strategy, initializer: what gives
+//! every other row its value) in the metadata `embeddings` (a JSON object by
+//! partition name).
+//!
 //! `index.json` records `format` (`tfjob-checkpoint/1`), `global_step`,
 //! `num_ps`, the creation time, `checksum: "crc32c"` and, for every shard: its
 //! file name, size in bytes, the CRC-32C of the whole file (8 hex digits, the
@@ -28,11 +36,13 @@
 //!
 //! # Atomicity
 //!
-//! Every file is written to a temporary name in the same directory
-//! (`.<name>.tmp-<pid>-<n>`, ignored by every reader), synced, renamed to its
-//! final name, and the directory is synced. The index is written only after all
-//! shards, so a crash at any point leaves either no index (**incomplete**) or a
-//! checkpoint whose every byte was on disk before its index was. A checkpoint is
+//! `DIR` is a local path or an object-store URL (`s3://`, `gs://`, `az://`;
+//! see [`crate::storage`]). Every file is written whole or not at all: on an
+//! object store a PUT is atomic; locally the file is written to a temporary
+//! name, synced, renamed to its final name, and the directory is synced. The
+//! index is written only after every shard was, so a crash at any point
+//! leaves either no index (**incomplete**) or a checkpoint whose every byte
+//! was stored before its index was. A checkpoint is
 //! **complete** iff its index exists and parses, and every shard it lists exists
 //! with the listed size and checksum and parses as a safetensors file holding
 //! exactly the listed tensors and metadata. Anything else with an index is
@@ -40,16 +50,13 @@
 //! logs every newer one it skips.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use safetensors::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
 use crate::events::crc32c;
+use crate::storage::{Location, StorageError};
 
 /// Name of the index file inside a checkpoint directory.
 pub const INDEX_FILE: &str = "index.json";
@@ -63,9 +70,10 @@ pub const CHECKSUM_ALGORITHM: &str = "crc32c";
 pub const UPDATES_SUFFIX: &str = ":updates";
 /// Metadata key of the shard dispatcher's state.
 pub const DISPATCHER_KEY: &str = "dispatcher";
+/// Suffix of the tensor that stores an embedding partition's row ids.
+pub const IDS_SUFFIX: &str = ":ids";
 
 const DIR_PREFIX: &str = "ckpt-";
-const TMP_MARKER: &str = ".tmp-";
 
 /// A named f32 tensor: name, shape (row-major), values.
 pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
@@ -84,6 +92,13 @@ pub struct ShardData {
     /// [`crate::dispatch::DispatcherState`], kept in the metadata key
     /// `dispatcher`, so a restarted ps 0 resumes mid-epoch.
     pub dispatcher: Option<String>,
+    /// The row ids of each embedding partition, by partition name: its
+    /// values (a variable of this name, `[rows, dim]`) and slots hold those
+    /// rows in this order.
+    pub row_ids: Vec<(String, Vec<i64>)>,
+    /// Each embedding partition's description (JSON of
+    /// [`crate::embedding::EmbeddingPart`]), by partition name.
+    pub embeddings: Vec<(String, String)>,
 }
 
 /// Name and shape of one tensor of a shard, as listed in `index.json`.
@@ -110,13 +125,16 @@ pub struct ShardInfo {
     pub slots: Vec<TensorEntry>,
     /// Keys of the update counters.
     pub updates: Vec<String>,
+    /// The row ids of embedding partitions (`<partition>:ids`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_ids: Vec<TensorEntry>,
 }
 
 /// A complete checkpoint (every shard verified when it was found).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The checkpoint directory, `DIR/ckpt-<step>`.
-    pub path: PathBuf,
+    pub path: Location,
     pub global_step: i64,
     pub num_ps: usize,
     pub created_unix_secs: u64,
@@ -138,39 +156,34 @@ pub enum CheckpointStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointListing {
     pub step: i64,
-    pub path: PathBuf,
+    pub path: Location,
     pub status: CheckpointStatus,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint file {}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("checkpoint {}: {reason}", path.display())]
-    InvalidArgument { path: PathBuf, reason: String },
-    #[error("checkpoint {} is incomplete: {reason}", path.display())]
-    Incomplete { path: PathBuf, reason: String },
-    #[error("checkpoint file {} is damaged: {reason}", path.display())]
-    Damaged { path: PathBuf, reason: String },
+    #[error("checkpoint file {0}")]
+    Io(#[from] StorageError),
+    #[error("checkpoint {path}: {reason}")]
+    InvalidArgument { path: Location, reason: String },
+    #[error("checkpoint {path} is incomplete: {reason}")]
+    Incomplete { path: Location, reason: String },
+    #[error("checkpoint file {path} is damaged: {reason}")]
+    Damaged { path: Location, reason: String },
     #[error(
-        "checkpoint {} was written by {found} ps tasks but this job has {expected}; restore needs the same number of ps tasks (or move the checkpoint away to start afresh)",
-        path.display()
+        "checkpoint {path} was written by {found} ps tasks but this job has {expected}; restore needs the same number of ps tasks (or move the checkpoint away to start afresh)"
     )]
-    NumPsMismatch { path: PathBuf, found: usize, expected: usize },
-    #[error("checkpoint {} is already complete; refusing to overwrite its shards", path.display())]
-    AlreadyComplete { path: PathBuf },
+    NumPsMismatch { path: Location, found: usize, expected: usize },
+    #[error("checkpoint {path} is already complete; refusing to overwrite its shards")]
+    AlreadyComplete { path: Location },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io { path: path.to_path_buf(), source }
+fn damaged(path: &Location, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Damaged { path: path.clone(), reason: reason.into() }
 }
 
-fn damaged(path: &Path, reason: impl Into<String>) -> CheckpointError {
-    CheckpointError::Damaged { path: path.to_path_buf(), reason: reason.into() }
-}
-
-fn invalid(path: &Path, reason: impl Into<String>) -> CheckpointError {
-    CheckpointError::InvalidArgument { path: path.to_path_buf(), reason: reason.into() }
+fn invalid(path: &Location, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::InvalidArgument { path: path.clone(), reason: reason.into() }
 }
 
 mod hex_u32 {
@@ -203,8 +216,8 @@ struct IndexFile {
 }
 
 /// `DIR/ckpt-<step zero-padded to 10 digits>`.
-pub fn checkpoint_path(dir: &Path, step: i64) -> PathBuf {
-    dir.join(format!("{DIR_PREFIX}{step:010}"))
+pub fn checkpoint_path(dir: &Location, step: i64) -> Location {
+    dir.child(&format!("{DIR_PREFIX}{step:010}"))
 }
 
 /// `shard-<ps_index>-of-<num_ps>.safetensors`, both zero-padded to 5 digits.
@@ -220,54 +233,6 @@ fn parse_dir_name(name: &str) -> Option<i64> {
     }
     let step: i64 = digits.parse().ok()?;
     (format!("{step:010}") == digits).then_some(step)
-}
-
-fn is_temp_name(name: &str) -> bool {
-    name.starts_with('.') && name.contains(TMP_MARKER)
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
-}
-
-/// Writes `bytes` to `path` so that `path` either keeps its old state or has all
-/// of `bytes`, durably: temporary file, write, fsync, rename, fsync directory.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let parent = path.parent().ok_or_else(|| invalid(path, "has no parent directory"))?;
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| invalid(path, "has no file name"))?;
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = parent.join(format!(".{name}{TMP_MARKER}{}-{n}", std::process::id()));
-    let written = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if let Err(source) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(CheckpointError::Io { path: path.to_path_buf(), source });
-    }
-    sync_dir(parent).map_err(io_err(parent))
-}
-
-/// Creates `dir` and `dir/ckpt-<step>` if needed, durably.
-fn create_checkpoint_dir(dir: &Path, step: i64) -> Result<PathBuf, CheckpointError> {
-    let path = checkpoint_path(dir, step);
-    if !path.is_dir() {
-        fs::create_dir_all(&path).map_err(io_err(&path))?;
-        sync_dir(dir).map_err(io_err(dir))?;
-    }
-    Ok(path)
 }
 
 /// A tensor to serialize: dtype, shape and its little-endian bytes.
@@ -308,7 +273,7 @@ fn element_count(shape: &[usize]) -> Option<usize> {
 }
 
 /// Checks names and shapes of what a ps wants to save; returns the tensor list.
-fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, RawTensor<'a>)>, CheckpointError> {
+fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(String, RawTensor<'a>)>, CheckpointError> {
     let mut tensors = Vec::with_capacity(data.variables.len() + data.slots.len() + data.updates.len());
     let mut seen = BTreeSet::new();
     let mut check_name = |kind: &str, name: &str| {
@@ -341,6 +306,19 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
         let bytes = count.to_le_bytes().to_vec();
         tensors.push((name, RawTensor { dtype: Dtype::U64, shape: vec![1], data: bytes.into() }));
     }
+    for (partition, ids) in &data.row_ids {
+        let rows = data.variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) {
+            return Err(invalid(path, format!("row ids of {partition:?}: {} ids, but its values hold {rows:?} rows", ids.len())));
+        }
+        if !data.embeddings.iter().any(|(n, _)| n == partition) {
+            return Err(invalid(path, format!("embedding partition {partition:?} has no description")));
+        }
+        let name = format!("{partition}{IDS_SUFFIX}");
+        check_name("row ids", &name)?;
+        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        tensors.push((name, RawTensor { dtype: Dtype::I64, shape: vec![ids.len()], data: bytes.into() }));
+    }
     Ok(tensors)
 }
 
@@ -353,7 +331,7 @@ fn prepare_tensors<'a>(path: &Path, data: &'a ShardData) -> Result<Vec<(String, 
 /// ([`CheckpointError::AlreadyComplete`]); a damaged one (e.g. left by a crashed
 /// run that reached this step before) loses its index first, so it reads as
 /// incomplete until the chief writes a new index.
-pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
+pub fn write_shard(dir: &Location, step: i64, ps_index: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -362,7 +340,7 @@ pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: 
         return Err(invalid(&ckpt, format!("ps index {ps_index} is not in 0..{num_ps}")));
     }
     let file = shard_file_name(ps_index, num_ps);
-    let shard_path = ckpt.join(&file);
+    let shard_path = ckpt.child(&file);
     let tensors = prepare_tensors(&shard_path, data)?;
     let mut metadata: HashMap<String, String> = [
         ("format", SHARD_FORMAT.to_string()),
@@ -371,6 +349,8 @@ pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: 
         ("num_ps", num_ps.to_string()),
         ("slots", json_names(data.slots.iter().map(|s| &s.0))),
         ("updates", json_names(data.updates.iter().map(|u| &u.0))),
+        ("row_ids", json_names(data.row_ids.iter().map(|r| &r.0))),
+        ("embeddings", embeddings_json(&data.embeddings).map_err(|e| invalid(&shard_path, e))?),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -381,35 +361,45 @@ pub fn write_shard(dir: &Path, step: i64, ps_index: usize, num_ps: usize, data: 
     let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (n.clone(), t)), Some(metadata))
         .map_err(|e| invalid(&shard_path, format!("cannot serialize: {e}")))?;
 
-    let ckpt = create_checkpoint_dir(dir, step)?;
-    let index = ckpt.join(INDEX_FILE);
-    if index.exists() {
+    let index = ckpt.child(INDEX_FILE);
+    if index.size()?.is_some() {
         match verify(&ckpt, step) {
-            CheckpointStatus::Complete(_) => return Err(CheckpointError::AlreadyComplete { path: ckpt }),
+            CheckpointStatus::Complete(_) => {
+                return Err(CheckpointError::AlreadyComplete { path: ckpt });
+            }
             CheckpointStatus::Incomplete(_) => {}
             CheckpointStatus::Damaged(reason) => {
-                tracing::warn!(checkpoint = %ckpt.display(), %reason, "rewriting a damaged checkpoint; removing its index first");
-                match fs::remove_file(&index) {
-                    Ok(()) => sync_dir(&ckpt).map_err(io_err(&ckpt))?,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err(&index)(e)),
-                }
+                tracing::warn!(checkpoint = %ckpt, %reason, "rewriting a damaged checkpoint; removing its index first");
+                index.delete()?;
             }
         }
     }
-    write_atomic(&shard_path, &bytes)?;
+    let crc = crc32c::crc32c(&bytes);
+    let len = bytes.len() as u64;
+    shard_path.write(bytes)?;
     let entries = |list: &[NamedTensor]| list.iter().map(|(name, shape, _)| TensorEntry { name: name.clone(), shape: shape.clone() }).collect();
     Ok(ShardInfo {
         ps_index,
         num_ps,
         global_step: step,
         file,
-        bytes: bytes.len() as u64,
-        crc32c: crc32c::crc32c(&bytes),
+        bytes: len,
+        crc32c: crc,
         variables: entries(&data.variables),
         slots: entries(&data.slots),
         updates: data.updates.iter().map(|(k, _)| k.clone()).collect(),
+        row_ids: data.row_ids.iter().map(|(n, ids)| TensorEntry { name: format!("{n}{IDS_SUFFIX}"), shape: vec![ids.len()] }).collect(),
     })
+}
+
+/// The embeddings' descriptions as one JSON object (each one already JSON).
+fn embeddings_json(embeddings: &[(String, String)]) -> Result<String, String> {
+    let mut map = serde_json::Map::new();
+    for (name, json) in embeddings {
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("embedding {name:?}: description is not JSON: {e}"))?;
+        map.insert(name.clone(), value);
+    }
+    Ok(serde_json::Value::Object(map).to_string())
 }
 
 fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
@@ -421,7 +411,7 @@ fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
 /// they must be exactly one per ps index in `0..num_ps`, all for `step`, with no
 /// variable on two ps tasks, and every shard file must be present with its size.
 /// (Their checksums are verified on restore, not here.) Returns the index path.
-pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -> Result<PathBuf, CheckpointError> {
+pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo]) -> Result<Location, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -457,14 +447,13 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
         return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
     for s in by_ps.values() {
-        let path = ckpt.join(&s.file);
-        match fs::metadata(&path) {
-            Ok(m) if m.len() == s.bytes => {}
-            Ok(m) => return Err(damaged(&path, format!("{} bytes on disk, the ps reported {}", m.len(), s.bytes))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let path = ckpt.child(&s.file);
+        match path.size()? {
+            Some(len) if len == s.bytes => {}
+            Some(len) => return Err(damaged(&path, format!("{len} bytes stored, the ps reported {}", s.bytes))),
+            None => {
                 return Err(CheckpointError::Incomplete { path: ckpt.clone(), reason: format!("{} is missing", s.file) });
             }
-            Err(e) => return Err(io_err(&path)(e)),
         }
     }
     let created_unix_secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -479,24 +468,20 @@ pub fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -
     };
     let mut json = serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
     json.push(b'\n');
-    let path = ckpt.join(INDEX_FILE);
-    write_atomic(&path, &json)?;
+    let path = ckpt.child(INDEX_FILE);
+    path.write(json)?;
     Ok(path)
 }
 
 /// Reads and checks `index.json` of checkpoint directory `ckpt` (named for `step`).
-fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
-    let path = ckpt.join(INDEX_FILE);
-    let text = match fs::read(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let shards = shard_files(ckpt).len();
-            return Err(CheckpointError::Incomplete {
-                path: ckpt.to_path_buf(),
-                reason: format!("no {INDEX_FILE} (the chief had not written it); {shards} shard file(s) present"),
-            });
-        }
-        Err(e) => return Err(io_err(&path)(e)),
+fn read_index(ckpt: &Location, step: i64) -> Result<Checkpoint, CheckpointError> {
+    let path = ckpt.child(INDEX_FILE);
+    let Some(text) = path.read_if_exists()? else {
+        let shards = shard_files(ckpt)?.len();
+        return Err(CheckpointError::Incomplete {
+            path: ckpt.clone(),
+            reason: format!("no {INDEX_FILE} (the chief had not written it); {shards} shard file(s) present"),
+        });
     };
     let index: IndexFile = serde_json::from_slice(&text).map_err(|e| damaged(&path, format!("does not parse as a checkpoint index: {e}")))?;
     if index.format != INDEX_FORMAT {
@@ -519,26 +504,20 @@ fn read_index(ckpt: &Path, step: i64) -> Result<Checkpoint, CheckpointError> {
             ));
         }
     }
-    Ok(Checkpoint { path: ckpt.to_path_buf(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
+    Ok(Checkpoint { path: ckpt.clone(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
 }
 
 /// Final shard file names present in `ckpt` (temporary files excluded).
-fn shard_files(ckpt: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(ckpt) else { return Vec::new() };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| !is_temp_name(n) && n.starts_with("shard-") && n.ends_with(".safetensors"))
-        .collect();
-    names.sort();
-    names
+fn shard_files(ckpt: &Location) -> Result<Vec<String>, CheckpointError> {
+    Ok(ckpt.list()?.files.into_iter().map(|(n, _)| n).filter(|n| !n.starts_with('.') && n.starts_with("shard-") && n.ends_with(".safetensors")).collect())
 }
 
-fn meta_value<'m>(path: &Path, meta: &'m HashMap<String, String>, key: &str) -> Result<&'m str, CheckpointError> {
+fn meta_value<'m>(path: &Location, meta: &'m HashMap<String, String>, key: &str) -> Result<&'m str, CheckpointError> {
     meta.get(key).map(String::as_str).ok_or_else(|| damaged(path, format!("metadata has no {key:?}")))
 }
 
 fn meta_number<T: std::str::FromStr + PartialEq + std::fmt::Display>(
-    path: &Path,
+    path: &Location,
     meta: &HashMap<String, String>,
     key: &str,
     expected: T,
@@ -553,13 +532,9 @@ fn meta_number<T: std::str::FromStr + PartialEq + std::fmt::Display>(
 /// Reads one shard of `ckpt`, verifying size, checksum, safetensors structure,
 /// metadata and that its tensors are exactly those the index lists.
 fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, CheckpointError> {
-    let path = ckpt.path.join(&info.file);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(damaged(&path, format!("listed in {INDEX_FILE} but missing")));
-        }
-        Err(e) => return Err(io_err(&path)(e)),
+    let path = ckpt.path.child(&info.file);
+    let Some(bytes) = path.read_if_exists()? else {
+        return Err(damaged(&path, format!("listed in {INDEX_FILE} but missing")));
     };
     if bytes.len() as u64 != info.bytes {
         return Err(damaged(&path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
@@ -588,9 +563,20 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     if slot_names != listed(&info.slots) || update_keys != info.updates {
         return Err(damaged(&path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
     }
+    // Shards written before embeddings existed have neither key.
+    let partitions = if meta.contains_key("row_ids") { names("row_ids")? } else { Vec::new() };
+    let id_names: Vec<String> = partitions.iter().map(|p| format!("{p}{IDS_SUFFIX}")).collect();
+    if id_names != listed(&info.row_ids) {
+        return Err(damaged(&path, format!("its row_ids metadata differs from {INDEX_FILE}")));
+    }
+    let embeddings: BTreeMap<String, serde_json::Value> = match meta.get("embeddings") {
+        Some(json) => serde_json::from_str(json).map_err(|e| damaged(&path, format!("metadata embeddings is not a JSON object: {e}")))?,
+        None => BTreeMap::new(),
+    };
 
     let mut f32s: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     let mut u64s: HashMap<String, u64> = HashMap::new();
+    let mut i64s: HashMap<String, Vec<i64>> = HashMap::new();
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
@@ -601,14 +587,19 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
                 let d = view.data();
                 u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
             }
+            Dtype::I64 if view.shape().len() == 1 => {
+                let ids = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                i64s.insert(name, ids);
+            }
             other => {
                 return Err(damaged(&path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
             }
         }
     }
-    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len();
-    if f32s.len() + u64s.len() != expected_tensors {
-        return Err(damaged(&path, format!("holds {} tensors, {INDEX_FILE} lists {expected_tensors}", f32s.len() + u64s.len())));
+    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len() + info.row_ids.len();
+    let held = f32s.len() + u64s.len() + i64s.len();
+    if held != expected_tensors {
+        return Err(damaged(&path, format!("holds {held} tensors, {INDEX_FILE} lists {expected_tensors}")));
     }
     let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
@@ -631,11 +622,23 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
         let count = u64s.remove(&name).ok_or_else(|| damaged(&path, format!("has no u64 tensor {name:?}")))?;
         updates.push((key.clone(), count));
     }
-    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned() })
+    let mut row_ids = Vec::with_capacity(partitions.len());
+    let mut descriptions = Vec::with_capacity(partitions.len());
+    for (partition, entry) in partitions.iter().zip(&info.row_ids) {
+        let ids = i64s.remove(&entry.name).ok_or_else(|| damaged(&path, format!("has no i64 tensor {:?}", entry.name)))?;
+        let rows = variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
+        if rows != Some(ids.len()) || entry.shape != [ids.len()] {
+            return Err(damaged(&path, format!("{} ids for embedding partition {partition:?}, whose values hold {rows:?} rows", ids.len())));
+        }
+        let description = embeddings.get(partition).ok_or_else(|| damaged(&path, format!("embedding partition {partition:?} has no description")))?;
+        row_ids.push((partition.clone(), ids));
+        descriptions.push((partition.clone(), description.to_string()));
+    }
+    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned(), row_ids, embeddings: descriptions })
 }
 
 /// Fully checks the checkpoint directory `ckpt` (named for `step`): index and every shard.
-pub fn verify(ckpt: &Path, step: i64) -> CheckpointStatus {
+pub fn verify(ckpt: &Location, step: i64) -> CheckpointStatus {
     let result = read_index(ckpt, step).and_then(|c| {
         for info in &c.shards {
             load_shard(&c, info)?;
@@ -650,36 +653,23 @@ pub fn verify(ckpt: &Path, step: i64) -> CheckpointStatus {
 }
 
 /// The reason of an error, with paths relative to the checkpoint directory.
-fn reason_in(ckpt: &Path, e: &CheckpointError) -> String {
-    let file = |p: &Path| p.strip_prefix(ckpt).unwrap_or(p).display().to_string();
+fn reason_in(ckpt: &Location, e: &CheckpointError) -> String {
+    let prefix = format!("{ckpt}/");
     match e {
-        CheckpointError::Damaged { path, reason } => format!("{}: {reason}", file(path)),
-        CheckpointError::Io { path, source } => format!("{}: {source}", file(path)),
-        other => other.to_string(),
+        CheckpointError::Damaged { path, reason } => format!("{}: {reason}", path.to_string().strip_prefix(&prefix).unwrap_or(&path.to_string())),
+        other => other.to_string().replace(&prefix, ""),
     }
 }
 
 /// `(step, path)` of every checkpoint directory in `dir`, oldest first. A missing `dir` has none.
-fn checkpoint_dirs(dir: &Path) -> Result<Vec<(i64, PathBuf)>, CheckpointError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(dir)(e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(io_err(dir))?;
-        let Some(step) = entry.file_name().to_str().and_then(parse_dir_name) else { continue };
-        if entry.path().is_dir() {
-            out.push((step, entry.path()));
-        }
-    }
-    out.sort();
+fn checkpoint_dirs(dir: &Location) -> Result<Vec<(i64, Location)>, CheckpointError> {
+    let mut out: Vec<(i64, Location)> = dir.list()?.dirs.iter().filter_map(|name| Some((parse_dir_name(name)?, dir.child(name)))).collect();
+    out.sort_by_key(|(step, _)| *step);
     Ok(out)
 }
 
 /// Every checkpoint in `dir`, oldest first, each fully verified. A missing `dir` lists nothing.
-pub fn list(dir: &Path) -> Result<Vec<CheckpointListing>, CheckpointError> {
+pub fn list(dir: &Location) -> Result<Vec<CheckpointListing>, CheckpointError> {
     Ok(checkpoint_dirs(dir)?
         .into_iter()
         .map(|(step, path)| {
@@ -694,18 +684,20 @@ pub fn list(dir: &Path) -> Result<Vec<CheckpointListing>, CheckpointError> {
 /// warning naming what is wrong. If the newest complete one was written by a
 /// different number of ps tasks, that is an error rather than a silent
 /// fall-back to an older one.
-pub fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
+pub fn latest_complete(dir: &Location, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
     for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
         match verify(&path, step) {
-            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => return Ok(Some(c)),
+            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => {
+                return Ok(Some(c));
+            }
             CheckpointStatus::Complete(c) => {
                 return Err(CheckpointError::NumPsMismatch { path, found: c.num_ps, expected: num_ps });
             }
             CheckpointStatus::Incomplete(reason) => {
-                tracing::warn!(checkpoint = %path.display(), step, %reason, "skipping incomplete checkpoint");
+                tracing::warn!(checkpoint = %path, step, %reason, "skipping incomplete checkpoint");
             }
             CheckpointStatus::Damaged(reason) => {
-                tracing::warn!(checkpoint = %path.display(), step, %reason, "skipping damaged checkpoint");
+                tracing::warn!(checkpoint = %path, step, %reason, "skipping damaged checkpoint");
             }
         }
     }
@@ -732,6 +724,8 @@ pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
         all.variables.extend(s.variables);
         all.slots.extend(s.slots);
         all.updates.extend(s.updates);
+        all.row_ids.extend(s.row_ids);
+        all.embeddings.extend(s.embeddings);
     }
     Ok(all)
 }
@@ -741,7 +735,7 @@ pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
 /// checkpoint whatever its state, and every incomplete or damaged one older
 /// than the newest complete one. Incomplete ones newer than the newest
 /// complete one are kept: they may be being written. Returns what it deleted.
-pub fn prune(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
+pub fn prune(dir: &Location, keep_last: usize) -> Result<Vec<Location>, CheckpointError> {
     let keep_last = keep_last.max(1);
     let mut complete = 0usize;
     let mut deleted = Vec::new();
@@ -767,35 +761,29 @@ pub fn prune(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointErr
 }
 
 /// Removes the index first, so a checkpoint half-deleted by a crash reads as incomplete.
-fn remove_checkpoint(path: &Path) -> Result<(), CheckpointError> {
-    let index = path.join(INDEX_FILE);
-    match fs::remove_file(&index) {
-        Ok(()) => sync_dir(path).map_err(io_err(path))?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&index)(e)),
-    }
-    fs::remove_dir_all(path).map_err(io_err(path))
+fn remove_checkpoint(path: &Location) -> Result<(), CheckpointError> {
+    path.child(INDEX_FILE).delete()?;
+    Ok(path.delete_all()?)
 }
 
 /// A human-readable listing of `dir` for `tfjob-runtime checkpoint inspect DIR`:
 /// every checkpoint with its step and status, and for complete ones every shard
 /// with its variables, slots and update counters.
-pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
+pub fn inspect(dir: &Location) -> Result<String, CheckpointError> {
     use std::fmt::Write as _;
     let listing = list(dir)?;
     let mut out = String::new();
     if listing.is_empty() {
-        let _ = writeln!(out, "no checkpoints in {}", dir.display());
+        let _ = writeln!(out, "no checkpoints in {dir}");
         return Ok(out);
     }
     let latest = listing.iter().rev().find_map(|l| match &l.status {
         CheckpointStatus::Complete(c) => Some(c.global_step),
         _ => None,
     });
-    let _ =
-        writeln!(out, "{} checkpoint(s) in {}; latest complete: {}", listing.len(), dir.display(), latest.map_or("none".to_string(), |s| format!("step {s}")));
+    let _ = writeln!(out, "{} checkpoint(s) in {dir}; latest complete: {}", listing.len(), latest.map_or("none".to_string(), |s| format!("step {s}")));
     for l in &listing {
-        let name = l.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = l.path.name();
         match &l.status {
             CheckpointStatus::Complete(c) => {
                 let total: u64 = c.shards.iter().map(|s| s.bytes).sum();
@@ -816,6 +804,9 @@ pub fn inspect(dir: &Path) -> Result<String, CheckpointError> {
                     }
                     for k in &s.updates {
                         let _ = writeln!(out, "    updates   {k}");
+                    }
+                    for r in &s.row_ids {
+                        let _ = writeln!(out, "    row ids   {}  {} row(s) materialised", r.name, r.shape.first().copied().unwrap_or(0));
                     }
                 }
                 if let Some(line) = dispatcher_line(c) {

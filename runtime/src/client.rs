@@ -14,8 +14,11 @@ use tonic::{Code, IntoRequest, Request, Status};
 use crate::auth::{Credentials, TokenAttach};
 use crate::channel::ChannelClient;
 use crate::cluster::TaskId;
+use crate::embedding::{EmbeddingPart, RowInit};
+use crate::lookup::{self, RowsReceiver, TablePart};
+use crate::model::Init;
 use crate::placement::{Placement, Shard};
-use crate::proto::{self, TensorPart, parameter_server_client::ParameterServerClient};
+use crate::proto::{self, RowsPart, TensorPart, parameter_server_client::ParameterServerClient};
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
@@ -115,7 +118,9 @@ where
                 tokio::time::sleep(delay.min(patience.saturating_sub(waited))).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
-            Err(status) => return Err(ClientError::Rpc { what, ps, address: address.into(), status }),
+            Err(status) => {
+                return Err(ClientError::Rpc { what, ps, address: address.into(), status });
+            }
         }
     }
 }
@@ -166,24 +171,31 @@ async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
 /// How long a leaving task waits for each ps's answer (a ps that has exited
 /// never answers): well inside Kubernetes' default grace period of 30 s, and
 /// inside the 3 s the test node agent grants.
-const LEAVE_DEADLINE: Duration = Duration::from_millis(1500);
-
-/// Deregisters `task` from every ps at `addresses` (a task stopping on
-/// purpose: SIGTERM, a scale-down), so no sync step waits for its lease to
-/// run out and its shard of the data is handed to another worker at once.
-/// Returns how many ps tasks acknowledged; bounded by [`LEAVE_DEADLINE`]
-/// however the connections fare.
-pub async fn leave_job(task: &TaskId, addresses: &[String], credentials: &Credentials, reason: &str) -> usize {
-    let clients: Vec<PsGrpc> = addresses.iter().filter_map(|a| ps_client(a, credentials, LEAVE_DEADLINE).ok()).collect();
-    tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&clients, task, reason)).await.unwrap_or(0)
-}
+pub const LEAVE_DEADLINE: Duration = Duration::from_millis(1500);
 
 /// A variable of the model as the client knows it.
 #[derive(Debug, Clone)]
 pub struct ModelVariable {
     pub name: String,
     pub shape: Vec<usize>,
+    /// A sparse embedding: its rows' initializer and seed (the ps gives
+    /// every row its initial value from them).
+    pub rows: Option<(Init, u64)>,
 }
+
+impl ModelVariable {
+    pub fn dense(name: impl Into<String>, shape: Vec<usize>) -> Self {
+        ModelVariable { name: name.into(), shape, rows: None }
+    }
+}
+
+/// The rows of a step's sparse embeddings: per variable of the model, the
+/// sorted unique ids whose rows are wanted (or pushed); empty for dense
+/// variables. [`NO_ROWS`] for a model without sparse embeddings.
+pub type Rows<'a> = &'a [Vec<i64>];
+
+/// No rows at all.
+pub const NO_ROWS: Rows<'static> = &[];
 
 /// Values pulled from every ps.
 #[derive(Debug, Clone)]
@@ -207,6 +219,20 @@ async fn receive_pull(c: &mut PsGrpc, req: proto::PullVariablesRequest, wait: Du
     Ok(replies)
 }
 
+/// The push half of one [`PsSet::push_pull`] and the rows it pulls.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRequest<'a> {
+    /// The step of the values pulled from each ps (the push's tag).
+    pub steps: &'a [i64],
+    /// Which ps tasks to push to.
+    pub push_to: &'a [bool],
+    pub gradients: &'a [ArrayD<f32>],
+    /// The ids of the sparse embeddings' gradient rows.
+    pub pushed_rows: Rows<'a>,
+    /// The rows to pull after the push (the next batch's).
+    pub pulled_rows: Rows<'a>,
+}
+
 /// What every ps replied to one [`PsSet::push_pull`].
 #[derive(Debug, Clone)]
 pub struct Stepped {
@@ -226,8 +252,10 @@ pub struct PsSet {
     clients: Vec<PsGrpc>,
     placement: Placement,
     variables: Vec<ModelVariable>,
-    /// For each ps, its shards as (variable index, shard).
+    /// For each ps, its shards of dense variables as (variable index, shard).
     shards: Vec<Vec<(usize, Shard)>>,
+    /// For each ps, its partitions of sparse embeddings.
+    tables: Vec<Vec<TablePart>>,
     pub config: proto::TrainingConfig,
     pub patience: Duration,
     pub part_bytes: usize,
@@ -249,24 +277,29 @@ struct ChannelAnswer {
     waited: Duration,
     bytes: u64,
     first_reply: Duration,
+    /// The rows pulled: per partition of the ps (in order), its pieces.
+    rows: Vec<Vec<RowsPart>>,
 }
 
-/// The pull half of a tensor channel request: destinations, the step to
-/// wait for on each ps, whether to wait for initialisation, how long.
+/// The pull half of a tensor channel request: destinations, the rows
+/// wanted, the step to wait for on each ps, whether to wait for
+/// initialisation, how long.
 struct ChannelPull<'a> {
     params: &'a mut [ArrayD<f32>],
+    rows: Rows<'a>,
     min_steps: &'a [i64],
     wait_initialized: bool,
     wait: Duration,
 }
 
 /// The push half: the step of each ps's values, which ps to push to, the
-/// gradients, the push id.
+/// gradients (and the ids of sparse embeddings' rows), the push id.
 #[derive(Clone, Copy)]
 struct ChannelPush<'a> {
     steps: &'a [i64],
     push_to: &'a [bool],
     gradients: &'a [ArrayD<f32>],
+    rows: Rows<'a>,
     push_id: u64,
 }
 
@@ -320,13 +353,20 @@ impl PsSet {
     ) -> Result<Self, ClientError> {
         let clients = addresses.iter().map(|a| ps_client(a, credentials, Duration::from_secs(5))).collect::<Result<Vec<_>, _>>()?;
         let mut shards = vec![Vec::new(); addresses.len()];
+        let mut tables = vec![Vec::new(); addresses.len()];
         for (vi, v) in variables.iter().enumerate() {
             for s in &placement.variables[&v.name] {
-                shards[s.ps].push((vi, s.clone()));
+                match s.partition {
+                    Some(partition) => tables[s.ps].push(TablePart { var: vi, stored_name: s.stored_name.clone(), partition, dim: s.shape[1] }),
+                    None => shards[s.ps].push((vi, s.clone())),
+                }
             }
         }
         for list in &mut shards {
             list.sort_by(|a, b| a.1.stored_name.cmp(&b.1.stored_name));
+        }
+        for list in &mut tables {
+            list.sort_by(|a: &TablePart, b| a.stored_name.cmp(&b.stored_name));
         }
         Ok(PsSet {
             task,
@@ -335,6 +375,7 @@ impl PsSet {
             placement,
             variables,
             shards,
+            tables,
             config,
             patience,
             part_bytes: tensor::DEFAULT_PART_BYTES,
@@ -356,38 +397,56 @@ impl PsSet {
     }
 
     /// One request per ps on the tensor channel, concurrently: the push
-    /// (to the ps it names) and the pull, either or both. Each ps's values
-    /// are read straight into `pull.params`.
+    /// (to the ps it names) and the pull, either or both. Each ps's dense
+    /// values are read straight into `pull.params`, its rows written there
+    /// once every ps answered.
     async fn on_channel(&self, what: &'static str, push: Option<ChannelPush<'_>>, pull: Option<ChannelPull<'_>>) -> Result<Vec<ChannelAnswer>, ClientError> {
         let start = Instant::now();
         let n = self.num_ps();
         let wants_pull = pull.is_some();
-        let (destinations, pull_args) = match pull {
-            Some(p) => {
-                let shard_vars: Vec<Vec<_>> = self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
-                (shard_slices(p.params, &shard_vars), Some((p.min_steps, p.wait_initialized, p.wait)))
+        let (mut params, pull_rows, pull_args) = match pull {
+            Some(p) => (Some(p.params), p.rows, Some((p.min_steps, p.wait_initialized, p.wait))),
+            None => (None, NO_ROWS, None),
+        };
+        let mut rows_of = match params.as_deref_mut() {
+            Some(params) => {
+                Self::shape_rows(params, &self.variables, pull_rows);
+                Some(self.take_sparse(params))
             }
-            None => ((0..n).map(|_| Vec::new()).collect(), None),
+            None => None,
+        };
+        let destinations = match params.as_deref_mut() {
+            Some(params) => {
+                let shard_vars: Vec<Vec<_>> = self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
+                shard_slices(params, &shard_vars)
+            }
+            None => (0..n).map(|_| Vec::new()).collect(),
         };
         let calls = destinations.into_iter().enumerate().map(|(ps, mut destinations)| {
             let push_here = push.filter(|p| p.push_to[ps]);
             let request = proto::TensorChannelRequest {
-                push: push_here.map(|p| proto::PushGradientsRequest {
-                    task: self.task_proto(),
-                    step: p.steps[ps],
-                    push_id: p.push_id,
-                    part: None,
-                    abstain: false,
-                }),
+                push: push_here.map(|p| proto::PushGradientsRequest { task: self.task_proto(), step: p.steps[ps], push_id: p.push_id, ..Default::default() }),
                 push_parts: Vec::new(),
-                pull: pull_args.map(|(min_steps, wait_initialized, wait)| self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)),
+                pull: pull_args.map(|(min_steps, wait_initialized, wait)| proto::PullVariablesRequest {
+                    rows: self.rows_requests(ps, pull_rows),
+                    ..self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
+                }),
+                push_rows: Vec::new(),
             };
             let mut contents = Vec::new();
+            let mut row_contents = Vec::new();
             if let Some(p) = push_here {
                 for (vi, s) in &self.shards[ps] {
                     let all = p.gradients[*vi].as_slice().expect("standard layout");
                     let values = &all[self.element_range(*vi, s)];
                     contents.extend(crate::channel::raw_parts(&s.stored_name, &tensor::wire_shape(&s.shape), values, self.part_bytes));
+                }
+                for t in &self.tables[ps] {
+                    let ids = &p.rows[t.var];
+                    let positions = t.positions(ids);
+                    let content = lookup::push_content(ids, p.gradients[t.var].as_slice().expect("standard layout"), t.dim, &positions);
+                    let header = proto::RawRowsPart { name: t.stored_name.clone(), count: positions.len() as u64, content_length: content.len() as u64 };
+                    row_contents.push((header, content));
                 }
             }
             let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
@@ -408,7 +467,8 @@ impl PsSet {
             let channel = &self.channels[ps];
             let address = &self.addresses[ps];
             async move {
-                let (reply, arrived) = without_retry(ps, address, what, || channel.exchange(request, contents, &mut destinations, &locate, timeout)).await?;
+                let (reply, arrived, row_bytes) =
+                    without_retry(ps, address, what, || channel.exchange(request, contents, row_contents, &mut destinations, &locate, timeout)).await?;
                 let mut covered = vec![0usize; shards.len()];
                 let mut bytes = 0;
                 for p in &reply.parts {
@@ -419,6 +479,8 @@ impl PsSet {
                 if wants_pull && !(reply.parts.is_empty() && reply.done) {
                     check_covered(ps, shards, &covered)?;
                 }
+                let rows = reply.rows.iter().zip(row_bytes).map(|(h, content)| RowsPart { name: h.name.clone(), count: h.count, content }).collect::<Vec<_>>();
+                bytes += rows.iter().map(|r| r.content.len() as u64).sum::<u64>();
                 Ok(ChannelAnswer {
                     push: reply.push,
                     step: reply.step,
@@ -426,10 +488,89 @@ impl PsSet {
                     waited: Duration::from_micros(reply.waited_micros),
                     bytes,
                     first_reply: arrived.saturating_duration_since(start),
+                    rows: rows.into_iter().map(|r| vec![r]).collect(),
                 })
             }
         });
-        try_join_all(calls).await
+        let answers = try_join_all(calls).await;
+        if let (Some(params), Some(rows_of)) = (params, rows_of.as_mut()) {
+            let answers = answers.as_deref().unwrap_or_default();
+            let taken = answers
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| !(a.rows.is_empty() && a.done))
+                .try_for_each(|(ps, a)| self.take_rows(ps, pull_rows, &a.rows, rows_of));
+            // The sparse rows go back whatever happened (the shapes stay right).
+            for (vi, v) in self.variables.iter().enumerate() {
+                if v.rows.is_some() {
+                    params[vi] = std::mem::replace(&mut rows_of[vi], ArrayD::zeros(vec![0]));
+                }
+            }
+            taken?;
+        }
+        answers
+    }
+
+    /// Resizes each sparse embedding's parameter to the rows wanted.
+    fn shape_rows(params: &mut [ArrayD<f32>], variables: &[ModelVariable], rows: Rows<'_>) {
+        for (vi, v) in variables.iter().enumerate() {
+            if v.rows.is_some() {
+                let want = [rows.get(vi).map_or(0, Vec::len), v.shape[1]];
+                if params[vi].shape() != want {
+                    params[vi] = ArrayD::zeros(want.to_vec());
+                }
+            }
+        }
+    }
+
+    /// Takes the sparse embeddings' rows out of `params` (left empty there,
+    /// so that they are no dense destination), by variable index.
+    fn take_sparse(&self, params: &mut [ArrayD<f32>]) -> Vec<ArrayD<f32>> {
+        self.variables
+            .iter()
+            .enumerate()
+            .map(|(vi, v)| match v.rows {
+                Some(_) => std::mem::replace(&mut params[vi], ArrayD::zeros(vec![0, v.shape[1]])),
+                None => ArrayD::zeros(vec![0]),
+            })
+            .collect()
+    }
+
+    /// The rows to ask ps `ps` for.
+    fn rows_requests(&self, ps: usize, rows: Rows<'_>) -> Vec<proto::RowsRequest> {
+        if rows.is_empty() {
+            return Vec::new();
+        }
+        self.tables[ps]
+            .iter()
+            .map(|t| proto::RowsRequest { name: t.stored_name.clone(), ids: lookup::ids_at(&rows[t.var], &t.positions(&rows[t.var])).into() })
+            .collect()
+    }
+
+    /// Writes the rows ps `ps` sent (per partition, its pieces in order)
+    /// where the batch's order puts them.
+    fn take_rows(&self, ps: usize, rows: Rows<'_>, pieces: &[Vec<RowsPart>], dst: &mut [ArrayD<f32>]) -> Result<(), ClientError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let protocol = |e: String| ClientError::Protocol(format!("ps:{ps}: {e}"));
+        if pieces.len() != self.tables[ps].len() {
+            return Err(protocol(format!("rows of {} partition(s) came, {} were asked for", pieces.len(), self.tables[ps].len())));
+        }
+        for (t, pieces) in self.tables[ps].iter().zip(pieces) {
+            let ids = &rows[t.var];
+            let positions = t.positions(ids);
+            let mut receiver = RowsReceiver::new(&t.stored_name, t.dim, ids, &positions);
+            let out = dst[t.var].as_slice_mut().expect("standard layout");
+            for piece in pieces {
+                if piece.name != t.stored_name {
+                    return Err(protocol(format!("rows of {:?} came where {:?} was asked for", piece.name, t.stored_name)));
+                }
+                receiver.take(piece.count, &piece.content, out).map_err(protocol)?;
+            }
+            receiver.finish().map_err(protocol)?;
+        }
+        Ok(())
     }
 
     fn pulled_from(answers: &[ChannelAnswer]) -> Pulled {
@@ -460,13 +601,49 @@ impl PsSet {
         shard.rows.start * row..shard.rows.end * row
     }
 
+    /// The variables ps `ps` holds as this task sees them: its shards of
+    /// dense variables, then its embedding partitions.
+    fn specs_on(&self, ps: usize) -> (Vec<proto::VariableSpec>, Vec<proto::VariableSpec>) {
+        let dense = self.shards[ps]
+            .iter()
+            .map(|(_, s)| proto::VariableSpec {
+                name: s.stored_name.clone(),
+                dtype: proto::DataType::DtFloat as i32,
+                shape: tensor::wire_shape(&s.shape),
+                embedding: None,
+            })
+            .collect();
+        let tables = self.tables[ps]
+            .iter()
+            .map(|t| {
+                let v = &self.variables[t.var];
+                let (init, seed) = v.rows.clone().expect("a sparse embedding");
+                let p = t.partition;
+                let part = EmbeddingPart {
+                    variable: v.name.clone(),
+                    rows: p.rows,
+                    dim: t.dim,
+                    strategy: p.strategy,
+                    partition: p.index,
+                    num_partitions: p.count,
+                    init: RowInit::new(&v.name, init, seed),
+                };
+                proto::VariableSpec {
+                    name: t.stored_name.clone(),
+                    dtype: proto::DataType::DtFloat as i32,
+                    shape: vec![part.partition_rows() as i64, t.dim as i64],
+                    embedding: Some(part.to_proto()),
+                }
+            })
+            .collect();
+        (dense, tables)
+    }
+
     /// Presents this task's view to every ps. `observer` for evaluators.
     pub async fn handshake(&self, observer: bool) -> Result<Vec<proto::HandshakeReply>, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
-            let variables = self.shards[ps]
-                .iter()
-                .map(|(_, s)| proto::VariableSpec { name: s.stored_name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&s.shape) })
-                .collect();
+            let (mut variables, tables) = self.specs_on(ps);
+            variables.extend(tables);
             let req = proto::HandshakeRequest {
                 task: self.task_proto(),
                 config: (!observer).then_some(self.config),
@@ -485,8 +662,10 @@ impl PsSet {
         try_join_all(calls).await
     }
 
-    /// Sends the initial values of every variable to its ps (chief only).
-    /// Returns true when some ps was already initialised (a restarted chief).
+    /// Sends the initial values of every variable to its ps (chief only):
+    /// the dense ones' values, the embedding partitions' descriptions (their
+    /// rows start from their initializer on the ps). Returns true when some
+    /// ps was already initialised (a restarted chief).
     pub async fn init(&self, values: &[ArrayD<f32>], step: i64) -> Result<bool, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
             let mut messages = vec![proto::InitVariablesRequest {
@@ -495,6 +674,7 @@ impl PsSet {
                 placement_fingerprint: self.placement.fingerprint(),
                 part: None,
                 step,
+                embeddings: self.specs_on(ps).1,
             }];
             for (vi, s) in &self.shards[ps] {
                 let all = values[*vi].as_slice().expect("standard layout");
@@ -519,19 +699,32 @@ impl PsSet {
             min_step,
             wait_initialized,
             wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
+            rows: vec![],
         }
     }
 
-    /// Pulls every variable from every ps into `params` (which must have the
-    /// variables' shapes), waiting until ps `i` reaches `min_steps[i]` (0: no
-    /// wait). `wait` bounds how long one server-side wait lasts.
-    pub async fn pull(&self, params: &mut [ArrayD<f32>], min_steps: &[i64], wait_initialized: bool, wait: Duration) -> Result<Pulled, ClientError> {
+    /// Pulls every dense variable from every ps into `params` (which must
+    /// have the variables' shapes), and the rows `rows` of the sparse
+    /// embeddings (their parameters are resized to them), waiting until ps
+    /// `i` reaches `min_steps[i]` (0: no wait). `wait` bounds how long one
+    /// server-side wait lasts.
+    pub async fn pull(
+        &self,
+        params: &mut [ArrayD<f32>],
+        rows: Rows<'_>,
+        min_steps: &[i64],
+        wait_initialized: bool,
+        wait: Duration,
+    ) -> Result<Pulled, ClientError> {
         if self.use_channel {
-            let pull = ChannelPull { params, min_steps, wait_initialized, wait };
+            let pull = ChannelPull { params, rows, min_steps, wait_initialized, wait };
             return Ok(Self::pulled_from(&self.on_channel("pull from", None, Some(pull)).await?));
         }
         let calls = (0..self.num_ps()).map(|ps| {
-            let req = self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait);
+            let req = proto::PullVariablesRequest {
+                rows: self.rows_requests(ps, rows),
+                ..self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
+            };
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "pull from", move || {
                 let mut c = client.clone();
@@ -539,12 +732,13 @@ impl PsSet {
             })
         });
         let per_ps = try_join_all(calls).await?;
-        self.absorb(params, per_ps)
+        self.absorb(params, rows, per_ps)
     }
 
     /// Takes in what every ps replied to a pull: writes the values into
     /// `params` and sums up steps, `done`, waits and bytes.
-    fn absorb(&self, params: &mut [ArrayD<f32>], per_ps: Vec<Vec<proto::PullVariablesReply>>) -> Result<Pulled, ClientError> {
+    fn absorb(&self, params: &mut [ArrayD<f32>], rows: Rows<'_>, per_ps: Vec<Vec<proto::PullVariablesReply>>) -> Result<Pulled, ClientError> {
+        Self::shape_rows(params, &self.variables, rows);
         let mut steps = Vec::with_capacity(per_ps.len());
         let mut done = false;
         let mut waited = Duration::ZERO;
@@ -554,12 +748,24 @@ impl PsSet {
             steps.push(step);
             waited = waited.max(Duration::from_micros(replies.first().map_or(0, |r| r.waited_micros)));
             bytes += replies.iter().filter_map(|r| r.part.as_ref()).map(|p| p.content.len() as u64).sum::<u64>();
+            bytes += replies.iter().filter_map(|r| r.rows.as_ref()).map(|p| p.content.len() as u64).sum::<u64>();
             done |= replies.iter().any(|r| r.done);
-            let parts: Vec<TensorPart> = replies.into_iter().filter_map(|r| r.part).collect();
-            if parts.is_empty() && done {
+            let mut parts = Vec::new();
+            let mut pieces: Vec<Vec<RowsPart>> = Vec::new();
+            for r in replies {
+                parts.extend(r.part);
+                if let Some(piece) = r.rows {
+                    match pieces.last_mut() {
+                        Some(last) if last[0].name == piece.name => last.push(piece),
+                        _ => pieces.push(vec![piece]),
+                    }
+                }
+            }
+            if parts.is_empty() && pieces.is_empty() && done {
                 continue;
             }
             self.scatter(ps, params, &parts)?;
+            self.take_rows(ps, rows, &pieces, params)?;
         }
         Ok(Pulled { steps, done, waited, bytes })
     }
@@ -583,37 +789,49 @@ impl PsSet {
     }
 
     /// The messages of one push to ps `ps`: its shards of the gradients as
-    /// parts, tagged with the step and the push id.
-    fn push_messages(&self, ps: usize, step: i64, push_id: u64, gradients: &[ArrayD<f32>]) -> Vec<proto::PushGradientsRequest> {
+    /// parts and its partitions' rows, tagged with the step and the push id.
+    fn push_messages(&self, ps: usize, step: i64, push_id: u64, gradients: &[ArrayD<f32>], rows: Rows<'_>) -> Vec<proto::PushGradientsRequest> {
         let mut messages = Vec::new();
+        let message = |messages: &Vec<proto::PushGradientsRequest>, part, rows| {
+            let task = if messages.is_empty() { self.task_proto() } else { None };
+            proto::PushGradientsRequest { task, step, push_id, part, abstain: false, rows }
+        };
         for (vi, s) in &self.shards[ps] {
             let all = gradients[*vi].as_slice().expect("standard layout");
             for p in tensor::encode_parts(&s.stored_name, &tensor::wire_shape(&s.shape), &all[self.element_range(*vi, s)], self.part_bytes) {
-                let task = if messages.is_empty() { self.task_proto() } else { None };
-                messages.push(proto::PushGradientsRequest { task, step, push_id, part: Some(p), abstain: false });
+                messages.push(message(&messages, Some(p), None));
+            }
+        }
+        for t in &self.tables[ps] {
+            let ids = &rows[t.var];
+            let grads = gradients[t.var].as_slice().expect("standard layout");
+            for (count, content) in lookup::push_pieces(ids, grads, t.dim, &t.positions(ids), self.part_bytes) {
+                let piece = RowsPart { name: t.stored_name.clone(), count, content: content.into() };
+                messages.push(message(&messages, None, Some(piece)));
             }
         }
         if messages.is_empty() {
             // A ps without variables still counts the push (its step
             // advances with the others').
-            messages.push(proto::PushGradientsRequest { task: self.task_proto(), step, push_id, part: None, abstain: false });
+            messages.push(message(&messages, None, None));
         }
         messages
     }
 
     /// Pushes gradients to every ps concurrently, each tagged with the step
-    /// of the values pulled from that ps.
-    pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
+    /// of the values pulled from that ps. `rows` are the ids of the sparse
+    /// embeddings' gradient rows.
+    pub async fn push(&self, steps: &[i64], gradients: &[ArrayD<f32>], rows: Rows<'_>) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
         // One id for this push on every ps; a retry resends the same id.
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         if self.use_channel {
             let push_to = vec![true; self.num_ps()];
-            let push = ChannelPush { steps, push_to: &push_to, gradients, push_id };
+            let push = ChannelPush { steps, push_to: &push_to, gradients, rows, push_id };
             let answers = self.on_channel("push to", Some(push), None).await?;
             return answers.into_iter().map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into()))).collect();
         }
         let calls = (0..self.num_ps()).map(|ps| {
-            let messages = self.push_messages(ps, steps[ps], push_id, gradients);
+            let messages = self.push_messages(ps, steps[ps], push_id, gradients, rows);
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "push to", move || {
                 let mut c = client.clone();
@@ -626,30 +844,27 @@ impl PsSet {
 
     /// One training step against every ps concurrently, one call per ps:
     /// pushes the gradients (tagged with the step of the values pulled from
-    /// that ps) to each ps `i` with `push_to[i]`, then pulls the variables
-    /// into `params` once ps `i` reaches `min_steps[i]` (0: at once). Same
-    /// semantics as [`push`](Self::push) followed by [`pull`](Self::pull),
-    /// one round trip fewer. A ps not pushed to is only pulled from; its
-    /// push reply is `accepted: false` with the step pulled.
-    pub async fn push_pull(
-        &self,
-        steps: &[i64],
-        push_to: &[bool],
-        gradients: &[ArrayD<f32>],
-        params: &mut [ArrayD<f32>],
-        min_steps: &[i64],
-        wait: Duration,
-    ) -> Result<Stepped, ClientError> {
+    /// that ps; `step.pushed_rows` the ids of the sparse embeddings' rows)
+    /// to each ps `i` with `push_to[i]`, then pulls the dense variables and
+    /// the rows `step.pulled_rows` into `params` once ps `i` reaches
+    /// `min_steps[i]` (0: at once). Same semantics as [`push`](Self::push)
+    /// followed by [`pull`](Self::pull), one round trip fewer. A ps not
+    /// pushed to is only pulled from; its push reply is `accepted: false`
+    /// with the step pulled.
+    pub async fn push_pull(&self, step: StepRequest<'_>, params: &mut [ArrayD<f32>], min_steps: &[i64], wait: Duration) -> Result<Stepped, ClientError> {
+        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows } = step;
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         if self.use_channel {
-            let push = ChannelPush { steps, push_to, gradients, push_id };
-            let pull = ChannelPull { params, min_steps, wait_initialized: false, wait };
+            let push = ChannelPush { steps, push_to, gradients, rows: pushed_rows, push_id };
+            let pull = ChannelPull { params, rows: pulled_rows, min_steps, wait_initialized: false, wait };
             let answers = self.on_channel("push to and pull from", Some(push), Some(pull)).await?;
             let mut pushed = Vec::with_capacity(answers.len());
             for (ps, a) in answers.iter().enumerate() {
                 pushed.push(match (push_to[ps], a.push) {
                     (true, Some(p)) => p,
-                    (true, None) => return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push"))),
+                    (true, None) => {
+                        return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push")));
+                    }
                     // Only pulled from, as over gRPC.
                     (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
                 });
@@ -659,10 +874,10 @@ impl PsSet {
         }
         let start = Instant::now();
         let calls = (0..self.num_ps()).map(|ps| {
-            let request = self.pull_request(min_steps[ps], false, wait);
+            let request = proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows), ..self.pull_request(min_steps[ps], false, wait) };
             let messages: Option<Vec<proto::PushPullRequest>> = push_to[ps].then(|| {
                 let mut pull = Some(proto::PullVariablesRequest { task: None, ..request.clone() });
-                self.push_messages(ps, steps[ps], push_id, gradients)
+                self.push_messages(ps, steps[ps], push_id, gradients, pushed_rows)
                     .into_iter()
                     .map(|push| proto::PushPullRequest { push: Some(push), pull: pull.take() })
                     .collect()
@@ -698,7 +913,7 @@ impl PsSet {
             first_reply = first_reply.max(first);
             per_ps.push(replies);
         }
-        Ok(Stepped { pushed, pulled: self.absorb(params, per_ps)?, first_reply })
+        Ok(Stepped { pushed, pulled: self.absorb(params, pulled_rows, per_ps)?, first_reply })
     }
 
     /// Tells every ps that training is over (chief only).
@@ -715,10 +930,15 @@ impl PsSet {
         try_join_all(calls).await.map(|_| ())
     }
 
-    /// Tells every ps this task is leaving; errors are ignored (a ps that is
-    /// already gone does not need to know).
-    pub async fn leave(&self, reason: &str) {
-        tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&self.clients, &self.task, reason)).await.ok();
+    /// Tells every ps this task is leaving (a worker done, scaled away,
+    /// stopped on a signal), so no sync step waits for its lease to run out
+    /// and its shard of the data goes to another worker at once. It goes over
+    /// the connections training opened: no name lookup or handshake stands
+    /// between a signal and the ps hearing it. Errors are ignored (a ps that
+    /// is already gone does not need to know); returns how many ps tasks
+    /// heard it, within [`LEAVE_DEADLINE`].
+    pub async fn leave(&self, reason: &str) -> usize {
+        tokio::time::timeout(LEAVE_DEADLINE + Duration::from_millis(100), leave_all(&self.clients, &self.task, reason)).await.unwrap_or(0)
     }
 
     /// Tells every ps `i` that this task has nothing to train at
@@ -726,7 +946,7 @@ impl PsSet {
     /// step does not wait for its gradient.
     pub async fn abstain(&self, steps: &[i64]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
-            let message = proto::PushGradientsRequest { task: self.task_proto(), step: steps[ps], push_id: 0, part: None, abstain: true };
+            let message = proto::PushGradientsRequest { task: self.task_proto(), step: steps[ps], abstain: true, ..Default::default() };
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "abstain on", move || {
                 let mut c = client.clone();

@@ -132,6 +132,8 @@ impl ClusterSpec {
 pub struct ClusterConfig {
     pub cluster: ClusterSpec,
     pub task: TaskId,
+    /// Where they came from.
+    pub source: ClusterSource,
 }
 
 impl ClusterConfig {
@@ -174,42 +176,79 @@ impl ClusterFlags {
     fn has_hosts(&self) -> bool {
         self.ps_hosts.is_some() || self.worker_hosts.is_some() || self.chief_hosts.is_some() || self.evaluator_hosts.is_some()
     }
+
+    /// Whether any classic flag was given: the cluster then comes from the
+    /// flags alone.
+    pub fn any_given(&self) -> bool {
+        self.has_hosts() || self.job_name.is_some() || self.task_index.is_some()
+    }
 }
 
-/// Resolves the cluster and task from flags and `TF_CONFIG`. Flags win:
-/// any `--*_hosts` flag replaces TF_CONFIG's cluster, `--job_name` and
-/// `--task_index` replace its task. No flags and no (or an empty)
-/// TF_CONFIG means single-process training: `Ok(None)`.
-pub fn resolve(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<Option<ClusterConfig>, ClusterError> {
-    let from_env = match tf_config.map(str::trim) {
-        Some(s) if !s.is_empty() => Some(parse_tf_config(s)?),
-        _ => None,
-    };
-    let cluster = if flags.has_hosts() {
-        cluster_from_flags(flags)?
+/// Where a task's cluster and identity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterSource {
+    /// `--ps_hosts`, `--worker_hosts`, `--chief_hosts`, `--evaluator_hosts`,
+    /// `--job_name`, `--task_index`.
+    Flags,
+    /// The `TF_CONFIG` environment variable.
+    TfConfig,
+}
+
+impl fmt::Display for ClusterSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClusterSource::Flags => "the classic flags (--ps_hosts/--worker_hosts/--job_name/--task_index)",
+            ClusterSource::TfConfig => "TF_CONFIG",
+        })
+    }
+}
+
+/// The source [`resolve`] takes the cluster from: the classic flags when
+/// any of them is given, else `TF_CONFIG` when it is set and not blank, else
+/// none (single-process training).
+pub fn source(flags: &ClusterFlags, tf_config: Option<&str>) -> Option<ClusterSource> {
+    if flags.any_given() {
+        Some(ClusterSource::Flags)
+    } else if tf_config.is_some_and(|s| !s.trim().is_empty()) {
+        Some(ClusterSource::TfConfig)
     } else {
-        match &from_env {
-            Some(env) => env.cluster.clone(),
-            None => {
-                if flags.job_name.is_some() {
-                    return Err(ClusterError::Invalid {
-                        field: "--job_name".into(),
-                        reason: "given without a cluster: pass --ps_hosts/--worker_hosts or TF_CONFIG".into(),
-                    });
-                }
-                return Ok(None);
+        None
+    }
+}
+
+/// Resolves the cluster and this task from ONE source, never a mix ([`source`]):
+/// - any classic flag given: the cluster comes from the `--*_hosts` flags
+///   and the task from `--job_name` and `--task_index` (default 0), as in
+///   TensorFlow's tutorials; `TF_CONFIG` is not read at all (a TFJob sets it
+///   on every replica, so a script run with the classic flags ignores it);
+///   a `--job_name` or `--task_index` without any `--*_hosts` flag is an error;
+/// - else `TF_CONFIG`'s cluster and task;
+/// - else `Ok(None)`: single-process training.
+pub fn resolve(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<Option<ClusterConfig>, ClusterError> {
+    let (cluster, job, index, job_field, index_field, source) = match source(flags, tf_config) {
+        None => return Ok(None),
+        Some(ClusterSource::Flags) => {
+            if !flags.has_hosts() {
+                let field = if flags.job_name.is_some() { "--job_name" } else { "--task_index" };
+                return Err(ClusterError::Invalid {
+                    field: field.into(),
+                    reason: "given without --ps_hosts/--worker_hosts/--chief_hosts/--evaluator_hosts: the classic flags \
+                             give the whole cluster (TF_CONFIG is read only when none of them is given)"
+                        .into(),
+                });
             }
+            let job = flags
+                .job_name
+                .clone()
+                .ok_or_else(|| ClusterError::Invalid { field: "--job_name".into(), reason: "missing: which task of the cluster is this process?".into() })?;
+            let index = flags.task_index.unwrap_or(0);
+            (cluster_from_flags(flags)?, job, index, "--job_name", "--task_index", ClusterSource::Flags)
         }
-    };
-    let (job, index, job_field, index_field) = match (&flags.job_name, &from_env) {
-        (Some(job), _) => (job.clone(), flags.task_index.unwrap_or(0), "--job_name", "--task_index"),
-        (None, Some(env)) if env.task.is_some() => {
-            let t = env.task.clone().unwrap();
-            (t.job, flags.task_index.unwrap_or(t.index), "task.type", "task.index")
-        }
-        _ => {
-            let field = if flags.has_hosts() { "--job_name" } else { "task" };
-            return Err(ClusterError::Invalid { field: field.into(), reason: "missing: which task of the cluster is this process?".into() });
+        Some(ClusterSource::TfConfig) => {
+            let env = parse_tf_config(tf_config.unwrap_or_default().trim())?;
+            let task =
+                env.task.ok_or_else(|| ClusterError::Invalid { field: "task".into(), reason: "missing: which task of the cluster is this process?".into() })?;
+            (env.cluster, task.job, task.index, "task.type", "task.index", ClusterSource::TfConfig)
         }
     };
     let job = normalise_job(&job).ok_or_else(|| ClusterError::UnknownJob { field: job_field.into(), job: job.clone() })?;
@@ -229,7 +268,7 @@ pub fn resolve(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<Option<C
     if cluster.num_tasks("chief") + cluster.num_tasks("master") > 1 {
         return Err(ClusterError::Invalid { field: "cluster.chief".into(), reason: "at most one chief (or master) task".into() });
     }
-    Ok(Some(ClusterConfig { cluster, task: TaskId { job, index } }))
+    Ok(Some(ClusterConfig { cluster, task: TaskId { job, index }, source }))
 }
 
 fn normalise_job(job: &str) -> Option<String> {
@@ -422,14 +461,10 @@ mod tests {
                 0,
                 vec!["b:2"],
             ),
-            (
-                "task index flag overrides TF_CONFIG's task",
-                ClusterFlags { task_index: Some(0), ..Default::default() },
-                Some(r#"{"cluster":{"ps":["x:1"],"worker":["y:1","z:1"]},"task":{"type":"worker","index":1}}"#),
-                "worker",
-                0,
-                vec!["y:1", "z:1"],
-            ),
+            ("with the flags, TF_CONFIG is not even read", flags("a:1", "b:2,c:3", "worker", 1), Some("{not json"), "worker", 1, vec!["b:2", "c:3"]),
+            ("--task_index defaults to 0, as in the tutorials", ClusterFlags { task_index: None, ..flags("a:1", "b:2", "ps", 0) }, None, "ps", 0, vec!["b:2"]),
+            ("an empty --ps_hosts (a TFJob without ps) and one worker", flags("", "b:2", "worker", 0), None, "worker", 0, vec!["b:2"]),
+            ("the chief of --chief_hosts", ClusterFlags { chief_hosts: Some("c:1".into()), ..flags("a:1", "b:2", "chief", 0) }, None, "chief", 0, vec!["b:2"]),
             (
                 "evaluator outside the cluster, as TensorFlow allows",
                 ClusterFlags::default(),
@@ -449,6 +484,8 @@ mod tests {
         ];
         for (name, f, env, job, index, workers) in cases {
             let got = resolve(&f, env).unwrap_or_else(|e| panic!("{name}: {e}")).expect(name);
+            let want_source = if f.any_given() { ClusterSource::Flags } else { ClusterSource::TfConfig };
+            assert_eq!(got.source, want_source, "{name}");
             assert_eq!(got.task, TaskId::new(job, index), "{name}");
             assert_eq!(got.cluster.addresses("worker"), workers, "{name}");
         }
@@ -501,7 +538,25 @@ mod tests {
                 Some(r#"{"cluster":{"worker":["a:1","b:1"]},"task":{"type":"worker","index":0}}"#),
                 "cluster.ps: a cluster with several training tasks needs at least one ps task",
             ),
-            ("job name without cluster", ClusterFlags { job_name: Some("worker".into()), ..Default::default() }, None, "--job_name: given without a cluster"),
+            ("job name without cluster", ClusterFlags { job_name: Some("worker".into()), ..Default::default() }, None, "--job_name: given without --ps_hosts"),
+            (
+                "the flags and TF_CONFIG are never mixed: --job_name",
+                ClusterFlags { job_name: Some("worker".into()), ..Default::default() },
+                Some(r#"{"cluster":{"ps":["x:1"],"worker":["y:1","z:1"]},"task":{"type":"worker","index":1}}"#),
+                "--job_name: given without --ps_hosts",
+            ),
+            (
+                "the flags and TF_CONFIG are never mixed: --task_index",
+                ClusterFlags { task_index: Some(0), ..Default::default() },
+                Some(r#"{"cluster":{"ps":["x:1"],"worker":["y:1","z:1"]},"task":{"type":"worker","index":1}}"#),
+                "--task_index: given without --ps_hosts",
+            ),
+            (
+                "hosts without --job_name",
+                ClusterFlags { job_name: None, ..flags("a:1", "b:1", "ps", 0) },
+                Some(r#"{"cluster":{"ps":["x:1"]},"task":{"type":"ps","index":0}}"#),
+                "--job_name: missing",
+            ),
         ];
         for (name, f, env, want) in cases {
             let err = resolve(&f, env).expect_err(name).to_string();
@@ -513,6 +568,25 @@ mod tests {
     fn nothing_given_means_single_process() {
         assert_eq!(resolve(&ClusterFlags::default(), None).unwrap(), None);
         assert_eq!(resolve(&ClusterFlags::default(), Some("  ")).unwrap(), None);
+        assert_eq!(source(&ClusterFlags::default(), Some("  ")), None);
+    }
+
+    #[test]
+    fn one_source_only() {
+        let env = Some(r#"{"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":0}}"#);
+        // (flags, TF_CONFIG, source)
+        let cases = [
+            (ClusterFlags::default(), env, Some(ClusterSource::TfConfig)),
+            (ClusterFlags::default(), None, None),
+            (flags("a:1", "b:1", "ps", 0), env, Some(ClusterSource::Flags)),
+            (ClusterFlags { ps_hosts: Some(String::new()), ..Default::default() }, env, Some(ClusterSource::Flags)),
+            (ClusterFlags { task_index: Some(1), ..Default::default() }, env, Some(ClusterSource::Flags)),
+        ];
+        for (f, tf_config, want) in cases {
+            assert_eq!(source(&f, tf_config), want, "{f:?} {tf_config:?}");
+        }
+        assert!(ClusterSource::Flags.to_string().contains("--ps_hosts"));
+        assert_eq!(ClusterSource::TfConfig.to_string(), "TF_CONFIG");
     }
 
     #[test]

@@ -28,10 +28,25 @@
 //! records, and a background thread flushes pending ones after at most
 //! [`FlushPolicy::interval`], so TensorBoard sees progress and a crash loses
 //! only the last few seconds.
+//!
+//! # Object stores
+//!
+//! An object cannot be appended to. On an object store (`--log_dir
+//! s3://...`, see [`EventWriter::create_in`]) the writer keeps the records of
+//! its current object in memory and uploads the object whole at every flush
+//! (by the background thread only: the training loop never waits for the
+//! network). A PUT replaces an object atomically, so a reader sees the file
+//! grow as it would locally. Once an object holds [`ROLL_BYTES`], the writer
+//! rolls over to a new object named `<first object's name>.<part, 5 digits>`,
+//! which starts with its own `file_version` record: names sort in the order
+//! they were written, as TensorBoard reads a directory's event files, and no
+//! upload is ever larger than [`ROLL_BYTES`] plus one interval's records.
 
 pub mod crc32c;
 
 use std::fs::{self, File, OpenOptions};
+
+use crate::storage::{Location, StorageError};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -46,6 +61,9 @@ pub const FILE_VERSION: &str = "brain.Event:2";
 
 /// Bytes of TFRecord framing around each record's data: length, its CRC, the data's CRC.
 const FRAMING: usize = 8 + 4 + 4;
+
+/// On an object store, an event file rolls over to a new object once it holds this many bytes.
+pub const ROLL_BYTES: usize = 256 * 1024;
 
 /// `tensorflow.Event` (event.proto), the fields this runtime writes.
 #[derive(Clone, PartialEq, Message)]
@@ -100,6 +118,8 @@ pub enum EventError {
     Dir { dir: PathBuf, source: io::Error },
     #[error("event file {}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    #[error("event file {0}")]
+    Storage(#[from] StorageError),
     #[error("event file suffix {suffix:?}: {reason}")]
     InvalidSuffix { suffix: String, reason: &'static str },
     #[error("event file {}: summary tag {tag:?} is invalid: {reason}", path.display())]
@@ -137,19 +157,83 @@ impl Default for FlushPolicy {
     }
 }
 
+/// Where the records go: a local file (appended to), or objects of an
+/// object store (uploaded whole, rolled over; see the module's docs).
+enum Out {
+    File(BufWriter<File>),
+    Objects(RolledObjects),
+}
+
+/// The objects of one event file on an object store.
+struct RolledObjects {
+    dir: Location,
+    /// The first object's name; later ones are `<first>.<part:05>`.
+    first: String,
+    part: u32,
+    /// Every record of the current object.
+    buffer: Vec<u8>,
+    /// How many bytes of `buffer` the store holds.
+    stored: usize,
+    roll_bytes: usize,
+}
+
+impl RolledObjects {
+    fn name(&self) -> String {
+        if self.part == 0 { self.first.clone() } else { format!("{}.{:05}", self.first, self.part) }
+    }
+
+    /// Uploads the current object if it grew; rolls over once it is full.
+    fn flush(&mut self) -> Result<(), StorageError> {
+        if self.stored < self.buffer.len() {
+            self.dir.child(&self.name()).write(self.buffer.clone())?;
+            self.stored = self.buffer.len();
+        }
+        if self.buffer.len() >= self.roll_bytes {
+            self.part += 1;
+            self.buffer = encode_record(&file_version_event(now_secs()).encode_to_vec());
+            self.stored = 0;
+        }
+        Ok(())
+    }
+}
+
 struct Sink {
-    out: BufWriter<File>,
+    out: Out,
     pending: usize,
     /// First error of the background flusher, reported by the next call.
     failed: Option<String>,
 }
 
 impl Sink {
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()?;
+    fn write_all(&mut self, record: &[u8]) -> io::Result<()> {
+        match &mut self.out {
+            Out::File(f) => f.write_all(record),
+            Out::Objects(o) => {
+                o.buffer.extend_from_slice(record);
+                Ok(())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        match &mut self.out {
+            Out::File(f) => f.flush().map_err(|e| e.to_string())?,
+            Out::Objects(o) => o.flush().map_err(|e| e.to_string())?,
+        }
         self.pending = 0;
         Ok(())
     }
+
+    /// Whether a flush may run on the caller's thread: a file's may, an
+    /// upload is left to the background thread.
+    fn flushes_inline(&self) -> bool {
+        matches!(self.out, Out::File(_))
+    }
+}
+
+/// The first event of every file.
+fn file_version_event(wall_time: f64) -> Event {
+    Event { wall_time, step: 0, what: Some(What::FileVersion(FILE_VERSION.to_string())) }
 }
 
 /// Appends scalar summaries to one new event file.
@@ -187,6 +271,18 @@ fn file_hostname() -> String {
     if clean.is_empty() { "localhost".to_string() } else { clean }
 }
 
+/// `events.out.tfevents.<unix seconds, 10 digits>.<hostname><suffix>`, as TensorFlow names them.
+fn base_name(wall_time: f64, suffix: &str) -> String {
+    format!("events.out.tfevents.{:010}.{}{}", wall_time as u64, file_hostname(), suffix)
+}
+
+fn check_suffix(suffix: &str) -> Result<(), EventError> {
+    if suffix.contains('/') || suffix.contains('\\') || suffix.contains('\0') {
+        return Err(EventError::InvalidSuffix { suffix: suffix.to_string(), reason: "must not contain '/', '\\' or NUL" });
+    }
+    Ok(())
+}
+
 /// Frames `data` as one TFRecord.
 pub fn encode_record(data: &[u8]) -> Vec<u8> {
     let mut rec = Vec::with_capacity(data.len() + FRAMING);
@@ -210,13 +306,11 @@ impl EventWriter {
 
     /// [`EventWriter::create`] with an explicit flush policy.
     pub fn create_with(log_dir: &Path, suffix: &str, policy: FlushPolicy) -> Result<Self, EventError> {
-        if suffix.contains('/') || suffix.contains('\\') || suffix.contains('\0') {
-            return Err(EventError::InvalidSuffix { suffix: suffix.to_string(), reason: "must not contain '/', '\\' or NUL" });
-        }
+        check_suffix(suffix)?;
         let dir_err = |source| EventError::Dir { dir: log_dir.to_path_buf(), source };
         fs::create_dir_all(log_dir).map_err(dir_err)?;
         let wall_time = now_secs();
-        let base = format!("events.out.tfevents.{:010}.{}{}", wall_time as u64, file_hostname(), suffix);
+        let base = base_name(wall_time, suffix);
         let mut attempt = 0u32;
         let (path, file) = loop {
             let name = if attempt == 0 { base.clone() } else { format!("{base}.{}.{attempt}", std::process::id()) };
@@ -227,8 +321,39 @@ impl EventWriter {
                 Err(source) => return Err(EventError::Io { path, source }),
             }
         };
+        Self::start(path, Out::File(BufWriter::new(file)), policy, wall_time)
+    }
+
+    /// A new event file in `log_dir`, a local path or an object-store URL
+    /// (see the module's docs for how objects are written).
+    pub fn create_in(log_dir: &Location, suffix: &str) -> Result<Self, EventError> {
+        Self::create_in_with(log_dir, suffix, FlushPolicy::default(), ROLL_BYTES)
+    }
+
+    /// [`EventWriter::create_in`] with an explicit flush policy and roll-over size.
+    pub fn create_in_with(log_dir: &Location, suffix: &str, policy: FlushPolicy, roll_bytes: usize) -> Result<Self, EventError> {
+        if let Some(dir) = log_dir.local_path() {
+            return Self::create_with(dir, suffix, policy);
+        }
+        check_suffix(suffix)?;
+        let wall_time = now_secs();
+        // The pid keeps two writers of one host and second apart.
+        let base = base_name(wall_time, &format!(".{}{suffix}", std::process::id()));
+        let mut first = base.clone();
+        let mut attempt = 0u32;
+        while log_dir.child(&first).size()?.is_some() {
+            attempt += 1;
+            first = format!("{base}.{attempt}");
+        }
+        let path = PathBuf::from(log_dir.child(&first).to_string());
+        let objects = RolledObjects { dir: log_dir.clone(), first, part: 0, buffer: Vec::new(), stored: 0, roll_bytes: roll_bytes.max(1) };
+        Self::start(path, Out::Objects(objects), policy, wall_time)
+    }
+
+    /// Starts the flusher and writes the `file_version` record.
+    fn start(path: PathBuf, out: Out, policy: FlushPolicy, wall_time: f64) -> Result<Self, EventError> {
         let policy = FlushPolicy { max_pending: policy.max_pending.max(1), ..policy };
-        let sink = Arc::new(Mutex::new(Sink { out: BufWriter::new(file), pending: 0, failed: None }));
+        let sink = Arc::new(Mutex::new(Sink { out, pending: 0, failed: None }));
         let (stop, stopped) = mpsc::channel::<()>();
         let flusher = {
             let sink = Arc::clone(&sink);
@@ -242,15 +367,14 @@ impl EventWriter {
                             && s.failed.is_none()
                             && let Err(e) = s.flush()
                         {
-                            s.failed = Some(e.to_string());
+                            s.failed = Some(e);
                         }
                     }
                 })
                 .map_err(|source| EventError::Io { path: path.clone(), source })?
         };
         let mut writer = EventWriter { path, sink, policy, last_flush: Instant::now(), stop: Some(stop), flusher: Some(flusher) };
-        let first = Event { wall_time, step: 0, what: Some(What::FileVersion(FILE_VERSION.to_string())) };
-        writer.write_event(&first)?;
+        writer.write_event(&file_version_event(wall_time))?;
         writer.flush()?;
         Ok(writer)
     }
@@ -272,9 +396,9 @@ impl EventWriter {
             if let Some(message) = s.failed.clone() {
                 return Err(EventError::BackgroundFlush { path: self.path.clone(), message });
             }
-            s.out.write_all(&record).map_err(|e| self.io_err(e))?;
+            s.write_all(&record).map_err(|e| self.io_err(e))?;
             s.pending += 1;
-            s.pending >= self.policy.max_pending || self.last_flush.elapsed() >= self.policy.interval
+            s.flushes_inline() && (s.pending >= self.policy.max_pending || self.last_flush.elapsed() >= self.policy.interval)
         };
         if due {
             self.flush()?;
@@ -312,7 +436,7 @@ impl EventWriter {
         if let Some(message) = s.failed.clone() {
             return Err(EventError::BackgroundFlush { path: self.path.clone(), message });
         }
-        s.flush().map_err(|e| self.io_err(e))?;
+        s.flush().map_err(|message| EventError::BackgroundFlush { path: self.path.clone(), message })?;
         drop(s);
         self.last_flush = Instant::now();
         Ok(())
@@ -323,7 +447,11 @@ impl EventWriter {
         self.stop_flusher();
         self.flush()?;
         let s = lock(&self.sink);
-        s.out.get_ref().sync_all().map_err(|e| self.io_err(e))
+        match &s.out {
+            Out::File(f) => f.get_ref().sync_all().map_err(|e| self.io_err(e)),
+            // A stored object is durable.
+            Out::Objects(_) => Ok(()),
+        }
     }
 
     fn stop_flusher(&mut self) {
@@ -384,7 +512,12 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
 /// Any corruption or truncation is an error naming the file and the byte offset.
 pub fn read_events(path: &Path) -> Result<Vec<Event>, EventError> {
     let bytes = fs::read(path).map_err(|source| EventError::Io { path: path.to_path_buf(), source })?;
-    read_records(path, &bytes)?
+    decode_events(path, &bytes)
+}
+
+/// The events of `bytes`, the content of the event file `path` (named in errors).
+pub fn decode_events(path: &Path, bytes: &[u8]) -> Result<Vec<Event>, EventError> {
+    read_records(path, bytes)?
         .into_iter()
         .map(|(offset, data)| Event::decode(data).map_err(|source| EventError::Decode { path: path.to_path_buf(), offset, source }))
         .collect()
@@ -392,8 +525,13 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>, EventError> {
 
 /// Every `simple_value` scalar of an event file, in file order: `(tag, step, value)`.
 pub fn scalars(path: &Path) -> Result<Vec<(String, i64, f32)>, EventError> {
+    Ok(scalars_of(read_events(path)?))
+}
+
+/// Every `simple_value` scalar of `events`, in order: `(tag, step, value)`.
+pub fn scalars_of(events: Vec<Event>) -> Vec<(String, i64, f32)> {
     let mut out = Vec::new();
-    for event in read_events(path)? {
+    for event in events {
         if let Some(What::Summary(summary)) = event.what {
             for v in summary.value {
                 if let Some(Value::SimpleValue(x)) = v.value {
@@ -402,7 +540,7 @@ pub fn scalars(path: &Path) -> Result<Vec<(String, i64, f32)>, EventError> {
             }
         }
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]

@@ -12,15 +12,16 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use tfjob_runtime::auth::TOKEN_ENV;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::client::channel;
-use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, Role};
+use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
 use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
 use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
 use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
 use tfjob_runtime::status::TaskStatus;
+use tfjob_runtime::storage::Location;
 use tfjob_runtime::tensor;
-use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainSettings};
+use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainError, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
 #[derive(Parser, Debug)]
@@ -59,35 +60,87 @@ enum Command {
     /// <layer name>/<weight name> in Keras's shapes (partitioned variables joined), for
     /// `layer.set_weights([w[f"{layer.name}/kernel"], w[f"{layer.name}/bias"]])`.
     Export {
-        #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-        checkpoint_dir: PathBuf,
+        #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+        checkpoint_dir: Location,
         /// The .npz file to write.
         #[arg(long)]
         out: PathBuf,
     },
-    /// Predictions of a Keras model with the latest complete checkpoint's weights for the
-    /// examples of --input (CSV or IDX images), as CSV on stdout: the class (classifiers),
-    /// then the outputs.
+    /// Predictions of a Keras model (or a built-in one, --model) with the latest complete
+    /// checkpoint's weights for the examples of --input (CSV or IDX images), as CSV on stdout:
+    /// the class (classifiers), then the outputs.
     Predict(Box<InferenceArgs>),
-    /// Loss and accuracy of a Keras model with the latest complete checkpoint's weights on a
-    /// labelled set (--input: CSV with its label column, or IDX images with --labels), as JSON.
+    /// Loss and accuracy of a Keras model (or a built-in one, --model) with the latest complete
+    /// checkpoint's weights on a labelled set (--input: CSV with its label column, or IDX images
+    /// with --labels), as JSON.
     Evaluate(Box<InferenceArgs>),
+    /// Writes learnable click-through data with known weights (libsvm or criteo) and prints the
+    /// AUC the true model reaches on the held-out file: what --model=sparse_lr or wide_deep can hope for.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenerateArgs {
+    /// libsvm or criteo.
+    #[arg(long = "data_format", visible_alias = "data-format", default_value = "criteo")]
+    data_format: String,
+    /// Directory to write train.txt and eval.txt into (.gz with --gzip).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long = "train_examples", visible_alias = "train-examples", default_value_t = 20_000)]
+    train_examples: u64,
+    #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 5_000)]
+    eval_examples: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    gzip: bool,
 }
 
 #[derive(Args, Debug)]
 struct InferenceArgs {
-    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-    checkpoint_dir: PathBuf,
+    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+    checkpoint_dir: Location,
     /// The examples: a CSV file with a header, or an IDX image file (plain or gzipped).
     #[arg(long)]
     input: PathBuf,
     /// The IDX label file of --input's images (evaluate).
     #[arg(long)]
     labels: Option<PathBuf>,
+    /// A built-in model instead of --keras_model: linear, softmax or mlp, with --hidden_units and
+    /// --activation as in training (the input size and the classes come from the checkpoint).
+    #[arg(long)]
+    model: Option<String>,
+    #[command(flatten)]
+    mlp: MlpArgs,
     #[command(flatten)]
     keras: KerasArgs,
     #[command(flatten)]
     data: DataArgs,
+}
+
+/// The hidden layers of --model=mlp (an error with any other model).
+#[derive(Args, Debug, Clone)]
+struct MlpArgs {
+    /// Hidden layer widths of the mlp, comma separated (default 100: the classic 784-100-10).
+    #[arg(long = "hidden_units", visible_alias = "hidden-units")]
+    hidden_units: Option<String>,
+    /// Activation of the mlp's hidden layers: sigmoid (the default), relu or tanh.
+    #[arg(long)]
+    activation: Option<String>,
+}
+
+impl MlpArgs {
+    fn hidden_units(&self) -> Result<Option<Vec<usize>>, String> {
+        let Some(list) = &self.hidden_units else { return Ok(None) };
+        let widths = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(widths))
+    }
 }
 
 /// A Keras model to train instead of --model.
@@ -149,8 +202,12 @@ impl KerasArgs {
 
 #[derive(Subcommand, Debug)]
 enum CheckpointCommand {
-    /// Lists the checkpoints of a directory: step, state (complete, incomplete, damaged), variables.
-    Inspect { dir: PathBuf },
+    /// Lists the checkpoints of a directory (a path, or an s3://, gs:// or az:// URL): step,
+    /// state (complete, incomplete, damaged), variables.
+    Inspect {
+        #[arg(value_parser = parse_location)]
+        dir: Location,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -173,6 +230,11 @@ struct ClientArgs {
     message: Option<String>,
 }
 
+/// A path or an object-store URL, checked when the flags are read.
+fn parse_location(s: &str) -> Result<Location, String> {
+    Location::parse(s).map_err(|e| e.to_string())
+}
+
 fn parse_bool(s: &str) -> Result<bool, String> {
     match s.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
@@ -184,19 +246,16 @@ fn parse_bool(s: &str) -> Result<bool, String> {
 /// Model, data and optimizer flags, named as in TensorFlow's distributed examples.
 #[derive(Args, Debug, Clone)]
 struct ModelArgs {
-    /// linear (y = 2x + 10, the classic example), softmax, or mlp.
+    /// linear (y = 2x + 10, the classic example), softmax, mlp, sparse_lr or wide_deep.
     #[arg(long, default_value = "linear")]
     model: String,
-    /// Hidden layer widths of the mlp, comma separated (784-100-10: --hidden_units=100).
-    #[arg(long = "hidden_units", visible_alias = "hidden-units", default_value = "100")]
-    hidden_units: String,
-    /// Activation of the mlp's hidden layers: sigmoid, relu or tanh.
-    #[arg(long, default_value = "sigmoid")]
-    activation: String,
-    /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example) or normal (N(0,1)).
-    #[arg(long = "weight_init", visible_alias = "weight-init", default_value = "truncated_normal")]
-    weight_init: String,
-    /// sgd, momentum, nesterov, adagrad or adam.
+    #[command(flatten)]
+    mlp: MlpArgs,
+    /// Weight initialisation of the mlp: truncated_normal (1/sqrt(fan_in), the classic example;
+    /// the default) or normal (N(0,1)).
+    #[arg(long = "weight_init", visible_alias = "weight-init")]
+    weight_init: Option<String>,
+    /// sgd, momentum, nesterov, adagrad, adam or ftrl.
     #[arg(long, default_value = "sgd")]
     optimizer: String,
     #[arg(long = "learning_rate", visible_alias = "learning-rate", default_value_t = 0.01)]
@@ -217,8 +276,9 @@ struct ModelArgs {
     /// to the workers as they ask; a lost worker's shard is handed out again.
     #[arg(long = "shard_size", visible_alias = "shard-size")]
     shard_size: Option<u64>,
-    /// Directory of the data (see --data_format): MNIST-named IDX files by default; without it,
-    /// softmax, mlp and softmax Keras classifiers use a synthetic set.
+    /// Directory of the data (see --data_format), a path or an s3://, gs:// or az:// URL:
+    /// MNIST-named IDX files by default; without it, softmax, mlp and softmax Keras classifiers
+    /// use a synthetic set.
     #[arg(long = "data_dir", visible_alias = "data-dir")]
     data_dir: Option<PathBuf>,
     /// Log every N local steps (0: never).
@@ -229,6 +289,37 @@ struct ModelArgs {
     /// Held-out examples used by the evaluator and for the final figures.
     #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 10_000)]
     eval_examples: usize,
+    /// sparse_lr, wide_deep: training files, comma-separated paths or globs, plain or gzipped
+    /// (--data_format libsvm or criteo); without them learnable data are generated.
+    #[arg(long = "train_files", visible_alias = "train-files")]
+    train_files: Option<String>,
+    /// sparse_lr, wide_deep: held-out files (the first --eval_examples examples are read).
+    #[arg(long = "eval_files", visible_alias = "eval-files")]
+    eval_files: Option<String>,
+    /// Leave out malformed lines of --train_files/--eval_files (counted and logged) instead of failing.
+    #[arg(long = "skip_bad_lines", visible_alias = "skip-bad-lines")]
+    skip_bad_lines: bool,
+    /// wide_deep: width of the categorical fields' embeddings.
+    #[arg(long = "embedding_dim", visible_alias = "embedding-dim", default_value_t = 8)]
+    embedding_dim: usize,
+    /// sparse_lr, wide_deep: rows of the tables; a feature's row is hash(feature) % hash_buckets.
+    #[arg(long = "hash_buckets", visible_alias = "hash-buckets", default_value_t = 1 << 20)]
+    hash_buckets: usize,
+    /// How embedding rows are cut over the ps tasks: mod (row id % ps) or div (contiguous runs).
+    #[arg(long = "partition_strategy", visible_alias = "partition-strategy", default_value = "mod")]
+    partition_strategy: String,
+    /// Pull and push the embeddings whole, as dense variables (the baseline of sparse training).
+    #[arg(long = "dense_embeddings", visible_alias = "dense-embeddings")]
+    dense_embeddings: bool,
+    /// Training examples generated when no --train_files is given.
+    #[arg(long = "generated_examples", visible_alias = "generated-examples", default_value_t = 20_000)]
+    generated_examples: u64,
+    /// ftrl: L1 regularization strength.
+    #[arg(long = "l1_regularization_strength", visible_alias = "l1-regularization-strength", default_value_t = 0.0)]
+    l1_regularization_strength: f32,
+    /// ftrl: L2 regularization strength.
+    #[arg(long = "l2_regularization_strength", visible_alias = "l2-regularization-strength", default_value_t = 0.0)]
+    l2_regularization_strength: f32,
     #[command(flatten)]
     keras: KerasArgs,
     #[command(flatten)]
@@ -263,10 +354,11 @@ struct TaskArgs {
     /// backup workers) or `auto` (elastic: the workers alive, which may come and go).
     #[arg(long = "replicas_to_aggregate", visible_alias = "replicas-to-aggregate")]
     replicas_to_aggregate: Option<String>,
-    /// Directory of checkpoints (shared by the chief and the ps tasks); the ps tasks restore the
-    /// latest complete one at start.
-    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir")]
-    checkpoint_dir: Option<PathBuf>,
+    /// Directory of checkpoints (shared by the chief and the ps tasks): a path, or an s3://,
+    /// gs:// or az:// URL (credentials and endpoint from the environment: AWS_*, GOOGLE_*,
+    /// AZURE_*); the ps tasks restore the latest complete one at start.
+    #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
+    checkpoint_dir: Option<Location>,
     /// Checkpoint every N global steps.
     #[arg(long = "save_checkpoint_steps", visible_alias = "save-checkpoint-steps")]
     save_checkpoint_steps: Option<u64>,
@@ -276,9 +368,10 @@ struct TaskArgs {
     /// Complete checkpoints kept.
     #[arg(long = "keep_checkpoint_max", visible_alias = "keep-checkpoint-max", default_value_t = 5)]
     keep_checkpoint_max: usize,
-    /// TensorBoard event files of the chief and the evaluator go here.
-    #[arg(long = "log_dir", visible_alias = "log-dir")]
-    log_dir: Option<PathBuf>,
+    /// TensorBoard event files go here (a path or a URL, as --checkpoint_dir): the chief's
+    /// in the directory itself, the evaluator's in <log_dir>/eval.
+    #[arg(long = "log_dir", visible_alias = "log-dir", value_parser = parse_location)]
+    log_dir: Option<Location>,
     /// Serve Prometheus metrics on this port (/metrics).
     #[arg(long = "metrics_port", visible_alias = "metrics-port")]
     metrics_port: Option<u16>,
@@ -306,7 +399,8 @@ struct TaskArgs {
     /// Seconds between two evaluations of the evaluator.
     #[arg(long = "eval_interval_secs", visible_alias = "eval-interval-secs", default_value_t = 5.0)]
     eval_interval_secs: f64,
-    /// After the chief ends training, how long a ps waits for the other tasks to notice.
+    /// After the chief ends training, how long a ps waits for the other tasks to notice, and the
+    /// chief for the evaluator's final evaluation.
     #[arg(long = "shutdown_grace_secs", visible_alias = "shutdown-grace-secs", default_value_t = 30)]
     shutdown_grace_secs: u64,
     /// Pulls and pushes over the tensor channel (raw TCP on the ps's port,
@@ -338,30 +432,55 @@ fn init_logging(format: &str) {
 }
 
 fn workload_spec(m: &ModelArgs) -> Result<WorkloadSpec, String> {
-    let hidden_units = m
-        .hidden_units
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("--hidden_units: {s:?} is not a number")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let sparse_format = match m.data.data_format.as_deref().map(str::parse::<tfjob_runtime::data::SparseFormat>) {
+        Some(Ok(f)) => Some(f),
+        _ => None,
+    };
+    let mut data = if sparse_format.is_some() { DataArgs { data_format: None, ..m.data.clone() }.options()? } else { m.data.options()? };
+    if sparse_format.is_none() && m.data.data_format.is_some() && workload::is_sparse_model(&m.model) {
+        return Err("--data_format: the sparse models read libsvm or criteo".into());
+    }
+    data.format = data.format.filter(|_| sparse_format.is_none());
+    let sparse = workload::SparseOptions {
+        format: sparse_format,
+        train_files: m.train_files.clone(),
+        eval_files: m.eval_files.clone(),
+        skip_bad_lines: m.skip_bad_lines,
+        embedding_dim: m.embedding_dim,
+        hash_buckets: m.hash_buckets,
+        partition: m.partition_strategy.parse().map_err(|e| format!("--partition_strategy: {e}"))?,
+        dense_embeddings: m.dense_embeddings,
+        generated_examples: m.generated_examples,
+    };
     Ok(WorkloadSpec {
+        sparse,
         model: m.model.clone(),
-        hidden_units,
-        activation: m.activation.clone(),
+        hidden_units: m.mlp.hidden_units()?,
+        activation: m.mlp.activation.clone(),
         weight_init: m.weight_init.clone(),
         batch_size: m.batch_size,
-        data_dir: m.data_dir.clone(),
+        data_dir: check_data_dir(m.data_dir.as_ref())?,
         seed: m.seed,
         eval_examples: m.eval_examples,
         keras: m.keras.options(),
-        data: m.data.options()?,
+        data,
     })
+}
+
+/// `--data_dir`, a path or an object-store URL (checked here, read later).
+fn check_data_dir(dir: Option<&PathBuf>) -> Result<Option<PathBuf>, String> {
+    if let Some(url) = dir.and_then(|d| d.to_str()).filter(|d| tfjob_runtime::storage::is_url(d)) {
+        Location::parse(url).map_err(|e| format!("--data_dir: {e}"))?;
+    }
+    Ok(dir.cloned())
 }
 
 fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
     let m = &a.model;
-    let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum).map_err(|e| format!("--{e}"))?;
+    let optimizer = Optimizer::from_name(&m.optimizer, m.learning_rate, m.momentum)
+        .map_err(|e| format!("--{e}"))?
+        .with_regularization(m.l1_regularization_strength, m.l2_regularization_strength)
+        .map_err(|e| e.to_string())?;
     for (flag, v) in [("eval_interval_secs", a.eval_interval_secs), ("lease_secs", a.lease_secs), ("heartbeat_secs", a.heartbeat_secs)] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(format!("--{flag}: must be a non-negative number"));
@@ -405,6 +524,7 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         checkpoints,
         log_dir: a.log_dir.clone(),
         heartbeat: Duration::from_secs_f64(a.heartbeat_secs.max(0.05)),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
     })
 }
 
@@ -422,15 +542,17 @@ fn session_factory() -> WorkloadFactory {
     Arc::new(|run: &proto::TrainRun| {
         let spec = WorkloadSpec {
             model: if run.model.is_empty() { "linear".into() } else { run.model.clone() },
-            hidden_units: if run.hidden_units == 0 { vec![100] } else { vec![run.hidden_units as usize] },
-            activation: "sigmoid".into(),
-            weight_init: "truncated_normal".into(),
+            // A session's run names one hidden layer, used by the mlp only.
+            hidden_units: (run.model.eq_ignore_ascii_case("mlp") && run.hidden_units > 0).then(|| vec![run.hidden_units as usize]),
+            activation: None,
+            weight_init: None,
             batch_size: (run.batch_size > 0).then_some(run.batch_size as usize),
             data_dir: (!run.data_dir.is_empty()).then(|| PathBuf::from(&run.data_dir)),
             seed: run.seed.max(1),
             eval_examples: 10_000,
             keras: Default::default(),
             data: Default::default(),
+            sparse: Default::default(),
         };
         let optimizer = Optimizer::from_name(
             if run.optimizer.is_empty() { "sgd" } else { &run.optimizer },
@@ -469,8 +591,19 @@ async fn termination() -> u8 {
     }
 }
 
+/// Prints a task's final figures as one JSON line, with the process's peak
+/// resident memory (`peak_rss_mib`, Linux's VmHWM) when it is known.
 fn print_report(report: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string(report).expect("report serialises"));
+    let mut value = serde_json::to_value(report).expect("report serialises");
+    if let (Some(map), Some(kib)) = (value.as_object_mut(), peak_rss_kib()) {
+        map.insert("peak_rss_mib".into(), serde_json::json!(kib as f64 / 1024.0));
+    }
+    println!("{value}");
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn main() -> ExitCode {
@@ -499,6 +632,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(2, e),
             },
             Some(Command::Predict(args)) => run_inference(&args, false),
+            Some(Command::Generate(args)) => run_generate(&args),
             Some(Command::Evaluate(args)) => run_inference(&args, true),
             None => run_task(cli.task).await,
         }
@@ -524,10 +658,24 @@ async fn run_task(args: TaskArgs) -> u8 {
         task_index: args.task_index,
     };
     let tf_config = std::env::var("TF_CONFIG").ok();
+    let source = cluster::source(&flags, tf_config.as_deref());
     let cluster = match cluster::resolve(&flags, tf_config.as_deref()) {
         Ok(c) => c,
-        Err(e) => return fail(2, format_args!("{}{e}", if tf_config.is_some() && !flags_given(&flags) { "TF_CONFIG: " } else { "" })),
+        Err(e) => return fail(2, format_args!("{}{e}", if source == Some(ClusterSource::TfConfig) { "TF_CONFIG: " } else { "" })),
     };
+    if let Some(c) = &cluster {
+        let ignored = if c.source == ClusterSource::Flags && tf_config.is_some() { "; TF_CONFIG is set and ignored" } else { "" };
+        tracing::info!("{}: cluster from {}{ignored}: {}", c.task, c.source, describe_cluster(&c.cluster));
+    }
+    // One training task and no ps (a one-replica TFJob run with the classic
+    // flags): nothing to share variables with, it trains alone.
+    let cluster = cluster.filter(|c| {
+        let alone = c.role() == Role::Worker && c.cluster.num_tasks("ps") == 0 && c.cluster.training_tasks().len() == 1;
+        if alone {
+            tracing::info!("{}: the cluster has no ps task and no other training task: training in this process", c.task);
+        }
+        !alone
+    });
     let settings = match settings(&args) {
         Ok(s) => s,
         Err(e) => return fail(2, e),
@@ -544,6 +692,9 @@ async fn run_task(args: TaskArgs) -> u8 {
         },
     };
     let Some(cluster) = cluster else {
+        if source.is_none() {
+            tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts)");
+        }
         return run_single_process(&spec, &settings).await;
     };
     let status = Arc::new(TaskStatus::new(cluster.task.clone()));
@@ -557,7 +708,10 @@ async fn run_task(args: TaskArgs) -> u8 {
         let mut config = PsConfig::new(cluster.task.index as usize, num_ps, cluster.cluster.chief());
         config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
         let store = Arc::new(ParameterStore::new(config));
-        store.expect(&cluster.cluster.training_tasks());
+        // The evaluators too: each evaluates the final variables before it leaves.
+        let mut expected = cluster.cluster.training_tasks();
+        expected.extend(cluster.cluster.tasks("evaluator").into_iter().map(|(i, _)| cluster::TaskId::new("evaluator", i)));
+        store.expect(&expected);
         if let Some(dir) = &settings.checkpoints.directory
             && let Err(e) = restore(&store, dir, &cluster)
         {
@@ -607,21 +761,18 @@ async fn run_task(args: TaskArgs) -> u8 {
         }
         None => None,
     };
+    // A worker stopped on a signal is told to leave, and given the time to
+    // say so over the connections it trains on.
+    let (leave_tx, leave_rx) = tokio::sync::watch::channel(false);
+    let role = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs, leave_rx);
+    tokio::pin!(role);
     let code = tokio::select! {
-        code = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs) => code,
+        code = &mut role => code,
         code = termination() => {
             tracing::warn!("{}: stopping on signal", cluster.task);
             if cluster.role() == Role::Worker {
-                // Stopped on purpose (a scale-down, a deleted pod): deregister
-                // at once, so that no sync step waits for this task's lease to
-                // run out and its shard of the data goes to another worker.
-                let ps = cluster.cluster.addresses("ps");
-                let told = tfjob_runtime::client::leave_job(&cluster.task, &ps, &credentials, "stopping on a signal").await;
-                if told == ps.len() {
-                    tracing::info!("{}: left the job", cluster.task);
-                } else {
-                    tracing::warn!("{}: stopping; {} of {} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps.len() - told, ps.len());
-                }
+                let _ = leave_tx.send(true);
+                let _ = tokio::time::timeout(tfjob_runtime::client::LEAVE_DEADLINE + Duration::from_millis(500), &mut role).await;
             }
             code
         }
@@ -637,24 +788,34 @@ async fn run_task(args: TaskArgs) -> u8 {
 }
 
 /// Restores a ps from the latest complete checkpoint, if there is one.
-fn restore(store: &ParameterStore, dir: &std::path::Path, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
+fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
     use tfjob_runtime::checkpoint;
     // 0 when this ps does not know how many ps tasks there are: the
     // checkpoint's count is then taken.
     let num_ps = store.num_ps();
-    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (2, e.to_string()))?;
+    // Storage that cannot be reached may come back: a transient exit code.
+    let code = |e: &checkpoint::CheckpointError| if matches!(e, checkpoint::CheckpointError::Io(_)) { 138 } else { 2 };
+    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
     let Some(ckpt) = latest else {
-        tracing::info!("{}: no complete checkpoint in {}: starting fresh", cluster.task, dir.display());
+        tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
         return Ok(());
     };
-    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (2, e.to_string()))?;
+    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
-    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path.display(), ckpt.global_step);
+    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
     Ok(())
 }
 
-fn flags_given(f: &ClusterFlags) -> bool {
-    f.ps_hosts.is_some() || f.worker_hosts.is_some() || f.chief_hosts.is_some() || f.evaluator_hosts.is_some() || f.job_name.is_some()
+/// `ps=[a:1] worker=[b:1,c:1]` (a long job: its first addresses and its size).
+fn describe_cluster(spec: &cluster::ClusterSpec) -> String {
+    let job = |job: &str| {
+        let all = spec.addresses(job);
+        match all.len() {
+            0..=4 => format!("{job}=[{}]", all.join(",")),
+            n => format!("{job}=[{},... {n} tasks]", all[..3].join(",")),
+        }
+    };
+    spec.jobs().map(job).collect::<Vec<_>>().join(" ")
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -667,6 +828,7 @@ async fn run_role(
     metrics: Arc<TrainingMetrics>,
     store: Option<Arc<ParameterStore>>,
     grace_secs: u64,
+    mut leave: tokio::sync::watch::Receiver<bool>,
 ) -> u8 {
     match cluster.role() {
         Role::Ps => run_ps(cluster, store.expect("ps store"), status, Duration::from_secs(grace_secs)).await,
@@ -678,12 +840,31 @@ async fn run_role(
             let result = if cluster.role() == Role::Evaluator {
                 train::run_evaluator(cluster, &mut workload, settings, credentials, status, metrics).await
             } else {
-                tfjob_runtime::worker::run_worker(cluster, &mut workload, settings, credentials, status, metrics).await
+                // Resolves once told to leave; never when the sender is gone
+                // without a word.
+                let told_to_leave = async move {
+                    if leave.wait_for(|l| *l).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tfjob_runtime::worker::run_worker(cluster, &mut workload, settings, credentials, status, metrics, told_to_leave).await
             };
             match result {
                 Ok(report) => {
                     print_report(&report);
                     0
+                }
+                Err(TrainError::Stopped { ps_heard, ps_total }) if ps_heard == ps_total => {
+                    tracing::info!("{}: left the job", cluster.task);
+                    143
+                }
+                Err(TrainError::Stopped { ps_heard, ps_total }) => {
+                    tracing::warn!(
+                        "{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)",
+                        cluster.task,
+                        ps_total - ps_heard
+                    );
+                    143
                 }
                 Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
             }
@@ -733,7 +914,7 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
         Ok(w) => w,
         Err(e) => return fail(2, e),
     };
-    tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts): training {} in this process", workload.model.name());
+    tracing::info!("training {} in this process", workload.model.name());
     let settings = settings.clone();
     let report = tokio::task::spawn_blocking(move || {
         train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
@@ -825,7 +1006,7 @@ async fn run_client(args: ClientArgs) -> u8 {
         }
         Fetch::Train(proto::TrainRun {
             model: m.model.clone(),
-            hidden_units: m.hidden_units.split(',').next().and_then(|s| s.trim().parse().ok()).unwrap_or(100),
+            hidden_units: m.mlp.hidden_units.as_deref().and_then(|h| h.split(',').next()).and_then(|s| s.trim().parse().ok()).unwrap_or(100),
             train_steps: m.train_steps.unwrap_or(0),
             batch_size: m.batch_size.unwrap_or(0) as u32,
             learning_rate: m.learning_rate,
@@ -864,51 +1045,107 @@ fn metrics_line(m: &std::collections::HashMap<String, f64>) -> String {
 }
 
 /// `predict` (CSV on stdout) or `evaluate` (one JSON line): the Keras model
-/// with the latest complete checkpoint's weights on --input.
+/// (or the built-in model's preset) with the latest complete checkpoint's
+/// weights on --input.
 fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
-    use tfjob_runtime::data::{self, LabelKind};
-    use tfjob_runtime::trained;
-    let Some(model_file) = &args.keras.keras_model else {
-        return fail(2, "--keras_model: missing (the model whose weights the checkpoint holds)");
-    };
-    let options = match args.data.options() {
-        Ok(o) => o,
-        Err(e) => return fail(2, e),
-    };
-    let model = match args.keras.options().build(model_file, 1) {
-        Ok(m) => m,
-        Err(e) => return fail(2, e),
-    };
-    let kind = if model.loss().is_classification() { LabelKind::Classes } else { LabelKind::Values };
-    let input = match data::read_input(&args.input, args.labels.as_deref(), &options, kind, evaluate) {
-        Ok(i) => i,
-        Err(e) => return fail(2, e),
-    };
-    let check = workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).and_then(|()| {
-        model.check_inputs(&input.x).map_err(|e| workload::WorkloadError::Flag { field: "input", reason: format!("{}: {e}", args.input.display()) })
-    });
-    if let Err(e) = check {
-        return fail(2, e);
+    match inference(args, evaluate) {
+        Ok(out) => {
+            print!("{out}");
+            0
+        }
+        Err(e) => fail(2, e),
     }
-    let (ckpt, params) = match trained::load_params(&args.checkpoint_dir, &model) {
-        Ok(p) => p,
-        Err(e) => return fail(2, e),
+}
+
+fn message(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// What `predict` or `evaluate` prints.
+fn inference(args: &InferenceArgs, evaluate: bool) -> Result<String, String> {
+    use tfjob_runtime::data::{self, LabelKind};
+    use tfjob_runtime::model::Model as _;
+    use tfjob_runtime::trained;
+    let spec = workload::InferenceSpec {
+        model: args.model.clone(),
+        hidden_units: args.mlp.hidden_units()?,
+        activation: args.mlp.activation.clone(),
+        keras: args.keras.options(),
+        data: args.data.options()?,
     };
+    spec.check().map_err(message)?;
+    // A Keras model is read before anything else; a built-in one needs the checkpoint's sizes.
+    let keras = match &spec.keras.model_file {
+        Some(file) => {
+            let model = spec.keras.build(file, 1).map_err(message)?;
+            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
+            Some(model)
+        }
+        None => None,
+    };
+    let kind = if spec.is_classifier(keras.as_ref()) { LabelKind::Classes } else { LabelKind::Values };
+    let input = data::read_input(&args.input, args.labels.as_deref(), &spec.data, kind, evaluate).map_err(message)?;
+    let (ckpt, values) = trained::latest_variables(&args.checkpoint_dir).map_err(message)?;
+    let model = match keras {
+        Some(m) => m,
+        None => {
+            let model = workload::inference_model(&spec, &ckpt.path.to_string(), &values).map_err(message)?;
+            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
+            model
+        }
+    };
+    workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).map_err(message)?;
+    model.check_inputs(&input.x).map_err(|x| format!("--input: {}: {x}", args.input.display()))?;
+    let params = trained::params_in_order(&ckpt.path.to_string(), &model.variables(), &values).map_err(message)?;
     if !evaluate {
-        print!("{}", trained::predictions_csv(&model, &params, &input.x));
-        return 0;
+        return Ok(trained::predictions_csv(&model, &params, &input.x));
     }
     let targets = input.targets.expect("read_input requires labels for evaluate");
-    if let Err(e) = model.check_targets(&targets) {
-        return fail(2, format_args!("{}: {e}", args.labels.as_deref().unwrap_or(args.input.as_path()).display()));
-    }
+    model.check_targets(&targets).map_err(|x| format!("{}: {x}", args.labels.as_deref().unwrap_or(args.input.as_path()).display()))?;
     let result = trained::evaluate(&model, &params, &input.x, &targets);
-    print_report(&serde_json::json!({
-        "checkpoint": ckpt.path.display().to_string(),
+    let report = serde_json::json!({
+        "checkpoint": ckpt.path.to_string(),
         "global_step": ckpt.global_step,
         "examples": result.examples,
         "loss": result.loss,
         "accuracy": result.accuracy,
+    });
+    Ok(format!("{report}\n"))
+}
+
+/// `generate`: learnable data with known weights, and the AUC they allow.
+fn run_generate(args: &GenerateArgs) -> u8 {
+    use std::io::Write;
+    use tfjob_runtime::data::{GENERATED_EVAL_BASE, Generator, SparseFormat};
+    let format: SparseFormat = match args.data_format.parse() {
+        Ok(f) => f,
+        Err(e) => return fail(2, format_args!("--data_format: {e}")),
+    };
+    let g = Generator::new(format, args.seed);
+    let write = |name: &str, range: std::ops::Range<u64>| -> std::io::Result<PathBuf> {
+        let path = args.out.join(if args.gzip { format!("{name}.txt.gz") } else { format!("{name}.txt") });
+        let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        let mut out: Box<dyn Write> = if args.gzip { Box::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast())) } else { Box::new(file) };
+        for i in range {
+            out.write_all(g.line(i).as_bytes())?;
+        }
+        out.flush()?;
+        Ok(path)
+    };
+    let written = std::fs::create_dir_all(&args.out)
+        .and_then(|()| Ok((write("train", 0..args.train_examples)?, write("eval", GENERATED_EVAL_BASE..GENERATED_EVAL_BASE + args.eval_examples)?)));
+    let (train, eval) = match written {
+        Ok(w) => w,
+        Err(e) => return fail(2, format_args!("{}: {e}", args.out.display())),
+    };
+    print_report(&serde_json::json!({
+        "data_format": format.as_str(),
+        "seed": args.seed,
+        "train": train.display().to_string(),
+        "eval": eval.display().to_string(),
+        "train_examples": args.train_examples,
+        "eval_examples": args.eval_examples,
+        "achievable_auc": g.achievable_auc(args.eval_examples),
     }));
     0
 }

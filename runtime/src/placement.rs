@@ -7,11 +7,33 @@
 
 use std::collections::BTreeMap;
 
+use crate::embedding::PartitionStrategy;
+
 /// A variable to place: name and shape (f32 elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacementInput {
     pub name: String,
     pub shape: Vec<usize>,
+    /// A sparse embedding (`shape` `[rows, dim]`): cut by row over every ps
+    /// task with this strategy, one partition per ps.
+    pub embedding: Option<PartitionStrategy>,
+}
+
+impl PlacementInput {
+    pub fn dense(name: impl Into<String>, shape: Vec<usize>) -> Self {
+        PlacementInput { name: name.into(), shape, embedding: None }
+    }
+}
+
+/// Which rows of an embedding a shard holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPartition {
+    pub strategy: PartitionStrategy,
+    /// This partition, of `count`.
+    pub index: u64,
+    pub count: u64,
+    /// Rows of the whole embedding.
+    pub rows: u64,
 }
 
 /// One stored piece of a variable: the rows `rows` (along the first axis) of
@@ -24,6 +46,9 @@ pub struct Shard {
     pub rows: std::ops::Range<usize>,
     /// Shape of the stored piece.
     pub shape: Vec<usize>,
+    /// A partition of a sparse embedding: its rows are those `strategy`
+    /// gives it (not `rows`), and only the ones updated are stored.
+    pub partition: Option<RowPartition>,
 }
 
 impl Shard {
@@ -57,7 +82,10 @@ pub enum PlacementError {
     ReservedName(String),
 }
 
-/// Places variables over `num_ps` tasks. A variable larger than
+/// Places variables over `num_ps` tasks. A sparse embedding is cut by row
+/// into `min(num_ps, rows)` partitions `<name>/part_<k>` on ps `k` (its
+/// rows are spread evenly, whatever their number, so it does not enter the
+/// balance). A variable larger than
 /// `partition_threshold_bytes` (and with at least two rows) is cut along its
 /// first axis into `min(num_ps, ceil(bytes / threshold), rows)` parts of
 /// nearly equal rows, stored as `<name>/part_<k>` on distinct ps tasks. Then
@@ -80,14 +108,31 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
 
     // Cut into pieces (ps not chosen yet).
     let mut pieces: Vec<Shard> = Vec::new();
+    let mut partitions: Vec<Shard> = Vec::new();
     for v in &sorted {
+        if let Some(strategy) = v.embedding {
+            let rows = v.shape.first().copied().unwrap_or(0) as u64;
+            let count = (num_ps as u64).min(rows).max(1);
+            for k in 0..count {
+                let n = strategy.partition_rows(rows, count, k) as usize;
+                partitions.push(Shard {
+                    variable: v.name.clone(),
+                    stored_name: format!("{}/part_{k}", v.name),
+                    ps: k as usize,
+                    rows: 0..n,
+                    shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
+                    partition: Some(RowPartition { strategy, index: k, count, rows }),
+                });
+            }
+            continue;
+        }
         let elements: usize = v.shape.iter().product();
         let bytes = elements * 4;
         let rows = v.shape.first().copied().unwrap_or(1);
         let threshold = partition_threshold_bytes.max(1);
         let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
         if parts == 1 {
-            pieces.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone() });
+            pieces.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None });
             continue;
         }
         let (base, extra) = (rows / parts, rows % parts);
@@ -96,7 +141,7 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
             let n = base + usize::from(k < extra);
             let mut shape = v.shape.clone();
             shape[0] = n;
-            pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape });
+            pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
             start += n;
         }
     }
@@ -115,7 +160,7 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     }
 
     let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
-    for p in pieces {
+    for p in pieces.into_iter().chain(partitions) {
         variables.entry(p.variable.clone()).or_default().push(p);
     }
     Ok(Placement { num_ps, variables })
@@ -135,7 +180,8 @@ impl Placement {
     /// Bytes stored on each ps.
     pub fn bytes_per_ps(&self) -> Vec<usize> {
         let mut load = vec![0; self.num_ps];
-        for s in self.variables.values().flatten() {
+        // An embedding partition holds the rows updated so far: not known here.
+        for s in self.variables.values().flatten().filter(|s| s.partition.is_none()) {
             load[s.ps] += s.bytes();
         }
         load
@@ -152,6 +198,12 @@ impl Placement {
                 h.write(&(s.ps as u64).to_le_bytes());
                 for d in &s.shape {
                     h.write(&(*d as u64).to_le_bytes());
+                }
+                if let Some(p) = &s.partition {
+                    h.write(p.strategy.as_str().as_bytes());
+                    for x in [p.index, p.count, p.rows] {
+                        h.write(&x.to_le_bytes());
+                    }
                 }
                 h.write(&[0xff]);
             }
@@ -183,7 +235,7 @@ mod tests {
     use super::*;
 
     fn var(name: &str, shape: &[usize]) -> PlacementInput {
-        PlacementInput { name: name.into(), shape: shape.to_vec() }
+        PlacementInput::dense(name, shape.to_vec())
     }
 
     fn mlp() -> Vec<PlacementInput> {
@@ -302,5 +354,26 @@ mod tests {
         let load = p.bytes_per_ps();
         let (max, min) = (*load.iter().max().unwrap() as f64, *load.iter().min().unwrap() as f64);
         assert!(max / min < 1.01, "{load:?}");
+    }
+
+    /// A sparse embedding: one partition per ps (fewer when it has fewer
+    /// rows), on ps k, outside the balance of the dense variables.
+    #[test]
+    fn embeddings_are_partitioned_by_row_over_every_ps() {
+        let emb = |name: &str, rows: usize, s| PlacementInput { name: name.into(), shape: vec![rows, 8], embedding: Some(s) };
+        let inputs = vec![emb("emb", 1 << 24, PartitionStrategy::Mod), emb("tiny", 2, PartitionStrategy::Div), var("w", &[100]), var("b", &[1])];
+        let p = place(&inputs, 3, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
+        let e = &p.variables["emb"];
+        assert_eq!(e.iter().map(|s| (s.stored_name.as_str(), s.ps)).collect::<Vec<_>>(), [("emb/part_0", 0), ("emb/part_1", 1), ("emb/part_2", 2)]);
+        assert_eq!(e[0].shape, vec![5_592_406, 8]);
+        assert_eq!(e[2].partition, Some(RowPartition { strategy: PartitionStrategy::Mod, index: 2, count: 3, rows: 1 << 24 }));
+        let t = &p.variables["tiny"];
+        assert_eq!(t.len(), 2, "no more partitions than rows");
+        assert_eq!(t.iter().map(|s| s.shape[0]).sum::<usize>(), 2);
+        // The dense variables are balanced as if the embeddings were not there.
+        assert_eq!(p.bytes_per_ps(), vec![400, 4, 0]);
+        // The strategy is part of the fingerprint.
+        let other = vec![emb("emb", 1 << 24, PartitionStrategy::Div), emb("tiny", 2, PartitionStrategy::Div), var("w", &[100]), var("b", &[1])];
+        assert_ne!(place(&other, 3, DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap().fingerprint(), p.fingerprint());
     }
 }

@@ -18,9 +18,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::checkpoint;
 use crate::cluster::TaskId;
 use crate::dispatch::{self, DispatcherState, Handout, ShardDispatcher, ShardId, ShardPlan};
+use crate::embedding::{self, EmbeddingPart, RowTable};
 use crate::optimizer::{Optimizer, Slots};
-use crate::proto::{self, TensorPart, UpdateMode, parameter_server_server::ParameterServer};
-use crate::sync::{StepCheck, SyncAccumulator};
+use crate::proto::{self, RowsPart, TensorPart, UpdateMode, parameter_server_server::ParameterServer};
+use crate::sync::{Averaged, StepCheck, SyncAccumulator, VarKind};
 use crate::tensor::{self, PartAssembler};
 
 /// Why the store refused a request; each maps to one gRPC status code.
@@ -57,6 +58,16 @@ impl From<tensor::TensorError> for StoreError {
         StoreError::InvalidArgument(e.to_string())
     }
 }
+
+impl From<embedding::RowError> for StoreError {
+    fn from(e: embedding::RowError) -> Self {
+        StoreError::InvalidArgument(e.to_string())
+    }
+}
+
+/// Most bytes of rows one push may carry (a batch's rows of every embedding
+/// partition of a ps): far beyond any batch, short of exhausting memory.
+pub const MAX_PUSH_ROWS_BYTES: usize = 256 << 20;
 
 /// What a ps knows about its cluster.
 #[derive(Debug, Clone)]
@@ -111,9 +122,36 @@ struct StoredVar {
     /// when no pull holds them any more (a fresh 100 MB of buffers per
     /// update is page faults and zeroing every time).
     spare: Vec<TensorPart>,
+    /// A partition of an embedding: its rows live here (`values` and
+    /// `slots` stay empty), pulled and pushed by id.
+    table: Option<RowTable>,
 }
 
 impl StoredVar {
+    fn dense(name: String, shape: Vec<usize>, values: Vec<f32>, slots: Slots) -> Self {
+        StoredVar { name, shape, values: Arc::new(values), slots, encoded: None, spare: Vec::new(), table: None }
+    }
+
+    fn rows(name: String, shape: Vec<usize>, table: RowTable) -> Self {
+        StoredVar { name, shape, values: Arc::new(Vec::new()), slots: Slots::default(), encoded: None, spare: Vec::new(), table: Some(table) }
+    }
+
+    fn kind(&self) -> VarKind {
+        match &self.table {
+            Some(t) => VarKind::Rows(t.dim()),
+            None => VarKind::Dense(self.values.len()),
+        }
+    }
+
+    fn spec(&self) -> proto::VariableSpec {
+        proto::VariableSpec {
+            name: self.name.clone(),
+            dtype: proto::DataType::DtFloat as i32,
+            shape: tensor::wire_shape(&self.shape),
+            embedding: self.table.as_ref().map(|t| t.part.to_proto()),
+        }
+    }
+
     /// The values changed: the encoded parts are stale.
     fn changed(&mut self) {
         if let Some((_, parts)) = self.encoded.take() {
@@ -128,6 +166,56 @@ pub struct SharedVariable {
     pub name: String,
     pub shape: Vec<i64>,
     pub values: Arc<Vec<f32>>,
+}
+
+/// Rows of an embedding partition, as a pull takes them: the ids asked for,
+/// in that order, and their values (`ids.len() * dim`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PulledRows {
+    pub name: String,
+    pub dim: usize,
+    pub ids: Vec<i64>,
+    pub values: Vec<f32>,
+}
+
+impl PulledRows {
+    /// As gRPC messages carry them: parts of at most `part_bytes` (at least
+    /// one row each; one empty part when there is no row, so the receiver
+    /// learns the partition answered).
+    pub fn encode(&self, part_bytes: usize) -> Vec<RowsPart> {
+        let per_part = (part_bytes / (8 + 4 * self.dim)).max(1);
+        let part = |ids: &[i64], values: &[f32]| {
+            let mut content = embedding::ids_to_le(ids);
+            content.extend_from_slice(&tensor::f32_to_bytes(values));
+            RowsPart { name: self.name.clone(), count: ids.len() as u64, content: content.into() }
+        };
+        if self.ids.is_empty() {
+            return vec![part(&[], &[])];
+        }
+        self.ids.chunks(per_part).zip(self.values.chunks(per_part * self.dim)).map(|(i, v)| part(i, v)).collect()
+    }
+}
+
+/// One piece of a push's rows: ids and their values' bytes.
+type RowPiece<'a> = (Vec<i64>, &'a [u8]);
+
+/// The rows of a push, by variable: the pieces of each.
+type RowPieces<'a> = Vec<(usize, Vec<RowPiece<'a>>)>;
+
+/// What a pull over gRPC takes: dense variables encoded as parts, rows.
+pub type GrpcPull = (Vec<TensorPart>, Vec<PulledRows>);
+
+/// A push's rows of one partition as one list of ids and one of value
+/// bytes (borrowed when the push sent them in one piece).
+fn concat_rows<'a>(pieces: &'a [(Vec<i64>, &'a [u8])]) -> (std::borrow::Cow<'a, [i64]>, std::borrow::Cow<'a, [u8]>) {
+    use std::borrow::Cow;
+    match pieces {
+        [(ids, values)] => (Cow::Borrowed(ids.as_slice()), Cow::Borrowed(*values)),
+        _ => (
+            Cow::Owned(pieces.iter().flat_map(|(ids, _)| ids.iter().copied()).collect()),
+            Cow::Owned(pieces.iter().flat_map(|(_, v)| v.iter().copied()).collect()),
+        ),
+    }
 }
 
 /// The view that workers and the chief must agree on.
@@ -187,7 +275,9 @@ fn task_of(t: &Option<proto::TaskId>, field: &str) -> Result<TaskId, StoreError>
 pub fn check_training_config(c: &proto::TrainingConfig) -> Result<(UpdateMode, Optimizer), StoreError> {
     let mode = match UpdateMode::try_from(c.mode) {
         Ok(m @ (UpdateMode::Async | UpdateMode::Sync)) => m,
-        _ => return Err(StoreError::InvalidArgument(format!("config.mode: unknown update mode {}", c.mode))),
+        _ => {
+            return Err(StoreError::InvalidArgument(format!("config.mode: unknown update mode {}", c.mode)));
+        }
     };
     let opt = c.optimizer.as_ref().ok_or_else(|| StoreError::InvalidArgument("config.optimizer: missing".into()))?;
     let optimizer = Optimizer::from_proto(opt).map_err(|e| StoreError::InvalidArgument(format!("config.{e}")))?;
@@ -203,6 +293,16 @@ pub fn check_training_config(c: &proto::TrainingConfig) -> Result<(UpdateMode, O
         }
     }
     Ok((mode, optimizer))
+}
+
+/// Checks a variable as a caller declares it (an embedding partition's
+/// spec included).
+fn check_spec(v: &proto::VariableSpec) -> Result<Option<EmbeddingPart>, StoreError> {
+    if v.dtype != proto::DataType::DtFloat as i32 {
+        return Err(StoreError::InvalidArgument(format!("variables.{}: only DT_FLOAT variables are supported", v.name)));
+    }
+    shape_usize(&v.name, &v.shape)?;
+    v.embedding.as_ref().map(|e| EmbeddingPart::from_proto(&v.name, &v.shape, e).map_err(StoreError::InvalidArgument)).transpose()
 }
 
 fn shape_usize(name: &str, shape: &[i64]) -> Result<Vec<usize>, StoreError> {
@@ -386,10 +486,7 @@ impl ParameterStore {
             Some(c)
         };
         for v in &req.variables {
-            if v.dtype != proto::DataType::DtFloat as i32 {
-                return Err(StoreError::InvalidArgument(format!("variables.{}: only DT_FLOAT variables are supported", v.name)));
-            }
-            shape_usize(&v.name, &v.shape)?;
+            check_spec(v)?;
         }
         let mut variables = req.variables.clone();
         variables.sort_by(|a, b| a.name.cmp(&b.name));
@@ -447,12 +544,24 @@ impl ParameterStore {
         let mut vars = Vec::new();
         for (name, asm) in assemblers {
             let (shape, values) = asm.finish()?;
-            vars.push(StoredVar { slots: optimizer.new_slots(values.len()), name, shape, values: Arc::new(values), encoded: None, spare: Vec::new() });
+            vars.push(StoredVar::dense(name, shape, values, optimizer.new_slots(0)));
         }
-        let specs: Vec<proto::VariableSpec> = vars
-            .iter()
-            .map(|v| proto::VariableSpec { name: v.name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&v.shape) })
-            .collect();
+        for e in &first.embeddings {
+            let part = check_spec(e)?.ok_or_else(|| StoreError::InvalidArgument(format!("embeddings.{}: no embedding spec", e.name)))?;
+            if vars.iter().any(|v| v.name == e.name) {
+                return Err(StoreError::InvalidArgument(format!("embeddings.{}: also sent as a dense variable", e.name)));
+            }
+            let mut table = RowTable::new(&e.name, part);
+            table.use_optimizer(&optimizer);
+            vars.push(StoredVar::rows(e.name.clone(), shape_usize(&e.name, &e.shape)?, table));
+        }
+        for v in &mut vars {
+            if v.table.is_none() {
+                v.slots = optimizer.new_slots(v.values.len());
+            }
+        }
+        vars.sort_by(|a, b| a.name.cmp(&b.name));
+        let specs: Vec<proto::VariableSpec> = vars.iter().map(StoredVar::spec).collect();
 
         let mut state = self.lock();
         if state.progress.initialized {
@@ -464,10 +573,10 @@ impl ParameterStore {
         if let Some(a) = &mut state.agreement {
             a.config = Some(config);
         }
-        let sizes: Vec<usize> = vars.iter().map(|v| v.values.len()).collect();
+        let kinds: Vec<VarKind> = vars.iter().map(StoredVar::kind).collect();
         state.by_name = vars.iter().enumerate().map(|(i, v)| (v.name.clone(), i)).collect();
         state.vars = vars;
-        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::new(&sizes, config.replicas_to_aggregate as usize, first.step));
+        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::with_kinds(&kinds, config.replicas_to_aggregate as usize, first.step));
         state.optimizer = Some(optimizer);
         state.mode = Some(mode);
         state.elastic = config.elastic;
@@ -490,10 +599,74 @@ impl ParameterStore {
     /// are shared, not copied, between pulls of the same step.
     pub fn snapshot(&self, names: &[String], part_bytes: usize) -> Result<(Progress, Vec<TensorPart>), StoreError> {
         let mut state = self.lock();
-        if !state.progress.initialized {
-            return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
+        Self::check_initialized(&state)?;
+        Self::encoded(&mut state, names, part_bytes)
+    }
+
+    /// A pull over gRPC: the named dense variables (all when `names` is
+    /// empty) as parts of at most `part_bytes`, and the rows asked for, at
+    /// one step.
+    pub fn pull_snapshot(&self, names: &[String], rows: &[proto::RowsRequest], part_bytes: usize) -> Result<(Progress, GrpcPull), StoreError> {
+        let mut state = self.lock();
+        Self::check_initialized(&state)?;
+        let pulled_rows = Self::gather_rows(&mut state, rows)?;
+        let (progress, parts) = Self::encoded(&mut state, names, part_bytes)?;
+        Ok((progress, (parts, pulled_rows)))
+    }
+
+    /// A pull over the tensor channel: the named dense variables (all when
+    /// `names` is empty) shared rather than encoded, and the rows asked for,
+    /// at one step.
+    pub fn shared_pull(&self, names: &[String], rows: &[proto::RowsRequest]) -> Result<(Progress, SharedPull), StoreError> {
+        let mut state = self.lock();
+        Self::check_initialized(&state)?;
+        let pulled_rows = Self::gather_rows(&mut state, rows)?;
+        let (progress, shared) = Self::shared(&mut state, names)?;
+        Ok((progress, (shared, pulled_rows)))
+    }
+
+    fn check_initialized(state: &State) -> Result<(), StoreError> {
+        if state.progress.initialized { Ok(()) } else { Err(StoreError::FailedPrecondition("variables are not initialised yet".into())) }
+    }
+
+    /// The rows asked for, checked all before any is read.
+    fn gather_rows(state: &mut State, requests: &[proto::RowsRequest]) -> Result<Vec<PulledRows>, StoreError> {
+        let mut asked = Vec::with_capacity(requests.len());
+        let mut seen = BTreeSet::new();
+        for r in requests {
+            let i = Self::table_index(state, &r.name)?;
+            if !seen.insert(i) {
+                return Err(StoreError::InvalidArgument(format!("rows: {:?} is asked for twice", r.name)));
+            }
+            if r.ids.len() % 8 != 0 {
+                return Err(StoreError::InvalidArgument(format!("rows.{}: {} bytes of ids is not a whole number of 8-byte ids", r.name, r.ids.len())));
+            }
+            let ids = embedding::ids_from_le(&r.ids);
+            state.vars[i].table.as_ref().expect("a table").check_ids(&ids)?;
+            asked.push((i, ids));
         }
-        let indices = Self::indices(&state, names)?;
+        let mut out = Vec::with_capacity(asked.len());
+        for (i, ids) in asked {
+            let table = state.vars[i].table.as_ref().expect("a table");
+            let mut values = Vec::new();
+            table.gather(&ids, &mut values);
+            state.counters.bytes_sent += (ids.len() * 8 + values.len() * 4) as u64;
+            out.push(PulledRows { name: table.name.clone(), dim: table.dim(), ids, values });
+        }
+        Ok(out)
+    }
+
+    /// The index of embedding partition `name`.
+    fn table_index(state: &State, name: &str) -> Result<usize, StoreError> {
+        let &i = state.by_name.get(name).ok_or_else(|| StoreError::NotFound(format!("variable {name:?} is not on this ps")))?;
+        if state.vars[i].table.is_none() {
+            return Err(StoreError::InvalidArgument(format!("variable {name:?} is not an embedding: it has no rows to pull or push by id")));
+        }
+        Ok(i)
+    }
+
+    fn encoded(state: &mut State, names: &[String], part_bytes: usize) -> Result<(Progress, Vec<TensorPart>), StoreError> {
+        let indices = Self::indices(state, names)?;
         let mut out = Vec::with_capacity(indices.len());
         let mut sent = 0u64;
         for i in indices {
@@ -515,10 +688,12 @@ impl ParameterStore {
     /// rather than encoded: for the tensor channel, which writes them raw.
     pub fn shared_snapshot(&self, names: &[String]) -> Result<(Progress, Vec<SharedVariable>), StoreError> {
         let mut state = self.lock();
-        if !state.progress.initialized {
-            return Err(StoreError::FailedPrecondition("variables are not initialised yet".into()));
-        }
-        let indices = Self::indices(&state, names)?;
+        Self::check_initialized(&state)?;
+        Self::shared(&mut state, names)
+    }
+
+    fn shared(state: &mut State, names: &[String]) -> Result<(Progress, Vec<SharedVariable>), StoreError> {
+        let indices = Self::indices(state, names)?;
         let out: Vec<SharedVariable> = indices
             .into_iter()
             .map(|i| {
@@ -530,11 +705,21 @@ impl ParameterStore {
         Ok((state.progress, out))
     }
 
+    /// The dense variables named (all of them when `names` is empty).
     fn indices(state: &State, names: &[String]) -> Result<Vec<usize>, StoreError> {
         if names.is_empty() {
-            return Ok((0..state.vars.len()).collect());
+            return Ok((0..state.vars.len()).filter(|&i| state.vars[i].table.is_none()).collect());
         }
-        names.iter().map(|n| state.by_name.get(n).copied().ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps")))).collect()
+        names
+            .iter()
+            .map(|n| {
+                let &i = state.by_name.get(n).ok_or_else(|| StoreError::NotFound(format!("variable {n:?} is not on this ps")))?;
+                if state.vars[i].table.is_some() {
+                    return Err(StoreError::InvalidArgument(format!("variable {n:?} is an embedding partition: pull its rows by id")));
+                }
+                Ok(i)
+            })
+            .collect()
     }
 
     /// Checks every part of a push against the stored variables and groups
@@ -543,6 +728,9 @@ impl ParameterStore {
         let mut groups: BTreeMap<usize, Ranges<'a>> = BTreeMap::new();
         for p in parts {
             let &i = state.by_name.get(&p.name).ok_or_else(|| StoreError::NotFound(format!("variable {:?} is not on this ps", p.name)))?;
+            if state.vars[i].table.is_some() {
+                return Err(StoreError::InvalidArgument(format!("variable {:?} is an embedding partition: push its rows by id", p.name)));
+            }
             let range = tensor::check_part(p, &state.vars[i].shape)?;
             groups.entry(i).or_default().push((range, &p.content[..]));
         }
@@ -568,8 +756,39 @@ impl ParameterStore {
         Ok(out)
     }
 
+    /// Checks the rows of a push and groups them by embedding partition:
+    /// each piece's length fits its partition's row width, every id is in
+    /// the table and in this partition, and appears once in the push.
+    fn group_rows<'a>(state: &State, rows: &'a [RowsPart]) -> Result<RowPieces<'a>, StoreError> {
+        let mut groups: BTreeMap<usize, Vec<RowPiece<'a>>> = BTreeMap::new();
+        for r in rows {
+            let i = Self::table_index(state, &r.name)?;
+            let table = state.vars[i].table.as_ref().expect("a table");
+            let (ids, values) = embedding::split_rows(&r.name, r.count, table.dim(), &r.content)?;
+            groups.entry(i).or_default().push((ids, values));
+        }
+        for (i, pieces) in &groups {
+            state.vars[*i].table.as_ref().expect("a table").check_ids(pieces.iter().flat_map(|(ids, _)| ids))?;
+        }
+        Ok(groups.into_iter().collect())
+    }
+
     /// Applies (async) or accumulates (sync) one push, all or nothing.
     pub fn push(&self, task: &TaskId, step: i64, push_id: u64, parts: &[TensorPart]) -> Result<proto::PushGradientsReply, StoreError> {
+        self.push_with_rows(task, step, push_id, parts, &[])
+    }
+
+    /// [`push`](Self::push) with row-sparse gradients of embedding
+    /// partitions besides the dense parts: every part and every row is
+    /// checked before anything changes.
+    pub fn push_with_rows(
+        &self,
+        task: &TaskId,
+        step: i64,
+        push_id: u64,
+        parts: &[TensorPart],
+        rows: &[RowsPart],
+    ) -> Result<proto::PushGradientsReply, StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
         self.renew(state, task);
@@ -586,6 +805,7 @@ impl ParameterStore {
             return Err(StoreError::FailedPrecondition(format!("step {step} is from the future: this ps is at step {}", state.progress.step)));
         }
         let groups = Self::group_parts(state, parts)?;
+        let row_groups = if rows.is_empty() { Vec::new() } else { Self::group_rows(state, rows)? };
         let worker = task.to_string();
         if push_id > 0 {
             if state.last_push.get(&worker).is_some_and(|&last| push_id <= last) {
@@ -595,6 +815,7 @@ impl ParameterStore {
             state.last_push.insert(worker.clone(), push_id);
         }
         state.counters.bytes_received += parts.iter().map(|p| p.content.len() as u64).sum::<u64>();
+        state.counters.bytes_received += rows.iter().map(|r| r.content.len() as u64).sum::<u64>();
         let Some(optimizer) = state.optimizer else {
             return Err(StoreError::FailedPrecondition("restored from a checkpoint: waiting for a handshake that brings the training configuration".into()));
         };
@@ -611,6 +832,12 @@ impl ParameterStore {
                         optimizer.apply(Arc::make_mut(&mut v.values).as_mut_slice(), &mut v.slots, range, grad, t);
                     }
                     v.changed();
+                }
+                for (i, pieces) in &row_groups {
+                    let table = state.vars[*i].table.as_mut().expect("a table");
+                    let (ids, values) = concat_rows(pieces);
+                    let grads = tensor::f32_view(&values, &mut state.scratch);
+                    table.apply(&optimizer, &ids, grads);
                 }
                 state.progress.step += 1;
                 state.counters.pushes_applied += 1;
@@ -629,7 +856,11 @@ impl ParameterStore {
                     for (i, group) in &groups {
                         counted |= acc.add(*i, &worker, group);
                     }
-                    reply.accepted = counted || groups.is_empty();
+                    for (i, pieces) in &row_groups {
+                        let pieces: Vec<(&[i64], &[u8])> = pieces.iter().map(|(ids, v)| (ids.as_slice(), *v)).collect();
+                        counted |= acc.add_rows(*i, &worker, &pieces);
+                    }
+                    reply.accepted = counted || (groups.is_empty() && row_groups.is_empty());
                     acc.mark_pushed(&worker);
                 }
             },
@@ -673,7 +904,9 @@ impl ParameterStore {
 
     /// Applies the averaged gradients when the sync step has enough of them.
     fn finish_ready_step(state: &mut State) {
-        let (Some(acc), Some(optimizer)) = (&mut state.accumulator, state.optimizer) else { return };
+        let (Some(acc), Some(optimizer)) = (&mut state.accumulator, state.optimizer) else {
+            return;
+        };
         if state.elastic {
             acc.set_required(state.leases.len().max(1));
         }
@@ -681,9 +914,12 @@ impl ParameterStore {
             return;
         }
         let vars = &mut state.vars;
-        acc.finish_step(|i, avg| {
+        acc.finish_step_rows(|i, avg| {
             let v = &mut vars[i];
-            optimizer.apply_all(Arc::make_mut(&mut v.values).as_mut_slice(), &mut v.slots, avg);
+            match avg {
+                Averaged::Dense(avg) => optimizer.apply_all(Arc::make_mut(&mut v.values).as_mut_slice(), &mut v.slots, avg),
+                Averaged::Rows(ids, values) => v.table.as_mut().expect("a table").apply(&optimizer, ids, values),
+            }
             v.changed();
         });
         state.progress.step = acc.step();
@@ -820,6 +1056,10 @@ impl ParameterStore {
             }
             let mut data = checkpoint::ShardData::default();
             for v in &state.vars {
+                if let Some(t) = &v.table {
+                    save_rows(&mut data, t).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+                    continue;
+                }
                 data.variables.push((v.name.clone(), v.shape.clone(), v.values.to_vec()));
                 for (k, slot) in [&v.slots.first, &v.slots.second].into_iter().enumerate() {
                     if !slot.is_empty() {
@@ -836,8 +1076,8 @@ impl ParameterStore {
             }
             (data, state.progress.step, state.num_ps)
         };
-        let dir = std::path::Path::new(&req.directory);
-        let info = checkpoint::write_shard(dir, req.step, self.config.ps_index, num_ps, &data).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        let dir = crate::storage::Location::parse(&req.directory).map_err(|e| StoreError::InvalidArgument(format!("directory: {e}")))?;
+        let info = checkpoint::write_shard(&dir, req.step, self.config.ps_index, num_ps, &data).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
     }
@@ -861,20 +1101,25 @@ impl ParameterStore {
             }
             let slot = |k: usize| data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default();
             let updates = data.updates.iter().find(|(n, _)| n == name).map_or(0, |(_, u)| *u);
-            vars.push(StoredVar {
-                name: name.clone(),
-                shape: shape.clone(),
-                values: Arc::new(values.clone()),
-                slots: Slots { first: slot(0), second: slot(1), updates },
-                encoded: None,
-                spare: Vec::new(),
-            });
+            if let Some((_, ids)) = data.row_ids.iter().find(|(n, _)| n == name) {
+                let json = data
+                    .embeddings
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, j)| j.as_str())
+                    .ok_or_else(|| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?} has rows but no description")))?;
+                let part: EmbeddingPart =
+                    serde_json::from_str(json).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?}: {e}")))?;
+                let stored_shape = vec![part.partition_rows() as usize, part.dim];
+                let mut table = RowTable::new(name, part);
+                table.restore(ids.clone(), values.clone(), [slot(0), slot(1)], updates).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: {e}")))?;
+                vars.push(StoredVar::rows(name.clone(), stored_shape, table));
+                continue;
+            }
+            vars.push(StoredVar::dense(name.clone(), shape.clone(), values.clone(), Slots { first: slot(0), second: slot(1), updates }));
         }
         vars.sort_by(|a, b| a.name.cmp(&b.name));
-        let variables = vars
-            .iter()
-            .map(|v| proto::VariableSpec { name: v.name.clone(), dtype: proto::DataType::DtFloat as i32, shape: tensor::wire_shape(&v.shape) })
-            .collect();
+        let variables = vars.iter().map(StoredVar::spec).collect();
         if let Some(json) = &data.dispatcher {
             let saved: DispatcherState =
                 serde_json::from_str(json).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: the shard dispatcher's state does not parse: {e}")))?;
@@ -906,9 +1151,15 @@ impl ParameterStore {
         if state.optimizer.is_some() || !state.progress.initialized {
             return Ok(());
         }
-        let Some(config) = state.agreement.as_ref().and_then(|a| a.config) else { return Ok(()) };
+        let Some(config) = state.agreement.as_ref().and_then(|a| a.config) else {
+            return Ok(());
+        };
         let (mode, optimizer) = check_training_config(&config)?;
         for v in &mut state.vars {
+            if let Some(t) = &mut v.table {
+                t.use_optimizer(&optimizer);
+                continue;
+            }
             let fresh = optimizer.new_slots(v.values.len());
             // Slots of a different optimizer (or none saved) start afresh.
             if v.slots.first.len() != fresh.first.len() || v.slots.second.len() != fresh.second.len() {
@@ -917,9 +1168,9 @@ impl ParameterStore {
                 v.slots.updates = updates;
             }
         }
-        let sizes: Vec<usize> = state.vars.iter().map(|v| v.values.len()).collect();
+        let kinds: Vec<VarKind> = state.vars.iter().map(StoredVar::kind).collect();
         let required = if config.elastic { state.leases.len().max(1) } else { config.replicas_to_aggregate as usize };
-        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::new(&sizes, required, state.progress.step));
+        state.accumulator = (mode == UpdateMode::Sync).then(|| SyncAccumulator::with_kinds(&kinds, required, state.progress.step));
         state.optimizer = Some(optimizer);
         state.mode = Some(mode);
         state.elastic = config.elastic;
@@ -992,12 +1243,18 @@ impl ParameterStore {
             variables: state
                 .vars
                 .iter()
-                .map(|v| proto::VariableStats { name: v.name.clone(), shape: tensor::wire_shape(&v.shape), bytes: v.values.len() as u64 * 4 })
+                .map(|v| proto::VariableStats {
+                    name: v.name.clone(),
+                    shape: tensor::wire_shape(&v.shape),
+                    bytes: v.table.as_ref().map_or(v.values.len() as u64 * 4, |t| t.bytes()),
+                    rows: v.table.as_ref().map_or(0, |t| t.len() as u64),
+                })
                 .collect(),
             config: state.agreement.as_ref().and_then(|a| a.config),
             live_tasks: state.leases.keys().cloned().collect(),
             replicas_to_aggregate: state.accumulator.as_ref().map_or(0, |a| a.required() as u32),
             dispatch: state.dispatcher.as_ref().map(|d| progress_proto(&d.progress())),
+            pending: state.pending.iter().cloned().collect(),
         }
     }
 
@@ -1007,12 +1264,42 @@ impl ParameterStore {
         state.by_name.get(name).map(|&i| state.vars[i].values.to_vec())
     }
 
-    /// Most bytes a push may carry: every variable of this ps once, plus
-    /// room for message overhead.
+    /// Rows `ids` of embedding partition `name` (their initial values when
+    /// never updated), and the number of rows it materialised; for tests.
+    pub fn rows(&self, name: &str, ids: &[i64]) -> Option<(Vec<f32>, usize)> {
+        let state = self.lock();
+        let table = state.vars[*state.by_name.get(name)?].table.as_ref()?;
+        let mut out = Vec::new();
+        table.gather(ids, &mut out);
+        Some((out, table.len()))
+    }
+
+    /// Most bytes a push may carry: every dense variable of this ps once,
+    /// rows up to [`MAX_PUSH_ROWS_BYTES`] when it holds embedding
+    /// partitions, plus room for message overhead.
     pub fn max_push_bytes(&self) -> usize {
         let state = self.lock();
-        state.vars.iter().map(|v| v.values.len() * 4).sum::<usize>() + (1 << 20)
+        let rows = if state.vars.iter().any(|v| v.table.is_some()) { MAX_PUSH_ROWS_BYTES } else { 0 };
+        state.vars.iter().map(|v| v.values.len() * 4).sum::<usize>() + rows + (1 << 20)
     }
+}
+
+/// Adds an embedding partition's materialised rows to a checkpoint shard:
+/// its values (`[rows, dim]`) and slots under the partition's name, the ids
+/// under `<name>:ids`, and the partition's description.
+fn save_rows(data: &mut checkpoint::ShardData, t: &RowTable) -> Result<(), serde_json::Error> {
+    let (ids, values, slots, updates) = t.saved();
+    let shape = vec![ids.len(), t.dim()];
+    data.variables.push((t.name.clone(), shape.clone(), values.to_vec()));
+    for (k, slot) in slots.into_iter().enumerate() {
+        if !slot.is_empty() {
+            data.slots.push((format!("{}:slot{k}", t.name), shape.clone(), slot.to_vec()));
+        }
+    }
+    data.updates.push((t.name.clone(), updates));
+    data.row_ids.push((t.name.clone(), ids.to_vec()));
+    data.embeddings.push((t.name.clone(), serde_json::to_string(&t.part)?));
+    Ok(())
 }
 
 /// The gRPC service over a [`ParameterStore`].
@@ -1054,6 +1341,9 @@ pub struct Pulled<T> {
     pub values: Option<T>,
 }
 
+/// What a pull over the tensor channel takes: dense variables shared, rows copied.
+pub type SharedPull = (Vec<SharedVariable>, Vec<PulledRows>);
+
 type PullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PullVariablesReply, Status>> + Send>>;
 type PushPullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PushPullReply, Status>> + Send>>;
 
@@ -1068,11 +1358,19 @@ impl PsService {
         let mut stream = std::pin::pin!(stream);
         let limit = self.store.max_push_bytes();
         let mut parts = Vec::new();
+        let mut rows = Vec::new();
         let mut header: Option<proto::PushGradientsRequest> = None;
         let mut bytes = 0usize;
         while let Some(m) = stream.next().await {
             let mut m = m?;
             let part = m.part.take();
+            if let Some(r) = m.rows.take() {
+                bytes += r.content.len();
+                if bytes > limit {
+                    return Err(Status::invalid_argument(format!("push carries more than {limit} bytes: more than this ps takes")));
+                }
+                rows.push(r);
+            }
             match &header {
                 None => header = Some(m),
                 Some(h) if h.step != m.step => {
@@ -1089,20 +1387,20 @@ impl PsService {
             }
         }
         let header = header.ok_or_else(|| Status::invalid_argument("empty PushGradients stream"))?;
-        self.apply_push(&header, &parts)
+        self.apply_push(&header, &parts, &rows)
     }
 
     /// Applies one received push: its header (task, step, id; an
-    /// abstention) and its parts.
-    fn apply_push(&self, header: &proto::PushGradientsRequest, parts: &[TensorPart]) -> Result<(TaskId, proto::PushGradientsReply), Status> {
+    /// abstention), its parts and its rows.
+    fn apply_push(&self, header: &proto::PushGradientsRequest, parts: &[TensorPart], rows: &[RowsPart]) -> Result<(TaskId, proto::PushGradientsReply), Status> {
         let task = task_of(&header.task, "task")?;
         let reply = if header.abstain {
-            if !parts.is_empty() {
+            if !parts.is_empty() || !rows.is_empty() {
                 return Err(StoreError::InvalidArgument("abstain: an abstention carries no gradient, but the push has parts".into()).into());
             }
             self.store.abstain(&task, header.step)?
         } else {
-            self.store.push(&task, header.step, header.push_id, parts)?
+            self.store.push_with_rows(&task, header.step, header.push_id, parts, rows)?
         };
         if reply.done {
             self.store.release(&task);
@@ -1128,22 +1426,25 @@ impl PsService {
         &self,
         push: Option<proto::PushGradientsRequest>,
         parts: &[TensorPart],
+        rows: &[RowsPart],
         pull: Option<proto::PullVariablesRequest>,
-    ) -> Result<(Option<proto::PushGradientsReply>, Option<Pulled<Vec<SharedVariable>>>), Status> {
-        if push.is_none() && !parts.is_empty() {
+    ) -> Result<(Option<proto::PushGradientsReply>, Option<Pulled<SharedPull>>), Status> {
+        if push.is_none() && !(parts.is_empty() && rows.is_empty()) {
             return Err(Status::invalid_argument("push_parts without a push"));
         }
         let pushed = match push {
-            Some(p) => Some(self.apply_push(&p, parts)?),
+            Some(p) => Some(self.apply_push(&p, parts, rows)?),
             None => None,
         };
-        let Some(pull) = pull else { return Ok((pushed.map(|(_, r)| r), None)) };
+        let Some(pull) = pull else {
+            return Ok((pushed.map(|(_, r)| r), None));
+        };
         // As in PushPull: a pull without a task is the pusher's.
         let task = match (&pull.task, &pushed) {
             (None, Some((t, _))) => Some(t.clone()),
             (t, _) => t.as_ref().map(|t| TaskId { job: t.job.clone(), index: t.index }),
         };
-        let pulled = self.pull_with(&pull, task.as_ref(), |store| store.shared_snapshot(&pull.names)).await?;
+        let pulled = self.pull_with(&pull, task.as_ref(), |store| store.shared_pull(&pull.names, &pull.rows)).await?;
         Ok((pushed.map(|(_, r)| r), Some(pulled)))
     }
 
@@ -1151,12 +1452,14 @@ impl PsService {
     /// initialisation when asked, then the variables' parts, at least one
     /// message. `task` is the caller (its lease is renewed).
     async fn pull(&self, req: &proto::PullVariablesRequest, task: Option<&TaskId>) -> Result<Vec<proto::PullVariablesReply>, Status> {
-        let pulled = self.pull_with(req, task, |store| store.snapshot(&req.names, self.part_bytes)).await?;
+        let pulled = self.pull_with(req, task, |store| store.pull_snapshot(&req.names, &req.rows, self.part_bytes)).await?;
         let (step, done, waited_micros) = (pulled.step, pulled.done, pulled.waited_micros);
-        let mut replies: Vec<proto::PullVariablesReply> =
-            pulled.values.unwrap_or_default().into_iter().map(|part| proto::PullVariablesReply { step, done, part: Some(part), waited_micros }).collect();
+        let (parts, rows) = pulled.values.unwrap_or_default();
+        let reply = |part, rows| proto::PullVariablesReply { step, done, part, waited_micros, rows };
+        let mut replies: Vec<proto::PullVariablesReply> = parts.into_iter().map(|part| reply(Some(part), None)).collect();
+        replies.extend(rows.iter().flat_map(|r| r.encode(self.part_bytes)).map(|r| reply(None, Some(r))));
         if replies.is_empty() {
-            replies.push(proto::PullVariablesReply { step, done, part: None, waited_micros });
+            replies.push(reply(None, None));
         }
         Ok(replies)
     }
@@ -1322,6 +1625,7 @@ mod tests {
                 placement_fingerprint: 7,
                 part: Some(part("w", &[3], 0, &[1.0, 2.0])),
                 step: 0,
+                embeddings: vec![],
             },
             proto::InitVariablesRequest { part: Some(part("w", &[3], 2, &[3.0])), ..Default::default() },
             proto::InitVariablesRequest { part: Some(part("b", &[1], 0, &[0.0])), ..Default::default() },
@@ -1339,6 +1643,7 @@ mod tests {
             placement_fingerprint: 7,
             part: Some(part("w", &[3], 0, &[9.0, 9.0, 9.0])),
             step: 0,
+            embeddings: vec![],
         }];
         assert!(s.init(&again).unwrap().already_initialized);
         assert_eq!(s.values("w").unwrap(), vec![1.0, 2.0, 3.0]);
@@ -1485,7 +1790,8 @@ mod tests {
     #[test]
     fn handshake_checks_the_view() {
         let s = store(UpdateMode::Sync, 2);
-        let spec = |name: &str, shape: &[i64]| proto::VariableSpec { name: name.into(), dtype: DataType::DtFloat as i32, shape: shape.to_vec() };
+        let spec =
+            |name: &str, shape: &[i64]| proto::VariableSpec { name: name.into(), dtype: DataType::DtFloat as i32, shape: shape.to_vec(), embedding: None };
         let good = proto::HandshakeRequest {
             task: tid("worker", 1),
             config: Some(config(UpdateMode::Sync, 2)),
@@ -1557,7 +1863,7 @@ mod tests {
         let hs = |i: u32| proto::HandshakeRequest {
             task: tid("worker", i),
             config: Some(cfg),
-            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1] }],
+            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1], embedding: None }],
             placement_fingerprint: 7,
             num_ps: 1,
             observer: false,
@@ -1571,6 +1877,7 @@ mod tests {
             placement_fingerprint: 7,
             part: Some(part("b", &[1], 0, &[0.0])),
             step: 0,
+            embeddings: vec![],
         }];
         s.init(&init).unwrap();
         assert_eq!(s.stats().replicas_to_aggregate, 3);
@@ -1708,7 +2015,7 @@ mod tests {
         let hs = |i: u32, c: proto::TrainingConfig| proto::HandshakeRequest {
             task: tid("worker", i),
             config: Some(c),
-            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1] }],
+            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1], embedding: None }],
             placement_fingerprint: 7,
             num_ps: 1,
             observer: false,
@@ -1721,6 +2028,7 @@ mod tests {
             placement_fingerprint: 7,
             part: Some(part("b", &[1], 0, &[0.0])),
             step: 0,
+            embeddings: vec![],
         }];
         s.init(&init).unwrap();
         assert_eq!(s.stats().replicas_to_aggregate, 2, "the chief decides");
@@ -1759,8 +2067,9 @@ mod tests {
         s.next_shard(&shard_request(1, Some(a), false)).unwrap();
         let req = proto::SaveCheckpointRequest { task: tid("worker", 0), directory: dir.path().display().to_string(), step: 0 };
         let info: checkpoint::ShardInfo = serde_json::from_str(&s.save_checkpoint(&TaskId::new("worker", 0), &req).unwrap().shard_info_json).unwrap();
-        checkpoint::write_index(dir.path(), 0, 1, &[info]).unwrap();
-        let ckpt = checkpoint::latest_complete(dir.path(), 1).unwrap().unwrap();
+        let location = crate::storage::Location::local(dir.path()).unwrap();
+        checkpoint::write_index(&location, 0, 1, &[info]).unwrap();
+        let ckpt = checkpoint::latest_complete(&location, 1).unwrap().unwrap();
         let restored = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
         restored.restore(&checkpoint::read_shard(&ckpt, 0).unwrap(), 0, 1).unwrap();
         let p = restored.stats().dispatch.unwrap();
@@ -1769,5 +2078,229 @@ mod tests {
         assert_eq!((redo.0, redo.1), (b.0, b.1), "the shard in flight at the checkpoint is trained again");
         assert_eq!(restored.stats().dispatch.unwrap().shards_redone, 1);
         assert_ne!(redo.2, b.2, "a new generation");
+    }
+
+    // ------------------------------------------------------------ embeddings
+
+    /// Partition 1 of 2 (mod) of a 10 × 2 embedding `emb`, uniform(-0.5, 0.5)
+    /// rows from seed 7, beside the dense `b`.
+    fn emb_spec() -> proto::VariableSpec {
+        let part = EmbeddingPart {
+            variable: "emb".into(),
+            rows: 10,
+            dim: 2,
+            strategy: embedding::PartitionStrategy::Mod,
+            partition: 1,
+            num_partitions: 2,
+            init: embedding::RowInit::new("emb", crate::model::Init::Uniform { limit: 0.5 }, 7),
+        };
+        proto::VariableSpec { name: "emb/part_1".into(), dtype: DataType::DtFloat as i32, shape: vec![5, 2], embedding: Some(part.to_proto()) }
+    }
+
+    fn sparse_store(mode: UpdateMode, required: u32, optimizer: Optimizer) -> ParameterStore {
+        let s = ParameterStore::new(PsConfig::new(1, 2, Some(TaskId::new("worker", 0))));
+        let msgs = vec![proto::InitVariablesRequest {
+            task: tid("worker", 0),
+            config: Some(proto::TrainingConfig { optimizer: Some(optimizer.to_proto()), ..config(mode, required) }),
+            placement_fingerprint: 7,
+            part: Some(part("b", &[1], 0, &[0.0])),
+            step: 0,
+            embeddings: vec![emb_spec()],
+        }];
+        s.init(&msgs).unwrap();
+        s
+    }
+
+    fn rows_part(ids: &[i64], values: &[f32]) -> RowsPart {
+        let mut content = embedding::ids_to_le(ids);
+        content.extend_from_slice(&f32_to_bytes(values));
+        RowsPart { name: "emb/part_1".into(), count: ids.len() as u64, content: content.into() }
+    }
+
+    fn initial_rows(ids: &[i64]) -> Vec<f32> {
+        let init = embedding::RowInit::new("emb", crate::model::Init::Uniform { limit: 0.5 }, 7);
+        let mut out = vec![0.0; ids.len() * 2];
+        for (k, &id) in ids.iter().enumerate() {
+            init.fill(id, &mut out[k * 2..k * 2 + 2]);
+        }
+        out
+    }
+
+    /// Rows are pulled by id (their initial value until updated), pushed
+    /// row-sparse and updated on their own; the ps holds only the rows it
+    /// updated; the dense variables keep their path.
+    #[test]
+    fn embedding_rows_are_pulled_and_pushed_by_id() {
+        let s = sparse_store(UpdateMode::Async, 1, Optimizer::sgd(0.5));
+        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: embedding::ids_to_le(ids).into() };
+        let (_, (parts, rows)) = s.pull_snapshot(&[], &[ask(&[9, 1, 5])], 1 << 20).unwrap();
+        assert_eq!(parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["b"], "the dense variables only");
+        assert_eq!(rows, vec![PulledRows { name: "emb/part_1".into(), dim: 2, ids: vec![9, 1, 5], values: initial_rows(&[9, 1, 5]) }]);
+        assert_eq!(s.rows("emb/part_1", &[]).unwrap().1, 0, "a pull materialises nothing");
+        let r = s.push_with_rows(&TaskId::new("worker", 1), 0, 0, &[part("b", &[1], 0, &[1.0])], &[rows_part(&[5], &[2.0, -2.0])]).unwrap();
+        assert!(r.accepted && r.step == 1);
+        let (got, held) = s.rows("emb/part_1", &[1, 5]).unwrap();
+        let before = initial_rows(&[1, 5]);
+        assert_eq!(got, vec![before[0], before[1], before[2] - 1.0, before[3] + 1.0]);
+        assert_eq!(held, 1, "only row 5 was updated");
+        assert_eq!(s.values("b").unwrap(), vec![-0.5]);
+        let stats = s.stats();
+        let v = stats.variables.iter().find(|v| v.name == "emb/part_1").unwrap();
+        assert_eq!((v.rows, v.bytes), (1, 2 * 4 + 8));
+        // Over the tensor channel's path, the same rows.
+        let (_, (shared, rows)) = s.shared_pull(&[], &[ask(&[5])]).unwrap();
+        assert_eq!((shared.len(), rows[0].values.clone()), (1, vec![before[2] - 1.0, before[3] + 1.0]));
+        // Encoded for gRPC: pieces of whole rows.
+        let pieces = PulledRows { name: "e".into(), dim: 2, ids: vec![1, 3, 5], values: vec![0.0; 6] }.encode(32);
+        assert_eq!(pieces.iter().map(|p| (p.count, p.content.len())).collect::<Vec<_>>(), vec![(2, 32), (1, 16)]);
+    }
+
+    /// Every malformed sparse request is refused with an error naming what
+    /// is wrong, and changes nothing.
+    #[test]
+    fn bad_rows_are_refused_and_change_nothing() {
+        let s = sparse_store(UpdateMode::Async, 1, Optimizer::sgd(0.5));
+        let w = TaskId::new("worker", 1);
+        let b = || part("b", &[1], 0, &[1.0]);
+        let named = |name: &str, p: RowsPart| RowsPart { name: name.into(), ..p };
+        let cases: Vec<(&str, Vec<RowsPart>, &str)> = vec![
+            ("id outside the table", vec![rows_part(&[11], &[1.0, 1.0])], "id 11 is outside the table (0..10)"),
+            ("negative id", vec![rows_part(&[-1], &[1.0, 1.0])], "id -1 is outside the table"),
+            ("id of another partition", vec![rows_part(&[4], &[1.0, 1.0])], "id 4 belongs to partition 0 (mod), not 1"),
+            ("duplicate id", vec![rows_part(&[3, 3], &[1.0; 4])], "id 3 appears twice in one request"),
+            ("duplicate id across pieces", vec![rows_part(&[3], &[1.0; 2]), rows_part(&[1, 3], &[1.0; 4])], "id 3 appears twice"),
+            ("values that do not match dim", vec![rows_part(&[3], &[1.0; 3])], "1 ids need 16 bytes of ids and values (dim 2), the request carries 20"),
+            ("count that does not match", vec![RowsPart { count: 2, ..rows_part(&[3], &[1.0; 2]) }], "2 ids need 32 bytes"),
+            ("unknown partition", vec![named("nope", rows_part(&[3], &[1.0; 2]))], "variable \"nope\" is not on this ps"),
+            ("rows of a dense variable", vec![named("b", rows_part(&[0], &[1.0; 2]))], "variable \"b\" is not an embedding"),
+        ];
+        for (name, rows, want) in cases {
+            let err = s.push_with_rows(&w, 0, 0, &[b()], &rows).expect_err(name).to_string();
+            assert!(err.contains(want), "{name}: {err}");
+        }
+        let err = s.push_with_rows(&w, 0, 0, &[part("emb/part_1", &[5, 2], 0, &[0.0; 10])], &[]).unwrap_err().to_string();
+        assert!(err.contains("is an embedding partition: push its rows by id"), "{err}");
+        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: embedding::ids_to_le(ids).into() };
+        assert!(s.pull_snapshot(&[], &[ask(&[2])], 1024).unwrap_err().to_string().contains("id 2 belongs to partition 0"));
+        assert!(s.pull_snapshot(&["emb/part_1".into()], &[], 1024).unwrap_err().to_string().contains("pull its rows by id"));
+        let ragged = proto::RowsRequest { name: "emb/part_1".into(), ids: vec![0u8; 7].into() };
+        assert!(s.pull_snapshot(&[], &[ragged], 1024).unwrap_err().to_string().contains("7 bytes of ids"));
+        assert_eq!(s.progress().step, 0);
+        assert_eq!(s.values("b").unwrap(), vec![0.0]);
+        assert_eq!(s.rows("emb/part_1", &[1, 3]).unwrap(), (initial_rows(&[1, 3]), 0), "no row changed or appeared");
+        // A bad embedding spec at handshake is named too.
+        let mut spec = emb_spec();
+        spec.embedding.as_mut().unwrap().partition = 2;
+        let hs = proto::HandshakeRequest {
+            task: tid("worker", 1),
+            config: Some(config(UpdateMode::Async, 1)),
+            variables: vec![spec],
+            placement_fingerprint: 7,
+            num_ps: 2,
+            observer: false,
+        };
+        assert!(s.handshake(&hs).unwrap_err().to_string().contains("partition: 2 is not in 0..2"));
+    }
+
+    /// Sync: rows pushed by several workers are averaged per row over the
+    /// gradients that held them, then applied with row-wise Adagrad state.
+    #[test]
+    fn sync_rows_of_several_workers_are_aggregated_per_row() {
+        let opt = Optimizer::from_name("adagrad", 0.1, 0.0).unwrap();
+        let s = sparse_store(UpdateMode::Sync, 3, opt);
+        let push = |w: u32, ids: &[i64], values: &[f32]| {
+            s.push_with_rows(&TaskId::new("worker", w), 0, 0, &[part("b", &[1], 0, &[0.0])], &[rows_part(ids, values)]).unwrap()
+        };
+        push(0, &[1, 3], &[1.0, 1.0, 2.0, 2.0]);
+        push(1, &[3], &[4.0, 4.0]);
+        assert_eq!(s.progress().step, 0);
+        assert_eq!(s.rows("emb/part_1", &[]).unwrap().1, 0, "nothing applied before the step completes");
+        push(2, &[], &[]);
+        assert_eq!(s.progress().step, 1);
+        // Row 1: one gradient (1, 1); row 3: (2 + 4) / 2 = 3. Adagrad from 0.1.
+        let init = initial_rows(&[1, 3, 7]);
+        let adagrad = |w: f32, g: f32| w - 0.1 * g / (0.1 + g * g).sqrt();
+        let (got, held) = s.rows("emb/part_1", &[1, 3, 7]).unwrap();
+        let want = [adagrad(init[0], 1.0), adagrad(init[1], 1.0), adagrad(init[2], 3.0), adagrad(init[3], 3.0), init[4], init[5]];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+        assert_eq!(held, 2);
+        // A stale sparse push changes nothing.
+        let r = push(0, &[7], &[5.0, 5.0]);
+        assert!(r.stale && !r.accepted);
+        assert_eq!(s.rows("emb/part_1", &[7]).unwrap().0, init[4..].to_vec());
+    }
+
+    /// The materialised rows (ids, values, slots) travel in the checkpoint
+    /// shard; restored, the ps answers the same rows, the others still from
+    /// their initial value, and the row-wise slots go on.
+    #[test]
+    fn embedding_rows_are_checkpointed_and_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let opt = Optimizer::from_name("ftrl", 0.1, 0.0).unwrap();
+        let s = sparse_store(UpdateMode::Async, 1, opt);
+        let w = TaskId::new("worker", 1);
+        s.push_with_rows(&w, 0, 0, &[], &[rows_part(&[3, 9], &[1.0, -1.0, 0.5, 0.5])]).unwrap();
+        let req = proto::SaveCheckpointRequest { task: tid("worker", 0), directory: dir.path().display().to_string(), step: 1 };
+        let info: checkpoint::ShardInfo = serde_json::from_str(&s.save_checkpoint(&TaskId::new("worker", 0), &req).unwrap().shard_info_json).unwrap();
+        assert_eq!(info.row_ids, vec![checkpoint::TensorEntry { name: "emb/part_1:ids".into(), shape: vec![2] }]);
+        // ps 0's shard: an empty one is enough for the index here.
+        let at = crate::storage::Location::local(dir.path()).unwrap();
+        let empty = checkpoint::write_shard(&at, 1, 0, 2, &checkpoint::ShardData::default()).unwrap();
+        checkpoint::write_index(&at, 1, 2, &[empty, info]).unwrap();
+        let ckpt = checkpoint::latest_complete(&at, 2).unwrap().unwrap();
+        let text = checkpoint::inspect(&at).unwrap();
+        assert!(text.contains("row ids   emb/part_1:ids  2 row(s) materialised"), "{text}");
+        let restored = ParameterStore::new(PsConfig::new(1, 2, Some(TaskId::new("worker", 0))));
+        restored.restore(&checkpoint::read_shard(&ckpt, 1).unwrap(), 1, 2).unwrap();
+        assert_eq!(restored.rows("emb/part_1", &[1, 3, 9]), s.rows("emb/part_1", &[1, 3, 9]));
+        // The first handshake brings the configuration; the specs match the restored ones.
+        let hs = proto::HandshakeRequest {
+            task: tid("worker", 1),
+            config: Some(proto::TrainingConfig { optimizer: Some(opt.to_proto()), ..config(UpdateMode::Async, 1) }),
+            variables: vec![proto::VariableSpec { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![1], embedding: None }, emb_spec()],
+            placement_fingerprint: 7,
+            num_ps: 2,
+            observer: false,
+        };
+        restored.handshake(&hs).unwrap();
+        // Both go on identically (FTRL's row-wise n and z came back).
+        for st in [&s, &restored] {
+            st.push_with_rows(&w, 1, 0, &[part("b", &[1], 0, &[0.0])], &[rows_part(&[3, 7], &[0.25, 0.25, 1.0, 1.0])]).unwrap();
+        }
+        assert_eq!(restored.rows("emb/part_1", &[1, 3, 7, 9]), s.rows("emb/part_1", &[1, 3, 7, 9]));
+    }
+
+    proptest::proptest! {
+        /// Malformed sparse pushes (any ids, any count, any bytes) never
+        /// panic the ps and never change a row: either the whole push is
+        /// valid and applied, or nothing changes.
+        #[test]
+        fn malformed_sparse_pushes_never_change_a_row(
+            ids in proptest::collection::vec(-3i64..14, 0..6),
+            count_delta in -1i64..2,
+            extra_bytes in 0usize..9,
+            value in -4.0f32..4.0,
+        ) {
+            let s = sparse_store(UpdateMode::Async, 1, Optimizer::sgd(0.5));
+            let all: Vec<i64> = (0..10).filter(|i| i % 2 == 1).collect();
+            let before = s.rows("emb/part_1", &all).unwrap();
+            let mut content = embedding::ids_to_le(&ids);
+            content.extend(std::iter::repeat_n(value.to_le_bytes(), ids.len() * 2).flatten());
+            content.extend(std::iter::repeat_n(0u8, extra_bytes));
+            let count = (ids.len() as i64 + count_delta).max(0) as u64;
+            let rows = RowsPart { name: "emb/part_1".into(), count, content: content.into() };
+            let valid = count == ids.len() as u64
+                && extra_bytes == 0
+                && ids.iter().all(|&id| (0..10).contains(&id) && id % 2 == 1)
+                && ids.iter().collect::<BTreeSet<_>>().len() == ids.len();
+            let result = s.push_with_rows(&TaskId::new("worker", 1), 0, 0, &[], &[rows]);
+            proptest::prop_assert_eq!(result.is_ok(), valid, "{:?}", result);
+            if !valid {
+                proptest::prop_assert_eq!(s.rows("emb/part_1", &all).unwrap(), before);
+                proptest::prop_assert_eq!(s.progress().step, 0);
+            }
+        }
     }
 }

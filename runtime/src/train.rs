@@ -3,7 +3,6 @@
 //! training configuration, joining the ps tasks, the chief's checkpoints and
 //! summaries). The math is in `model` and `optimizer`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -17,6 +16,7 @@ use crate::client::{ClientError, ModelVariable, PsSet};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
+use crate::embedding::RowTable;
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
@@ -24,6 +24,7 @@ use crate::optimizer::Optimizer;
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
 use crate::status::TaskStatus;
+use crate::storage::Location;
 
 /// A model with its data: what a task trains or evaluates.
 pub struct Workload {
@@ -64,7 +65,8 @@ pub enum Aggregate {
 /// When the chief writes checkpoints.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CheckpointSettings {
-    pub directory: Option<PathBuf>,
+    /// A local path or an object-store URL.
+    pub directory: Option<Location>,
     pub every_steps: Option<u64>,
     pub every_secs: Option<f64>,
     /// Complete checkpoints kept.
@@ -97,10 +99,13 @@ pub struct TrainSettings {
     pub tensor_channel: bool,
     pub seed: u64,
     pub checkpoints: CheckpointSettings,
-    /// TensorBoard event files (chief and evaluator).
-    pub log_dir: Option<PathBuf>,
+    /// TensorBoard event files: the chief's in it, the evaluator's in `<log_dir>/eval`.
+    pub log_dir: Option<Location>,
     /// How often a training task renews its lease.
     pub heartbeat: Duration,
+    /// After training: how long a ps waits for the other tasks to notice,
+    /// and the chief for the evaluator's final evaluation.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for TrainSettings {
@@ -123,6 +128,7 @@ impl Default for TrainSettings {
             checkpoints: CheckpointSettings { keep: 5, ..Default::default() },
             log_dir: None,
             heartbeat: Duration::from_secs(2),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -139,6 +145,12 @@ pub struct FinalReport {
     pub loss: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f32>,
+    /// Binary classifiers (the sparse models): area under the ROC curve and
+    /// log loss on the held-out examples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auc: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_loss: Option<f32>,
     /// Model figures (`W` and `b` for the linear model).
     #[serde(flatten)]
     pub summary: std::collections::BTreeMap<String, f64>,
@@ -187,6 +199,9 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("the parameter servers restarted {0} times; giving up")]
     TooManyRecoveries(u32),
+    /// Stopped on purpose (a signal) after telling the ps tasks it leaves.
+    #[error("stopped on a signal; {ps_heard} of {ps_total} ps task(s) heard it leave")]
+    Stopped { ps_heard: usize, ps_total: usize },
 }
 
 impl TrainError {
@@ -202,6 +217,7 @@ impl TrainError {
             },
             TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => 138,
             TrainError::Checkpoint(_) => 4,
+            TrainError::Stopped { .. } => 143,
         }
     }
 }
@@ -220,6 +236,8 @@ pub(crate) fn report(task: &str, role: &str, chief: bool, model: &dyn Model, par
         role: role.into(),
         chief,
         loss: eval.as_ref().map(|m| m.loss),
+        auc: eval.as_ref().and_then(|m| m.auc),
+        log_loss: eval.as_ref().filter(|m| m.auc.is_some()).map(|m| m.loss),
         accuracy: eval.and_then(|m| m.accuracy),
         summary: model.summary(params).into_iter().collect(),
         ..Default::default()
@@ -242,21 +260,31 @@ pub fn train_single_process(
     let specs = model.variables();
     let mut params = crate::model::init_values(&specs, settings.seed);
     let mut slots: Vec<_> = params.iter().map(|p| settings.optimizer.new_slots(p.len())).collect();
+    // Sparse embeddings: their rows here, as a ps would hold them.
+    let mut tables: Vec<Option<RowTable>> =
+        specs.iter().map(|s| s.is_sparse().then(|| RowTable::whole(&s.name, s.shape[0], s.shape[1], s.init.clone(), settings.seed))).collect();
     let mut loss = f32::NAN;
     let mut step = 0u64;
     let mut finished = None;
     let steps_done = |step: u64| settings.train_steps.is_some_and(|n| step >= n);
     'shards: while !steps_done(step) {
         let reply = dispatcher.next("local", finished.take(), true).map_err(|e| TrainError::Config(e.to_string()))?;
-        let Some(Handout::Assigned(shard, _)) = reply.handout else { break };
+        let Some(Handout::Assigned(shard, _)) = reply.handout else {
+            break;
+        };
         for batch in workload.train.shard_batches(&plan, shard, workload.batch_size) {
             if steps_done(step) {
                 break 'shards;
             }
+            let rows = gather_rows(model, &tables, &mut params, &batch);
             let lg = model.loss_and_gradients(&params, &batch);
             loss = lg.loss;
-            for ((p, s), g) in params.iter_mut().zip(&mut slots).zip(&lg.gradients) {
-                settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g.as_slice().expect("standard layout"));
+            for (v, ((p, s), g)) in params.iter_mut().zip(&mut slots).zip(&lg.gradients).enumerate() {
+                let g = g.as_slice().expect("standard layout");
+                match &mut tables[v] {
+                    Some(t) => t.apply(&settings.optimizer, &rows[v], g),
+                    None => settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
+                }
             }
             step += 1;
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
@@ -268,7 +296,10 @@ pub fn train_single_process(
     if finished.is_some() {
         dispatcher.next("local", finished, false).map_err(|e| TrainError::Config(e.to_string()))?;
     }
-    let eval = workload.eval.as_ref().map(|b| model.evaluate(&params, b));
+    let eval = workload.eval.as_ref().map(|b| {
+        gather_rows(model, &tables, &mut params, b);
+        model.evaluate(&params, b)
+    });
     let mut r = report("local", "single-process", true, model, &params, eval).with_data(&dispatcher.progress());
     if r.loss.is_none() {
         r.loss = Some(loss);
@@ -278,6 +309,23 @@ pub fn train_single_process(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     r.steps_per_sec = step as f64 / r.elapsed_secs.max(1e-9);
     Ok(r)
+}
+
+/// Puts the rows `batch` touches of every local embedding table into
+/// `params`; returns them (per variable).
+fn gather_rows(model: &dyn Model, tables: &[Option<RowTable>], params: &mut [ArrayD<f32>], batch: &Batch) -> Vec<Vec<i64>> {
+    if tables.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    let rows = model.row_ids(batch);
+    for (v, t) in tables.iter().enumerate() {
+        if let Some(t) = t {
+            let mut values = Vec::with_capacity(rows[v].len() * t.dim());
+            t.gather(&rows[v], &mut values);
+            params[v] = ArrayD::from_shape_vec(vec![rows[v].len(), t.dim()], values).expect("rows x dim");
+        }
+    }
+    rows
 }
 
 /// The training configuration every ps must agree on.
@@ -317,10 +365,16 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
 
 pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
     let specs = model.variables();
-    let inputs: Vec<PlacementInput> = specs.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let inputs: Vec<PlacementInput> = specs
+        .iter()
+        .map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone(), embedding: v.embedding.filter(|e| e.sparse).map(|e| e.partition) })
+        .collect();
     let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
-    let variables = specs.iter().map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let variables = specs
+        .iter()
+        .map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone(), rows: v.is_sparse().then(|| (v.init.clone(), settings.seed)) })
+        .collect();
     let mut ps =
         PsSet::new(cluster.task.clone(), &ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?;
     ps.set_tensor_channel(settings.tensor_channel);
@@ -328,11 +382,17 @@ pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &Trai
 }
 
 /// Waits until the chief has initialised the variables, logging while it
-/// waits, and pulls them.
-pub(crate) async fn wait_for_variables(ps: &PsSet, params: &mut [ArrayD<f32>], chief: &str, timeout: Duration) -> Result<crate::client::Pulled, TrainError> {
+/// waits, and pulls them (the sparse embeddings' rows `rows`).
+pub(crate) async fn wait_for_variables(
+    ps: &PsSet,
+    params: &mut [ArrayD<f32>],
+    rows: crate::client::Rows<'_>,
+    chief: &str,
+    timeout: Duration,
+) -> Result<crate::client::Pulled, TrainError> {
     let start = Instant::now();
     loop {
-        match ps.pull(params, &[], true, Duration::from_secs(5)).await {
+        match ps.pull(params, rows, &[], true, Duration::from_secs(5)).await {
             Ok(p) => return Ok(p),
             Err(e) if e.code() == Some(Code::DeadlineExceeded) || matches!(e, ClientError::Interrupted { .. }) => {
                 let waited = start.elapsed();
@@ -359,7 +419,7 @@ pub(crate) fn needs_recovery(e: &ClientError) -> bool {
 /// The chief's checkpoints: every ps writes its shard, then the chief
 /// writes the index and prunes old checkpoints.
 pub(crate) struct Checkpointer {
-    directory: PathBuf,
+    directory: Location,
     every_steps: Option<u64>,
     every: Option<Duration>,
     keep: usize,
@@ -382,8 +442,7 @@ impl Checkpointer {
 
     pub(crate) async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
         let start = Instant::now();
-        let dir = self.directory.display().to_string();
-        let shards = ps.save_checkpoint(&dir, step).await?;
+        let shards = ps.save_checkpoint(&self.directory.to_string(), step).await?;
         let infos = shards
             .iter()
             .map(|j| serde_json::from_str::<crate::checkpoint::ShardInfo>(j))
@@ -392,7 +451,7 @@ impl Checkpointer {
         let directory = self.directory.clone();
         let num_ps = ps.num_ps();
         let keep = self.keep;
-        let written = tokio::task::spawn_blocking(move || -> Result<PathBuf, crate::checkpoint::CheckpointError> {
+        let written = tokio::task::spawn_blocking(move || -> Result<crate::storage::Location, crate::checkpoint::CheckpointError> {
             let path = crate::checkpoint::write_index(&directory, step, num_ps, &infos)?;
             crate::checkpoint::prune(&directory, keep)?;
             Ok(path)
@@ -403,7 +462,7 @@ impl Checkpointer {
         let secs = start.elapsed().as_secs_f64();
         metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         metrics.checkpoint_seconds.set(secs);
-        tracing::info!("{}: checkpoint of global_step={step} written to {} in {secs:.3}s", ps.task, written.display());
+        tracing::info!("{}: checkpoint of global_step={step} written to {written} in {secs:.3}s", ps.task);
         self.last_step = step;
         self.last_time = Instant::now();
         Ok(())
@@ -418,8 +477,8 @@ pub(crate) struct Summaries {
 }
 
 impl Summaries {
-    pub(crate) fn new(log_dir: Option<&PathBuf>, suffix: &str) -> Self {
-        let writer = log_dir.and_then(|dir| match EventWriter::create(dir, suffix) {
+    pub(crate) fn new(log_dir: Option<&Location>, suffix: &str) -> Self {
+        let writer = log_dir.and_then(|dir| match EventWriter::create_in(dir, suffix) {
             Ok(w) => {
                 tracing::info!("writing TensorBoard events to {}", w.path().display());
                 Some(w)
@@ -480,8 +539,13 @@ pub async fn run_evaluator(
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
-    let mut pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
-    let mut summaries = Summaries::new(settings.log_dir.as_ref(), ".eval");
+    // The rows of the held-out examples' sparse embeddings: all it reads of them.
+    let eval_rows = model.row_ids(&eval);
+    let mut pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
+    // As TensorFlow's estimators: the evaluator's events in `<log_dir>/eval`,
+    // so TensorBoard shows train and eval as two runs side by side.
+    let eval_dir = settings.log_dir.as_ref().map(|d| d.child("eval"));
+    let mut summaries = Summaries::new(eval_dir.as_ref(), ".eval");
     let mut evaluations = 0u64;
     let mut last;
     loop {
@@ -493,41 +557,53 @@ pub async fn run_evaluator(
         metrics.last_loss.set(metrics_now.loss as f64);
         status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
         tracing::info!(
-            "{task}: global_step={} eval_loss={:.4}{}{}",
+            "{task}: global_step={} eval_loss={:.4}{}{}{}",
             pulled.steps[0],
             metrics_now.loss,
             metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+            metrics_now.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
             summary_line(model, &params)
         );
-        let mut scalars = vec![("eval/loss", metrics_now.loss)];
-        if let Some(a) = metrics_now.accuracy {
-            scalars.push(("eval/accuracy", a));
-        }
-        summaries.add(pulled.steps[0], &scalars);
+        summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
+            tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
             break;
         }
         tokio::time::sleep(settings.eval_interval).await;
         // Long poll: returns as soon as the step moved on or training ended.
         let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
-        match ps.pull(&mut params, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        match ps.pull(&mut params, &eval_rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
             Ok(p) => pulled = p,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
             Err(e) if needs_recovery(&e) => {
                 tracing::warn!("{task}: {e}; waiting for the parameter servers");
                 ps.handshake(true).await?;
-                pulled = wait_for_variables(&ps, &mut params, &chief, settings.init_timeout).await?;
+                pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
             }
             Err(e) => return Err(e.into()),
         }
     }
     summaries.close();
+    // The chief waits for this before it ends the job.
+    ps.leave("final evaluation done").await;
     let mut r = report(&task, "evaluator", false, model, &params, Some(last));
     r.global_step = pulled.steps[0];
     r.local_steps = evaluations;
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
     Ok(r)
+}
+
+/// The held-out figures as TensorBoard scalars: `eval/loss`,
+/// `eval/accuracy`, and for binary classifiers `eval/auc` and `eval/log_loss`.
+pub(crate) fn eval_scalars(m: &Metrics) -> Vec<(&'static str, f32)> {
+    let mut scalars = vec![("eval/loss", m.loss)];
+    scalars.extend(m.accuracy.map(|a| ("eval/accuracy", a)));
+    if let Some(auc) = m.auc {
+        scalars.push(("eval/auc", auc));
+        scalars.push(("eval/log_loss", m.loss));
+    }
+    scalars
 }
 
 /// The task id of the single-process mode.

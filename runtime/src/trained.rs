@@ -1,7 +1,8 @@
 //! What a trained checkpoint is for: `export` writes its variables as NumPy
 //! arrays (.npz) named as the model names them (`dense/kernel`, ...) in
 //! their full shapes, a variable partitioned over several ps joined again;
-//! `predict` and `evaluate` run a Keras model with them.
+//! `predict` and `evaluate` run a Keras model with them (a built-in model
+//! as its Keras preset).
 //!
 //! The pure parts (joining partitions, putting variables in a model's
 //! order, formatting predictions) are plain functions; the file I/O is at
@@ -17,25 +18,28 @@ use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointStatus, Nam
 use crate::data::{Batch, Targets};
 use crate::model::keras::{Head, KerasModel};
 use crate::model::{Model, VariableSpec};
+use crate::storage::Location;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainedError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error("{}: no complete checkpoint", dir.display())]
-    NoCheckpoint { dir: PathBuf },
-    #[error("checkpoint {}: variable {variable}: {reason}", path.display())]
-    Parts { path: PathBuf, variable: String, reason: String },
-    #[error("checkpoint {} has no variable {name} (it has: {})", path.display(), have.join(", "))]
-    MissingVariable { path: PathBuf, name: String, have: Vec<String> },
-    #[error("checkpoint {}: variable {name} has shape {found:?} but the model's is {expected:?}", path.display())]
-    ShapeMismatch { path: PathBuf, name: String, found: Vec<usize>, expected: Vec<usize> },
+    #[error("{dir}: no complete checkpoint")]
+    NoCheckpoint { dir: String },
+    #[error("checkpoint {path}: variable {variable}: {reason}")]
+    Parts { path: String, variable: String, reason: String },
+    #[error("checkpoint {path} has no variable {name} (it has: {})", have.join(", "))]
+    MissingVariable { path: String, name: String, have: Vec<String> },
+    #[error("checkpoint {path} holds variables the model does not have: {} (is it the model the checkpoint was trained as?)", extra.join(", "))]
+    ExtraVariables { path: String, extra: Vec<String> },
+    #[error("checkpoint {path}: variable {name} has shape {found:?} but the model's is {expected:?}")]
+    ShapeMismatch { path: String, name: String, found: Vec<usize>, expected: Vec<usize> },
     #[error("{}: cannot write: {reason}", path.display())]
     Write { path: PathBuf, reason: String },
 }
 
 /// The newest complete checkpoint of `dir`, whatever its number of ps tasks.
-pub fn latest_checkpoint(dir: &Path) -> Result<Checkpoint, TrainedError> {
+pub fn latest_checkpoint(dir: &Location) -> Result<Checkpoint, TrainedError> {
     let listing = checkpoint::list(dir)?;
     listing
         .into_iter()
@@ -44,21 +48,21 @@ pub fn latest_checkpoint(dir: &Path) -> Result<Checkpoint, TrainedError> {
             CheckpointStatus::Complete(c) => Some(c),
             _ => None,
         })
-        .ok_or_else(|| TrainedError::NoCheckpoint { dir: dir.to_path_buf() })
+        .ok_or_else(|| TrainedError::NoCheckpoint { dir: dir.to_string() })
 }
 
 /// The variables of a complete checkpoint by name, partitions joined.
 pub fn read_variables(ckpt: &Checkpoint) -> Result<BTreeMap<String, ArrayD<f32>>, TrainedError> {
     let data = checkpoint::read_all(ckpt)?;
-    join_parts(&ckpt.path, data.variables)
+    join_parts(&ckpt.path.to_string(), data.variables)
 }
 
 /// Joins the stored pieces `<name>/part_<k>` of a partitioned variable
 /// along the first axis, in `k` order; other variables are kept whole.
 /// The parts must be numbered `0..n` without gaps and agree on every axis
 /// but the first.
-pub fn join_parts(path: &Path, stored: Vec<NamedTensor>) -> Result<BTreeMap<String, ArrayD<f32>>, TrainedError> {
-    let parts_err = |variable: &str, reason: String| TrainedError::Parts { path: path.to_path_buf(), variable: variable.to_string(), reason };
+pub fn join_parts(path: &str, stored: Vec<NamedTensor>) -> Result<BTreeMap<String, ArrayD<f32>>, TrainedError> {
+    let parts_err = |variable: &str, reason: String| TrainedError::Parts { path: path.to_string(), variable: variable.to_string(), reason };
     let mut whole = BTreeMap::new();
     let mut parts: BTreeMap<String, BTreeMap<usize, ArrayD<f32>>> = BTreeMap::new();
     for (name, shape, values) in stored {
@@ -114,12 +118,12 @@ pub struct ExportReport {
 }
 
 /// `tfjob-runtime export`: the latest complete checkpoint of `dir` to `out`.
-pub fn export(dir: &Path, out: &Path) -> Result<ExportReport, TrainedError> {
+pub fn export(dir: &Location, out: &Path) -> Result<ExportReport, TrainedError> {
     let ckpt = latest_checkpoint(dir)?;
     let variables = read_variables(&ckpt)?;
     write_npz(out, &variables)?;
     Ok(ExportReport {
-        checkpoint: ckpt.path.display().to_string(),
+        checkpoint: ckpt.path.to_string(),
         global_step: ckpt.global_step,
         out: out.display().to_string(),
         arrays: variables.iter().map(|(n, a)| (n.clone(), a.shape().to_vec())).collect(),
@@ -127,35 +131,34 @@ pub fn export(dir: &Path, out: &Path) -> Result<ExportReport, TrainedError> {
 }
 
 /// The variables a model declares, in its order, from `values`; names and
-/// shapes must match.
-pub fn params_in_order(path: &Path, specs: &[VariableSpec], values: &BTreeMap<String, ArrayD<f32>>) -> Result<Vec<ArrayD<f32>>, TrainedError> {
+/// shapes must match, and `values` must hold no other variable (a
+/// checkpoint of a bigger model is not this model's).
+pub fn params_in_order(path: &str, specs: &[VariableSpec], values: &BTreeMap<String, ArrayD<f32>>) -> Result<Vec<ArrayD<f32>>, TrainedError> {
+    let extra: Vec<String> = values.keys().filter(|k| !specs.iter().any(|s| &s.name == *k)).cloned().collect();
+    if !extra.is_empty() {
+        return Err(TrainedError::ExtraVariables { path: path.to_string(), extra });
+    }
     specs
         .iter()
         .map(|s| {
             let v = values.get(&s.name).ok_or_else(|| TrainedError::MissingVariable {
-                path: path.to_path_buf(),
+                path: path.to_string(),
                 name: s.name.clone(),
                 have: values.keys().cloned().collect(),
             })?;
             if v.shape() != s.shape.as_slice() {
-                return Err(TrainedError::ShapeMismatch {
-                    path: path.to_path_buf(),
-                    name: s.name.clone(),
-                    found: v.shape().to_vec(),
-                    expected: s.shape.clone(),
-                });
+                return Err(TrainedError::ShapeMismatch { path: path.to_string(), name: s.name.clone(), found: v.shape().to_vec(), expected: s.shape.clone() });
             }
             Ok(v.clone())
         })
         .collect()
 }
 
-/// The weights of the latest complete checkpoint of `dir` for `model`.
-pub fn load_params(dir: &Path, model: &dyn Model) -> Result<(Checkpoint, Vec<ArrayD<f32>>), TrainedError> {
+/// The latest complete checkpoint of `dir` and its variables by name.
+pub fn latest_variables(dir: &Location) -> Result<(Checkpoint, BTreeMap<String, ArrayD<f32>>), TrainedError> {
     let ckpt = latest_checkpoint(dir)?;
     let values = read_variables(&ckpt)?;
-    let params = params_in_order(&ckpt.path, &model.variables(), &values)?;
-    Ok((ckpt, params))
+    Ok((ckpt, values))
 }
 
 /// Examples per forward pass of `predict` and `evaluate`.
@@ -206,7 +209,7 @@ pub fn evaluate(model: &dyn Model, params: &[ArrayD<f32>], x: &Array2<f32>, targ
     let (mut loss, mut correct, mut any_accuracy) = (0.0f64, 0.0f64, false);
     for start in (0..n).step_by(CHUNK) {
         let indices: Vec<usize> = (start..(start + CHUNK).min(n)).collect();
-        let batch = Batch { x: x.select(Axis(0), &indices), targets: targets.select(&indices) };
+        let batch = Batch { x: x.select(Axis(0), &indices), targets: targets.select(&indices), sparse: None };
         let m = model.evaluate(params, &batch);
         loss += m.loss as f64 * m.examples as f64;
         if let Some(a) = m.accuracy {
@@ -229,7 +232,7 @@ mod tests {
 
     #[test]
     fn joins_partitions_along_the_first_axis() {
-        let p = Path::new("ckpt");
+        let p = "ckpt";
         let stored = vec![t("emb/part_1", &[1, 2], vec![5.0, 6.0]), t("dense/bias", &[2], vec![0.5, -0.5]), t("emb/part_0", &[2, 2], vec![1.0, 2.0, 3.0, 4.0])];
         let all = join_parts(p, stored).unwrap();
         assert_eq!(all.keys().collect::<Vec<_>>(), ["dense/bias", "emb"]);
@@ -251,21 +254,22 @@ mod tests {
     #[test]
     fn params_come_in_the_model_order_with_their_shapes_checked() {
         use crate::model::Init;
-        let specs = vec![
-            VariableSpec { name: "d/kernel".into(), shape: vec![2, 1], init: Init::Zeros },
-            VariableSpec { name: "d/bias".into(), shape: vec![1], init: Init::Zeros },
-        ];
+        let specs = vec![VariableSpec::new("d/kernel", vec![2, 1], Init::Zeros), VariableSpec::new("d/bias", vec![1], Init::Zeros)];
         let mut values = BTreeMap::new();
         values.insert("d/bias".to_string(), ArrayD::from_elem(vec![1], 7.0f32));
         values.insert("d/kernel".to_string(), ArrayD::from_elem(vec![2, 1], 3.0f32));
-        let p = params_in_order(Path::new("c"), &specs, &values).unwrap();
+        let p = params_in_order("c", &specs, &values).unwrap();
         assert_eq!((p[0].shape(), p[1][[0]]), (&[2usize, 1][..], 7.0));
         values.insert("d/kernel".to_string(), ArrayD::from_elem(vec![1, 2], 3.0f32));
-        let err = params_in_order(Path::new("c"), &specs, &values).unwrap_err().to_string();
+        let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
         assert!(err.contains("d/kernel has shape [1, 2] but the model's is [2, 1]"), "{err}");
         values.insert("d/kernel".to_string(), ArrayD::from_elem(vec![2, 1], 3.0f32));
+        values.insert("e/kernel".to_string(), ArrayD::from_elem(vec![1, 1], 3.0f32));
+        let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
+        assert!(err.contains("holds variables the model does not have: e/kernel"), "{err}");
+        values.remove("e/kernel");
         values.remove("d/bias");
-        let err = params_in_order(Path::new("c"), &specs, &values).unwrap_err().to_string();
+        let err = params_in_order("c", &specs, &values).unwrap_err().to_string();
         assert!(err.contains("no variable d/bias"), "{err}");
     }
 }

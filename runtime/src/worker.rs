@@ -20,7 +20,7 @@ use ndarray::ArrayD;
 use tonic::Code;
 
 use crate::auth::Credentials;
-use crate::client::{ClientError, PsSet, Pulled};
+use crate::client::{ClientError, PsSet, Pulled, StepRequest};
 use crate::cluster::ClusterConfig;
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
@@ -37,7 +37,7 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// What the feed gives the loop next.
 enum Fed {
-    Batch(Batch),
+    Batch(Box<Batch>),
     /// Nothing to train now; ask again shortly.
     Wait,
     /// Every shard of every epoch is done.
@@ -87,9 +87,14 @@ impl ShardFeed {
         }
     }
 
+    /// The batch after the one just taken, when it is in the shard in hand.
+    fn peek(&self) -> Option<&Batch> {
+        self.current.as_ref().and_then(|(_, _, rest)| rest.front())
+    }
+
     async fn next(&mut self, ps: &PsSet) -> Result<Fed, TrainError> {
         if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.pop_front()) {
-            return Ok(Fed::Batch(batch));
+            return Ok(Fed::Batch(Box::new(batch)));
         }
         let finished = self.finished();
         let reply = ps.next_shard(self.plan_proto(), finished, true).await?;
@@ -106,7 +111,7 @@ impl ShardFeed {
                 let mut batches: VecDeque<Batch> = self.data.shard_batches(&self.plan, shard, self.batch_size).into();
                 let first = batches.pop_front().ok_or_else(|| protocol(&format!("{shard} holds no example")))?;
                 self.current = Some((shard, reply.generation, batches));
-                Ok(Fed::Batch(first))
+                Ok(Fed::Batch(Box::new(first)))
             }
             Ok(Outcome::Wait) => Ok(Fed::Wait),
             Ok(Outcome::Finished) => Ok(Fed::Finished),
@@ -164,6 +169,9 @@ struct Trainer<'a> {
     is_chief: bool,
     chief: String,
     params: Vec<ArrayD<f32>>,
+    /// The model has sparse embeddings: `params` hold their rows `held_rows`.
+    sparse: bool,
+    held_rows: Vec<Vec<i64>>,
     pulled: Pulled,
     /// The values may be older than the ps tasks' (the task sat idle): pull
     /// before the next step.
@@ -175,6 +183,8 @@ struct Trainer<'a> {
     global_step: i64,
     started: Instant,
     first_gradient_seen: bool,
+    /// Evaluators of the cluster: the chief waits for their final evaluation.
+    evaluators: usize,
 }
 
 impl<'a> Trainer<'a> {
@@ -197,6 +207,8 @@ impl<'a> Trainer<'a> {
             is_chief: cluster.is_chief(),
             chief: cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default(),
             params: zeros_like(model),
+            sparse: model.variables().iter().any(|v| v.is_sparse()),
+            held_rows: vec![Vec::new(); model.variables().len()],
             pulled: Pulled { steps: vec![0; cluster.cluster.num_tasks("ps")], done: false, waited: Duration::ZERO, bytes: 0 },
             behind: false,
             local_steps: 0,
@@ -206,6 +218,7 @@ impl<'a> Trainer<'a> {
             global_step: 0,
             started: Instant::now(),
             first_gradient_seen: false,
+            evaluators: cluster.cluster.num_tasks("evaluator"),
         })
     }
 
@@ -245,7 +258,8 @@ impl<'a> Trainer<'a> {
                 if already { "variables were already initialised (or restored): resuming" } else { "initialised the variables" }
             );
         }
-        self.pulled = wait_for_variables(&self.ps, &mut self.params, &self.chief, self.settings.init_timeout).await?;
+        self.pulled = wait_for_variables(&self.ps, &mut self.params, crate::client::NO_ROWS, &self.chief, self.settings.init_timeout).await?;
+        self.held_rows = vec![Vec::new(); self.params.len()];
         self.behind = false;
         self.global_step = self.global_step.max(self.pulled.steps[0]);
         self.status.set(TaskState::Training, self.local_steps, self.global_step, "training");
@@ -256,7 +270,9 @@ impl<'a> Trainer<'a> {
     /// another one, is not the chief (a sparse cluster spec that does not
     /// list the chief leaves worker 0 believing it is).
     fn learn_chief(&mut self, replies: &[proto::HandshakeReply]) {
-        let Some(named) = replies.iter().find_map(|r| r.chief.as_ref()) else { return };
+        let Some(named) = replies.iter().find_map(|r| r.chief.as_ref()) else {
+            return;
+        };
         let named = format!("{}:{}", named.job, named.index);
         if self.is_chief && named != self.task {
             tracing::info!("{}: the ps tasks name {named} as the chief: this task is not the chief", self.task);
@@ -303,7 +319,9 @@ impl<'a> Trainer<'a> {
 
     /// Has every ps (sync) or ps 0 (async) reached `--train_steps`?
     fn steps_done(&self) -> bool {
-        let Some(n) = self.settings.train_steps else { return false };
+        let Some(n) = self.settings.train_steps else {
+            return false;
+        };
         let reached = |s: &i64| *s >= n as i64;
         if self.settings.sync_replicas { self.pulled.steps.iter().all(reached) } else { reached(&self.pulled.steps[0]) }
     }
@@ -324,13 +342,19 @@ impl<'a> Trainer<'a> {
     /// the step (each ps counts its own steps). Returns true when training is
     /// over.
     async fn train_on(&mut self, batch: &Batch, feed: &mut ShardFeed, summaries: &mut Summaries) -> Result<bool, TrainError> {
-        if self.behind {
-            match self.ps.pull(&mut self.params, &[], false, self.settings.step_timeout).await {
+        // The rows of the batch's sparse embeddings: pulled with the last
+        // step when that knew the batch (within a shard), else now.
+        let rows = if self.sparse { self.model.row_ids(batch) } else { Vec::new() };
+        if self.behind || rows != self.held_rows {
+            match self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
                 Ok(p) => {
                     self.pulled = p;
                     self.behind = false;
+                    self.held_rows = rows.clone();
                 }
-                Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
+                Err(e) if needs_recovery(&e) => {
+                    return self.recover(&e, feed).await.map(|()| false);
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -346,7 +370,13 @@ impl<'a> Trainer<'a> {
         let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
         let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
         let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
-        let stepped = self.ps.push_pull(&self.pulled.steps, &push_to, &lg.gradients, &mut self.params, &min_steps, self.settings.step_timeout).await;
+        let next_rows = match feed.peek() {
+            Some(next) if self.sparse => self.model.row_ids(next),
+            _ if self.sparse => vec![Vec::new(); self.params.len()],
+            _ => Vec::new(),
+        };
+        let step = StepRequest { steps: &self.pulled.steps, push_to: &push_to, gradients: &lg.gradients, pushed_rows: &rows, pulled_rows: &next_rows };
+        let stepped = self.ps.push_pull(step, &mut self.params, &min_steps, self.settings.step_timeout).await;
         let crate::client::Stepped { pushed: replies, pulled: next, first_reply } = match stepped {
             Ok(r) => r,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
@@ -362,10 +392,12 @@ impl<'a> Trainer<'a> {
         m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
         m.pull_seconds.add(t1.elapsed().saturating_sub(first_reply).as_secs_f64());
         m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
-        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum(), Ordering::Relaxed);
+        let ids_sent: usize = rows.iter().map(Vec::len).sum();
+        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
         m.local_steps.fetch_add(1, Ordering::Relaxed);
         m.last_loss.set(self.last_loss as f64);
         self.pulled = next;
+        self.held_rows = next_rows;
         self.local_steps += 1;
         if replies.iter().any(|r| r.stale) {
             self.stale += 1;
@@ -419,7 +451,9 @@ impl<'a> Trainer<'a> {
             for _ in 0..3 {
                 let replies = match self.ps.abstain(&steps).await {
                     Ok(r) => r,
-                    Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
+                    Err(e) if needs_recovery(&e) => {
+                        return self.recover(&e, feed).await.map(|()| false);
+                    }
                     Err(e) => return Err(e.into()),
                 };
                 if replies.iter().any(|r| r.done) {
@@ -438,6 +472,21 @@ impl<'a> Trainer<'a> {
         Ok(false)
     }
 
+    /// The model's figures on held-out data with the latest values (a
+    /// sparse model's rows of those examples pulled first; none when that
+    /// fails).
+    async fn evaluate(&mut self, batch: &Batch) -> Option<crate::model::Metrics> {
+        if self.sparse {
+            let rows = self.model.row_ids(batch);
+            if let Err(e) = self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
+                tracing::warn!("{}: no final evaluation: pulling the held-out examples' rows failed: {e}", self.task);
+                return None;
+            }
+            self.held_rows = rows;
+        }
+        Some(self.model.evaluate(&self.params, batch))
+    }
+
     /// The chief checkpoints when due. Checkpoints are named by the step of
     /// the values just pulled: in sync training every ps holds exactly that
     /// step now.
@@ -452,7 +501,7 @@ impl<'a> Trainer<'a> {
     /// The end: the chief writes the last checkpoint and summaries and tells
     /// every ps that training is over; any other task leaves. Then the report.
     async fn finish(
-        self,
+        mut self,
         workload: &Workload,
         feed: &mut ShardFeed,
         checkpointer: Option<Checkpointer>,
@@ -460,7 +509,10 @@ impl<'a> Trainer<'a> {
         train_secs: f64,
     ) -> Result<FinalReport, TrainError> {
         let global_step = self.global_step.max(self.pulled.steps[0]);
-        let eval = workload.eval.as_ref().map(|b| self.model.evaluate(&self.params, b));
+        let eval = match workload.eval.as_ref() {
+            Some(b) => self.evaluate(b).await,
+            None => None,
+        };
         let data = feed.close(&self.ps).await;
         if self.is_chief {
             if let Some(mut c) = checkpointer
@@ -469,15 +521,12 @@ impl<'a> Trainer<'a> {
                 c.save(&self.ps, global_step, &self.metrics).await?;
             }
             if let Some(m) = &eval {
-                let mut scalars = vec![("eval/loss", m.loss)];
-                if let Some(a) = m.accuracy {
-                    scalars.push(("eval/accuracy", a));
-                }
-                summaries.add(global_step, &scalars);
+                summaries.add(global_step, &train::eval_scalars(m));
             }
             let reason = if data.is_some_and(|d| d.finished) { "every epoch trained" } else { "train_steps reached" };
             self.ps.shutdown(reason, global_step).await?;
             tracing::info!("{}: training done at global_step={global_step} ({reason}); told every ps to finish", self.task);
+            self.wait_for_final_evaluation().await;
         } else {
             self.ps.leave("training done").await;
         }
@@ -504,10 +553,52 @@ impl<'a> Trainer<'a> {
             self.task,
             self.local_steps,
             r.loss.unwrap_or(f32::NAN),
-            r.accuracy.map(|a| format!(" accuracy={a:.4}")).unwrap_or_default(),
+            r.accuracy.map(|a| format!(" accuracy={a:.4}")).unwrap_or_default() + &r.auc.map(|a| format!(" auc={a:.4}")).unwrap_or_default(),
             summary_line(self.model, &self.params)
         );
         Ok(r)
+    }
+}
+
+impl Trainer<'_> {
+    /// The chief: once training is over, waits (up to the shutdown grace)
+    /// until every evaluator has evaluated the final variables and left, so
+    /// the job is done only after its final evaluation (the job ends when
+    /// the chief exits). An evaluator the ps tasks never heard of is not
+    /// waited for.
+    async fn wait_for_final_evaluation(&self) {
+        if self.evaluators == 0 {
+            return;
+        }
+        let started = Instant::now();
+        let evaluating = |stats: &[proto::StatsReply]| stats.iter().any(|s| s.pending.iter().any(|t| t.starts_with("evaluator:")));
+        tracing::info!("{}: waiting for the evaluator's final evaluation", self.task);
+        loop {
+            // A ps exits as soon as no task it waits for is left: one that no longer answers
+            // has seen the evaluator leave (or given up on it after its grace period).
+            let stats = match tokio::time::timeout(Duration::from_secs(2), self.ps.stats()).await {
+                Ok(stats) => stats,
+                Err(_) => {
+                    tracing::info!("{}: the ps tasks no longer answer: they have seen every task leave", self.task);
+                    return;
+                }
+            };
+            match stats {
+                Ok(stats) if !evaluating(&stats) => {
+                    tracing::info!("{}: the evaluator evaluated the final variables ({:.1}s)", self.task, started.elapsed().as_secs_f64());
+                    return;
+                }
+                Ok(_) if started.elapsed() < self.settings.shutdown_grace => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(_) => {
+                    tracing::warn!("{}: no final evaluation within {:?}; ending anyway", self.task, self.settings.shutdown_grace);
+                    return;
+                }
+                Err(e) => {
+                    tracing::info!("{}: the ps tasks no longer answer ({e}): they have seen every task leave", self.task);
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -523,9 +614,24 @@ pub async fn run_worker(
     credentials: &Credentials,
     status: Arc<TaskStatus>,
     metrics: Arc<TrainingMetrics>,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<FinalReport, TrainError> {
-    let mut trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
+    let trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
     let mut feed = ShardFeed::new(workload, settings)?;
+    let ps = trainer.ps.clone();
+    tokio::select! {
+        report = train_until_done(trainer, workload, &mut feed, settings) => report,
+        () = stop => {
+            // Stopped on purpose (a scale-down, a deleted pod, SIGTERM):
+            // the step in flight is dropped and the task deregisters at once.
+            let ps_heard = ps.leave("stopping on a signal").await;
+            Err(TrainError::Stopped { ps_heard, ps_total: ps.num_ps() })
+        }
+    }
+}
+
+/// The loop of [`run_worker`], from joining the job to the final report.
+async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &mut ShardFeed, settings: &TrainSettings) -> Result<FinalReport, TrainError> {
     trainer.log_start();
     trainer.status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     trainer.join().await?;
@@ -535,8 +641,8 @@ pub async fn run_worker(
     let loop_start = Instant::now();
     while !(trainer.pulled.done || trainer.steps_done()) {
         let over = match feed.next(&trainer.ps).await? {
-            Fed::Batch(batch) => trainer.train_on(&batch, &mut feed, &mut summaries).await?,
-            Fed::Wait => trainer.idle(&mut feed).await?,
+            Fed::Batch(batch) => trainer.train_on(&batch, feed, &mut summaries).await?,
+            Fed::Wait => trainer.idle(feed).await?,
             Fed::Finished => {
                 tracing::info!("{}: every shard of every epoch is done", trainer.task);
                 true
@@ -550,7 +656,7 @@ pub async fn run_worker(
         }
     }
     let train_secs = loop_start.elapsed().as_secs_f64();
-    trainer.finish(workload, &mut feed, checkpointer, summaries, train_secs).await
+    trainer.finish(workload, feed, checkpointer, summaries, train_secs).await
 }
 
 /// Aborts a background task when dropped.

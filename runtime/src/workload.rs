@@ -10,18 +10,25 @@ use crate::data::{self, Dataset, InMemoryTrainingSet};
 use crate::model::{self, Activation, Model, ModelConfig, WeightInit};
 use crate::train::Workload;
 
+mod inference;
 mod keras;
+mod sparse;
 
-pub use keras::{KerasOptions, check_example_shape};
+pub use inference::{InferenceSpec, inference_model};
+pub use keras::{KerasOptions, check_example_shape, check_flags, check_num_classes};
+pub use sparse::{SparseOptions, is_sparse_model};
 
 /// What to train, as given on the command line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadSpec {
     /// `linear`, `softmax` or `mlp`.
     pub model: String,
-    pub hidden_units: Vec<usize>,
-    pub activation: String,
-    pub weight_init: String,
+    /// `--hidden_units`, `--activation`, `--weight_init`: the mlp's only
+    /// (`None`: 100, sigmoid, truncated_normal); given for another model, an
+    /// error ([`check_flags`]).
+    pub hidden_units: Option<Vec<usize>>,
+    pub activation: Option<String>,
+    pub weight_init: Option<String>,
     /// Examples per step; `None` picks the model's classic default.
     pub batch_size: Option<usize>,
     pub data_dir: Option<PathBuf>,
@@ -32,6 +39,8 @@ pub struct WorkloadSpec {
     pub keras: KerasOptions,
     /// `--data_format`, `--label_column`, `--feature_columns`, `--num_classes`.
     pub data: data::DataOptions,
+    /// The sparse models' flags (`--train_files`, `--embedding_dim`, ...).
+    pub sparse: SparseOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +62,15 @@ pub const SYNTHETIC_TRAIN_EXAMPLES: usize = 20_000;
 /// examples a task trains is the shard dispatcher's decision) and the
 /// held-out data for evaluation.
 pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
+    if is_sparse_model(&spec.model) && spec.keras.model_file.is_none() {
+        return sparse::build(spec);
+    }
+    if spec.sparse.train_files.is_some() || spec.sparse.format.is_some() {
+        return Err(WorkloadError::Flag {
+            field: "train_files",
+            reason: "--train_files and the libsvm and criteo formats are for --model=sparse_lr or wide_deep".into(),
+        });
+    }
     keras::check_flags(spec)?;
     let (model, train, test, default_batch) = match &spec.keras.model_file {
         Some(file) => keras::model_and_data(spec, file)?,
@@ -69,16 +87,10 @@ pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
 /// A built-in model (linear, softmax, mlp) with its training and held-out
 /// data, and its classic batch size.
 fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, usize), WorkloadError> {
-    let activation = match spec.activation.to_ascii_lowercase().as_str() {
-        "sigmoid" => Activation::Sigmoid,
-        "relu" => Activation::Relu,
-        "tanh" => Activation::Tanh,
-        other => return Err(WorkloadError::Flag { field: "activation", reason: format!("unknown activation {other:?} (sigmoid, relu, tanh)") }),
-    };
-    let weight_init = match spec.weight_init.to_ascii_lowercase().as_str() {
-        "truncated_normal" | "truncated-normal" => WeightInit::TruncatedNormal,
-        "normal" => WeightInit::Normal,
-        other => return Err(WorkloadError::Flag { field: "weight_init", reason: format!("unknown initialisation {other:?} (truncated_normal, normal)") }),
+    let (hidden_units, activation) = mlp_options(spec.hidden_units.as_deref(), spec.activation.as_deref())?;
+    let weight_init = match &spec.weight_init {
+        Some(w) => w.parse::<WeightInit>().map_err(as_flag)?,
+        None => WeightInit::default(),
     };
     let name = spec.model.to_ascii_lowercase();
     let (train, test, input_dim, num_classes, default_batch) = match name.as_str() {
@@ -115,10 +127,31 @@ fn built_in(spec: &WorkloadSpec) -> Result<(Box<dyn Model>, Dataset, Dataset, us
             (train, test, dim, classes, 100)
         }
         other => {
-            return Err(WorkloadError::Flag { field: "model", reason: format!("unknown model {other:?} (linear, softmax, mlp; or --keras_model FILE)") });
+            return Err(WorkloadError::Flag {
+                field: "model",
+                reason: format!("unknown model {other:?} (linear, softmax, mlp, sparse_lr, wide_deep; or --keras_model FILE)"),
+            });
         }
     };
-    let model =
-        model::build_model(&ModelConfig { name: name.clone(), input_dim, num_classes, hidden_units: spec.hidden_units.clone(), activation, weight_init })?;
+    let model = model::build_model(&ModelConfig { name: name.clone(), input_dim, num_classes, hidden_units, activation, weight_init })?;
     Ok((model, train, test, default_batch))
+}
+
+/// The mlp's hidden layers and activation from `--hidden_units` and
+/// `--activation` (defaults: one layer of 100, sigmoid: the classic
+/// 784-100-10 network).
+pub(crate) fn mlp_options(hidden_units: Option<&[usize]>, activation: Option<&str>) -> Result<(Vec<usize>, Activation), WorkloadError> {
+    let activation = match activation {
+        Some(a) => a.parse::<Activation>().map_err(as_flag)?,
+        None => Activation::Sigmoid,
+    };
+    Ok((hidden_units.map_or_else(|| vec![100], <[usize]>::to_vec), activation))
+}
+
+/// A bad value of a model flag, as the flag's error.
+fn as_flag(e: model::ModelError) -> WorkloadError {
+    match e {
+        model::ModelError::Invalid { field, reason } => WorkloadError::Flag { field, reason },
+        other => WorkloadError::Model(other),
+    }
 }

@@ -100,7 +100,7 @@ fn mlp_sync_with_backup_worker_over_two_ps() {
         all.extend(vars);
     }
     all.sort();
-    assert_eq!(all, vec!["hid_b", "hid_w", "sm_b", "sm_w"]);
+    assert_eq!(all, vec!["dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel"]);
     // With 3 workers and 2 to aggregate, some pushes were from backup workers.
     let stale: u64 = results.iter().filter(|r| r.name.starts_with("ps")).map(|r| r.report()["stale_gradients_dropped"].as_u64().unwrap()).sum();
     assert!(stale > 0, "a backup worker's late gradients are dropped as stale");
@@ -205,6 +205,11 @@ fn chief_worker_evaluator_with_token() {
     let report = evaluator.report();
     assert_eq!(report["role"], "evaluator");
     assert!(report["global_step"].as_i64().unwrap() >= 3000, "final evaluation after the last step: {report}");
+    let ps = results.iter().find(|r| r.name == "ps0").unwrap().report();
+    assert_eq!(report["global_step"], ps["global_step"], "the evaluator saw the last step of the ps");
+    assert!(evaluator.stderr.contains("final evaluation at global_step="), "{}", evaluator.stderr);
+    let chief_log = &results.iter().find(|r| r.name == "chief0").unwrap().stderr;
+    assert!(chief_log.contains("waiting for the evaluator's final evaluation"), "the chief waited for it:\n{chief_log}");
     assert!(report["loss"].as_f64().unwrap() < 0.5, "{report}");
 }
 

@@ -346,7 +346,13 @@ fn event_files_metrics_and_health() {
     assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING", "{}", String::from_utf8_lossy(&health.stderr));
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);
-    let files: Vec<_> = std::fs::read_dir(logs.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    // The chief's events in the log dir, the evaluator's in <log_dir>/eval (as TensorFlow's).
+    let files: Vec<_> = [logs.path().to_path_buf(), logs.path().join("eval")]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.is_file())
+        .collect();
+    assert!(files.iter().any(|p| p.parent() == Some(&logs.path().join("eval")) && p.to_string_lossy().ends_with(".eval")), "{files:?}");
     let tags_of = |suffix: &str| -> Vec<String> {
         let f = files.iter().find(|p| p.to_string_lossy().ends_with(suffix)).unwrap_or_else(|| panic!("no *{suffix} in {files:?}"));
         let mut tags: Vec<String> = tfjob_runtime::events::scalars(f).unwrap().into_iter().map(|(t, _, _)| t).collect();

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
-use tfjob_runtime::client::{ModelVariable, PsSet, ps_client};
+use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest, ps_client};
 use tfjob_runtime::cluster::TaskId;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::placement::{self, PlacementInput};
@@ -43,12 +43,12 @@ async fn start(credentials: &Credentials) -> Server {
 }
 
 fn variables() -> Vec<ModelVariable> {
-    vec![ModelVariable { name: "w".into(), shape: vec![4, 3] }, ModelVariable { name: "b".into(), shape: vec![3] }]
+    vec![ModelVariable::dense("w", vec![4, 3]), ModelVariable::dense("b", vec![3])]
 }
 
 fn ps_set(addr: SocketAddr, credentials: &Credentials, task: u32) -> PsSet {
     let vars = variables();
-    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
     let config = proto::TrainingConfig {
         mode: UpdateMode::Async as i32,
@@ -82,12 +82,12 @@ async fn token_is_required_and_refusals_change_nothing() {
         let mut intruder = ps_set(server.addr, bad, 1);
         intruder.set_tensor_channel(channel);
         let mut params = initial();
-        let err = intruder.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap_err();
+        let err = intruder.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap_err();
         assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "channel {channel}: {err}");
         let err = intruder.handshake(false).await.unwrap_err();
         assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
         let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 100.0f32), ndarray::ArrayD::from_elem(vec![3], 100.0f32)];
-        let err = intruder.push(&[0], &grads).await.unwrap_err();
+        let err = intruder.push(&[0], &grads, NO_ROWS).await.unwrap_err();
         assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
         let err = intruder.shutdown("intrusion", 0).await.unwrap_err();
         assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
@@ -97,7 +97,7 @@ async fn token_is_required_and_refusals_change_nothing() {
     assert!(!server.store.progress().done);
     // The rightful worker still trains.
     let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
-    chief.push(&[0], &grads).await.unwrap();
+    chief.push(&[0], &grads, NO_ROWS).await.unwrap();
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
 }
 
@@ -121,19 +121,43 @@ async fn push_pull_case(channel: bool) {
     chief.init(&initial(), 0).await.unwrap();
     let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
     let mut params = vec![ndarray::ArrayD::zeros(vec![4, 3]), ndarray::ArrayD::zeros(vec![3])];
-    let stepped = chief.push_pull(&[0], &[true], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap();
+    let stepped = chief
+        .push_pull(
+            StepRequest { steps: &[0], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            &mut params,
+            &[0],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
     assert!(stepped.pushed[0].accepted);
     assert_eq!((stepped.pushed[0].step, stepped.pulled.steps[0]), (1, 1));
     assert_eq!(params[1].as_slice().unwrap(), &[0.0, 1.0, 2.0]);
     assert_eq!(params[0].as_slice().unwrap(), server.store.values("w").unwrap().as_slice());
     // Pull only: nothing applied, the same values.
-    let stepped = chief.push_pull(&[1], &[false], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap();
+    let stepped = chief
+        .push_pull(
+            StepRequest { steps: &[1], push_to: &[false], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            &mut params,
+            &[0],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
     assert!(!stepped.pushed[0].accepted);
     assert_eq!(stepped.pulled.steps[0], 1);
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
     let mut intruder = ps_set(server.addr, &Credentials::default(), 1);
     intruder.set_tensor_channel(channel);
-    let err = intruder.push_pull(&[1], &[true], &grads, &mut params, &[0], Duration::from_secs(1)).await.unwrap_err();
+    let err = intruder
+        .push_pull(
+            StepRequest { steps: &[1], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            &mut params,
+            &[0],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
     assert_eq!(server.store.progress().step, 1);
@@ -163,7 +187,7 @@ async fn tls_between_tasks() {
     chief.handshake(false).await.unwrap();
     chief.init(&initial(), 0).await.unwrap();
     let mut params = initial();
-    chief.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap();
+    chief.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
     assert_eq!(params, initial());
     assert!(!chief.uses_tensor_channel(), "with TLS the tensor channel is off");
     let plain = ps_set(server.addr, &Credentials { token: Some("t".into()), tls: None }, 1);
@@ -171,7 +195,7 @@ async fn tls_between_tasks() {
     assert!(err.code() != Some(tonic::Code::Ok), "{err}");
     // Nor does the tensor channel open a way around TLS.
     let mut params = initial();
-    let err = tokio::time::timeout(Duration::from_secs(20), plain.pull(&mut params, &[], false, Duration::from_secs(1)))
+    let err = tokio::time::timeout(Duration::from_secs(20), plain.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)))
         .await
         .expect("fails, not hangs")
         .unwrap_err();
@@ -215,7 +239,7 @@ fn b_part(values: &[f32], offset: u64) -> TensorPart {
 
 fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
     let task = Some(proto::TaskId { job: "worker".into(), index: 1 });
-    let msg = |part: TensorPart, step: i64| proto::PushGradientsRequest { task: task.clone(), step, push_id: 0, part: Some(part), abstain: false };
+    let msg = |part: TensorPart, step: i64| proto::PushGradientsRequest { task: task.clone(), step, push_id: 0, part: Some(part), abstain: false, rows: None };
     let good = b_part(&[1.0, 1.0, 1.0], 0);
     match d {
         Defect::UnknownName(n) => vec![msg(TensorPart { name: n.clone(), ..good }, 0)],
@@ -226,7 +250,7 @@ fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
         Defect::FutureStep(s) => vec![msg(good, *s)],
         Defect::NegativeStep(s) => vec![msg(good, *s)],
         Defect::Partial => vec![msg(b_part(&[1.0, 1.0], 0), 0)],
-        Defect::NoTask => vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good), abstain: false }],
+        Defect::NoTask => vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good), abstain: false, rows: None }],
         Defect::Overlap => vec![msg(b_part(&[1.0, 1.0], 0), 0), msg(b_part(&[1.0, 1.0], 1), 0)],
     }
 }
@@ -262,7 +286,7 @@ fn malformed_messages_never_crash_or_change_anything() {
     // Still serving, and a valid push still applies.
     rt.block_on(async {
         let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 0.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
-        chief.push(&[0], &grads).await.unwrap();
+        chief.push(&[0], &grads, NO_ROWS).await.unwrap();
     });
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
 }
@@ -323,11 +347,11 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
     let mut over_grpc = over_channel.clone();
     for step in 0..4i64 {
         chief.set_tensor_channel(step % 2 == 0);
-        chief.push(&[step], &grads).await.unwrap();
+        chief.push(&[step], &grads, NO_ROWS).await.unwrap();
         chief.set_tensor_channel(true);
-        let a = chief.pull(&mut over_channel, &[], false, Duration::from_secs(1)).await.unwrap();
+        let a = chief.pull(&mut over_channel, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
         chief.set_tensor_channel(false);
-        let b = chief.pull(&mut over_grpc, &[], false, Duration::from_secs(1)).await.unwrap();
+        let b = chief.pull(&mut over_grpc, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
         assert_eq!((a.steps[0], b.steps[0], a.bytes, b.bytes), (step + 1, step + 1, 60, 60));
         assert_eq!(over_channel, over_grpc);
         assert_eq!(over_channel[1].as_slice().unwrap(), server.store.values("b").unwrap().as_slice());
@@ -366,9 +390,10 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
         }
         let first = &messages[0];
         let request = proto::TensorChannelRequest {
-            push: Some(proto::PushGradientsRequest { task: first.task.clone(), step: first.step, push_id: 0, part: None, abstain: false }),
+            push: Some(proto::PushGradientsRequest { task: first.task.clone(), step: first.step, push_id: 0, part: None, abstain: false, rows: None }),
             push_parts: headers,
             pull: None,
+            push_rows: vec![],
         };
         let reply = tokio::task::spawn_blocking({
             let addr = server.addr;
@@ -387,9 +412,11 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
             push_id: 0,
             part: None,
             abstain: false,
+            rows: None,
         }),
         push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
         pull: None,
+        push_rows: vec![],
     };
     let addr = server.addr;
     let reply = tokio::task::spawn_blocking(move || channel_request(addr, "tok", &huge, &[])).await.unwrap();
@@ -399,7 +426,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
     for channel in [true, false] {
         chief.set_tensor_channel(channel);
         let mut params = initial();
-        chief.pull(&mut params, &[], false, Duration::from_secs(1)).await.unwrap();
+        chief.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
         assert_eq!(params, over_grpc);
     }
 }

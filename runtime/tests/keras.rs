@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 mod common;
 
@@ -318,6 +318,59 @@ fn csv_with_three_classes_trains_and_evaluates() {
     assert!((agree - evaluation["accuracy"].as_f64().unwrap()).abs() < 1e-9, "{agree} vs {evaluation}");
 }
 
+/// A built-in model is a preset usable after training: an mlp trained on a CSV with 3 classes
+/// (the class count from the data, not MNIST's 10) exports Keras's names and shapes, and
+/// `predict`/`evaluate` run it from `--model mlp --hidden_units ...`.
+#[test]
+fn built_in_mlp_on_three_classes_then_export_predict_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tabular");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("train.csv"), tabular_csv(3000, 3, true)).unwrap();
+    std::fs::write(data.join("test.csv"), tabular_csv(500, 4, true)).unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let data_flags = ["--data_format=csv", "--label_column=species", "--feature_columns=f0,f1,f2,f3"];
+    let mlp = ["--model=mlp", "--hidden_units=16", "--activation=tanh"];
+    let mut args: Vec<String> = vec![
+        format!("--data_dir={}", data.display()),
+        format!("--checkpoint_dir={}", ckpt.display()),
+        "--optimizer=adam".into(),
+        "--learning_rate=0.02".into(),
+        "--train_steps=300".into(),
+    ];
+    args.extend(mlp.iter().chain(&data_flags).map(|s| s.to_string()));
+    let results = train(1, 2, &args, Duration::from_secs(180));
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap();
+    assert!(chief.stderr.contains("4 features, 3 classes, from"), "the classes come from the data: {}", chief.stderr);
+    let accuracy = chief.report()["accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.85, "{}", chief.report());
+
+    let out = dir.path().join("weights.npz");
+    let export: Value = serde_json::from_str(run_ok(&["export", "--checkpoint_dir", ckpt.to_str().unwrap(), "--out", out.to_str().unwrap()]).trim()).unwrap();
+    let shapes: Vec<(String, Value)> = export["arrays"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let want = [("dense/bias", json!([16])), ("dense/kernel", json!([4, 16])), ("dense_1/bias", json!([3])), ("dense_1/kernel", json!([16, 3]))];
+    assert_eq!(shapes, want.map(|(k, v)| (k.to_string(), v)).to_vec(), "{export}");
+
+    let test = data.join("test.csv");
+    let common = [&["--checkpoint_dir", ckpt.to_str().unwrap(), "--input", test.to_str().unwrap()][..], &mlp[..], &data_flags[..]].concat();
+    let evaluation: Value = serde_json::from_str(run_ok(&[&["evaluate"], &common[..]].concat()).trim()).unwrap();
+    assert_eq!(evaluation["examples"], 500);
+    assert!((evaluation["accuracy"].as_f64().unwrap() - accuracy).abs() < 0.05, "{evaluation} vs the chief's {accuracy}");
+    let predictions = run_ok(&[&["predict"], &common[..]].concat());
+    assert!(predictions.starts_with("class,p_0,p_1,p_2\n"), "{predictions}");
+    let classes: Vec<usize> = csv_rows(&predictions, 0).iter().map(|r| r[0] as usize).collect();
+    let truth: Vec<usize> = tabular_csv(500, 4, true).lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse().unwrap()).collect();
+    let agree = classes.iter().zip(&truth).filter(|(a, b)| a == b).count() as f64 / 500.0;
+    assert!((agree - evaluation["accuracy"].as_f64().unwrap()).abs() < 1e-9, "{agree} vs {evaluation}");
+    // The model flags must be those of training: the checkpoint says when they are not.
+    let out = run(&[&["predict"], &common[..]].concat().iter().map(|a| if *a == "--hidden_units=16" { "--hidden_units=32" } else { a }).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && stderr.contains("dense/kernel has shape [4, 16] but the model's is [4, 32]"), "{stderr}");
+    let out = run(&[&["evaluate"], &common[..], &["--num_classes=5"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && stderr.contains("--num_classes: 5, but the model's output has 3 unit(s)"), "{stderr}");
+}
+
 /// Flags a model cannot use, models it cannot compute and data that does
 /// not fit: exit 2 with a message naming what is wrong.
 #[test]
@@ -341,6 +394,14 @@ fn unusable_flags_models_and_data_are_errors() {
         (vec![k("cnn.keras3.json"), d.clone(), "--loss=hinge".into()], vec!["--loss", "hinge"]),
         (vec![k("embedding.keras3.json")], vec!["--data_dir", "needs data"]),
         (vec![format!("--keras_model={}", dir.path().join("nowhere.json").display())], vec!["nowhere.json", "cannot read"]),
+        // Flags of the mlp's hidden layers, with a model that has none or its own.
+        (vec![k("cnn.keras3.json"), d.clone(), "--hidden_units=32".into()], vec!["--hidden_units", "Keras model"]),
+        (vec![k("cnn.keras3.json"), d.clone(), "--activation=relu".into()], vec!["--activation", "Keras model"]),
+        (vec!["--model=softmax".into(), "--activation=relu".into()], vec!["--activation", "softmax model has no hidden layers"]),
+        (vec!["--model=linear".into(), "--weight_init=normal".into()], vec!["--weight_init", "linear model"]),
+        (vec!["--hidden_units=8".into()], vec!["--hidden_units", "linear model"]),
+        // --num_classes against the Keras model's output units.
+        (vec![k("cnn.keras3.json"), d.clone(), "--num_classes=10".into()], vec!["--num_classes: 10, but the model's output has 4 unit(s)"]),
     ];
     for (args, wants) in cases {
         let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -358,4 +419,32 @@ fn unusable_flags_models_and_data_are_errors() {
     let out =
         run(&["evaluate", "--checkpoint_dir", empty.to_str().unwrap(), "--keras_model", &fixture("cnn.keras3.json"), "--input", images.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("without labels"), "{out:?}");
+    // predict and evaluate: flags their input or model cannot use.
+    let csv = dir.path().join("in.csv");
+    std::fs::write(&csv, "a,b,label\n1,2,0\n").unwrap();
+    let (images, labels, csv) = (images.to_str().unwrap(), data.join("t10k-labels-idx1-ubyte"), csv.to_str().unwrap());
+    let labels = labels.to_str().unwrap();
+    let cnn = fixture("cnn.keras3.json");
+    let ckpt = ["--checkpoint_dir", empty.to_str().unwrap()];
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["evaluate", "--keras_model", &cnn, "--input", csv, "--labels", labels], vec!["--labels", "is CSV", "--label_column"]),
+        (vec!["predict", "--keras_model", &cnn, "--input", images, "--labels", labels], vec!["--labels", "goes with evaluate"]),
+        (vec!["evaluate", "--keras_model", &cnn, "--input", images, "--labels", labels, "--label_column=y"], vec!["--label_column", "is IDX"]),
+        (vec!["predict", "--keras_model", &cnn, "--input", images, "--feature_columns=a,b"], vec!["--feature_columns", "is IDX"]),
+        (vec!["predict", "--keras_model", &cnn, "--model=mlp", "--input", images], vec!["--model", "both name a model"]),
+        (vec!["predict", "--input", images], vec!["--keras_model: missing", "--model linear|softmax|mlp"]),
+        (vec!["predict", "--keras_model", &cnn, "--hidden_units=8", "--input", images], vec!["--hidden_units", "Keras model"]),
+        (vec!["predict", "--model=softmax", "--activation=relu", "--input", images], vec!["--activation", "softmax model"]),
+        (vec!["predict", "--model=mlp", "--loss=mse", "--input", images], vec!["--loss", "goes with --keras_model"]),
+        (vec!["evaluate", "--model=linear", "--num_classes=3", "--input", csv], vec!["--num_classes", "linear"]),
+        (vec!["evaluate", "--keras_model", &cnn, "--num_classes=3", "--input", images, "--labels", labels], vec!["--num_classes: 3", "unit(s)"]),
+    ];
+    for (args, wants) in cases {
+        let out = run(&[&args[..1], &ckpt[..], &args[1..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for want in wants {
+            assert!(stderr.contains(want), "{args:?}: {stderr:?} lacks {want:?}");
+        }
+    }
 }

@@ -7,6 +7,7 @@
 //! - [`data`]: small learnable datasets in the MNIST IDX format, written by the tests.
 //! - [`local`]: the `tfjob run` tests' manifests and replica processes.
 //! - [`node_agent`]: the kubelet of the test control plane: its pods as podman containers.
+//! - [`s3`]: a real S3-compatible server on 127.0.0.1 (s3s over s3s-fs).
 
 pub mod chart;
 pub mod controlplane;
@@ -16,3 +17,4 @@ pub mod node_agent;
 pub mod operator;
 pub mod podman;
 pub mod report;
+pub mod s3;

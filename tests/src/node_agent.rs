@@ -3,8 +3,9 @@
 //! It takes the pods of the namespaces it serves, binds them to its node (no scheduler runs
 //! either), and runs each as a podman container through the product's own
 //! [`ContainerKubelet`](tfjob_operator::local::container::ContainerKubelet), on one network:
-//! - the pod's first container's image, command, args and env (literal values, Secret and
-//!   ConfigMap keys, the downward API fields `metadata.name`, `metadata.namespace`,
+//! - the pod's first container's image, command, args and env (literal values with their
+//!   `$(VAR)` references expanded as the kubelet does, Secret and ConfigMap keys, the downward
+//!   API fields `metadata.name`, `metadata.namespace`,
 //!   `metadata.uid`, `spec.nodeName`, `spec.serviceAccountName`, `status.podIP` is left empty);
 //! - `hostname` and `subdomain` as DNS names: `<hostname>.<subdomain>.<namespace>.svc`, the same
 //!   with `.cluster.local`, `<hostname>.<subdomain>` and `<hostname>`;
@@ -44,6 +45,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use tfjob_operator::local::container::{BindMount, ContainerKubelet, PodContainer, PodOutput, PodState};
+use tfjob_operator::local::expand::Environment;
 use tfjob_operator::status::Phase;
 
 use crate::controlplane::ControlPlane;
@@ -465,12 +467,17 @@ impl Agent {
         })
     }
 
+    /// The container's env as the kubelet builds it: in order, literal values with their
+    /// `$(VAR)` references to earlier variables expanded, values from elsewhere as they are.
     async fn resolve_env(&self, pod: &Pod, container: &Container) -> Result<Vec<(String, String)>> {
         let ns = pod.namespace().unwrap_or_default();
-        let mut out = Vec::new();
+        let mut out = Environment::new();
         for var in container.env.iter().flatten() {
             let value = match (&var.value, &var.value_from) {
-                (Some(v), _) => v.clone(),
+                (Some(v), _) => {
+                    out.define_value(&var.name, v);
+                    continue;
+                }
                 (None, Some(from)) => {
                     if let Some(r) = &from.secret_key_ref {
                         let secret: Secret = Api::namespaced(self.client.clone(), &ns).get(&r.name).await.with_context(|| format!("secret {}", r.name))?;
@@ -494,9 +501,9 @@ impl Agent {
                 }
                 (None, None) => String::new(),
             };
-            out.push((var.name.clone(), value));
+            out.define(&var.name, value);
         }
-        Ok(out)
+        Ok(out.into_vars())
     }
 
     /// `token` (a TokenRequest bound to the pod), `ca.crt`, `namespace`: readable by the image's

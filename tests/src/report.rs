@@ -18,3 +18,11 @@ pub fn ensure_linear(report: &Value, who: &str) -> Result<()> {
     ensure!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "{who}: W = {w}, b = {b}");
     Ok(())
 }
+
+/// The global step at which a ps saw training end (its log's `training is over at step N`,
+/// written when the chief ends training; no update is applied after it).
+pub fn final_step_of_ps(log: &str, who: &str) -> Result<i64> {
+    log.lines()
+        .find_map(|l| l.split("training is over at step ").nth(1)?.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow!("{who}: no `training is over at step N` in its log:\n{log}"))
+}

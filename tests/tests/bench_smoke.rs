@@ -51,7 +51,7 @@ fn quick_bench_runs_every_section_and_writes_json_and_plot() {
 
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("bench.json")).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    for section in ["raw", "ps", "linear", "mlp", "startup", "elastic", "operator"] {
+    for section in ["raw", "ps", "linear", "mlp", "startup", "elastic", "operator", "sparse"] {
         let of: Vec<_> = rows.iter().filter(|r| r["section"] == section).collect();
         assert!(!of.is_empty(), "no {section} figures in bench.json");
         for r in of {
@@ -61,6 +61,10 @@ fn quick_bench_runs_every_section_and_writes_json_and_plot() {
     }
     // Every distributed figure comes with the baseline measured in the same run.
     for r in rows.iter().filter(|r| r["target"].as_str().is_some_and(|t| t.contains("loopback") || t.contains("2 x TF"))) {
+        assert!(r["baseline"].as_f64().is_some_and(f64::is_finite), "{} has no baseline", r["metric"]);
+    }
+    // Sparse figures are each against the dense embedding measured beside them.
+    for r in rows.iter().filter(|r| r["section"] == "sparse") {
         assert!(r["baseline"].as_f64().is_some_and(f64::is_finite), "{} has no baseline", r["metric"]);
     }
     let png = std::fs::read(out.path().join("scaling.png")).unwrap();

@@ -103,6 +103,7 @@ struct Rendered {
     roles: Vec<Role>,
     role_bindings: Vec<RoleBinding>,
     service_monitors: Vec<Value>,
+    pod_monitors: Vec<Value>,
     leases: Vec<Lease>,
     crds: Vec<CustomResourceDefinition>,
     /// (kind, namespace, name) of every document, in order.
@@ -175,6 +176,7 @@ fn parse(yaml: &str) -> Result<Rendered> {
             ("rbac.authorization.k8s.io/v1", "Role") => r.roles.push(typed(&doc)?),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => r.role_bindings.push(typed(&doc)?),
             ("monitoring.coreos.com/v1", "ServiceMonitor") => r.service_monitors.push(doc.clone()),
+            ("monitoring.coreos.com/v1", "PodMonitor") => r.pod_monitors.push(doc.clone()),
             ("coordination.k8s.io/v1", "Lease") => r.leases.push(typed(&doc)?),
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => r.crds.push(typed(&doc)?),
             (api, kind) => bail!("unexpected object {api} {kind} {name}"),
@@ -346,6 +348,8 @@ const VARIANTS: &[&[(&str, &str)]] = &[
     &[("replicaCount", "2")],
     &[("leaderElection.enabled", "false")],
     &[("serviceMonitor.enabled", "true"), ("serviceMonitor.labels.release", "prometheus")],
+    &[("podMonitor.enabled", "true"), ("podMonitor.labels.release", "prometheus")],
+    &[("podMonitor.enabled", "true"), ("watchNamespace", "team-a")],
     &[("image.repository", "registry.example.com/ml/tfjob-operator"), ("image.tag", "v9"), ("image.pullPolicy", "Always")],
     &[("serviceAccount.create", "false"), ("serviceAccount.name", "existing")],
     &[("rbac.create", "false")],
@@ -578,6 +582,33 @@ fn service_monitor_is_rendered_only_when_enabled() -> Result<()> {
     let port_name = svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].name.clone();
     assert_eq!(endpoints[0]["port"].as_str(), port_name.as_deref());
     assert_eq!(endpoints[0]["path"], "/metrics");
+    Ok(())
+}
+
+/// The PodMonitor selects exactly the pods the operator creates (by the label it puts on
+/// them), scrapes the port the examples name `metrics`, in the watched namespace or all.
+#[test]
+fn pod_monitor_scrapes_the_replicas_only_when_enabled() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    assert!(render(cp, &[])?.pod_monitors.is_empty());
+    let r = render(cp, &[("podMonitor.enabled", "true"), ("podMonitor.labels.release", "prometheus")])?;
+    assert_eq!(r.pod_monitors.len(), 1);
+    let pm = &r.pod_monitors[0];
+    assert_eq!(pm["metadata"]["namespace"], RELEASE_NS);
+    assert_eq!(pm["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(pm["spec"]["selector"]["matchLabels"], serde_json::json!({ tfjob_operator::plan::LABEL_OPERATOR_NAME: tfjob_operator::plan::OPERATOR_NAME }));
+    assert_eq!(pm["spec"]["namespaceSelector"], serde_json::json!({ "any": true }));
+    let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!((endpoint["port"].as_str(), endpoint["path"].as_str()), (Some("metrics"), Some("/metrics")));
+    let targets: Vec<&str> = endpoint["relabelings"].as_array().context("relabelings")?.iter().filter_map(|r| r["targetLabel"].as_str()).collect();
+    assert_eq!(targets, ["tfjob", "replica_type", "replica_index"]);
+    // The examples that serve metrics name their port as the PodMonitor scrapes it.
+    for example in ["shared-volume", "s3-checkpoints"] {
+        let text = std::fs::read_to_string(tfjob_tests::operator::repo_root().join(format!("examples/{example}.yaml")))?;
+        assert!(text.contains("--metrics_port=9090") && text.contains("name: metrics"), "{example}");
+    }
+    let r = render(cp, &[("podMonitor.enabled", "true"), ("watchNamespace", "team-a")])?;
+    assert_eq!(r.pod_monitors[0]["spec"]["namespaceSelector"], serde_json::json!({ "matchNames": ["team-a"] }));
     Ok(())
 }
 

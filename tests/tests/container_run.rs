@@ -85,6 +85,27 @@ fn logged_steps(run_dir: &Path, replica: &str) -> Vec<i64> {
     log.lines().filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("local_step=")).and_then(|s| s.parse().ok())).collect()
 }
 
+/// The pod template's volumes are bind mounts: the ReadWriteMany claim of
+/// `examples/shared-volume.yaml` is one directory of the run, mounted at /mnt/shared in the
+/// chief, ps and evaluator containers: the checkpoints and event files land there.
+#[test]
+fn a_claim_is_a_directory_shared_by_the_containers() -> Result<()> {
+    let engine = engine()?;
+    let run_dir = tempfile::tempdir()?;
+    let out = tfjob_run(&engine.docker_host(), &repo_root().join("examples/shared-volume.yaml"), run_dir.path())?.output()?;
+    ensure!(out.status.success(), "tfjob run failed: {}", text(&out));
+    let claim = run_dir.path().join("volumes/claims/tfjob-shared/shared-volume");
+    let checkpoints: Vec<String> = std::fs::read_dir(claim.join("checkpoints"))?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    ensure!(checkpoints.iter().any(|c| c.starts_with("ckpt-")), "checkpoints: {checkpoints:?}");
+    ensure!(claim.join("checkpoints/ckpt-0000001200/index.json").is_file(), "the last checkpoint, written by the ps and chief containers: {checkpoints:?}");
+    for dir in ["logs", "logs/eval"] {
+        let events = std::fs::read_dir(claim.join(dir))?.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("events.out.tfevents.")).count();
+        ensure!(events >= 1, "no event file in {dir}");
+    }
+    ensure!(leftovers("shared-volume")?.is_empty());
+    Ok(())
+}
+
 #[test]
 fn sync_example_trains_in_containers_and_leaves_nothing() -> Result<()> {
     let engine = engine()?;

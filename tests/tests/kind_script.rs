@@ -181,8 +181,17 @@ fn the_script_applies_every_example_and_only_files_that_exist() -> Result<()> {
     let listed_set: BTreeSet<&str> = listed.iter().copied().collect();
     ensure!(listed_set.len() == listed.len(), "EXAMPLES lists one twice: {listed:?}");
     let present: BTreeSet<String> = example_files()?.iter().filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned())).collect();
+    let skipped: BTreeSet<String> = assignment(&text, "SKIPPED_EXAMPLES")?
+        .strip_prefix('(')
+        .and_then(|l| l.strip_suffix(')'))
+        .context("SKIPPED_EXAMPLES=(...) on one line")?
+        .split_whitespace()
+        .map(String::from)
+        .collect();
     let listed_set: BTreeSet<String> = listed_set.into_iter().map(String::from).collect();
-    ensure!(listed_set == present, "EXAMPLES in run.sh {listed_set:?} must be exactly examples/*.yaml {present:?}");
+    ensure!(listed_set.is_disjoint(&skipped), "run.sh both runs and skips {:?}", listed_set.intersection(&skipped).collect::<Vec<_>>());
+    let all: BTreeSet<String> = listed_set.union(&skipped).cloned().collect();
+    ensure!(all == present, "EXAMPLES and SKIPPED_EXAMPLES in run.sh {all:?} must be exactly examples/*.yaml {present:?}");
     // The script names each job by its manifest; the job names must be usable as given.
     for path in applied_manifests(&text)? {
         let job = load_job(&path)?;

@@ -2,7 +2,7 @@
 //! saved under the run directory), one live status line, events, and the
 //! final conditions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -13,6 +13,7 @@ use crate::api::{ReplicaType, TFJobStatus};
 use crate::status::{ObservedReplica, Phase};
 
 use super::RunResult;
+use super::training::TrainingRecord;
 
 /// Replicas by phase, and restarts, as the status line shows them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,6 +36,10 @@ struct State {
     line_shown: bool,
     last_line: String,
     last_print: Instant,
+    /// What the replicas reported about training, for the picture.
+    record: TrainingRecord,
+    /// The replicas' `--log_dir`s as this machine reaches them.
+    log_dirs: BTreeSet<String>,
 }
 
 /// The terminal side of a local run. Shared by the driver and the threads
@@ -81,12 +86,19 @@ impl Console {
                 line_shown: false,
                 last_line: String::new(),
                 last_print: Instant::now(),
+                record: TrainingRecord::default(),
+                log_dirs: BTreeSet::new(),
             }),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
     }
 
     /// Path of a replica's log file.
@@ -133,6 +145,7 @@ impl Console {
         if let Some(step) = global_step_in(line) {
             st.global_step = Some(st.global_step.map_or(step, |s| s.max(step)));
         }
+        st.record.line(replica, line, self.started.elapsed().as_secs_f64());
         let shown = !self.quiet && self.follow.as_deref().is_none_or(|f| f == replica);
         if shown {
             self.clear_line(&mut st);
@@ -156,6 +169,11 @@ impl Console {
         let mut st = self.lock();
         self.clear_line(&mut st);
         eprintln!("tfjob: event {}{reason}: {message}", if warning { "(warning) " } else { "" });
+    }
+
+    /// A replica writes TensorBoard events to `dir` (as this machine reaches it).
+    pub fn add_log_dir(&self, dir: String) {
+        self.lock().log_dirs.insert(dir);
     }
 
     /// The planned number of workers, shown on the status line next to the
@@ -205,8 +223,21 @@ impl Console {
         let verdict = if result.succeeded { "succeeded" } else { "did not succeed" };
         eprintln!("tfjob: TFJob {} {verdict} ({}) after {:.1}s: {}", self.job, result.reason, elapsed.as_secs_f64(), result.message);
         eprintln!("tfjob: logs and status.yaml in {}", result.run_dir.display());
+        if !st.record.is_empty() {
+            let picture = result.run_dir.join(TRAINING_PICTURE);
+            match st.record.write_png(&self.job, &picture) {
+                Ok(()) => eprintln!("tfjob: picture of training (loss, accuracy, steps/s by global step): {}", picture.display()),
+                Err(e) => eprintln!("tfjob: no picture of training: {e}"),
+            }
+        }
+        for dir in &st.log_dirs {
+            eprintln!("tfjob: TensorBoard: tensorboard --logdir {dir}");
+        }
     }
 }
+
+/// The picture of training in the run directory.
+pub const TRAINING_PICTURE: &str = "training.png";
 
 /// The status line without its clock: replicas by phase, restarts, the
 /// running and planned workers, the global step.

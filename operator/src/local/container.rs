@@ -13,6 +13,7 @@
 //! [`ContainerBackend`] is the `tfjob run` backend on top of it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,10 +31,11 @@ use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, ReplicaType, TFJob};
-use crate::plan::{self, ENV_TOKEN, PlannedReplica};
+use crate::plan::{self, PlannedReplica};
 use crate::status::{ObservedReplica, Phase};
 
 use super::console::Console;
+use super::expand::Environment;
 use super::{Backend, RunError, short_name};
 
 /// Label with the job's name on every container and network of a run.
@@ -116,6 +118,33 @@ fn is_not_found(e: &EngineError) -> bool {
     matches!(e, EngineError::DockerResponseServerError { status_code: 404, .. })
 }
 
+/// What the engine is asked to create for a pod's container on `network`:
+/// `command` and `args` with their `$(VAR)` references to the container's env
+/// expanded, as the kubelet does.
+pub fn container_body(spec: &PodContainer, network: String) -> ContainerCreateBody {
+    let env = Environment::of_expanded(&spec.env);
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        hostname: Some(spec.hostname.clone()).filter(|h| !h.is_empty()),
+        // Kubernetes: `command` replaces the entrypoint, `args` the image's command.
+        entrypoint: (!spec.command.is_empty()).then(|| env.expand_all(&spec.command)),
+        cmd: (!spec.args.is_empty() || !spec.command.is_empty()).then(|| env.expand_all(&spec.args)),
+        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        labels: Some(spec.labels.iter().cloned().collect()),
+        host_config: Some(HostConfig {
+            network_mode: Some(network.clone()),
+            binds: (!spec.mounts.is_empty())
+                .then(|| spec.mounts.iter().map(|m| format!("{}:{}:{}", m.host_path, m.container_path, if m.read_only { "ro" } else { "rw" })).collect()),
+            extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
+            ..Default::default()
+        }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(network, EndpointSettings { aliases: Some(spec.aliases.clone()), ..Default::default() })])),
+        }),
+        ..Default::default()
+    }
+}
+
 /// A file or directory of the host seen inside a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BindMount {
@@ -131,9 +160,13 @@ pub struct PodContainer {
     pub log_name: String,
     pub image: String,
     /// Kubernetes `command` (replaces the image's entrypoint) and `args`
-    /// (replace the image's command).
+    /// (replace the image's command), as in the pod spec: their `$(VAR)`
+    /// references to `env` are expanded when the container is created, as
+    /// the kubelet does ([`super::expand`]).
     pub command: Vec<String>,
     pub args: Vec<String>,
+    /// The container's environment, values already expanded (see
+    /// [`super::expand::Environment`]).
     pub env: Vec<(String, String)>,
     pub hostname: String,
     /// DNS names of the container on the network.
@@ -337,26 +370,7 @@ impl ContainerKubelet {
 
     fn create(&self, spec: &PodContainer, container: &str) -> Result<(), String> {
         let network = self.network.clone().ok_or("the network is gone")?;
-        let body = ContainerCreateBody {
-            image: Some(spec.image.clone()),
-            hostname: Some(spec.hostname.clone()).filter(|h| !h.is_empty()),
-            // Kubernetes: `command` replaces the entrypoint, `args` the image's command.
-            entrypoint: (!spec.command.is_empty()).then(|| spec.command.clone()),
-            cmd: (!spec.args.is_empty() || !spec.command.is_empty()).then(|| spec.args.clone()),
-            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            labels: Some(spec.labels.iter().cloned().collect()),
-            host_config: Some(HostConfig {
-                network_mode: Some(network.clone()),
-                binds: (!spec.mounts.is_empty())
-                    .then(|| spec.mounts.iter().map(|m| format!("{}:{}:{}", m.host_path, m.container_path, if m.read_only { "ro" } else { "rw" })).collect()),
-                extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
-                ..Default::default()
-            }),
-            networking_config: Some(NetworkingConfig {
-                endpoints_config: Some(HashMap::from([(network, EndpointSettings { aliases: Some(spec.aliases.clone()), ..Default::default() })])),
-            }),
-            ..Default::default()
-        };
+        let body = container_body(spec, network);
         let options = || Some(CreateContainerOptionsBuilder::new().name(container).build());
         match self.rt.block_on(self.docker.create_container(options(), body.clone())) {
             Ok(_) => Ok(()),
@@ -602,6 +616,8 @@ impl PodOutput for ToConsole {
 
 pub struct ContainerBackend {
     job: String,
+    /// The run directory: the replicas' volumes live under it.
+    run_dir: std::path::PathBuf,
     kubelet: ContainerKubelet,
     images: BTreeMap<ReplicaType, String>,
     /// The planned replica of each pod.
@@ -611,44 +627,48 @@ pub struct ContainerBackend {
 impl ContainerBackend {
     /// Connects to the engine (see [`engine_candidates`]) and creates the
     /// job's network.
-    pub fn new(job: &TFJob, console: Arc<Console>) -> Result<Self, RunError> {
+    pub fn new(job: &TFJob, console: Arc<Console>, run_dir: &std::path::Path) -> Result<Self, RunError> {
         let name = job.name().to_string();
         let labels = [(LABEL_JOB.to_string(), name.clone())];
         let kubelet =
             ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone()))).map_err(|e| RunError::Backend(e.to_string()))?;
         console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
-        Ok(ContainerBackend { job: name, kubelet, images: images_of(job), planned: BTreeMap::new() })
+        Ok(ContainerBackend { job: name, run_dir: run_dir.to_path_buf(), kubelet, images: images_of(job), planned: BTreeMap::new() })
     }
 
     /// The container name of a running pod (for tests and messages).
     pub fn container_of(&self, pod: &str) -> Option<&str> {
         self.kubelet.container_of(pod)
     }
+}
 
-    /// The pod's container for a planned replica.
-    fn pod_container(&self, planned: &PlannedReplica, token: &str) -> Result<PodContainer, String> {
-        let short = short_name(&self.job, &planned.pod_name);
-        let image = self
-            .images
-            .get(&planned.replica_type)
-            .ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?
-            .clone();
-        let mut env: Vec<(String, String)> = planned.env.iter().filter(|(k, _)| k != ENV_TOKEN).cloned().collect();
-        env.push((ENV_TOKEN.to_string(), token.to_string()));
-        Ok(PodContainer {
-            log_name: short.clone(),
-            image,
-            command: planned.command.clone(),
-            args: planned.args.clone(),
-            env,
-            hostname: planned.pod_name.clone(),
-            aliases: vec![format!("{}.{}", planned.pod_name, self.job), planned.pod_name.clone()],
-            labels: vec![(LABEL_JOB.to_string(), self.job.clone()), (LABEL_REPLICA.to_string(), short)],
-            restart_policy: planned.restart_policy.pod_restart_policy().to_string(),
-            mounts: Vec::new(),
-            extra_hosts: Vec::new(),
-        })
-    }
+/// The pod's container of a planned replica of job `job`, run from the image
+/// of its replica type in `images`, its volumes under `run_dir`.
+fn pod_container(job: &str, run_dir: &Path, images: &BTreeMap<ReplicaType, String>, planned: &PlannedReplica, token: &str) -> Result<PodContainer, String> {
+    let short = short_name(job, &planned.pod_name);
+    let image =
+        images.get(&planned.replica_type).ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?.clone();
+    let volumes = super::volumes::local_volumes(run_dir, planned)?;
+    super::volumes::create_dirs(&volumes.mounts).map_err(|e| format!("cannot create its volumes: {e}"))?;
+    let mounts = volumes
+        .mounts
+        .iter()
+        .map(|m| BindMount { host_path: m.host_path.display().to_string(), container_path: m.mount_path.clone(), read_only: m.read_only })
+        .collect();
+    let env = super::replica_environment(planned, token).into_vars();
+    Ok(PodContainer {
+        log_name: short.clone(),
+        image,
+        command: planned.command.clone(),
+        args: planned.args.clone(),
+        env,
+        hostname: planned.pod_name.clone(),
+        aliases: vec![format!("{}.{}", planned.pod_name, job), planned.pod_name.clone()],
+        labels: vec![(LABEL_JOB.to_string(), job.to_string()), (LABEL_REPLICA.to_string(), short)],
+        restart_policy: planned.restart_policy.pod_restart_policy().to_string(),
+        mounts,
+        extra_hosts: Vec::new(),
+    })
 }
 
 impl Backend for ContainerBackend {
@@ -658,7 +678,8 @@ impl Backend for ContainerBackend {
 
     fn start(&mut self, replica: &PlannedReplica, token: &str) -> Result<(), RunError> {
         let short = short_name(&self.job, &replica.pod_name);
-        let spec = self.pod_container(replica, token).map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
+        let spec =
+            pod_container(&self.job, &self.run_dir, &self.images, replica, token).map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
         self.kubelet.run_pod(&replica.pod_name, spec).map_err(|e| RunError::Start { replica: short, reason: e.to_string() })?;
         self.planned.insert(replica.pod_name.clone(), replica.clone());
         Ok(())
@@ -689,6 +710,55 @@ impl Backend for ContainerBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What reaches the engine for a replica whose args and env refer to
+    /// the classic values: expanded as the kubelet expands them.
+    #[test]
+    fn expanded_args_and_env_reach_the_container() {
+        let yaml = r#"
+apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata: {name: j}
+spec:
+  tfReplicaSpecs:
+    PS:
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: tensorflow, image: "rt:1"}]
+    Worker:
+      replicas: 2
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: "rt:1"
+              command: ["$(TFJOB_JOB_NAME)-runtime"]
+              args: ["--ps_hosts=$(TFJOB_PS_HOSTS)", "--worker_hosts=$(TFJOB_WORKER_HOSTS)", "--job_name=$(TFJOB_JOB_NAME)", "--task_index=$(TFJOB_TASK_INDEX)", "$(HOSTS_FLAG)", "$$(TFJOB_TASK_INDEX)", "$(NOT_SET)"]
+              env: [{name: HOSTS_FLAG, value: "--ps=$(TFJOB_PS_HOSTS)"}]
+"#;
+        let job = api::load_manifest(yaml).unwrap().remove(0).unwrap();
+        let book = |t: ReplicaType, i: i32, port: i32| format!("{}.j:{port}", plan::pod_name("j", t, i));
+        let planned = plan::plan_replicas("j", &job.spec, &book).into_iter().find(|r| r.pod_name == "j-worker-1").unwrap();
+        let spec = pod_container("j", &std::env::temp_dir(), &images_of(&job), &planned, "secret").unwrap();
+        let body = container_body(&spec, "net".into());
+        assert_eq!(body.entrypoint, Some(vec!["worker-runtime".to_string()]));
+        assert_eq!(
+            body.cmd.unwrap(),
+            [
+                "--ps_hosts=j-ps-0.j:2222",
+                "--worker_hosts=j-worker-0.j:2222,j-worker-1.j:2222",
+                "--job_name=worker",
+                "--task_index=1",
+                "--ps=j-ps-0.j:2222",
+                "$(TFJOB_TASK_INDEX)",
+                "$(NOT_SET)",
+            ]
+        );
+        let env = body.env.unwrap();
+        assert!(env.contains(&"HOSTS_FLAG=--ps=j-ps-0.j:2222".to_string()), "{env:?}");
+        assert_eq!(env.last().map(String::as_str), Some("TFJOB_TOKEN=secret"));
+    }
 
     #[test]
     fn images_come_from_the_tensorflow_container() {

@@ -13,8 +13,11 @@
 pub mod console;
 pub mod container;
 pub mod control;
+pub mod expand;
 pub mod logs;
 pub mod process;
+pub mod training;
+pub mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{self, ManifestError, ReplicaType, TFJob, TFJobStatus};
-use crate::plan::{self, AddressBook, PlannedReplica};
+use crate::plan::{self, AddressBook, ENV_TOKEN, PlannedReplica};
 use crate::status::{self, Action, EventKind, Observation, ObservedReplica};
 
 use console::Console;
@@ -93,6 +96,16 @@ pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit
         terminating: false,
         unschedulable: None,
     }
+}
+
+/// The environment of a planned replica's container as the kubelet builds it: the replica's
+/// env with each value's `$(VAR)` references expanded ([`expand`]), then `TFJOB_TOKEN` (on a
+/// cluster it comes from the job's Secret, and such values are not expanded). A backend
+/// expands `command` and `args` against it.
+pub fn replica_environment(planned: &PlannedReplica, token: &str) -> expand::Environment {
+    let mut env = expand::Environment::of_values(planned.env.iter().filter(|(name, _)| name != ENV_TOKEN));
+    env.define(ENV_TOKEN, token.to_string());
+    env
 }
 
 /// Phase of a pod whose container ended for good.
@@ -185,8 +198,8 @@ pub fn run_file(path: &Path, kind: BackendKind, opts: &RunOptions) -> Result<Run
     std::fs::create_dir_all(&run_dir).map_err(|source| RunError::RunDir { path: run_dir.display().to_string(), source })?;
     let console = Arc::new(Console::new(&name, &run_dir, opts.quiet, opts.follow.clone()));
     let mut backend: Box<dyn Backend> = match kind {
-        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone())),
-        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone())?),
+        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone(), &run_dir)),
+        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone(), &run_dir)?),
     };
     let result = run_job(job, backend.as_mut(), console, &run_dir, opts);
     backend.shutdown();
@@ -382,7 +395,30 @@ fn start_replica(
 ) -> Result<(), RunError> {
     let replica = planner.replica(rtype, index).ok_or_else(|| RunError::Backend(format!("no replica {}-{index} in the plan", rtype.lower())))?;
     console.info(&format!("starting {}", short_name(planner.job_name(), &replica.pod_name)));
+    if let Some(dir) = log_dir_of(&replica.args) {
+        // Where the events are on this machine: a path in a volume is its directory's.
+        let mounts = volumes::local_volumes(console.run_dir(), &replica).map(|v| v.mounts).unwrap_or_default();
+        console.add_log_dir(volumes::map_path(&dir, &mounts));
+    }
     backend.start(&replica, token)
+}
+
+/// The `--log_dir` (or `--log-dir`) of a replica's args, if any.
+pub fn log_dir_of(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        for flag in ["--log_dir", "--log-dir"] {
+            if let Some(v) = a.strip_prefix(flag) {
+                if let Some(v) = v.strip_prefix('=') {
+                    return Some(v.to_string()).filter(|v| !v.is_empty());
+                }
+                if v.is_empty() {
+                    return it.next().cloned();
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `(succeeded, reason, message)` once the job has finished.
@@ -425,6 +461,15 @@ mod tests {
         }
         assert_eq!(final_phase(0), status::Phase::Succeeded);
         assert_eq!(final_phase(2), status::Phase::Failed);
+    }
+
+    #[test]
+    fn log_dirs_of_args() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(log_dir_of(&args(&["--sync_replicas", "--log_dir=/mnt/tb"])), Some("/mnt/tb".into()));
+        assert_eq!(log_dir_of(&args(&["--log-dir", "s3://b/tb"])), Some("s3://b/tb".into()));
+        assert_eq!(log_dir_of(&args(&["--log_dir="])), None);
+        assert_eq!(log_dir_of(&args(&["--log_directory=x", "--checkpoint_dir=/c"])), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use crate::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
 use crate::status::{ObservedReplica, Phase};
 
 use super::console::Console;
+use super::volumes::{self, LocalMount};
 use super::{Backend, RunError, short_name};
 
 /// The runtime's name in manifests; resolved to the binary next to `tfjob`.
@@ -41,6 +42,13 @@ pub struct ProcessBackend {
     replicas: BTreeMap<String, Replica>,
     /// Where `tfjob-runtime` is (next to the running `tfjob`, else PATH).
     runtime: PathBuf,
+    /// The run directory: the replicas' volumes live under it.
+    run_dir: PathBuf,
+    /// The metrics port of each replica that serves metrics (by pod name).
+    metrics_ports: Mutex<BTreeMap<String, u16>>,
+    /// Every port handed out (task and metrics ports): none is handed out twice, though a
+    /// port is free again between its pick and its replica's start.
+    taken: Mutex<std::collections::BTreeSet<u16>>,
 }
 
 /// `tfjob-runtime` next to the current executable when it is there, else the
@@ -57,35 +65,88 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
+/// Every replica serves on 127.0.0.1 here, so the `--metrics_port` of the
+/// manifest (one port for every pod, each with its own address in a
+/// cluster) would collide: a replica's is replaced by a port of its own
+/// (`port()`), which is returned.
+fn own_metrics_port(argv: &mut [String], port: impl FnOnce() -> u16) -> Option<u16> {
+    let flags = ["--metrics_port", "--metrics-port"];
+    let at = argv.iter().position(|a| flags.iter().any(|f| a == f || a.strip_prefix(f).is_some_and(|v| v.starts_with('='))))?;
+    let port = port();
+    if argv[at].contains('=') {
+        let flag = argv[at].split('=').next().unwrap_or_default().to_string();
+        argv[at] = format!("{flag}={port}");
+    } else if let Some(value) = argv.get_mut(at + 1) {
+        *value = port.to_string();
+    }
+    Some(port)
+}
+
 /// Exit code as a kubelet reports it: the code, or 128 + the signal.
 fn exit_code_of(status: std::process::ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(255)
 }
 
 impl ProcessBackend {
-    pub fn new(job: &str, console: Arc<Console>) -> Self {
-        ProcessBackend { job: job.to_string(), console, ports: Mutex::new(BTreeMap::new()), replicas: BTreeMap::new(), runtime: runtime_binary() }
+    pub fn new(job: &str, console: Arc<Console>, run_dir: &Path) -> Self {
+        ProcessBackend {
+            job: job.to_string(),
+            console,
+            ports: Mutex::new(BTreeMap::new()),
+            replicas: BTreeMap::new(),
+            runtime: runtime_binary(),
+            run_dir: run_dir.to_path_buf(),
+            metrics_ports: Mutex::new(BTreeMap::new()),
+            taken: Mutex::new(std::collections::BTreeSet::new()),
+        }
     }
 
-    fn spawn(&self, planned: &PlannedReplica, token: &str) -> Result<Child, RunError> {
+    /// The replica's volumes as directories (created here), and what is
+    /// not mapped said once, at its first start.
+    fn mounts(&self, planned: &PlannedReplica, first_start: bool) -> Result<Vec<LocalMount>, RunError> {
+        let replica = short_name(&self.job, &planned.pod_name);
+        let local = volumes::local_volumes(&self.run_dir, planned).map_err(|reason| RunError::Start { replica: replica.clone(), reason })?;
+        volumes::create_dirs(&local.mounts).map_err(|e| RunError::Start { replica: replica.clone(), reason: format!("cannot create its volumes: {e}") })?;
+        if first_start {
+            for note in &local.notes {
+                self.console.info(&format!("{replica}: {note}"));
+            }
+        }
+        Ok(local.mounts)
+    }
+
+    fn spawn(&self, planned: &PlannedReplica, token: &str, first_start: bool) -> Result<Child, RunError> {
         let short = short_name(&self.job, &planned.pod_name);
-        let mut argv: Vec<String> = planned.command.clone();
-        if argv.is_empty() {
+        let mounts = self.mounts(planned, first_start)?;
+        if planned.command.is_empty() {
             return Err(RunError::Start {
                 replica: short,
                 reason: "the `tensorflow` container has no `command`; locally the image's entrypoint is unknown, so give the command in the manifest (e.g. [\"tfjob-runtime\"])".into(),
             });
         }
-        argv.extend(planned.args.iter().cloned());
+        // As the kubelet: env values, then command and args, with their `$(VAR)` expanded.
+        let env = super::replica_environment(planned, token);
+        let argv = env.expand_all(&[planned.command.as_slice(), planned.args.as_slice()].concat());
+        // A process cannot mount: paths under a mountPath go to the volume's directory.
+        let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();
         let program = if argv[0] == RUNTIME_COMMAND { self.runtime.clone() } else { PathBuf::from(&argv[0]) };
+        if argv[0] == RUNTIME_COMMAND {
+            let mut ports = self.metrics_ports.lock().unwrap_or_else(|p| p.into_inner());
+            let known = ports.get(&planned.pod_name).copied();
+            if let Some(port) = own_metrics_port(&mut argv, || known.unwrap_or_else(|| self.new_port())) {
+                ports.insert(planned.pod_name.clone(), port);
+                if first_start {
+                    self.console.info(&format!("{short}: metrics on http://127.0.0.1:{port}/metrics"));
+                }
+            }
+        }
         let mut cmd = Command::new(&program);
         cmd.args(&argv[1..])
             .env_remove(ENV_TF_CONFIG)
             .env_remove(ENV_TOKEN)
             // Locally, replicas listen on loopback only (tfjob-runtime's --bind).
             .env("TFJOB_BIND", "127.0.0.1")
-            .envs(planned.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env(ENV_TOKEN, token)
+            .envs(env.vars().iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG || k == ENV_TOKEN { v.clone() } else { volumes::map_path(v, &mounts) })))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -123,6 +184,14 @@ impl ProcessBackend {
         Ok(child)
     }
 
+    /// A free port of 127.0.0.1 not handed out before by this run.
+    fn new_port(&self) -> u16 {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let port = (0..100).map(|_| free_port()).find(|p| !taken.contains(p)).unwrap_or(0);
+        taken.insert(port);
+        port
+    }
+
     /// SIGTERM to a replica's process group; SIGKILL after `grace`.
     fn stop_children(children: Vec<Child>, grace: Duration) {
         let mut children = children;
@@ -154,12 +223,12 @@ impl ProcessBackend {
 impl Backend for ProcessBackend {
     fn address(&self, rtype: ReplicaType, index: i32, _port: i32) -> String {
         let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
-        let port = *ports.entry((rtype, index)).or_insert_with(free_port);
+        let port = *ports.entry((rtype, index)).or_insert_with(|| self.new_port());
         format!("127.0.0.1:{port}")
     }
 
     fn start(&mut self, replica: &PlannedReplica, token: &str) -> Result<(), RunError> {
-        let child = self.spawn(replica, token)?;
+        let child = self.spawn(replica, token, true)?;
         self.replicas.insert(
             replica.pod_name.clone(),
             Replica {
@@ -221,7 +290,7 @@ impl Backend for ProcessBackend {
                 let r = &self.replicas[&name];
                 (r.planned.clone(), r.token.clone())
             };
-            match self.spawn(&planned, &token) {
+            match self.spawn(&planned, &token, false) {
                 Ok(child) => {
                     let r = self.replicas.get_mut(&name).expect("present");
                     r.child = Some(child);
@@ -247,5 +316,25 @@ impl Backend for ProcessBackend {
 impl Drop for ProcessBackend {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_replica_gets_a_metrics_port_of_its_own() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases = [
+            (args(&["tfjob-runtime", "--metrics_port=9090", "--x"]), Some(4000), args(&["tfjob-runtime", "--metrics_port=4000", "--x"])),
+            (args(&["tfjob-runtime", "--metrics-port", "9090"]), Some(4000), args(&["tfjob-runtime", "--metrics-port", "4000"])),
+            (args(&["tfjob-runtime", "--metrics_portx=1"]), None, args(&["tfjob-runtime", "--metrics_portx=1"])),
+            (args(&["tfjob-runtime"]), None, args(&["tfjob-runtime"])),
+        ];
+        for (mut argv, want, after) in cases {
+            assert_eq!(own_metrics_port(&mut argv, || 4000), want);
+            assert_eq!(argv, after);
+        }
     }
 }

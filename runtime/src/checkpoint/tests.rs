@@ -1,4 +1,48 @@
 use super::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+// The tests damage files on disk: they name checkpoints by local paths. These
+// wrap the functions under test (taking a storage location) for paths.
+fn at(path: &Path) -> Location {
+    Location::local(path).unwrap()
+}
+
+fn local(location: &Location) -> PathBuf {
+    location.local_path().expect("a local location").to_path_buf()
+}
+
+fn checkpoint_path(dir: &Path, step: i64) -> PathBuf {
+    local(&super::checkpoint_path(&at(dir), step))
+}
+
+fn write_shard(dir: &Path, step: i64, ps: usize, num_ps: usize, data: &ShardData) -> Result<ShardInfo, CheckpointError> {
+    super::write_shard(&at(dir), step, ps, num_ps, data)
+}
+
+fn write_index(dir: &Path, step: i64, num_ps: usize, shards: &[ShardInfo]) -> Result<PathBuf, CheckpointError> {
+    super::write_index(&at(dir), step, num_ps, shards).map(|l| local(&l))
+}
+
+fn list(dir: &Path) -> Result<Vec<CheckpointListing>, CheckpointError> {
+    super::list(&at(dir))
+}
+
+fn latest_complete(dir: &Path, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
+    super::latest_complete(&at(dir), num_ps)
+}
+
+fn prune(dir: &Path, keep_last: usize) -> Result<Vec<PathBuf>, CheckpointError> {
+    super::prune(&at(dir), keep_last).map(|deleted| deleted.iter().map(local).collect())
+}
+
+fn inspect(dir: &Path) -> Result<String, CheckpointError> {
+    super::inspect(&at(dir))
+}
+
+fn verify(ckpt: &Path, step: i64) -> CheckpointStatus {
+    super::verify(&at(ckpt), step)
+}
 
 /// What ps `ps` of 2 holds at `step`: a matrix and a bias with Adam slots, and a scalar.
 fn shard(ps: usize, step: i64) -> ShardData {
@@ -20,6 +64,7 @@ fn shard(ps: usize, step: i64) -> ShardData {
         dispatcher: (ps == 0).then(|| {
             format!(r#"{{"plan":{{"examples":100,"shard_size":10,"seed":1,"num_epochs":3}},"next":[1,{}],"not_done":[],"shards_redone":2}}"#, step % 10)
         }),
+        ..Default::default()
     }
 }
 
@@ -56,7 +101,7 @@ fn round_trip() {
     assert_eq!(infos[1].updates, vec!["layer1/w".to_string(), "layer1/b".to_string()]);
 
     let ckpt = latest_complete(&dir, 2).unwrap().expect("a complete checkpoint");
-    assert_eq!(ckpt.path, dir.join("ckpt-0000001200"));
+    assert_eq!(local(&ckpt.path), dir.join("ckpt-0000001200"));
     assert_eq!(ckpt.global_step, 1200);
     assert_eq!(ckpt.num_ps, 2);
     assert_eq!(ckpt.shards, infos);
@@ -71,7 +116,7 @@ fn round_trip() {
     assert!(matches!(read_shard(&ckpt, 2), Err(CheckpointError::InvalidArgument { .. })));
 
     // The directory holds exactly the shards and the index: no temporary files left.
-    let mut names: Vec<String> = fs::read_dir(&ckpt.path).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(local(&ckpt.path)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["index.json", "shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"]);
 }
@@ -165,7 +210,7 @@ fn a_flipped_byte_in_tensor_data_is_caught_by_the_checksum() {
     }
     assert_eq!(latest_complete(dir, 2).unwrap().unwrap().global_step, 100);
     // Reading the damaged checkpoint directly also refuses, naming the file.
-    let ckpt = Checkpoint { path: checkpoint_path(dir, 200), global_step: 200, num_ps: 2, created_unix_secs: 0, shards: infos };
+    let ckpt = Checkpoint { path: at(&checkpoint_path(dir, 200)), global_step: 200, num_ps: 2, created_unix_secs: 0, shards: infos };
     let err = read_shard(&ckpt, 0).unwrap_err();
     assert!(matches!(err, CheckpointError::Damaged { .. }), "{err}");
     assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");
@@ -431,7 +476,7 @@ fn ps_tasks_write_their_shards_into_one_checkpoint_concurrently() {
         variables: vec![(format!("v{ps}"), vec![256, 64], (0..256 * 64).map(|i| (i * (ps + 1)) as f32).collect())],
         slots: vec![(format!("v{ps}:slot0"), vec![256, 64], vec![ps as f32; 256 * 64])],
         updates: vec![(format!("v{ps}"), ps as u64)],
-        dispatcher: None,
+        ..Default::default()
     };
     for round in 0..3i64 {
         let step = 10 + round;

@@ -17,6 +17,7 @@ use flate2::read::MultiGzDecoder;
 use ndarray::Array2;
 
 use super::{DataError, Dataset, Targets};
+use crate::storage;
 
 /// Classes of MNIST labels.
 pub const MNIST_CLASSES: u32 = 10;
@@ -36,8 +37,15 @@ pub struct Mnist {
 }
 
 /// The contents of `path`, gunzipped when it starts with the gzip magic.
+/// `path` may be an object-store URL (`--data_dir s3://bucket/mnist`).
 pub(super) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    let raw = fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?;
+    let raw = match path.to_str().filter(|p| storage::is_url(p)) {
+        Some(url) => storage::read(url).map(Vec::from).map_err(|e| {
+            let kind = if e.is_not_found() { std::io::ErrorKind::NotFound } else { std::io::ErrorKind::Other };
+            DataError::Io { path: path.to_path_buf(), source: std::io::Error::new(kind, e.to_string()) }
+        })?,
+        None => fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?,
+    };
     if !raw.starts_with(&GZIP_MAGIC) {
         return Ok(raw);
     }
@@ -135,14 +143,18 @@ pub fn read_idx_pair(images: impl AsRef<Path>, labels: impl AsRef<Path>, num_cla
     Ok((Dataset::new(x, Targets::Labels(y))?, shape))
 }
 
-/// `dir/name` if it exists, else `dir/name.gz`.
+/// `dir/name` if it exists, else `dir/name.gz`. `dir` may be an object-store URL.
 pub(super) fn find(dir: &Path, name: &'static str) -> Result<PathBuf, DataError> {
+    let exists = |p: &Path| match p.to_str().filter(|p| storage::is_url(p)) {
+        Some(url) => storage::Location::parse(url).and_then(|l| l.size()).is_ok_and(|size| size.is_some()),
+        None => p.is_file(),
+    };
     let plain = dir.join(name);
-    if plain.is_file() {
+    if exists(&plain) {
         return Ok(plain);
     }
     let gz = dir.join(format!("{name}.gz"));
-    if gz.is_file() {
+    if exists(&gz) {
         return Ok(gz);
     }
     Err(DataError::Missing { dir: dir.to_path_buf(), name })

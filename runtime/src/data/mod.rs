@@ -19,9 +19,16 @@ use rand::seq::SliceRandom;
 use crate::dispatch::{ShardId, ShardPlan};
 
 mod csv;
+mod generate;
 mod idx;
 mod source;
+mod sparse;
+mod stream;
 mod synthetic;
+
+pub use generate::{GENERATED_EVAL_BASE, Generator, auc};
+pub use sparse::{CRITEO_CATEGORICALS, CRITEO_INTEGERS, Feature, SparseExample, SparseFeatures, SparseFormat, feature_key, sparse_batch};
+pub use stream::{FileSet, GeneratedTrainingSet, StreamedTrainingSet, expand_files, read_head};
 
 pub use csv::{CsvData, CsvOptions, DEFAULT_LABEL_COLUMN, LabelKind, read_csv};
 pub use idx::{
@@ -46,6 +53,8 @@ pub enum Targets {
 pub struct Batch {
     pub x: Array2<f32>,
     pub targets: Targets,
+    /// Sparse features (libsvm, criteo), beside the dense inputs in `x`.
+    pub sparse: Option<SparseFeatures>,
 }
 
 impl Batch {
@@ -124,6 +133,19 @@ pub enum DataError {
     NoExamples { path: PathBuf },
     #[error("{}: images without labels (give the labels file)", path.display())]
     NoLabels { path: PathBuf },
+    #[error("{}: line {line}: {reason} (--skip_bad_lines goes on without it)", path.display())]
+    BadLine { path: PathBuf, line: u64, reason: String },
+    #[error("{pattern:?}: no file matches")]
+    NoMatch { pattern: String },
+    #[error("{}: cannot write the decompressed copy: {source}", path.display())]
+    Spill {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A flag that does not apply to this input.
+    #[error("--{flag}: {reason}")]
+    UnusedFlag { flag: &'static str, reason: String },
 }
 
 /// Inputs (one row per example) with their targets.
@@ -182,7 +204,7 @@ impl Dataset {
     /// # Panics
     /// If an index is out of range.
     pub fn select(&self, indices: &[usize]) -> Batch {
-        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices) }
+        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices), sparse: None }
     }
 
     /// The first `n` examples (all of them if there are fewer), e.g. for
@@ -193,12 +215,12 @@ impl Dataset {
             Targets::Values(v) => Targets::Values(v.slice(ndarray::s![..n, ..]).to_owned()),
             Targets::Labels(l) => Targets::Labels(l[..n].to_vec()),
         };
-        Batch { x: self.x.slice(ndarray::s![..n, ..]).to_owned(), targets }
+        Batch { x: self.x.slice(ndarray::s![..n, ..]).to_owned(), targets, sparse: None }
     }
 
     /// The whole set as one batch.
     pub fn to_batch(&self) -> Batch {
-        Batch { x: self.x.clone(), targets: self.targets.clone() }
+        Batch { x: self.x.clone(), targets: self.targets.clone(), sparse: None }
     }
 }
 

@@ -165,13 +165,17 @@ pub struct InputData {
 }
 
 /// Reads `--input` (and, for IDX, the `labels` file): CSV or IDX images,
-/// per `opts.format` or the content. With `labels_required`, a file without
-/// labels is an error.
+/// per `opts.format` or the content. With `labels_required` (`evaluate`), a
+/// file without labels is an error; without it (`predict`), a labels file is.
+/// A flag the input's format does not use is an error: `--labels` with CSV
+/// (the labels are a column), `--label_column` and `--feature_columns` with
+/// IDX.
 pub fn read_input(path: &Path, labels_file: Option<&Path>, opts: &DataOptions, kind: LabelKind, labels_required: bool) -> Result<InputData, DataError> {
     let format = match opts.format {
         Some(f) => f,
         None => DataFormat::detect(path)?,
     };
+    check_input_flags(path, format, labels_file.is_some(), opts, labels_required)?;
     match format {
         DataFormat::Csv => {
             let data = read_csv(path, &opts.csv(kind, labels_required))?;
@@ -201,9 +205,53 @@ pub fn read_input(path: &Path, labels_file: Option<&Path>, opts: &DataOptions, k
     }
 }
 
+/// The flags [`read_input`] rejects for `format` (see there).
+fn check_input_flags(path: &Path, format: DataFormat, labels_file: bool, opts: &DataOptions, labels_required: bool) -> Result<(), DataError> {
+    let unused = |flag: &'static str, reason: String| Err(DataError::UnusedFlag { flag, reason });
+    if labels_file && !labels_required {
+        return unused("labels", "goes with evaluate: predict reads no labels".into());
+    }
+    match format {
+        DataFormat::Csv if labels_file => unused("labels", format!("goes with IDX images; {} is CSV, whose labels are its --label_column", path.display())),
+        DataFormat::Idx if opts.label_column.is_some() => {
+            unused("label_column", format!("goes with CSV; {} is IDX (labels come from --labels)", path.display()))
+        }
+        DataFormat::Idx if opts.feature_columns.is_some() => unused("feature_columns", format!("goes with CSV; {} is IDX images", path.display())),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn input_flags_the_format_does_not_use_are_errors() {
+        let p = Path::new("in");
+        let col = DataOptions { label_column: Some("y".into()), ..Default::default() };
+        let feats = DataOptions { feature_columns: Some(vec!["a".into()]), ..Default::default() };
+        let none = DataOptions::default();
+        // (format, labels file, options, evaluate, Ok or the flag named)
+        let cases: Vec<(DataFormat, bool, &DataOptions, bool, Option<&str>)> = vec![
+            (DataFormat::Idx, true, &none, true, None),
+            (DataFormat::Idx, false, &none, false, None),
+            (DataFormat::Csv, false, &col, true, None),
+            (DataFormat::Csv, false, &feats, false, None),
+            (DataFormat::Csv, true, &none, true, Some("labels")),
+            (DataFormat::Idx, true, &none, false, Some("labels")),
+            (DataFormat::Csv, true, &none, false, Some("labels")),
+            (DataFormat::Idx, true, &col, true, Some("label_column")),
+            (DataFormat::Idx, false, &feats, false, Some("feature_columns")),
+        ];
+        for (format, labels, opts, evaluate, want) in cases {
+            let got = check_input_flags(p, format, labels, opts, evaluate);
+            match (got, want) {
+                (Ok(()), None) => {}
+                (Err(DataError::UnusedFlag { flag, .. }), Some(w)) => assert_eq!(flag, w, "{format} {labels} {opts:?} {evaluate}"),
+                (got, want) => panic!("{format} {labels} {opts:?} {evaluate}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
 
     fn idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
         let mut out = vec![0, 0, 0x08, dims.len() as u8];

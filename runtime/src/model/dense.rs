@@ -13,7 +13,9 @@ use crate::data::Batch;
 /// Softmax (multinomial logistic) regression: `logits = x·weights + biases`,
 /// loss = mean over the batch of the softmax cross-entropy.
 ///
-/// Variables: `weights` `[n_in, n_classes]` and `biases` `[n_classes]`, both
+/// Variables (named as Keras names the one Dense layer of the same model,
+/// [`super::preset_spec`]): `dense/kernel` (the tutorial's `weights`)
+/// `[n_in, n_classes]` and `dense/bias` (`biases`) `[n_classes]`, both
 /// zeros, as in TensorFlow's MNIST beginner tutorial. Targets must be
 /// [`Targets::Labels`](crate::data::Targets::Labels) in `0..n_classes`.
 #[derive(Debug, Clone)]
@@ -29,8 +31,8 @@ impl SoftmaxRegression {
     pub fn new(input_dim: usize, num_classes: usize) -> Self {
         assert!(input_dim > 0 && num_classes > 0, "softmax: sizes must be at least 1");
         let specs = vec![
-            VariableSpec { name: "weights".into(), shape: vec![input_dim, num_classes], init: Init::Zeros },
-            VariableSpec { name: "biases".into(), shape: vec![num_classes], init: Init::Zeros },
+            VariableSpec::new(super::dense_variable(0, "kernel"), vec![input_dim, num_classes], Init::Zeros),
+            VariableSpec::new(super::dense_variable(0, "bias"), vec![num_classes], Init::Zeros),
         ];
         SoftmaxRegression { input_dim, num_classes, specs }
     }
@@ -53,12 +55,16 @@ impl SoftmaxRegression {
 /// A multi-layer perceptron: hidden dense layers with one activation, then a
 /// dense output layer with softmax cross-entropy (mean over the batch).
 ///
-/// Variable names follow the classic distributed MNIST example
-/// (`mnist_replica.py`), in this order:
-/// - one hidden layer: `hid_w` `[n_in, h]`, `hid_b` `[h]`, `sm_w` `[h, n_classes]`, `sm_b` `[n_classes]`
-///   (784-100-10: `hid_w` `[784, 100]`, `hid_b` `[100]`, `sm_w` `[100, 10]`, `sm_b` `[10]`);
-/// - several hidden layers: `hid0_w`, `hid0_b`, `hid1_w`, `hid1_b`, ... (layer `i`
-///   counted from 0 at the input), then `sm_w`, `sm_b`.
+/// Variables are named as Keras names the Dense layers of the same model
+/// ([`super::preset_spec`]: `dense`, `dense_1`, ... from the input), so that
+/// `export`, `predict` and `evaluate` treat a trained mlp as that Keras model,
+/// in this order:
+/// - one hidden layer: `dense/kernel` `[n_in, h]`, `dense/bias` `[h]`, then the
+///   output layer `dense_1/kernel` `[h, n_classes]`, `dense_1/bias` `[n_classes]`
+///   (784-100-10: the classic example's `hid_w` `[784, 100]`, `hid_b` `[100]`,
+///   `sm_w` `[100, 10]`, `sm_b` `[10]`);
+/// - several hidden layers: `dense/...`, `dense_1/...`, `dense_2/...`, then the
+///   output layer's.
 ///
 /// Weights are initialised per [`WeightInit`]; biases start at zero.
 #[derive(Debug, Clone)]
@@ -85,13 +91,13 @@ impl Mlp {
         let mut specs = Vec::with_capacity(2 * hidden_units.len() + 2);
         let mut fan_in = input_dim;
         for (i, &h) in hidden_units.iter().enumerate() {
-            let prefix = if hidden_units.len() == 1 { "hid".to_string() } else { format!("hid{i}") };
-            specs.push(VariableSpec { name: format!("{prefix}_w"), shape: vec![fan_in, h], init: weight(fan_in) });
-            specs.push(VariableSpec { name: format!("{prefix}_b"), shape: vec![h], init: Init::Zeros });
+            specs.push(VariableSpec::new(super::dense_variable(i, "kernel"), vec![fan_in, h], weight(fan_in)));
+            specs.push(VariableSpec::new(super::dense_variable(i, "bias"), vec![h], Init::Zeros));
             fan_in = h;
         }
-        specs.push(VariableSpec { name: "sm_w".into(), shape: vec![fan_in, num_classes], init: weight(fan_in) });
-        specs.push(VariableSpec { name: "sm_b".into(), shape: vec![num_classes], init: Init::Zeros });
+        let out = hidden_units.len();
+        specs.push(VariableSpec::new(super::dense_variable(out, "kernel"), vec![fan_in, num_classes], weight(fan_in)));
+        specs.push(VariableSpec::new(super::dense_variable(out, "bias"), vec![num_classes], Init::Zeros));
         Mlp { input_dim, hidden_units: hidden_units.to_vec(), num_classes, activation, weight_init, specs }
     }
 

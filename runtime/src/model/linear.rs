@@ -8,7 +8,9 @@ use crate::data::Batch;
 /// `pred = x·W + b`, loss = mean over the batch of `(y - pred)^2` (TF's
 /// `reduce_mean(square(Y - pred))`, not halved).
 ///
-/// Variables: `W` `[n_features, 1]` and `b` `[1]`, both drawn from Normal(0, 1)
+/// Variables (named as Keras names the one Dense layer of the same model,
+/// [`super::preset_spec`]): `dense/kernel` (the classic example's `W`)
+/// `[n_features, 1]` and `dense/bias` (`b`) `[1]`, both drawn from Normal(0, 1)
 /// like the classic example's `tf.Variable(rng.randn())`. Targets must be
 /// [`Targets::Values`](crate::data::Targets::Values) with one column.
 #[derive(Debug, Clone)]
@@ -23,8 +25,8 @@ impl LinearRegression {
     pub fn new(n_features: usize) -> Self {
         assert!(n_features > 0, "linear: n_features must be at least 1");
         let specs = vec![
-            VariableSpec { name: "W".into(), shape: vec![n_features, 1], init: Init::Normal { stddev: 1.0 } },
-            VariableSpec { name: "b".into(), shape: vec![1], init: Init::Normal { stddev: 1.0 } },
+            VariableSpec::new(super::dense_variable(0, "kernel"), vec![n_features, 1], Init::Normal { stddev: 1.0 }),
+            VariableSpec::new(super::dense_variable(0, "bias"), vec![1], Init::Normal { stddev: 1.0 }),
         ];
         LinearRegression { n_features, specs }
     }

@@ -5,15 +5,22 @@
 //! metrics. Parameters and gradients are passed in the order of
 //! [`Model::variables`].
 //!
-//! Three models, built from a [`ModelConfig`] by [`build_model`]:
+//! Three built-in models, built from a [`ModelConfig`] by [`build_model`]:
 //!
 //! | name      | type                  | variables (in order)                              |
 //! |-----------|-----------------------|---------------------------------------------------|
-//! | `linear`  | [`LinearRegression`]  | `W` `[n_features, 1]`, `b` `[1]`                      |
-//! | `softmax` | [`SoftmaxRegression`] | `weights` `[n_in, n_classes]`, `biases` `[n_classes]` |
-//! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `hid_w`, `hid_b`, `sm_w`, `sm_b` for one hidden layer |
+//! | `linear`  | [`LinearRegression`]  | `dense/kernel` `[n_features, 1]`, `dense/bias` `[1]` |
+//! | `softmax` | [`SoftmaxRegression`] | `dense/kernel` `[n_in, n_classes]`, `dense/bias` `[n_classes]` |
+//! | `mlp`     | [`Mlp`]               | see [`Mlp`]: `dense/kernel`, `dense/bias`, `dense_1/kernel`, `dense_1/bias` for one hidden layer |
 //!
 //! Models defined by Keras's `model.to_json()` are built by [`keras::KerasModel`].
+//!
+//! The built-in models are presets: each is a stack of Keras Dense layers
+//! ([`preset_spec`]) whose variables have the same names, shapes and
+//! initialisers, so a checkpoint of one is exported, and used by `predict`
+//! and `evaluate`, as that Keras model ([`preset`]). They train with their
+//! own fused forward and backward passes (the benchmarked hot path); the
+//! tests check that both compute the same loss and gradients.
 //!
 //! The arithmetic is written once, generically over the float type (see
 //! [`Real`]), so the tests can run the very same code in `f64` for finite
@@ -28,16 +35,19 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
 use crate::data::{Batch, Targets};
+use crate::embedding::{PartitionStrategy, RowInit};
 
 mod dense;
 pub mod keras;
 mod linear;
+mod sparse;
 
 pub use dense::{Mlp, SoftmaxRegression};
 pub use linear::LinearRegression;
+pub use sparse::{SparseModel, SparseModelConfig};
 
 /// How a variable's initial value is drawn.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Init {
     Zeros,
     Constant(f32),
@@ -62,11 +72,47 @@ pub struct VariableSpec {
     pub name: String,
     pub shape: Vec<usize>,
     pub init: Init,
+    /// Set for an embedding (`shape` `[rows, dim]`): its rows are
+    /// partitioned over every ps task and each row starts from its own
+    /// value ([`crate::embedding::RowInit`]).
+    pub embedding: Option<EmbeddingDecl>,
+}
+
+/// How an embedding variable is stored and moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddingDecl {
+    pub partition: PartitionStrategy,
+    /// Pulled and pushed by row (the batch's rows only; the ps keeps the
+    /// rows updated so far). False: pulled and pushed whole like a dense
+    /// variable (the baseline sparse training is compared against); its
+    /// rows still start from the same values.
+    pub sparse: bool,
 }
 
 impl VariableSpec {
+    /// A dense variable.
+    pub fn new(name: impl Into<String>, shape: Vec<usize>, init: Init) -> Self {
+        VariableSpec { name: name.into(), shape, init, embedding: None }
+    }
+
+    /// An embedding of `rows × dim`.
+    pub fn embedding(name: impl Into<String>, rows: usize, dim: usize, init: Init, decl: EmbeddingDecl) -> Self {
+        VariableSpec { name: name.into(), shape: vec![rows, dim], init, embedding: Some(decl) }
+    }
+
     pub fn num_elements(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// An embedding pulled and pushed by row.
+    pub fn is_sparse(&self) -> bool {
+        self.embedding.is_some_and(|e| e.sparse)
+    }
+
+    /// The shape a worker holds it in: a sparse embedding's rows of the
+    /// moment (`[n, dim]`, none at first); any other variable whole.
+    pub fn held_shape(&self, rows: usize) -> Vec<usize> {
+        if self.is_sparse() { vec![rows, self.shape[1]] } else { self.shape.clone() }
     }
 }
 
@@ -77,6 +123,8 @@ pub struct Metrics {
     /// Fraction of correct predictions, for classifiers.
     pub accuracy: Option<f32>,
     pub examples: usize,
+    /// Area under the ROC curve, for binary classifiers (the sparse models).
+    pub auc: Option<f32>,
 }
 
 /// Loss and gradients of one batch.
@@ -106,6 +154,15 @@ pub trait Model: Send + Sync {
     /// parameters (`W` and `b` for the linear model; empty for others).
     fn summary(&self, _params: &[ArrayD<f32>]) -> Vec<(String, f64)> {
         Vec::new()
+    }
+    /// The rows of each sparse embedding the batch touches: one list per
+    /// variable of [`Model::variables`] (empty for the others), each sorted
+    /// and without repeats. The parameters of a sparse embedding passed to
+    /// [`loss_and_gradients`](Model::loss_and_gradients) and
+    /// [`evaluate`](Model::evaluate) are these rows, in this order, and so
+    /// is its gradient.
+    fn row_ids(&self, _batch: &Batch) -> Vec<Vec<i64>> {
+        vec![Vec::new(); self.variables().len()]
     }
 }
 
@@ -296,38 +353,116 @@ pub fn build_model(cfg: &ModelConfig) -> Result<Box<dyn Model>, ModelError> {
     }
 }
 
+/// The name Keras gives the `i`-th Dense layer of a model, counted from 0:
+/// `dense`, `dense_1`, `dense_2`, ...
+pub fn dense_layer_name(i: usize) -> String {
+    if i == 0 { "dense".to_string() } else { format!("dense_{i}") }
+}
+
+/// The variable `<layer>/<weight>` of the `i`-th Dense layer (`dense_1/kernel`).
+pub(crate) fn dense_variable(i: usize, weight: &str) -> String {
+    format!("{}/{weight}", dense_layer_name(i))
+}
+
+/// The built-in model `cfg` as the Keras model it is, with the loss it
+/// trains with: `linear` is `Dense(1)` with mse; `softmax` is
+/// `Dense(n_classes, softmax)` and `mlp` `Dense(h, activation)`... then
+/// `Dense(n_classes, softmax)`, with sparse categorical cross-entropy. The
+/// variables of the Keras model are those of [`build_model`]'s (names,
+/// shapes, initialisers). Errors as [`build_model`]'s.
+pub fn preset_spec(cfg: &ModelConfig) -> Result<(keras::ModelSpec, keras::Loss), ModelError> {
+    use keras::{Act, InitSpec, KerasFormat, LayerKind, LayerSpec, Loss};
+    let model = build_model(cfg)?;
+    let name = model.name().to_string();
+    let variables = model.variables();
+    let init = |v: &VariableSpec| match v.init {
+        Init::Zeros => InitSpec::Zeros,
+        Init::Constant(c) => InitSpec::Constant(c),
+        Init::Normal { stddev } => InitSpec::RandomNormal { stddev },
+        Init::TruncatedNormal { stddev } => InitSpec::TruncatedNormal { stddev },
+        Init::Uniform { limit } => InitSpec::RandomUniform { limit },
+    };
+    let hidden = match name.as_str() {
+        "mlp" => cfg.hidden_units.len(),
+        _ => 0,
+    };
+    let hidden_act = match cfg.activation {
+        Activation::Sigmoid => Act::Sigmoid,
+        Activation::Relu => Act::Relu,
+        Activation::Tanh => Act::Tanh,
+    };
+    let (last_act, loss) = if name == "linear" { (Act::Linear, Loss::MeanSquaredError) } else { (Act::Softmax, Loss::SparseCategoricalCrossentropy) };
+    let layers = variables
+        .chunks_exact(2)
+        .enumerate()
+        .map(|(i, kb)| LayerSpec {
+            name: dense_layer_name(i),
+            class: "Dense".into(),
+            kind: LayerKind::Dense {
+                units: kb[0].shape[1],
+                activation: if i < hidden { hidden_act } else { last_act },
+                use_bias: true,
+                kernel_init: init(&kb[0]),
+                bias_init: init(&kb[1]),
+            },
+        })
+        .collect();
+    Ok((keras::ModelSpec { name, format: KerasFormat::Keras3, input_shape: vec![cfg.input_dim], layers }, loss))
+}
+
+/// The built-in model `cfg` as a [`keras::KerasModel`] ([`preset_spec`]):
+/// what `export`, `predict` and `evaluate` see in its checkpoints.
+pub fn preset(cfg: &ModelConfig) -> Result<keras::KerasModel, ModelError> {
+    let (spec, loss) = preset_spec(cfg)?;
+    keras::KerasModel::new(&spec, loss, false, 1).map_err(|e| ModelError::Invalid { field: "model", reason: e.to_string() })
+}
+
 /// Initial values of `specs`, in order. Deterministic given `seed`: the
 /// values are drawn one variable after another from one generator seeded
 /// with `seed`. `TruncatedNormal` resamples draws beyond two standard
-/// deviations, like TensorFlow's `truncated_normal`.
+/// deviations, like TensorFlow's `truncated_normal`. An embedding's rows
+/// each come from their own generator ([`RowInit`]), so a dense embedding
+/// starts exactly as its sparse twin's rows do; a sparse embedding has no
+/// values here (`[0, dim]`: the ps gives every row its initial value).
 pub fn init_values(specs: &[VariableSpec], seed: u64) -> Vec<ArrayD<f32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     specs
         .iter()
         .map(|spec| {
-            let n = spec.num_elements();
-            let values: Vec<f32> = match spec.init {
-                Init::Zeros => vec![0.0; n],
-                Init::Constant(c) => vec![c; n],
-                Init::Normal { stddev } => (0..n).map(|_| rng.sample::<f32, _>(StandardNormal) * stddev).collect(),
-                Init::TruncatedNormal { stddev } => (0..n)
-                    .map(|_| {
-                        loop {
-                            let v: f32 = rng.sample(StandardNormal);
-                            if v.abs() <= 2.0 {
-                                break v * stddev;
-                            }
-                        }
-                    })
-                    .collect(),
-                Init::Uniform { limit } => {
-                    let limit = limit.abs();
-                    (0..n).map(|_| (rng.random::<f32>() * 2.0 - 1.0) * limit).collect()
+            let mut values = vec![0.0f32; if spec.is_sparse() { 0 } else { spec.num_elements() }];
+            match spec.embedding {
+                Some(_) => {
+                    let rows = RowInit::new(&spec.name, spec.init.clone(), seed);
+                    for (id, row) in values.chunks_mut(spec.shape[1].max(1)).enumerate() {
+                        rows.fill(id as i64, row);
+                    }
                 }
-            };
-            ArrayD::from_shape_vec(spec.shape.clone(), values).expect("shape matches the element count")
+                None => fill_init(&spec.init, &mut rng, &mut values),
+            }
+            ArrayD::from_shape_vec(spec.held_shape(0), values).expect("shape matches the element count")
         })
         .collect()
+}
+
+/// Draws `out.len()` values of `init` from `rng`.
+pub fn fill_init(init: &Init, rng: &mut StdRng, out: &mut [f32]) {
+    match *init {
+        Init::Zeros => out.fill(0.0),
+        Init::Constant(c) => out.fill(c),
+        Init::Normal { stddev } => out.iter_mut().for_each(|v| *v = rng.sample::<f32, _>(StandardNormal) * stddev),
+        Init::TruncatedNormal { stddev } => out.iter_mut().for_each(|v| {
+            *v = loop {
+                let x: f32 = rng.sample(StandardNormal);
+                if x.abs() <= 2.0 {
+                    break x * stddev;
+                }
+            }
+        }),
+        Init::Uniform { limit } => {
+            let limit = limit.abs();
+            out.iter_mut().for_each(|v| *v = (rng.random::<f32>() * 2.0 - 1.0) * limit);
+        }
+    }
 }
 
 /// The float types the model arithmetic is written for (`f32` for
@@ -409,6 +544,7 @@ pub(crate) fn metrics(pass_loss: f64, correct: Option<usize>, batch: &Batch) -> 
             _ => None,
         },
         examples: n,
+        auc: None,
     }
 }
 

@@ -51,7 +51,7 @@ fn random_batch(model: &Any, n: usize, input_dim: usize, classes: usize, rng: &m
         Any::Linear(_) => Targets::Values(Array2::from_shape_simple_fn((n, 1), || normal(rng) * 3.0)),
         _ => Targets::Labels((0..n).map(|_| rng.random_range(0..classes as u32)).collect()),
     };
-    Batch { x, targets }
+    Batch { x, targets, sparse: None }
 }
 
 fn widen(a: &ArrayD<f32>) -> ArrayD<f64> {
@@ -204,14 +204,14 @@ fn linear_loss_is_the_mean_squared_error_not_halved() {
     let m = LinearRegression::new(1);
     let params = vec![arr1(&[2.0f32]).into_shape_with_order(vec![1, 1]).unwrap(), arr1(&[1.0f32]).into_dyn()];
     // pred = 2x + 1 = [3, 5, 1]; errors [0, -1, 2] -> mean square 5/3.
-    let batch = Batch { x: arr2(&[[1.0f32], [2.0], [0.0]]), targets: Targets::Values(arr2(&[[3.0f32], [6.0], [-1.0]])) };
+    let batch = Batch { x: arr2(&[[1.0f32], [2.0], [0.0]]), targets: Targets::Values(arr2(&[[3.0f32], [6.0], [-1.0]])), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     assert!((lg.loss - 5.0 / 3.0).abs() < 1e-6, "{}", lg.loss);
     // dL/dW = 2/n sum (pred - y) x = 2/3 (0 - 2 + 0); dL/db = 2/3 (0 - 1 + 2).
     assert!((lg.gradients[0][[0, 0]] - (-4.0 / 3.0)).abs() < 1e-6);
     assert!((lg.gradients[1][[0]] - 2.0 / 3.0).abs() < 1e-6);
     let metrics = m.evaluate(&params, &batch);
-    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3 });
+    assert_eq!(metrics, Metrics { loss: lg.loss, accuracy: None, examples: 3, auc: None });
     assert_eq!(m.summary(&params), vec![("W".to_string(), 2.0), ("b".to_string(), 1.0)]);
 }
 
@@ -228,7 +228,7 @@ fn softmax_cross_entropy_values_and_accuracy() {
     let m = SoftmaxRegression::new(2, 3);
     // logits = x (weights = [[1,0,0],[0,1,0]], biases 0): row 0 -> [0, 0, 0], row 1 -> [2, 0, 0].
     let params = vec![arr2(&[[1.0f32, 0.0, 0.0], [0.0, 1.0, 0.0]]).into_dyn(), arr1(&[0.0f32, 0.0, 0.0]).into_dyn()];
-    let batch = Batch { x: arr2(&[[0.0f32, 0.0], [2.0, 0.0]]), targets: Targets::Labels(vec![1, 0]) };
+    let batch = Batch { x: arr2(&[[0.0f32, 0.0], [2.0, 0.0]]), targets: Targets::Labels(vec![1, 0]), sparse: None };
     let e2 = 2.0f64.exp();
     let want = (3.0f64.ln() + ((e2 + 2.0).ln() - 2.0)) / 2.0;
     let metrics = m.evaluate(&params, &batch);
@@ -249,7 +249,7 @@ fn softmax_cross_entropy_values_and_accuracy() {
 fn softmax_is_stable_for_huge_logits() {
     let m = SoftmaxRegression::new(1, 2);
     let params = vec![arr2(&[[1.0f32, -1.0]]).into_dyn(), arr1(&[0.0f32, 0.0]).into_dyn()];
-    let batch = Batch { x: arr2(&[[500.0f32], [-500.0]]), targets: Targets::Labels(vec![1, 1]) };
+    let batch = Batch { x: arr2(&[[500.0f32], [-500.0]]), targets: Targets::Labels(vec![1, 1]), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     // Row 0: logits [500, -500], label 1: loss 1000. Row 1: label right, loss ~0.
     assert!((lg.loss - 500.0).abs() < 1e-3, "{}", lg.loss);
@@ -262,7 +262,7 @@ fn sigmoid_mlp_is_finite_with_saturated_units() {
     let m = Mlp::new(3, &[4], 2, Activation::Sigmoid, WeightInit::Normal);
     let mut rng = StdRng::seed_from_u64(5);
     let params = random_params(&m.variables(), 300.0, &mut rng);
-    let batch = Batch { x: Array2::from_elem((4, 3), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]) };
+    let batch = Batch { x: Array2::from_elem((4, 3), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]), sparse: None };
     let lg = m.loss_and_gradients(&params, &batch);
     assert!(lg.loss.is_finite());
     assert!(lg.gradients.iter().all(|g| g.iter().all(|v| v.is_finite())));
@@ -275,7 +275,7 @@ fn an_empty_batch_gives_zero_loss_and_zero_gradients() {
     for m in models {
         let params = init_values(&m.variables(), 3);
         let targets = if m.name() == "linear" { Targets::Values(Array2::zeros((0, 1))) } else { Targets::Labels(vec![]) };
-        let batch = Batch { x: Array2::zeros((0, 2)), targets };
+        let batch = Batch { x: Array2::zeros((0, 2)), targets, sparse: None };
         let lg = m.loss_and_gradients(&params, &batch);
         assert_eq!(lg.loss, 0.0, "{}", m.name());
         assert_eq!(lg.gradients.len(), params.len());
@@ -289,12 +289,12 @@ fn an_empty_batch_gives_zero_loss_and_zero_gradients() {
 }
 
 #[test]
-#[should_panic(expected = "variable hid_b has shape [3], expected [4]")]
+#[should_panic(expected = "variable dense/bias has shape [3], expected [4]")]
 fn wrong_parameter_shapes_are_named() {
     let m = Mlp::new(2, &[4], 3, Activation::Relu, WeightInit::Normal);
     let mut params = init_values(&m.variables(), 3);
     params[1] = ArrayD::zeros(vec![3]);
-    let batch = Batch { x: Array2::zeros((1, 2)), targets: Targets::Labels(vec![0]) };
+    let batch = Batch { x: Array2::zeros((1, 2)), targets: Targets::Labels(vec![0]), sparse: None };
     m.loss_and_gradients(&params, &batch);
 }
 
@@ -313,23 +313,31 @@ fn build_model_variables() {
     use Activation::*;
     type Variables = Vec<(String, Vec<usize>)>;
     let cases: Vec<(ModelConfig, &str, Variables)> = vec![
-        (ModelConfig::linear(1), "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
-        (ModelConfig::linear(3), "linear", ns(&[("W", &[3, 1]), ("b", &[1])])),
-        (ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) }, "linear", ns(&[("W", &[1, 1]), ("b", &[1])])),
-        (ModelConfig::softmax(784, 10), "softmax", ns(&[("weights", &[784, 10]), ("biases", &[10])])),
-        (ModelConfig::mlp(784, &[100], 10, Sigmoid), "mlp", ns(&[("hid_w", &[784, 100]), ("hid_b", &[100]), ("sm_w", &[100, 10]), ("sm_b", &[10])])),
+        (ModelConfig::linear(1), "linear", ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])])),
+        (ModelConfig::linear(3), "linear", ns(&[("dense/kernel", &[3, 1]), ("dense/bias", &[1])])),
+        (
+            ModelConfig { name: "Linear".into(), hidden_units: vec![100], ..ModelConfig::linear(1) },
+            "linear",
+            ns(&[("dense/kernel", &[1, 1]), ("dense/bias", &[1])]),
+        ),
+        (ModelConfig::softmax(784, 10), "softmax", ns(&[("dense/kernel", &[784, 10]), ("dense/bias", &[10])])),
+        (
+            ModelConfig::mlp(784, &[100], 10, Sigmoid),
+            "mlp",
+            ns(&[("dense/kernel", &[784, 100]), ("dense/bias", &[100]), ("dense_1/kernel", &[100, 10]), ("dense_1/bias", &[10])]),
+        ),
         (
             ModelConfig::mlp(784, &[256, 128, 64], 10, Relu),
             "mlp",
             ns(&[
-                ("hid0_w", &[784, 256]),
-                ("hid0_b", &[256]),
-                ("hid1_w", &[256, 128]),
-                ("hid1_b", &[128]),
-                ("hid2_w", &[128, 64]),
-                ("hid2_b", &[64]),
-                ("sm_w", &[64, 10]),
-                ("sm_b", &[10]),
+                ("dense/kernel", &[784, 256]),
+                ("dense/bias", &[256]),
+                ("dense_1/kernel", &[256, 128]),
+                ("dense_1/bias", &[128]),
+                ("dense_2/kernel", &[128, 64]),
+                ("dense_2/bias", &[64]),
+                ("dense_3/kernel", &[64, 10]),
+                ("dense_3/bias", &[10]),
             ]),
         ),
     ];
@@ -387,7 +395,7 @@ fn activation_and_weight_init_parse() {
 // ---------------------------------------------------------- initial values
 
 fn spec(name: &str, shape: &[usize], init: Init) -> VariableSpec {
-    VariableSpec { name: name.into(), shape: shape.to_vec(), init }
+    VariableSpec::new(name, shape.to_vec(), init)
 }
 
 #[test]
@@ -505,4 +513,45 @@ fn mlp_reproduces_the_tensorflow_reference_on_synthetic_mnist() {
     sgd(model.as_ref(), &mut params, &mut sampler, 0.5, 2000);
     let accuracy = model.evaluate(&params, &mnist.test.to_batch()).accuracy.unwrap();
     assert!((0.6..0.75).contains(&accuracy), "test accuracy {accuracy}, the reference is about 0.67");
+}
+
+// ------------------------------------------------------------- presets
+
+/// Every built-in model is the Keras model of its preset: the same
+/// variables (names, shapes, initialisers), and the same loss, gradients,
+/// accuracy and outputs on the same parameters and batch.
+#[test]
+fn built_in_models_are_their_keras_presets() {
+    use Activation::*;
+    let cases = [
+        ModelConfig::linear(1),
+        ModelConfig::linear(3),
+        ModelConfig::softmax(5, 3),
+        ModelConfig::mlp(4, &[6], 3, Sigmoid),
+        ModelConfig::mlp(4, &[5, 3], 7, Relu).with_weight_init(WeightInit::Normal),
+        ModelConfig::mlp(3, &[2, 2, 2], 2, Tanh),
+    ];
+    let mut rng = StdRng::seed_from_u64(11);
+    for cfg in cases {
+        let built_in = build_model(&cfg).unwrap();
+        let keras = preset(&cfg).unwrap();
+        assert_eq!(keras.variables(), built_in.variables(), "{cfg:?}");
+        let any = match cfg.name.as_str() {
+            "linear" => Any::Linear(LinearRegression::new(cfg.input_dim)),
+            "softmax" => Any::Softmax(SoftmaxRegression::new(cfg.input_dim, cfg.num_classes)),
+            _ => Any::Mlp(Mlp::new(cfg.input_dim, &cfg.hidden_units, cfg.num_classes, cfg.activation, cfg.weight_init)),
+        };
+        let params = random_params(&built_in.variables(), 0.7, &mut rng);
+        let batch = random_batch(&any, 9, cfg.input_dim, cfg.num_classes, &mut rng);
+        let (a, b) = (built_in.loss_and_gradients(&params, &batch), keras.loss_and_gradients(&params, &batch));
+        assert!((a.loss - b.loss).abs() < 1e-5 * a.loss.abs().max(1.0), "{cfg:?}: {} vs {}", a.loss, b.loss);
+        for (ga, gb) in a.gradients.iter().zip(&b.gradients) {
+            let diff = (ga - gb).iter().fold(0.0f32, |m, d| m.max(d.abs()));
+            assert!(diff < 1e-5, "{cfg:?}: gradients differ by {diff}");
+        }
+        let (ea, eb) = (built_in.evaluate(&params, &batch), keras.evaluate(&params, &batch));
+        assert_eq!(ea.accuracy, eb.accuracy, "{cfg:?}");
+    }
+    assert_eq!((dense_layer_name(0), dense_layer_name(2)), ("dense".to_string(), "dense_2".to_string()));
+    assert_eq!(preset(&ModelConfig::softmax(4, 1)).unwrap_err().field(), "num_classes");
 }

@@ -59,6 +59,9 @@ pub fn check_flags(spec: &WorkloadSpec) -> Result<(), WorkloadError> {
     if keras && !spec.model.eq_ignore_ascii_case("linear") {
         return Err(flag("model", format!("{:?} and --keras_model both name a model: give one", spec.model)));
     }
+    let model = if keras { None } else { Some(spec.model.as_str()) };
+    let mlp_flags = [("hidden_units", spec.hidden_units.is_some()), ("activation", spec.activation.is_some()), ("weight_init", spec.weight_init.is_some())];
+    check_mlp_flags(model, &mlp_flags)?;
     if !keras && spec.model.eq_ignore_ascii_case("linear") {
         let given = [("data_dir", spec.data_dir.is_some()), ("data_format", d.format.is_some()), ("num_classes", d.num_classes.is_some())];
         if let Some(name) = given.iter().find(|(_, g)| *g).map(|(n, _)| *n) {
@@ -86,10 +89,40 @@ pub fn check_flags(spec: &WorkloadSpec) -> Result<(), WorkloadError> {
     Ok(())
 }
 
+/// `--hidden_units`, `--activation` and `--weight_init` (each with whether
+/// it was given) shape the mlp's hidden layers: with a Keras model (`model`
+/// `None`: its layers are in its JSON) or another built-in model they would
+/// mean nothing, and are errors.
+pub(super) fn check_mlp_flags(model: Option<&str>, given: &[(&'static str, bool)]) -> Result<(), WorkloadError> {
+    let Some((name, _)) = given.iter().find(|(_, g)| *g) else { return Ok(()) };
+    match model {
+        Some(m) if m.eq_ignore_ascii_case("mlp") => Ok(()),
+        Some(m) => Err(flag(name, format!("goes with --model=mlp; the {} model has no hidden layers", m.to_ascii_lowercase()))),
+        None => Err(flag(name, "goes with --model=mlp; a Keras model's layers and initialisers are those of its JSON")),
+    }
+}
+
+/// `--num_classes` must be the number of classes the model's output tells
+/// apart: its output units (2 for one sigmoid unit). The error names both.
+pub fn check_num_classes(model: &KerasModel, num_classes: Option<usize>) -> Result<(), WorkloadError> {
+    let Some(n) = num_classes else { return Ok(()) };
+    let units = model.output_units();
+    let classes = match model.loss() {
+        Loss::MeanSquaredError => return Err(flag("num_classes", "goes with a classifier; this model's loss is mse (its targets are values)")),
+        Loss::BinaryCrossentropy if units == 1 => 2,
+        _ => units,
+    };
+    if n == classes {
+        return Ok(());
+    }
+    Err(flag("num_classes", format!("{n}, but the model's output has {units} unit(s): {classes} classes")))
+}
+
 /// The Keras model of `file` with its training and held-out data, and
 /// Keras's default batch size (32).
 pub fn model_and_data(spec: &WorkloadSpec, file: &Path) -> Result<(Box<dyn Model>, Dataset, Dataset, usize), WorkloadError> {
     let model = spec.keras.build(file, spec.seed)?;
+    check_num_classes(&model, spec.data.num_classes)?;
     let loss = model.loss();
     tracing::info!("{}: Keras model {:?}, loss {loss}:\n{}", file.display(), model.keras_name(), model.describe().trim_end());
     let kind = if loss.is_classification() { LabelKind::Classes } else { LabelKind::Values };
@@ -157,15 +190,16 @@ mod tests {
     fn spec(model: &str) -> WorkloadSpec {
         WorkloadSpec {
             model: model.into(),
-            hidden_units: vec![100],
-            activation: "sigmoid".into(),
-            weight_init: "truncated_normal".into(),
+            hidden_units: None,
+            activation: None,
+            weight_init: None,
             batch_size: None,
             data_dir: None,
             seed: 1,
             eval_examples: 10,
             keras: KerasOptions::default(),
             data: DataOptions::default(),
+            sparse: Default::default(),
         }
     }
 
@@ -201,6 +235,17 @@ mod tests {
                 WorkloadSpec { data_dir: dir.clone(), data: DataOptions { num_classes: Some(0), ..Default::default() }, ..spec("mlp") },
                 Err("num_classes"),
             ),
+            (
+                "mlp with its flags",
+                WorkloadSpec { hidden_units: Some(vec![8, 4]), activation: Some("relu".into()), weight_init: Some("normal".into()), ..spec("mlp") },
+                Ok(()),
+            ),
+            ("hidden units of linear", WorkloadSpec { hidden_units: Some(vec![8]), ..spec("linear") }, Err("hidden_units")),
+            ("activation of softmax", WorkloadSpec { activation: Some("relu".into()), ..spec("softmax") }, Err("activation")),
+            ("weight init of softmax", WorkloadSpec { weight_init: Some("normal".into()), ..spec("softmax") }, Err("weight_init")),
+            ("hidden units of a keras model", WorkloadSpec { hidden_units: Some(vec![8]), keras: keras.clone(), ..spec("linear") }, Err("hidden_units")),
+            ("activation of a keras model", WorkloadSpec { activation: Some("tanh".into()), keras: keras.clone(), ..spec("linear") }, Err("activation")),
+            ("weight init of a keras model", WorkloadSpec { weight_init: Some("normal".into()), keras: keras.clone(), ..spec("linear") }, Err("weight_init")),
         ];
         for (case, spec, want) in cases {
             match (check_flags(&spec), want) {

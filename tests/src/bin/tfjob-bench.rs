@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup elastic operator
+//! sections: raw ps linear mlp startup elastic operator sparse
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "operator"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "operator", "sparse"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -41,7 +41,7 @@ const TF_MLP_ACCURACY: [f64; 5] = [0.675, 0.675, 0.671, 0.679, 0.666];
 const ACCURACY_TOLERANCE: f64 = 0.02;
 
 /// One line of the result table.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Row {
     section: String,
     metric: String,
@@ -96,6 +96,7 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("__tcp-send") => tcp_send_child(&args[1..]),
         Some("__plan-mem") => plan_mem_child(&args[1..]),
+        Some("--replot") => replot(args.get(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("bench-out"))),
         _ => run(&args),
     };
     if let Err(e) = code {
@@ -106,7 +107,7 @@ fn main() {
 
 fn usage() -> String {
     format!(
-        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
+        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n       tfjob-bench --replot DIR   (draws DIR/scaling.png again from DIR/bench.json)\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
         SECTIONS.join(" ")
     )
 }
@@ -151,6 +152,17 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(o)
 }
 
+/// `--replot DIR`: the picture of a run again, from its `bench.json` (no measurement).
+fn replot(dir: PathBuf) -> Result<()> {
+    let path = dir.join("bench.json");
+    let json: Value = serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)?;
+    let rows: Vec<Row> = serde_json::from_value(json["rows"].clone()).with_context(|| format!("{}: rows", path.display()))?;
+    let png = dir.join("scaling.png");
+    plot(&rows, &png)?;
+    println!("{}", png.display());
+    Ok(())
+}
+
 fn run(args: &[String]) -> Result<()> {
     let opts = parse(args)?;
     std::fs::create_dir_all(opts.out.join("logs")).with_context(|| format!("creating {}", opts.out.display()))?;
@@ -169,7 +181,7 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") { Some(runtime_binary()?) } else { None };
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("sparse") { Some(runtime_binary()?) } else { None };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -184,6 +196,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("operator") {
         operator(&opts, &mut report)?;
+    }
+    if want("sparse") {
+        sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
     let doc = json!({ "rows": report.rows, "details": report.details });
@@ -402,7 +417,7 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
 /// variable on an in-process ps, over the tensor channel or over gRPC.
 async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result<(f64, f64)> {
     use tfjob_runtime::auth::Credentials;
-    use tfjob_runtime::client::{ModelVariable, PsSet};
+    use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::optimizer::Optimizer;
     use tfjob_runtime::placement::{self, PlacementInput};
@@ -420,8 +435,8 @@ async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result
         let _ = stopped.await;
     })
     .await?;
-    let vars = vec![ModelVariable { name: "v".into(), shape: vec![n] }];
-    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone() }).collect();
+    let vars = vec![ModelVariable::dense("v", vec![n])];
+    let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES)?;
     let config = proto::TrainingConfig {
         mode: UpdateMode::Async as i32,
@@ -440,22 +455,143 @@ async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result
     let grads = vec![ndarray::ArrayD::from_elem(vec![n], 0.5f32)];
     let bytes = (n * 4) as f64;
     // one warm-up round trip
-    let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
-    ps.push(&pulled.steps, &grads).await?;
+    let pulled = ps.pull(&mut params, NO_ROWS, &[0], false, Duration::from_secs(1)).await?;
+    ps.push(&pulled.steps, &grads, NO_ROWS).await?;
     let (mut pulls, mut pushes) = (vec![], vec![]);
     for _ in 0..reps {
         let t = Instant::now();
-        let pulled = ps.pull(&mut params, &[0], false, Duration::from_secs(1)).await?;
+        let pulled = ps.pull(&mut params, NO_ROWS, &[0], false, Duration::from_secs(1)).await?;
         pulls.push(bytes / t.elapsed().as_secs_f64() / 1e6);
         if pulled.bytes as f64 != bytes {
             bail!("pulled {} bytes, expected {bytes}", pulled.bytes);
         }
         let t = Instant::now();
-        ps.push(&pulled.steps, &grads).await?;
+        ps.push(&pulled.steps, &grads, NO_ROWS).await?;
         pushes.push(bytes / t.elapsed().as_secs_f64() / 1e6);
     }
     drop(stop);
     Ok((median(pulls), median(pushes)))
+}
+
+// ---------------------------------------------------------------- sparse embeddings
+
+/// Sparse pull + push of one batch's rows of an embedding on an in-process ps against pulling
+/// and pushing the same table whole (the baseline), then sparse_lr and wide_deep as processes
+/// (1 ps + 2 workers and 2 ps + 2 workers) against the same models with --dense_embeddings.
+fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    tfjob_runtime::tune_allocator();
+    let (rows, dim, batch_rows) = if opts.quick { (1 << 14, 16, 512) } else { (1 << 20, 16, 4096) };
+    let reps = if opts.quick { 3 } else { 10 };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (sparse_secs, sparse_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, true))?;
+    let (dense_secs, dense_bytes) = rt.block_on(sparse_round_trip(rows, dim, batch_rows, reps, false))?;
+    let what = format!("pull + push of {batch_rows} rows of a {rows}x{dim} embedding (1 ps)");
+    report.row(
+        "sparse",
+        &format!("{what}: steps/s"),
+        1.0 / sparse_secs,
+        "steps/s",
+        Some(("the table pulled and pushed whole", 1.0 / dense_secs)),
+        None,
+        "",
+        None,
+    );
+    report.row("sparse", &format!("{what}: bytes on the wire"), sparse_bytes, "B/step", Some(("the table whole", dense_bytes)), None, "", None);
+
+    let examples = if opts.quick { 2_000 } else { 20_000 };
+    let buckets = if opts.quick { 1 << 14 } else { 1 << 18 };
+    let mut details = vec![];
+    // --quick: one configuration, so that the smoke test stays short.
+    let models: &[&str] = if opts.quick { &["sparse_lr"] } else { &["sparse_lr", "wide_deep"] };
+    let shapes: &[(usize, usize)] = if opts.quick { &[(1, 2)] } else { &[(1, 2), (2, 2)] };
+    for &model in models {
+        for &(nps, nw) in shapes {
+            let mut figures = vec![];
+            for dense in [false, true] {
+                let mut a = strs(&["--optimizer=adagrad", "--learning_rate=0.2", "--num_epochs=1", "--log_every_steps=0", "--eval_examples=1000"]);
+                a.extend([format!("--model={model}"), format!("--generated_examples={examples}"), format!("--hash_buckets={buckets}")]);
+                if model == "wide_deep" {
+                    a.push("--hidden_units=16".into());
+                }
+                if dense {
+                    a.push("--dense_embeddings".into());
+                }
+                let label = format!("sparse-{model}-{nps}ps{nw}w-{}", if dense { "dense" } else { "sparse" });
+                let run = run_cluster(opts, bin, &label, nps, nw, &a)?;
+                let ex = run.global_steps_per_sec() * 100.0;
+                let steps: f64 = run.ps.iter().map(|p| p["pushes_applied"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max).max(1.0);
+                let wire: f64 =
+                    run.ps.iter().map(|p| p["bytes_sent"].as_f64().unwrap_or(0.0) + p["bytes_received"].as_f64().unwrap_or(0.0)).sum::<f64>() / steps;
+                let worker_rss = run.workers.iter().filter_map(|w| w["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                let ps_rss = run.ps.iter().filter_map(|p| p["peak_rss_mib"].as_f64()).fold(0.0, f64::max);
+                figures.push((ex, wire, worker_rss, ps_rss));
+                details.push(json!({ "config": label, "workers": run.workers, "ps": run.ps, "examples_per_sec": ex, "bytes_per_step": wire }));
+            }
+            let [(ex, wire, wrss, prss), (dex, dwire, dwrss, dprss)] = [figures[0], figures[1]];
+            let cfg = format!("{model} {nps}ps+{nw}w async, {buckets}-row tables");
+            report.row("sparse", &format!("{cfg}: examples/s"), ex, "ex/s", Some(("--dense_embeddings", dex)), None, "", None);
+            report.row("sparse", &format!("{cfg}: bytes on the wire per step"), wire, "B/step", Some(("--dense_embeddings", dwire)), None, "", None);
+            report.row("sparse", &format!("{cfg}: worker peak RSS"), wrss, "MiB", Some(("--dense_embeddings", dwrss)), None, "", None);
+            report.row("sparse", &format!("{cfg}: ps peak RSS"), prss, "MiB", Some(("--dense_embeddings", dprss)), None, "", None);
+        }
+    }
+    report.details.insert("sparse".into(), json!(details));
+    Ok(())
+}
+
+/// Seconds per pull + push (median of `reps`) and bytes per step: `batch_rows` rows of a
+/// `rows`x`dim` embedding by id (`sparse`), or the whole table as a dense variable.
+async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usize, sparse: bool) -> Result<(f64, f64)> {
+    use tfjob_runtime::auth::Credentials;
+    use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest};
+    use tfjob_runtime::cluster::TaskId;
+    use tfjob_runtime::embedding::PartitionStrategy;
+    use tfjob_runtime::model::Init;
+    use tfjob_runtime::optimizer::Optimizer;
+    use tfjob_runtime::placement::{self, PlacementInput};
+    use tfjob_runtime::proto::{self, UpdateMode};
+    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+    use tfjob_runtime::server::{self, WorkerService};
+    use tfjob_runtime::status::TaskStatus;
+
+    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
+    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: sparse.then_some((Init::Uniform { limit: 0.05 }, 1)) };
+    let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: sparse.then_some(PartitionStrategy::Mod) };
+    let placement = placement::place(&[input], 1, usize::MAX)?;
+    let config = proto::TrainingConfig { mode: UpdateMode::Async as i32, optimizer: Some(Optimizer::sgd(1e-6).to_proto()), ..Default::default() };
+    let ps = PsSet::new(TaskId::new("worker", 0), &[addr.to_string()], &credentials, vec![var], placement, config, Duration::from_secs(10))?;
+    ps.handshake(false).await?;
+    let init = ndarray::ArrayD::from_elem(if sparse { vec![0, dim] } else { vec![rows, dim] }, 0.01f32);
+    ps.init(std::slice::from_ref(&init), 0).await?;
+    let ids: Vec<i64> = (0..batch_rows as i64).map(|k| k * (rows / batch_rows) as i64).collect();
+    let wanted = vec![if sparse { ids.clone() } else { vec![] }];
+    let rows_arg: &[Vec<i64>] = if sparse { &wanted } else { NO_ROWS };
+    let mut params = vec![init.clone()];
+    let grads = vec![ndarray::ArrayD::from_elem(if sparse { vec![batch_rows, dim] } else { vec![rows, dim] }, 0.5f32)];
+    let pushed_bytes = if sparse { (batch_rows * (8 + 4 * dim)) as f64 } else { (rows * dim * 4) as f64 };
+    let mut steps = ps.pull(&mut params, rows_arg, &[0], false, Duration::from_secs(10)).await?.steps;
+    let (mut times, mut bytes) = (vec![], 0.0);
+    // One step: the push of a gradient and the pull of the next values, as training does.
+    for r in 0..=reps {
+        let t = Instant::now();
+        let step = StepRequest { steps: &steps, push_to: &[true], gradients: &grads, pushed_rows: rows_arg, pulled_rows: rows_arg };
+        let stepped = ps.push_pull(step, &mut params, &[0], Duration::from_secs(10)).await?;
+        if r > 0 {
+            times.push(t.elapsed().as_secs_f64());
+            bytes = stepped.pulled.bytes as f64 + pushed_bytes;
+        }
+        steps = stepped.pulled.steps;
+    }
+    drop(stop);
+    Ok((median(times), bytes))
 }
 
 // ---------------------------------------------------------------- runtime processes
@@ -1183,79 +1319,74 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
 
 // ---------------------------------------------------------------- plot
 
-/// Bars without text (no system fonts needed): for each configuration, ours (blue) next to the
-/// TensorFlow reference (grey), with the target as a red tick. Left panel: MLP examples/s
-/// (single, 1ps+1w async, 1ps+2w async, 1ps+2w sync, 2ps+2w async); middle: linear regression
-/// global steps/s (1ps+2w async, 1ps+2w sync); right: ps bandwidth for 25M floats (tensor
-/// channel pull, push; gRPC pull, push; loopback TCP in grey). BENCHMARKS.md carries the legend.
+/// The picture of the run, drawn by the project's plotting module (titles, axes with units,
+/// tick labels, legends; the font is in the binary): for each configuration ours next to
+/// TensorFlow 2.20's reference, with the target as a red mark. Left: MLP examples/s; middle:
+/// linear regression global steps/s (the single process's millions of steps/s are in the
+/// table: next to them the distributed bars would be flat on the axis); right: ps bandwidth
+/// for 25M floats over the tensor channel and gRPC, next to loopback TCP.
 fn plot(rows: &[Row], path: &Path) -> Result<()> {
-    use plotters::prelude::*;
+    use tfjob_operator::plot::{Bars, Chart, Figure, Plot, write_png};
     let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
-    let mlp: Vec<(Option<&Row>, f64)> = vec![
-        (pick("mlp", "single process: examples/s"), 0.8),
-        (pick("mlp", "1ps+1w async"), 2.0),
-        (pick("mlp", "1ps+2w async"), 2.0),
-        (pick("mlp", "1ps+2w sync"), 2.0),
-        (pick("mlp", "2ps+2w async"), 2.0),
-    ];
-    // The single process's millions of steps/s are in the table: next to
-    // them the distributed bars would be flat on the axis.
-    let lin: Vec<(Option<&Row>, Option<f64>)> =
-        vec![(pick("linear", "1ps+2w async: global"), Some(6_700.0)), (pick("linear", "1ps+2w sync: global"), Some(3_000.0))];
-    let root = BitMapBackend::new(path, (1500, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (left, rest) = root.split_horizontally(700);
-    let (right, ps_area) = rest.split_horizontally(300);
-    let panel = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>, bars: Vec<(f64, f64, Option<f64>)>| -> Result<()> {
-        let (w, h) = area.dim_in_pixel();
-        let (w, h) = (w as i32, h as i32);
-        let max = bars.iter().flat_map(|b| [b.0, b.1, b.2.unwrap_or(0.0)]).filter(|x| x.is_finite()).fold(1.0, f64::max) * 1.1;
-        let base = h - 30;
-        let y = |v: f64| base - ((v / max) * (base - 20) as f64) as i32;
-        area.draw(&PathElement::new(vec![(20, base), (w - 20, base)], BLACK)).map_err(|e| anyhow::anyhow!("{e}"))?;
-        for k in 1..=4 {
-            let gy = y(max / 1.1 * k as f64 / 4.0);
-            area.draw(&PathElement::new(vec![(20, gy), (w - 20, gy)], RGBColor(220, 220, 220))).map_err(|e| anyhow::anyhow!("{e}"))?;
-        }
-        let slot = (w - 40) / bars.len().max(1) as i32;
-        for (i, (ours, tf, target)) in bars.into_iter().enumerate() {
-            let x0 = 20 + i as i32 * slot + slot / 8;
-            let bw = slot * 3 / 8;
-            if ours.is_finite() {
-                area.draw(&Rectangle::new([(x0, y(ours)), (x0 + bw, base)], BLUE.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-            if tf.is_finite() {
-                area.draw(&Rectangle::new([(x0 + bw, y(tf)), (x0 + 2 * bw, base)], RGBColor(150, 150, 150).filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-            if let Some(t) = target {
-                let ty = y(t);
-                area.draw(&Rectangle::new([(x0 - 4, ty - 1), (x0 + 2 * bw + 4, ty + 1)], RED.filled())).map_err(|e| anyhow::anyhow!("{e}"))?;
-            }
-        }
-        Ok(())
+    let ours = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.ours);
+    let tf = |r: Option<&Row>| r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN);
+    let comparison = |title: &str, y_label: &str, configs: Vec<(&str, Option<&Row>, f64)>| Chart {
+        title: title.into(),
+        x_label: "configuration (ps + workers)".into(),
+        y_label: y_label.into(),
+        plot: Plot::Bars {
+            categories: configs.iter().map(|c| c.0.to_string()).collect(),
+            bars: vec![
+                Bars { label: "tfjob-rs".into(), values: configs.iter().map(|c| ours(c.1)).collect(), grey: false },
+                Bars { label: "TensorFlow 2.20 (reference)".into(), values: configs.iter().map(|c| tf(c.1)).collect(), grey: true },
+            ],
+            marks: Some(("target".into(), configs.iter().map(|c| c.2).collect())),
+        },
     };
-    panel(
-        &left,
-        mlp.iter()
-            .map(|(r, f)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), r.and_then(|r| r.tf_reference).map(|t| t * f)))
-            .collect(),
-    )?;
-    panel(&right, lin.iter().map(|(r, t)| (r.map_or(f64::NAN, |r| r.ours), r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN), *t)).collect())?;
-    // PS bandwidth, 25M floats: tensor channel pull and push (target tick at
-    // 0.6 x loopback), gRPC pull and push, and the loopback baseline in grey.
-    let ours = |prefix: &str| pick("ps", prefix).map_or(f64::NAN, |r| r.ours);
+    // MLP targets: 0.8x TensorFlow's single process, 2x its distributed runs.
+    let mlp_target = |r: Option<&Row>, f: f64| tf(r) * f;
+    let mlp: Vec<(&str, Option<&Row>, f64)> = [
+        ("single", "single process: examples/s", 0.8),
+        ("1+1 async", "1ps+1w async", 2.0),
+        ("1+2 async", "1ps+2w async", 2.0),
+        ("1+2 sync", "1ps+2w sync", 2.0),
+        ("2+2 async", "2ps+2w async", 2.0),
+    ]
+    .into_iter()
+    .map(|(name, prefix, f)| {
+        let r = pick("mlp", prefix);
+        (name, r, mlp_target(r, f))
+    })
+    .collect();
+    let linear = vec![("1+2 async", pick("linear", "1ps+2w async: global"), 6_700.0), ("1+2 sync", pick("linear", "1ps+2w sync: global"), 3_000.0)];
+    let bandwidth = |prefix: &str| ours(pick("ps", prefix));
     let loopback = pick("ps", "pull of a 25M").and_then(|r| r.baseline).unwrap_or(f64::NAN);
-    let target = loopback.is_finite().then_some(0.6 * loopback);
-    panel(
-        &ps_area,
-        vec![
-            (ours("pull of a 25M-float variable (1 ps)"), f64::NAN, target),
-            (ours("push of a 25M-float gradient (1 ps)"), f64::NAN, target),
-            (ours("pull of a 25M-float variable (1 ps, gRPC)"), f64::NAN, None),
-            (ours("push of a 25M-float gradient (1 ps, gRPC)"), f64::NAN, None),
-            (f64::NAN, loopback, None),
-        ],
-    )?;
-    root.present().map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
-    Ok(())
+    let ps = Chart {
+        title: "ps bandwidth, 25M floats (1 ps)".into(),
+        x_label: "transfer".into(),
+        y_label: "MB/s".into(),
+        plot: Plot::Bars {
+            categories: ["pull, channel", "push, channel", "pull, gRPC", "push, gRPC"].map(String::from).to_vec(),
+            bars: vec![
+                Bars {
+                    label: "tfjob-rs".into(),
+                    values: vec![
+                        bandwidth("pull of a 25M-float variable (1 ps)"),
+                        bandwidth("push of a 25M-float gradient (1 ps)"),
+                        bandwidth("pull of a 25M-float variable (1 ps, gRPC)"),
+                        bandwidth("push of a 25M-float gradient (1 ps, gRPC)"),
+                    ],
+                    grey: false,
+                },
+                Bars { label: "loopback TCP (baseline)".into(), values: vec![loopback; 4], grey: true },
+            ],
+            marks: Some(("target (0.6 x loopback)".into(), vec![0.6 * loopback, 0.6 * loopback, f64::NAN, f64::NAN])),
+        },
+    };
+    let figure = Figure {
+        title: "tfjob-bench: tfjob-rs against TensorFlow 2.20 and the machine's own limits".into(),
+        columns: 3,
+        charts: vec![comparison("MLP 784-100-10, batch 100", "examples/s", mlp), comparison("Linear regression y = 2x + 10", "global steps/s", linear), ps],
+    };
+    write_png(&figure, path, (1800, 600)).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -32,10 +32,10 @@ mod json;
 mod layers;
 mod loss;
 
-pub use json::{Act, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS, load_model_file, parse_model_json};
+pub use json::{Act, InitSpec, KerasError, KerasFormat, LayerKind, LayerSpec, ModelSpec, SUPPORTED_LAYERS, load_model_file, parse_model_json};
 pub use loss::{Head, Loss};
 
-use json::{FanMode, InitSpec};
+use json::FanMode;
 use layers::{Cache, Layer, Op};
 
 /// A Keras model definition made trainable: layers with fixed shapes, the
@@ -266,7 +266,7 @@ fn build_layer(l: &LayerSpec, input: &[usize], specs: &mut Vec<VariableSpec>) ->
     let first_variable = specs.len();
     let mut variable = |weight: &str, shape: Vec<usize>, init: InitSpec| {
         let init = initial(init, &shape);
-        specs.push(VariableSpec { name: format!("{}/{weight}", l.name), shape, init });
+        specs.push(VariableSpec::new(format!("{}/{weight}", l.name), shape, init));
     };
     let last = input.last().copied().unwrap_or(0);
     let (op, output_shape) = match &l.kind {

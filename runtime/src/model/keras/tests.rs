@@ -111,6 +111,51 @@ fn unsupported_layers_and_options_are_errors_naming_them() {
     }
 }
 
+/// Without an InputLayer the input shape comes from Keras 3's
+/// `build_input_shape` (a Sequential built with `model.build(shape)`) or
+/// Keras 2's `batch_input_shape` on the first layer (later layers' copies are
+/// not the model's input).
+#[test]
+fn input_shape_without_an_input_layer() {
+    let keras3 = |build: &str| {
+        format!(
+            r#"{{"module": "keras", "class_name": "Sequential", "config": {{"name": "s", "trainable": true, "layers": [
+                {{"module": "keras.layers", "class_name": "Flatten", "config": {{"name": "flatten", "data_format": "channels_last"}}}},
+                {{"module": "keras.layers", "class_name": "Dense", "config": {{"name": "dense", "units": 3, "activation": "softmax"}}}}]{build}}}}}"#
+        )
+    };
+    let keras2 = |first: &str, second: &str| {
+        format!(
+            r#"{{"class_name": "Sequential", "keras_version": "2.15.0", "config": {{"name": "s", "layers": [
+                {{"class_name": "Dense", "config": {{"name": "d1", "units": 4, "activation": "relu"{first}}}}},
+                {{"class_name": "Dense", "config": {{"name": "d2", "units": 2{second}}}}}]}}}}"#
+        )
+    };
+    // (document, the input shape or words of the error)
+    let cases: Vec<(String, Result<Vec<usize>, &str>)> = vec![
+        (keras3(r#", "build_input_shape": [null, 28, 28, 1]"#), Ok(vec![28, 28, 1])),
+        (keras3(r#", "build_input_shape": [null, 7]"#), Ok(vec![7])),
+        (keras3(""), Err("no input shape")),
+        (keras3(r#", "build_input_shape": [null, null]"#), Err("build_input_shape: [null,null]: every dimension but the batch must be a known positive size")),
+        (keras3(r#", "build_input_shape": [5]"#), Err("build_input_shape: [5] is not a batch shape")),
+        (keras2(r#", "batch_input_shape": [null, 6]"#, ""), Ok(vec![6])),
+        (keras2(r#", "batch_input_shape": [null, 6]"#, r#", "batch_input_shape": [null, 4]"#), Ok(vec![6])),
+        (keras2("", r#", "batch_input_shape": [null, 4]"#), Err("no input shape")),
+        (keras2(r#", "batch_input_shape": [null, 0]"#, ""), Err("batch_input_shape")),
+    ];
+    for (text, want) in cases {
+        match (parse_model_json(&text), want) {
+            (Ok(spec), Ok(shape)) => {
+                assert_eq!(spec.input_shape, shape, "{text}");
+                let format = if text.contains("keras_version") { KerasFormat::Keras2 } else { KerasFormat::Keras3 };
+                assert_eq!(spec.format, format);
+            }
+            (Err(e), Err(words)) => assert!(e.to_string().contains(words), "{text}: {e} lacks {words:?}"),
+            (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
 #[test]
 fn bad_json_gives_clear_errors() {
     let dense = |config: &str| {
@@ -571,7 +616,7 @@ fn dropout_masks_depend_on_seed_and_batch_and_evaluation_has_none() {
     };
     let (a, b, c) = (m(1), m(1), m(2));
     let params = crate::model::init_values(&a.variables(), 3);
-    let batch = Batch { x: Array2::from_elem((4, 20), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]) };
+    let batch = Batch { x: Array2::from_elem((4, 20), 1.0), targets: Targets::Labels(vec![0, 1, 0, 1]), sparse: None };
     let losses = |m: &KerasModel| (0..3).map(|_| m.loss_and_gradients(&params, &batch).loss).collect::<Vec<_>>();
     let (la, lb, lc) = (losses(&a), losses(&b), losses(&c));
     assert_eq!(la, lb, "the same seed draws the same masks, batch after batch");
@@ -621,7 +666,7 @@ fn a_cnn_learns_and_evaluates() {
                 }
             }
         }
-        Batch { x, targets: Targets::Labels(labels) }
+        Batch { x, targets: Targets::Labels(labels), sparse: None }
     };
     let test = make(200);
     let mut params = crate::model::init_values(&m.variables(), 1);

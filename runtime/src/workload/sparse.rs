@@ -1,0 +1,126 @@
+//! The sparse models' workloads: `--model sparse_lr` and `--model
+//! wide_deep` on `--train_files` / `--eval_files` in `--data_format libsvm`
+//! or `criteo`, or on generated learnable data when no file is given.
+
+use std::sync::Arc;
+
+use super::{WorkloadError, WorkloadSpec};
+use crate::data::{self, FileSet, GENERATED_EVAL_BASE, GeneratedTrainingSet, Generator, SparseFormat, StreamedTrainingSet, TrainingSet};
+use crate::embedding::PartitionStrategy;
+use crate::model::{SparseModel, SparseModelConfig};
+use crate::train::Workload;
+
+/// The flags of the sparse models and their data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseOptions {
+    /// `--data_format` libsvm or criteo (default: criteo for wide_deep, libsvm for sparse_lr).
+    pub format: Option<SparseFormat>,
+    pub train_files: Option<String>,
+    pub eval_files: Option<String>,
+    pub skip_bad_lines: bool,
+    pub embedding_dim: usize,
+    pub hash_buckets: usize,
+    pub partition: PartitionStrategy,
+    /// Pull and push the embeddings whole (the baseline).
+    pub dense_embeddings: bool,
+    /// Training examples generated when no `--train_files` is given.
+    pub generated_examples: u64,
+}
+
+impl Default for SparseOptions {
+    fn default() -> Self {
+        SparseOptions {
+            format: None,
+            train_files: None,
+            eval_files: None,
+            skip_bad_lines: false,
+            embedding_dim: 8,
+            hash_buckets: 1 << 20,
+            partition: PartitionStrategy::Mod,
+            dense_embeddings: false,
+            generated_examples: 20_000,
+        }
+    }
+}
+
+/// Is `model` one of the sparse models?
+pub fn is_sparse_model(model: &str) -> bool {
+    matches!(model.to_ascii_lowercase().as_str(), "sparse_lr" | "wide_deep")
+}
+
+fn flag(field: &'static str, reason: impl Into<String>) -> WorkloadError {
+    WorkloadError::Flag { field, reason: reason.into() }
+}
+
+/// A sparse model with its (streamed or generated) data.
+pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {
+    let o = &spec.sparse;
+    let name = spec.model.to_ascii_lowercase();
+    let unused = [
+        ("activation", spec.activation.is_some()),
+        ("weight_init", spec.weight_init.is_some()),
+        ("hidden_units", name == "sparse_lr" && spec.hidden_units.is_some()),
+    ];
+    if let Some((field, _)) = unused.iter().find(|(_, given)| *given) {
+        return Err(flag(field, format!("the {name} model does not use it (--hidden_units shapes wide_deep's deep part)")));
+    }
+    if spec.data_dir.is_some() {
+        return Err(flag("data_dir", "the sparse models read --train_files and --eval_files"));
+    }
+    if o.hash_buckets == 0 || o.embedding_dim == 0 {
+        return Err(flag(if o.hash_buckets == 0 { "hash_buckets" } else { "embedding_dim" }, "must be at least 1"));
+    }
+    if o.eval_files.is_some() && o.train_files.is_none() {
+        return Err(flag("eval_files", "goes with --train_files (without them the data are generated, held-out examples included)"));
+    }
+    let format = o.format.unwrap_or(if name == "wide_deep" { SparseFormat::Criteo } else { SparseFormat::Libsvm });
+    let eval_n = spec.eval_examples.max(1);
+    let (train, eval): (Arc<dyn TrainingSet>, Vec<data::SparseExample>) = match &o.train_files {
+        Some(list) => {
+            let files = data::expand_files(list)?;
+            let set = FileSet::index(&files, format, o.skip_bad_lines)?;
+            tracing::info!("indexed {} {format} training example(s) in {} file(s)", set.len(), files.len());
+            let eval = match &o.eval_files {
+                Some(list) => data::read_head(&data::expand_files(list)?, format, eval_n, o.skip_bad_lines)?,
+                None => {
+                    tracing::info!("no --eval_files: evaluating on the first {eval_n} training examples");
+                    set.read(0..(eval_n as u64).min(set.len()))?
+                }
+            };
+            (Arc::new(StreamedTrainingSet { files: set }), eval)
+        }
+        None => {
+            let generator = Generator::new(format, spec.seed);
+            tracing::info!(
+                "no --train_files given: generating {} learnable {format} examples (seed {}); the true model's AUC on the {eval_n} held-out ones is {:.4}",
+                o.generated_examples,
+                spec.seed,
+                generator.achievable_auc(eval_n as u64)
+            );
+            let eval = (0..eval_n as u64).map(|i| generator.example(GENERATED_EVAL_BASE + i).0).collect();
+            (Arc::new(GeneratedTrainingSet { generator, examples: o.generated_examples.max(1) }), eval)
+        }
+    };
+    let cfg = SparseModelConfig {
+        hash_buckets: o.hash_buckets,
+        embedding_dim: o.embedding_dim,
+        hidden_units: spec.hidden_units.clone().unwrap_or_else(|| vec![100]),
+        dense_dim: format.dense_dim(),
+        fields: format.fields(),
+        partition: o.partition,
+        sparse_embeddings: !o.dense_embeddings,
+    };
+    let model = if name == "wide_deep" {
+        if cfg.hidden_units.contains(&0) {
+            return Err(flag("hidden_units", "every layer needs at least 1 unit"));
+        }
+        SparseModel::wide_deep(cfg)
+    } else {
+        SparseModel::sparse_lr(cfg)
+    };
+    let batch_size = spec.batch_size.unwrap_or(100);
+    if batch_size == 0 {
+        return Err(flag("batch_size", "must be at least 1"));
+    }
+    Ok(Workload { model: Box::new(model), train, batch_size, eval: Some(data::sparse_batch(&eval, format)) })
+}
