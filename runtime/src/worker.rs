@@ -97,8 +97,8 @@ impl ShardFeed {
             return Ok(Fed::Batch(Box::new(batch)));
         }
         let finished = self.finished();
-        let reply = ps.next_shard(self.plan_proto(), finished, true).await?;
         self.note_trained(ps, finished);
+        let reply = ps.next_shard(self.plan_proto(), finished, true).await?;
         self.current = None;
         self.progress = reply.progress;
         match Outcome::try_from(reply.outcome) {
@@ -121,7 +121,10 @@ impl ShardFeed {
 
     /// Every shard this task trained, at debug level (target
     /// `tfjob_runtime::shards`), for whoever checks that every example was
-    /// trained: `RUST_LOG=info,tfjob_runtime::shards=debug`.
+    /// trained: `RUST_LOG=info,tfjob_runtime::shards=debug`. Written before
+    /// the shard is reported done: a task killed between the two has trained
+    /// it all the same (the dispatcher may count it done, or hand it out
+    /// again, and then it is logged twice).
     fn note_trained(&self, ps: &PsSet, finished: Option<(proto::ShardRef, u64)>) {
         if let Some((shard, _)) = finished {
             let examples = self.plan.shard_examples(shard.index);
@@ -139,11 +142,9 @@ impl ShardFeed {
     /// dispatcher's figures (the last known ones if ps 0 is gone).
     async fn close(&mut self, ps: &PsSet) -> Option<proto::DispatchProgress> {
         let finished = self.finished();
+        self.note_trained(ps, finished);
         match ps.next_shard(self.plan_proto(), finished, false).await {
-            Ok(reply) => {
-                self.note_trained(ps, finished);
-                reply.progress
-            }
+            Ok(reply) => reply.progress,
             Err(e) => {
                 tracing::warn!("{}: cannot report to the shard dispatcher: {e}", ps.task);
                 self.progress
