@@ -50,7 +50,7 @@ pub fn write_blobs(dir: &Path, train: usize, test: usize, side: usize, classes: 
     assert!((1..=10).contains(&classes), "classes must be 1 to 10");
     let mut rng = Numbers(seed);
     let pixels = side * side;
-    let prototypes: Vec<Vec<f64>> = (0..classes).map(|_| (0..pixels).map(|_| if rng.next_u64() % 2 == 0 { 0.5 } else { 0.0 }).collect()).collect();
+    let prototypes: Vec<Vec<f64>> = (0..classes).map(|_| (0..pixels).map(|_| if rng.next_u64().is_multiple_of(2) { 0.5 } else { 0.0 }).collect()).collect();
     let mut split = |n: usize| {
         let mut images = Vec::with_capacity(n * pixels);
         let mut labels = Vec::with_capacity(n);

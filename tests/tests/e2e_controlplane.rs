@@ -359,16 +359,17 @@ fn scale_a_training_job(scene: &Scene) -> Result<()> {
         if at.scaled_up.is_some() && at.created.is_none() && names.contains(&pod(2).as_str()) && names.contains(&pod(3).as_str()) {
             at.created = Some(Instant::now());
         }
-        if at.created.is_some() && at.scaled_down.is_none() {
-            if let Some(t) = s.agent.first_gradient(&s.ns, &pod(3)) {
-                at.first_gradient = Some(t);
-                let now = s.pod_uids(JOB)?;
-                for (name, uid) in &at.before {
-                    ensure!(now.iter().any(|(n, u)| n == name && u == uid), "{name} was replaced by the scale-up: {:?} → {now:?}", at.before);
-                }
-                s.kubectl(&["scale", &format!("tfjob/{JOB}"), "--replicas=1"])?;
-                at.scaled_down = Some(Instant::now());
+        if at.created.is_some()
+            && at.scaled_down.is_none()
+            && let Some(t) = s.agent.first_gradient(&s.ns, &pod(3))
+        {
+            at.first_gradient = Some(t);
+            let now = s.pod_uids(JOB)?;
+            for (name, uid) in &at.before {
+                ensure!(now.iter().any(|(n, u)| n == name && u == uid), "{name} was replaced by the scale-up: {:?} → {now:?}", at.before);
             }
+            s.kubectl(&["scale", &format!("tfjob/{JOB}"), "--replicas=1"])?;
+            at.scaled_down = Some(Instant::now());
         }
         if at.scaled_down.is_some() && at.deleted.is_none() && !(1..4).any(|i| names.contains(&pod(i).as_str())) {
             ensure!(

@@ -199,10 +199,10 @@ fn killed_worker_is_restarted_under_on_failure() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let victim = loop {
         let log = std::fs::read_to_string(run_dir.join("worker-1.log")).unwrap_or_default();
-        if log.contains("local_step=1000 ") {
-            if let Some((pid, _)) = marked_replicas(&marker).get(&("worker".to_string(), 1)) {
-                break *pid;
-            }
+        if log.contains("local_step=1000 ")
+            && let Some((pid, _)) = marked_replicas(&marker).get(&("worker".to_string(), 1))
+        {
+            break *pid;
         }
         assert!(Instant::now() < deadline, "worker-1 never trained");
         std::thread::sleep(Duration::from_millis(50));

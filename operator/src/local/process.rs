@@ -246,10 +246,10 @@ impl Backend for ProcessBackend {
     }
 
     fn delete(&mut self, name: &str) {
-        if let Some(mut r) = self.replicas.remove(name) {
-            if let Some(c) = r.child.take() {
-                Self::stop_children(vec![c], Duration::from_secs(3));
-            }
+        if let Some(mut r) = self.replicas.remove(name)
+            && let Some(c) = r.child.take()
+        {
+            Self::stop_children(vec![c], Duration::from_secs(3));
         }
     }
 
@@ -257,26 +257,26 @@ impl Backend for ProcessBackend {
         let now = Instant::now();
         let mut restarts = Vec::new();
         for (name, r) in &mut self.replicas {
-            if let Some(c) = &mut r.child {
-                if let Ok(Some(status)) = c.try_wait() {
-                    let code = exit_code_of(status);
-                    r.child = None;
-                    r.exit_code = Some(code);
-                    if super::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
-                        // The kubelet restarts the container in place; the pod stays Running.
-                        r.restart_at = Some(now + r.backoff);
-                        r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
-                        self.console.info(&format!(
-                            "{} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
-                            short_name(&self.job, name),
-                            (r.restart_at.unwrap() - now).as_secs_f64(),
-                            r.planned.restart_policy.pod_restart_policy()
-                        ));
-                    } else {
-                        r.phase = super::final_phase(code);
-                        if code != 0 {
-                            self.console.info(&format!("{} failed with exit code {code}", short_name(&self.job, name)));
-                        }
+            if let Some(c) = &mut r.child
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                let code = exit_code_of(status);
+                r.child = None;
+                r.exit_code = Some(code);
+                if super::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
+                    // The kubelet restarts the container in place; the pod stays Running.
+                    r.restart_at = Some(now + r.backoff);
+                    r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
+                    self.console.info(&format!(
+                        "{} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
+                        short_name(&self.job, name),
+                        (r.restart_at.unwrap() - now).as_secs_f64(),
+                        r.planned.restart_policy.pod_restart_policy()
+                    ));
+                } else {
+                    r.phase = super::final_phase(code);
+                    if code != 0 {
+                        self.console.info(&format!("{} failed with exit code {code}", short_name(&self.job, name)));
                     }
                 }
             }
