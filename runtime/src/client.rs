@@ -157,8 +157,9 @@ pub fn is_transient(status: &Status) -> bool {
     }
 }
 
-/// Tells every ps that `task` leaves the job, concurrently, waiting at most
-/// two seconds; errors are ignored (a ps that is gone does not need to know).
+/// Tells every ps that `task` leaves the job, concurrently, each call bounded
+/// by [`LEAVE_DEADLINE`]; errors are ignored (a ps that is gone does not need
+/// to know). Returns how many ps tasks heard it.
 async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
     let calls = clients.iter().map(|c| {
         let mut c = c.clone();

@@ -413,28 +413,37 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
     Ok(())
 }
 
+/// A ps task served in this process on a free loopback port, with a token:
+/// the peer of the in-process round-trip benchmarks. It stops when the
+/// returned sender is dropped.
+async fn serve_in_process_ps() -> Result<(std::net::SocketAddr, tfjob_runtime::auth::Credentials, tokio::sync::oneshot::Sender<()>)> {
+    use tfjob_runtime::cluster::TaskId;
+    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
+    use tfjob_runtime::server::{self, WorkerService};
+    use tfjob_runtime::status::TaskStatus;
+
+    let credentials = tfjob_runtime::auth::Credentials { token: Some("bench-token".into()), tls: None };
+    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
+    server::serve(addr, Some(PsService::new(store)), WorkerService::new(status, None), &credentials, async {
+        let _ = stopped.await;
+    })
+    .await?;
+    Ok((addr, credentials, stop))
+}
+
 /// Pull and push bandwidth (MB/s, medians of `reps`) of one `n`-float
 /// variable on an in-process ps, over the tensor channel or over gRPC.
 async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result<(f64, f64)> {
-    use tfjob_runtime::auth::Credentials;
     use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::optimizer::Optimizer;
     use tfjob_runtime::placement::{self, PlacementInput};
     use tfjob_runtime::proto::{self, UpdateMode};
-    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
-    use tfjob_runtime::server::{self, WorkerService};
-    use tfjob_runtime::status::TaskStatus;
 
-    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
-    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
-    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
-        let _ = stopped.await;
-    })
-    .await?;
+    let (addr, credentials, stop) = serve_in_process_ps().await?;
     let vars = vec![ModelVariable::dense("v", vec![n])];
     let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES)?;
@@ -542,7 +551,6 @@ fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 /// Seconds per pull + push (median of `reps`) and bytes per step: `batch_rows` rows of a
 /// `rows`x`dim` embedding by id (`sparse`), or the whole table as a dense variable.
 async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usize, sparse: bool) -> Result<(f64, f64)> {
-    use tfjob_runtime::auth::Credentials;
     use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::embedding::PartitionStrategy;
@@ -550,19 +558,8 @@ async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usi
     use tfjob_runtime::optimizer::Optimizer;
     use tfjob_runtime::placement::{self, PlacementInput};
     use tfjob_runtime::proto::{self, UpdateMode};
-    use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
-    use tfjob_runtime::server::{self, WorkerService};
-    use tfjob_runtime::status::TaskStatus;
 
-    let credentials = Credentials { token: Some("bench-token".into()), tls: None };
-    let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let status = Arc::new(TaskStatus::new(TaskId::new("ps", 0)));
-    server::serve(addr, Some(PsService::new(store.clone())), WorkerService::new(status, None), &credentials, async {
-        let _ = stopped.await;
-    })
-    .await?;
+    let (addr, credentials, stop) = serve_in_process_ps().await?;
     let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: sparse.then_some((Init::Uniform { limit: 0.05 }, 1)) };
     let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: sparse.then_some(PartitionStrategy::Mod) };
     let placement = placement::place(&[input], 1, usize::MAX)?;
