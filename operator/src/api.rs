@@ -16,6 +16,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::field::{DNS_LABEL_MAX, FieldError, ValidationErrors, is_dns1035_label, is_dns1123_label, unsupported};
+
 /// API group of the TFJob resource.
 pub const GROUP: &str = "kubeflow.org";
 /// API version of the TFJob resource.
@@ -635,32 +637,6 @@ impl fmt::Display for ReplicaType {
     }
 }
 
-/// One validation problem, naming the field it is about.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct FieldError {
-    /// Path of the field, e.g. `spec.tfReplicaSpecs.Worker.template.spec.containers`.
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl FieldError {
-    /// A problem of `field`.
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError { field: field.into(), message: message.into() }
-    }
-}
-
-/// A list of validation problems (never empty when returned as an error).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}", join_errors(.0))]
-pub struct ValidationErrors(pub Vec<FieldError>);
-
-fn join_errors(errors: &[FieldError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-}
-
 /// Errors of loading a manifest.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -689,30 +665,6 @@ impl From<serde_saphyr::Error> for ManifestError {
     fn from(e: serde_saphyr::Error) -> Self {
         ManifestError::Yaml(Box::new(e))
     }
-}
-
-/// Maximum length of a DNS label.
-const DNS_LABEL_MAX: usize = 63;
-
-/// Checks a DNS-1035 label: lower-case alphanumerics and `-`, starts with a letter, ends with an
-/// alphanumeric, at most 63 characters.
-pub fn is_dns1035_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= DNS_LABEL_MAX
-        && b[0].is_ascii_lowercase()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[b.len() - 1] != b'-'
-}
-
-/// Checks a DNS-1123 label (like DNS-1035, but may start with a digit).
-pub fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= DNS_LABEL_MAX
-        && b[0] != b'-'
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[b.len() - 1] != b'-'
 }
 
 /// The replica sets of a spec, keyed by normalised type. Unknown keys are skipped (validation
@@ -942,14 +894,6 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
         ));
     }
     errs
-}
-
-/// `unsupported value "x"; supported values: "a", "b"`.
-pub fn unsupported(field: &str, value: &str, allowed: &[&str]) -> FieldError {
-    FieldError::new(
-        field,
-        format!("unsupported value {value:?}; supported values: {}", allowed.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ")),
-    )
 }
 
 fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
@@ -1393,16 +1337,6 @@ spec:
                 assert!(e.0[0].message.contains("64 characters"), "{}", e.0[0].message);
             }
         }
-    }
-
-    #[test]
-    fn dns_labels() {
-        assert!(is_dns1035_label("mnist-1"));
-        assert!(!is_dns1035_label("1mnist"));
-        assert!(!is_dns1035_label("mnist-"));
-        assert!(!is_dns1035_label("MNIST"));
-        assert!(!is_dns1035_label(""));
-        assert!(is_dns1123_label("1abc"));
     }
 
     #[test]

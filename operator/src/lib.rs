@@ -1,6 +1,7 @@
 //! tfjob-operator: the TFJob API, its planning code and its controller.
 //!
 //! - [`api`]: the `TFJob` custom resource (`kubeflow.org/v1`), defaulting and validation.
+//! - [`field`]: validation problems naming their field, and the DNS name rules.
 //! - [`plan`]: pure planning: the replicas, pods, Service, Secret and `TF_CONFIG` of a job
 //!   (entry points: [`plan::ReplicaPlanner`] for every backend, [`plan::PodPlanner`] for the
 //!   controller).
@@ -15,6 +16,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod field;
 pub mod kube;
 pub mod local;
 pub mod metrics;

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{self, CleanPodPolicy, JobCondition, ReplicaStatus, ReplicaType, RestartPolicy, SuccessPolicy, TFJobSpec, TFJobStatus};
+use crate::field::FieldError;
 use crate::plan;
 
 /// Condition type `Created`.
@@ -122,7 +123,7 @@ pub struct Observation<'a> {
     /// Observed replicas.
     pub replicas: &'a [ObservedReplica],
     /// Validation problems of the spec; when non-empty the job is failed.
-    pub invalid: &'a [api::FieldError],
+    pub invalid: &'a [FieldError],
     /// The current time.
     pub now: Timestamp,
 }
@@ -475,7 +476,7 @@ impl<'a> Machine<'a> {
     fn fail_if_invalid(&mut self) -> bool {
         let started = self.status.replica_statuses.values().any(|s| s.replicas.is_some());
         let floor = api::worker_floor_error(self.obs.spec);
-        let tolerated = |e: &api::FieldError| started && (Some(e) == floor.as_ref() || e.field.contains(".template"));
+        let tolerated = |e: &FieldError| started && (Some(e) == floor.as_ref() || e.field.contains(".template"));
         let problems: Vec<String> = self.obs.invalid.iter().filter(|e| !tolerated(e)).map(ToString::to_string).collect();
         if problems.is_empty() {
             return false;

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, Probe, Tol
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
-use crate::api::{FieldError, is_dns1123_label, unsupported};
+use crate::field::{FieldError, is_dns1123_label, unsupported};
 
 /// What reading a template found besides the template itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{self, ReplicaType, TFJob, ValidationErrors};
+use crate::api::{self, ReplicaType, TFJob};
+use crate::field::{ValidationErrors, is_dns1035_label};
 
 /// The socket's file name in a run directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -198,7 +199,7 @@ pub fn resolve_run_dir(arg: &str, root: &Path) -> Result<PathBuf, ClientError> {
     if path.is_dir() {
         return Ok(path.to_path_buf());
     }
-    if !api::is_dns1035_label(arg) {
+    if !is_dns1035_label(arg) {
         return Err(ClientError::NoRunDir(arg.to_string()));
     }
     let link = latest_link(root, arg);

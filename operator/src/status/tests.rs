@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::api::{CleanPodPolicy, ReplicaSpec, RestartPolicy, TFJobSpec};
+use crate::field::FieldError;
 
 fn spec(types: &[(ReplicaType, i32, RestartPolicy)]) -> TFJobSpec {
     let mut s = TFJobSpec::default();
@@ -52,7 +53,7 @@ fn run(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], now
 }
 
 /// [`run`] of a spec with these validation problems.
-fn run_invalid(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], invalid: &[crate::api::FieldError], now: Timestamp) -> Outcome {
+fn run_invalid(spec: &TFJobSpec, status: &TFJobStatus, replicas: &[ObservedReplica], invalid: &[FieldError], now: Timestamp) -> Outcome {
     reconcile_status(&Observation { namespace: "ns", name: "job", spec, status, replicas, invalid, now })
 }
 
@@ -517,8 +518,8 @@ fn invalid_job_fails_with_warning() {
 #[test]
 fn a_template_problem_fails_a_new_job_but_not_one_that_runs() {
     let s = spec(&[(Worker, 1, Never)]);
-    let typo = crate::api::FieldError::new("spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource", "unknown field; did you mean \"resources\"?");
-    let other = crate::api::FieldError::new("spec.runPolicy.backoffLimit", "must be >= 0, got -1");
+    let typo = FieldError::new("spec.tfReplicaSpecs.Worker.template.spec.containers[0].resource", "unknown field; did you mean \"resources\"?");
+    let other = FieldError::new("spec.runPolicy.backoffLimit", "must be >= 0, got -1");
     // (started already, problems, fails)
     let cases = [
         (false, vec![typo.clone()], true),
