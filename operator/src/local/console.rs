@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::api::{ReplicaType, TFJobStatus};
 use crate::status::{ObservedReplica, Phase};
 
-use super::RunResult;
-use super::training::TrainingRecord;
+use super::outcome::RunResult;
+use super::training::{TrainingRecord, global_step_in};
 
 /// Replicas by phase, and restarts, as the status line shows them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -52,21 +52,6 @@ pub struct Console {
     tty: bool,
     started: Instant,
     state: Mutex<State>,
-}
-
-/// The largest `global_step=N` in a line, if any (the runtime's log lines
-/// and final JSON carry it).
-pub fn global_step_in(line: &str) -> Option<i64> {
-    let mut best = None;
-    for key in ["global_step=", "\"global_step\":"] {
-        for rest in line.split(key).skip(1) {
-            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-            if let Ok(v) = digits.parse::<i64>() {
-                best = Some(best.map_or(v, |b: i64| b.max(v)));
-            }
-        }
-    }
-    best
 }
 
 impl Console {
@@ -262,17 +247,5 @@ mod tests {
         );
         let counts = Counts { running: 1, ..Counts::default() };
         assert_eq!(status_line("chief-only", &counts, None, None), "chief-only: 1 running, 0 pending, 0 succeeded, 0 failed");
-    }
-
-    #[test]
-    fn global_steps_in_lines() {
-        for (line, want) in [
-            ("worker:1: local_step=100 global_step=205 loss=0.1", Some(205)),
-            ("{\"global_step\":4000,\"W\":2.0}", Some(4000)),
-            ("ps:0: serving on 127.0.0.1:2222", None),
-            ("global_step=x", None),
-        ] {
-            assert_eq!(global_step_in(line), want, "{line}");
-        }
     }
 }

@@ -34,9 +34,9 @@ use crate::api::{self, ReplicaType, TFJob};
 use crate::plan::{self, PlannedReplica};
 use crate::status::{ObservedReplica, Phase};
 
+use super::backend::{self, Backend, RunError, short_name};
 use super::console::Console;
 use super::expand::Environment;
-use super::{Backend, RunError, short_name};
 
 /// Label with the job's name on every container and network of a run.
 pub const LABEL_JOB: &str = "io.tfjob.job";
@@ -512,7 +512,7 @@ impl ContainerKubelet {
                         p.state.running = false;
                         p.state.exit_code = Some(code);
                         self.drain_log(&mut p);
-                        if super::restarts_in_place(&p.spec.restart_policy, code) {
+                        if backend::restarts_in_place(&p.spec.restart_policy, code) {
                             p.restart_at = Some(now + p.backoff);
                             self.output.info(&format!(
                                 "{log_name} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
@@ -521,7 +521,7 @@ impl ContainerKubelet {
                             ));
                             p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
                         } else {
-                            p.state.phase = super::final_phase(code);
+                            p.state.phase = backend::final_phase(code);
                             if code != 0 {
                                 self.output.info(&format!("{log_name} failed with exit code {code}"));
                             }
@@ -655,7 +655,7 @@ fn pod_container(job: &str, run_dir: &Path, images: &BTreeMap<ReplicaType, Strin
         .iter()
         .map(|m| BindMount { host_path: m.host_path.display().to_string(), container_path: m.mount_path.clone(), read_only: m.read_only })
         .collect();
-    let env = super::replica_environment(planned, token).into_vars();
+    let env = backend::replica_environment(planned, token).into_vars();
     Ok(PodContainer {
         log_name: short.clone(),
         image,
@@ -696,7 +696,7 @@ impl Backend for ContainerBackend {
             .into_iter()
             .filter_map(|(name, st)| {
                 let planned = self.planned.get(&name)?;
-                Some(super::observed(&name, planned, st.phase, st.exit_code, st.restart_count))
+                Some(backend::observed(&name, planned, st.phase, st.exit_code, st.restart_count))
             })
             .collect()
     }

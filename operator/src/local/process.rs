@@ -17,9 +17,9 @@ use crate::api::ReplicaType;
 use crate::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
 use crate::status::{ObservedReplica, Phase};
 
+use super::backend::{self, Backend, RunError, short_name};
 use super::console::Console;
 use super::volumes::{self, LocalMount};
-use super::{Backend, RunError, short_name};
 
 /// The runtime's name in manifests; resolved to the binary next to `tfjob`.
 pub const RUNTIME_COMMAND: &str = "tfjob-runtime";
@@ -125,7 +125,7 @@ impl ProcessBackend {
             });
         }
         // As the kubelet: env values, then command and args, with their `$(VAR)` expanded.
-        let env = super::replica_environment(planned, token);
+        let env = backend::replica_environment(planned, token);
         let argv = env.expand_all(&[planned.command.as_slice(), planned.args.as_slice()].concat());
         // A process cannot mount: paths under a mountPath go to the volume's directory.
         let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();
@@ -263,7 +263,7 @@ impl Backend for ProcessBackend {
                 let code = exit_code_of(status);
                 r.child = None;
                 r.exit_code = Some(code);
-                if super::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
+                if backend::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
                     // The kubelet restarts the container in place; the pod stays Running.
                     r.restart_at = Some(now + r.backoff);
                     r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
@@ -274,7 +274,7 @@ impl Backend for ProcessBackend {
                         r.planned.restart_policy.pod_restart_policy()
                     ));
                 } else {
-                    r.phase = super::final_phase(code);
+                    r.phase = backend::final_phase(code);
                     if code != 0 {
                         self.console.info(&format!("{} failed with exit code {code}", short_name(&self.job, name)));
                     }
@@ -303,7 +303,7 @@ impl Backend for ProcessBackend {
                 }
             }
         }
-        self.replicas.iter().map(|(name, r)| super::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count)).collect()
+        self.replicas.iter().map(|(name, r)| backend::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count)).collect()
     }
 
     fn shutdown(&mut self) {

@@ -63,6 +63,21 @@ pub fn progress_in(line: &str) -> Option<Progress> {
     Some(Progress { step: step?, figures }).filter(|p| !p.figures.is_empty())
 }
 
+/// The largest `global_step=N` in a line, if any (the runtime's log lines
+/// and final JSON carry it).
+pub fn global_step_in(line: &str) -> Option<i64> {
+    let mut best = None;
+    for key in ["global_step=", "\"global_step\":"] {
+        for rest in line.split(key).skip(1) {
+            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            if let Ok(v) = digits.parse::<i64>() {
+                best = Some(best.map_or(v, |b: i64| b.max(v)));
+            }
+        }
+    }
+    best
+}
+
 /// One figure of one replica at a global step, and when it was read (seconds into the run).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -83,7 +98,7 @@ pub struct TrainingRecord {
 impl TrainingRecord {
     /// Records what a replica's line says, read at `secs` into the run.
     pub fn line(&mut self, replica: &str, line: &str, secs: f64) {
-        if let Some(step) = super::console::global_step_in(line) {
+        if let Some(step) = global_step_in(line) {
             self.steps.push((secs, step));
         }
         if let Some(p) = progress_in(line) {
@@ -238,5 +253,17 @@ mod tests {
         let labels: Vec<&str> = loss.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(labels, ["evaluator-0 (held-out)", "worker-0"]);
         assert_eq!(loss[1].points, vec![(1.0, 2.0), (100.0, 1.0)]);
+    }
+
+    #[test]
+    fn global_steps_in_lines() {
+        for (line, want) in [
+            ("worker:1: local_step=100 global_step=205 loss=0.1", Some(205)),
+            ("{\"global_step\":4000,\"W\":2.0}", Some(4000)),
+            ("ps:0: serving on 127.0.0.1:2222", None),
+            ("global_step=x", None),
+        ] {
+            assert_eq!(global_step_in(line), want, "{line}");
+        }
     }
 }
