@@ -30,9 +30,9 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, ReplicaType, TFJob};
-use crate::plan::{self, PlannedReplica};
-use crate::status::{ObservedReplica, Phase};
+use tfjob_api::api::{self, ReplicaType, TFJob};
+use tfjob_api::plan::{self, PlannedReplica};
+use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::backend::{self, Backend, RunError, short_name};
 use super::console::Console;

@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::api::ReplicaType;
-use crate::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
-use crate::status::{ObservedReplica, Phase};
+use tfjob_api::api::ReplicaType;
+use tfjob_api::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
+use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::backend::{self, Backend, RunError, short_name};
 use super::console::Console;

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::api::TFJob;
-use crate::plan;
+use tfjob_api::api::TFJob;
+use tfjob_api::plan;
 
 /// How long the controller waits for its cache to show its own writes before acting anyway.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);

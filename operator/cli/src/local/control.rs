@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{self, ReplicaType, TFJob};
-use crate::field::{ValidationErrors, is_dns1035_label};
+use tfjob_api::api::{self, ReplicaType, TFJob};
+use tfjob_api::field::{ValidationErrors, is_dns1035_label};
 
 /// The socket's file name in a run directory.
 pub const SOCKET_NAME: &str = "control.sock";

@@ -1,6 +1,6 @@
 //! The driver of `tfjob run`: the controller's loop without Kubernetes. It plans the job with
-//! [`crate::plan`], observes the replicas through a [`Backend`], feeds the observations to the
-//! pure state machine ([`crate::status::reconcile_status`]) and executes the actions it returns
+//! [`tfjob_api::plan`], observes the replicas through a [`Backend`], feeds the observations to the
+//! pure state machine ([`tfjob_api::status::reconcile_status`]) and executes the actions it returns
 //! on the backend; `tfjob scale` requests arrive through [`super::control`].
 
 use std::path::{Path, PathBuf};
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{self, ReplicaType, TFJob, TFJobStatus};
-use crate::plan::{self, AddressBook};
-use crate::status::{self, Action, EventKind, Observation};
+use tfjob_api::api::{self, ReplicaType, TFJob, TFJobStatus};
+use tfjob_api::plan::{self, AddressBook};
+use tfjob_api::status::{self, Action, EventKind, Observation};
 
 use super::backend::{Backend, Observed, RunError, short_name};
 use super::console::Console;
@@ -321,7 +321,7 @@ fn terminal(status: &TFJobStatus) -> Option<(bool, String, String)> {
 
 /// Writes the status as YAML (the TFJob's `status` as the cluster would show it).
 fn write_status(run_dir: &Path, status: &TFJobStatus) {
-    let yaml = crate::api::to_yaml(&serde_json::json!({ "status": status })).unwrap_or_default();
+    let yaml = tfjob_api::api::to_yaml(&serde_json::json!({ "status": status })).unwrap_or_default();
     let tmp = run_dir.join(".status.yaml.tmp");
     if std::fs::write(&tmp, yaml).is_ok() {
         let _ = std::fs::rename(&tmp, run_dir.join("status.yaml"));

@@ -5,9 +5,9 @@
 //!
 //! Backends import this module, never the driver.
 
-use crate::api::{ManifestError, ReplicaType};
-use crate::plan::{ENV_TOKEN, PlannedReplica};
-use crate::status::{self, ObservedReplica};
+use tfjob_api::api::{ManifestError, ReplicaType};
+use tfjob_api::plan::{ENV_TOKEN, PlannedReplica};
+use tfjob_api::status::{self, ObservedReplica};
 
 use super::expand;
 
@@ -100,7 +100,7 @@ pub fn short_name(job: &str, pod_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::RestartPolicy;
+    use tfjob_api::api::RestartPolicy;
 
     #[test]
     fn kubelet_restart_decisions() {

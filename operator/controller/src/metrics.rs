@@ -29,8 +29,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::api::{Claim, TFJob, TFJobStatus};
-use crate::status;
+use tfjob_api::api::{Claim, TFJob, TFJobStatus};
+use tfjob_api::status;
 
 /// The `framework` label of Kubeflow's job counters for TFJobs.
 pub const FRAMEWORK: &str = "tensorflow";
@@ -236,7 +236,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, rea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::JobCondition;
+    use tfjob_api::api::JobCondition;
 
     fn status(conditions: &[(&str, &str)]) -> TFJobStatus {
         TFJobStatus {
@@ -299,8 +299,8 @@ mod tests {
     /// Kubeflow's training-operator, not Kubeflow's.
     #[test]
     fn jobs_by_phase_counts_only_the_jobs_taken() {
-        use crate::api::{MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS};
         use kube::runtime::{reflector, watcher};
+        use tfjob_api::api::{MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS};
         let (store, mut writer) = reflector::store::<TFJob>();
         for (name, managed_by) in [("plain", None), ("ours", Some(MANAGED_BY_TFJOB_RS)), ("kueue", Some(MANAGED_BY_MULTIKUEUE))] {
             let mut job = TFJob::new(name, Default::default());

@@ -3,5 +3,5 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    tfjob_operator::cli::run(tfjob_operator::cli::Cli::parse())
+    tfjob::cli::run(tfjob::cli::Cli::parse())
 }

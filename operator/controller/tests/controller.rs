@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tfjob_operator::api::{Claim, TFJob};
+use tfjob_api::api::{Claim, TFJob};
+use tfjob_api::plan::{GangScheduler, PlanOptions};
 use tfjob_operator::kube::cache::Caches;
 use tfjob_operator::kube::{Context, reconcile};
-use tfjob_operator::plan::{GangScheduler, PlanOptions};
 
 const JOBS: &str = "/apis/kubeflow.org/v1/namespaces/ns/tfjobs";
 const PODS: &str = "/api/v1/namespaces/ns/pods";

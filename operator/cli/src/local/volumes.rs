@@ -22,7 +22,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crate::plan::PlannedReplica;
+use tfjob_api::plan::PlannedReplica;
 
 /// One volume of a replica as a directory of this machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,10 +164,10 @@ mod tests {
 
     fn replica(volumes: Vec<Volume>, mounts: Vec<VolumeMount>) -> PlannedReplica {
         PlannedReplica {
-            replica_type: crate::api::ReplicaType::PS,
+            replica_type: tfjob_api::api::ReplicaType::PS,
             index: 0,
             pod_name: "job-ps-0".into(),
-            restart_policy: crate::api::RestartPolicy::Never,
+            restart_policy: tfjob_api::api::RestartPolicy::Never,
             port: 2222,
             address: String::new(),
             command: vec![],

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::api::{ReplicaType, TFJobStatus};
-use crate::status::{ObservedReplica, Phase};
+use tfjob_api::api::{ReplicaType, TFJobStatus};
+use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::outcome::RunResult;
 use super::training::{TrainingRecord, global_step_in};

@@ -1,6 +1,6 @@
 //! The Kubernetes controller: watches TFJobs and the pods and Services they own (into watch
-//! caches, see [`cache`]), executes the plan ([`crate::plan`]) and the status state machine
-//! ([`crate::status`]), writes status through the status subresource, emits Events, and serves
+//! caches, see [`cache`]), executes the plan ([`tfjob_api::plan`]) and the status state machine
+//! ([`tfjob_api::status`]), writes status through the status subresource, emits Events, and serves
 //! `/metrics`, `/healthz` and `/readyz`. Leader election uses a `coordination.k8s.io` Lease.
 //!
 //! Light on the API server: a reconcile reads nothing from it. The job comes from the
@@ -30,10 +30,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::api::{self, TFJob, TFJobStatus};
 use crate::metrics::{JobEvent, Metrics};
-use crate::plan::{self, GangScheduler, PlanOptions};
-use crate::status::{self, Action, EventKind, Observation, ObservedReplica, Phase, PodRefusal};
+use tfjob_api::api::{self, TFJob, TFJobStatus};
+use tfjob_api::plan::{self, GangScheduler, PlanOptions};
+use tfjob_api::status::{self, Action, EventKind, Observation, ObservedReplica, Phase, PodRefusal};
 
 use cache::{CachedPod, Caches, EXPECTATION_TTL, Expectations, Once};
 

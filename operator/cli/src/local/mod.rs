@@ -1,10 +1,10 @@
 //! `tfjob run`: one TFJob on one machine, no cluster.
 //!
 //! The [`driver`] is the controller's loop without Kubernetes: it plans the
-//! job with [`crate::plan`], observes the replicas through a [`Backend`]
+//! job with [`tfjob_api::plan`], observes the replicas through a [`Backend`]
 //! (child processes by default, containers with `--backend container`),
 //! feeds the observations to the same pure state machine
-//! ([`crate::status::reconcile_status`]) and executes the actions it
+//! ([`tfjob_api::status::reconcile_status`]) and executes the actions it
 //! returns. A backend plays the kubelet: it starts replicas, restarts them in
 //! place per the pod restart policy, and reports phases and exit codes; its
 //! contract with the driver is [`backend`]. `tfjob scale` changes the spec of
