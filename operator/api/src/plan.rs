@@ -521,6 +521,18 @@ pub struct PlanOptions {
     pub network_policy: bool,
 }
 
+impl PlanOptions {
+    /// The options as the operator and `tfjob render` take them from their flags: an empty
+    /// cluster domain is none, the gang scheduler is read by [`GangScheduler::from_setting`].
+    pub fn from_settings(cluster_domain: Option<&str>, gang_scheduler: Option<&str>, network_policy: bool) -> PlanOptions {
+        PlanOptions {
+            cluster_domain: cluster_domain.filter(|d| !d.is_empty()).map(str::to_string),
+            gang_scheduler: gang_scheduler.and_then(GangScheduler::from_setting),
+            network_policy,
+        }
+    }
+}
+
 /// Everything the controller applies for a job.
 #[derive(Clone, Debug)]
 pub struct DesiredObjects {
@@ -1370,6 +1382,16 @@ spec:
         assert_eq!(d.secret.metadata.name.as_deref(), Some("mnist-token"));
         assert_eq!(d.secret.data.as_ref().unwrap()["token"].0, b"tok".to_vec());
         assert!(d.pod_group.is_none());
+    }
+
+    #[test]
+    fn options_from_settings() {
+        let none = PlanOptions::from_settings(Some(""), Some("none"), false);
+        assert_eq!((none.cluster_domain, none.gang_scheduler, none.network_policy), (None, None, false));
+        let all = PlanOptions::from_settings(Some("cluster.local"), Some("volcano"), true);
+        assert_eq!((all.cluster_domain.as_deref(), all.gang_scheduler, all.network_policy), (Some("cluster.local"), Some(GangScheduler::Volcano), true));
+        let plugins = PlanOptions::from_settings(None, Some("scheduler-plugins-scheduler"), false);
+        assert_eq!(plugins.gang_scheduler, Some(GangScheduler::SchedulerPlugins("scheduler-plugins-scheduler".into())));
     }
 
     #[test]

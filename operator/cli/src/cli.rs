@@ -12,7 +12,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use tfjob_api::crd::{crd, crd_yaml};
 
 use tfjob_api::api::{self, ManifestError};
-use tfjob_api::plan::{self, GangScheduler, PlanOptions};
+use tfjob_api::plan::{self, PlanOptions};
 
 /// `tfjob`: TFJob operator and tools.
 #[derive(Debug, Parser)]
@@ -276,11 +276,7 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
     if docs.is_empty() {
         return Err(CliError::Empty(path.to_string()));
     }
-    let opts = PlanOptions {
-        cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
-        network_policy: args.network_policy,
-    };
+    let opts = PlanOptions::from_settings(args.cluster_domain.as_deref(), args.gang_scheduler.as_deref(), args.network_policy);
     let mut all: Vec<serde_json::Value> = Vec::new();
     for doc in docs {
         let mut job = doc.map_err(|source| CliError::Manifest { path: path.to_string(), source })?;

@@ -666,11 +666,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "tfjob operator starting");
     let client = Client::try_default().await.map_err(OperatorError::Connect)?;
     check_crd(&client, args.namespace.as_deref()).await?;
-    let opts = PlanOptions {
-        cluster_domain: args.cluster_domain.clone().filter(|d| !d.is_empty()),
-        gang_scheduler: args.gang_scheduler.as_deref().and_then(GangScheduler::from_setting),
-        network_policy: args.network_policy,
-    };
+    let opts = PlanOptions::from_settings(args.cluster_domain.as_deref(), args.gang_scheduler.as_deref(), args.network_policy);
     let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     let mut ctx = Context::new(client.clone(), opts, caches);
     if args.beside_kubeflow {
