@@ -34,7 +34,7 @@ pub enum Command {
     /// `List`).
     Render(RenderArgs),
     /// Run the Kubernetes controller.
-    Operator(tfjob_operator::kube::OperatorArgs),
+    Operator(tfjob_operator::OperatorArgs),
     /// Run a TFJob on this machine: every replica a process on 127.0.0.1 (or a container with
     /// `--backend container`), driven by the same planning and status code as the operator.
     Run(RunArgs),
@@ -374,7 +374,7 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Render(args) => print_out(read(&args.file).and_then(|text| render_text(&text, &args.file.display().to_string(), &args))),
-        Command::Operator(args) => tfjob_operator::kube::run_operator(args),
+        Command::Operator(args) => tfjob_operator::run_operator(args),
         Command::Run(args) => {
             let opts = crate::local::RunOptions { run_dir: args.run_dir, quiet: args.quiet, follow: args.follow, ..Default::default() };
             match crate::local::run_file(&args.file, args.backend, &opts) {

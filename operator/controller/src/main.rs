@@ -7,9 +7,9 @@ use clap::Parser;
 #[command(name = "tfjob-operator", version, about = "TFJob (kubeflow.org/v1) operator")]
 struct Cli {
     #[command(flatten)]
-    args: tfjob_operator::kube::OperatorArgs,
+    args: tfjob_operator::OperatorArgs,
 }
 
 fn main() -> std::process::ExitCode {
-    tfjob_operator::kube::run_operator(Cli::parse().args)
+    tfjob_operator::run_operator(Cli::parse().args)
 }

@@ -14,8 +14,8 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tfjob_api::api::{Claim, TFJob};
 use tfjob_api::plan::{GangScheduler, PlanOptions};
-use tfjob_operator::kube::cache::Caches;
-use tfjob_operator::kube::{Context, reconcile};
+use tfjob_operator::controller::cache::Caches;
+use tfjob_operator::controller::{Context, reconcile};
 
 const JOBS: &str = "/apis/kubeflow.org/v1/namespaces/ns/tfjobs";
 const PODS: &str = "/api/v1/namespaces/ns/pods";
@@ -509,15 +509,15 @@ fn exposition(text: &str) -> Vec<(String, String, f64)> {
 async fn missing_crd_is_reported_clearly() {
     let api = FakeApi::default();
     let client = api.client();
-    assert!(tfjob_operator::kube::check_crd(&client, Some("ns")).await.is_ok());
+    assert!(tfjob_operator::startup::check_crd(&client, Some("ns")).await.is_ok());
     api.state.lock().unwrap().unserved.push("/apis/kubeflow.org/".into());
-    let err = tfjob_operator::kube::check_crd(&client, Some("ns")).await.unwrap_err().to_string();
+    let err = tfjob_operator::startup::check_crd(&client, Some("ns")).await.unwrap_err().to_string();
     assert!(err.contains("CustomResourceDefinition (tfjobs.kubeflow.org) is not installed"), "{err}");
 }
 
 #[tokio::test]
 async fn leader_election_on_a_lease() {
-    use tfjob_operator::kube::LeaderElector;
+    use tfjob_operator::leader::LeaderElector;
     let api = FakeApi::default();
     let elector = |id: &str| LeaderElector {
         api: kube::Api::namespaced(api.client(), "ns"),
@@ -624,7 +624,7 @@ async fn the_controller_follows_watch_events() {
     use futures::StreamExt;
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, Patch, PatchParams, PostParams};
-    use tfjob_operator::kube::{build_controller, error_policy};
+    use tfjob_operator::controller::{build_controller, error_policy};
 
     let api = FakeApi::default();
     let client = api.client();
