@@ -808,13 +808,28 @@ pub fn validate(job: &TFJob) -> Vec<FieldError> {
 /// Validates a spec alone (field paths start with `spec.`).
 pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let base = "spec.tfReplicaSpecs";
-    if spec.tf_replica_specs.is_empty() {
-        errs.push(FieldError::new(base, "must contain at least one replica type (Chief, Master, PS, Worker, Evaluator)"));
+    let types = check_replica_sets(spec, &mut errs);
+    check_leaders(spec, &types, &mut errs);
+    errs.extend(worker_floor_error(spec));
+    if let Some(SuccessPolicy::Unsupported(v)) = &spec.success_policy {
+        errs.push(unsupported("spec.successPolicy", v, &["", "AllWorkers"]));
     }
-    let mut seen: BTreeMap<ReplicaType, &str> = BTreeMap::new();
+    check_run_policy(&spec.run_policy, &mut errs);
+    errs
+}
+
+/// Path of the replica sets of a spec.
+const REPLICA_SPECS: &str = "spec.tfReplicaSpecs";
+
+/// Checks the replica-set keys (at least one; each a known type, each type once) and each
+/// replica set; returns the key of each replica type.
+fn check_replica_sets<'s>(spec: &'s TFJobSpec, errs: &mut Vec<FieldError>) -> BTreeMap<ReplicaType, &'s str> {
+    if spec.tf_replica_specs.is_empty() {
+        errs.push(FieldError::new(REPLICA_SPECS, "must contain at least one replica type (Chief, Master, PS, Worker, Evaluator)"));
+    }
+    let mut types: BTreeMap<ReplicaType, &str> = BTreeMap::new();
     for (key, rs) in &spec.tf_replica_specs {
-        let path = format!("{base}.{key}");
+        let path = format!("{REPLICA_SPECS}.{key}");
         match ReplicaType::parse(key) {
             None => errs.push(FieldError::new(
                 &path,
@@ -824,63 +839,52 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
                 ),
             )),
             Some(t) => {
-                if let Some(other) = seen.insert(t, key) {
+                if let Some(other) = types.insert(t, key) {
                     errs.push(FieldError::new(&path, format!("duplicate replica type: {key:?} and {other:?} both mean {t}")));
                 }
             }
         }
-        validate_replica(&path, rs, &mut errs);
+        validate_replica(&path, rs, errs);
     }
-    let has = |t: ReplicaType| seen.contains_key(&t);
+    types
+}
+
+/// Checks who leads the job: not both Chief and Master, at most one of either, and a Chief,
+/// Master or Worker (worker 0 leads when there is no chief).
+fn check_leaders(spec: &TFJobSpec, types: &BTreeMap<ReplicaType, &str>, errs: &mut Vec<FieldError>) {
+    let has = |t: ReplicaType| types.contains_key(&t);
     if has(ReplicaType::Chief) && has(ReplicaType::Master) {
-        errs.push(FieldError::new(base, "at most one of Chief and Master may be set"));
+        errs.push(FieldError::new(REPLICA_SPECS, "at most one of Chief and Master may be set"));
     }
-    let chiefs: Vec<_> = seen.iter().filter(|(t, _)| t.is_chief()).map(|(_, k)| *k).collect();
-    for key in chiefs {
+    for key in types.iter().filter(|(t, _)| t.is_chief()).map(|(_, k)| *k) {
         let rs = &spec.tf_replica_specs[key];
         if rs.replicas > 1 {
-            errs.push(FieldError::new(format!("{base}.{key}.replicas"), format!("must be 0 or 1 for {key}, got {}", rs.replicas)));
+            errs.push(FieldError::new(format!("{REPLICA_SPECS}.{key}.replicas"), format!("must be 0 or 1 for {key}, got {}", rs.replicas)));
         }
     }
     let has_leader = has(ReplicaType::Chief) || has(ReplicaType::Master) || has(ReplicaType::Worker);
     if !spec.tf_replica_specs.is_empty() && !has_leader {
-        errs.push(FieldError::new(base, "must contain a Chief, a Master or a Worker replica type"));
+        errs.push(FieldError::new(REPLICA_SPECS, "must contain a Chief, a Master or a Worker replica type"));
     }
-    errs.extend(worker_floor_error(spec));
-    if let Some(SuccessPolicy::Unsupported(v)) = &spec.success_policy {
-        errs.push(unsupported("spec.successPolicy", v, &["", "AllWorkers"]));
-    }
-    let rp = &spec.run_policy;
+}
+
+/// `must be >= 0` when a count or a number of seconds is negative.
+fn non_negative(field: impl Into<String>, value: Option<i64>) -> Option<FieldError> {
+    value.filter(|v| *v < 0).map(|v| FieldError::new(field, format!("must be >= 0, got {v}")))
+}
+
+/// Checks the run policy: its enum, its counts and durations, and `managedBy`.
+fn check_run_policy(rp: &RunPolicy, errs: &mut Vec<FieldError>) {
     let rpath = "spec.runPolicy";
     if let CleanPodPolicy::Unsupported(v) = &rp.clean_pod_policy {
         errs.push(unsupported(&format!("{rpath}.cleanPodPolicy"), v, &["All", "Running", "None"]));
     }
-    if let Some(v) = rp.ttl_seconds_after_finished
-        && v < 0
-    {
-        errs.push(FieldError::new(format!("{rpath}.ttlSecondsAfterFinished"), format!("must be >= 0, got {v}")));
-    }
-    if let Some(v) = rp.active_deadline_seconds
-        && v < 0
-    {
-        errs.push(FieldError::new(format!("{rpath}.activeDeadlineSeconds"), format!("must be >= 0, got {v}")));
-    }
-    if let Some(v) = rp.backoff_limit
-        && v < 0
-    {
-        errs.push(FieldError::new(format!("{rpath}.backoffLimit"), format!("must be >= 0, got {v}")));
-    }
+    errs.extend(non_negative(format!("{rpath}.ttlSecondsAfterFinished"), rp.ttl_seconds_after_finished.map(i64::from)));
+    errs.extend(non_negative(format!("{rpath}.activeDeadlineSeconds"), rp.active_deadline_seconds));
+    errs.extend(non_negative(format!("{rpath}.backoffLimit"), rp.backoff_limit.map(i64::from)));
     if let Some(sp) = &rp.scheduling_policy {
-        if let Some(v) = sp.min_available
-            && v < 0
-        {
-            errs.push(FieldError::new(format!("{rpath}.schedulingPolicy.minAvailable"), format!("must be >= 0, got {v}")));
-        }
-        if let Some(v) = sp.schedule_timeout_seconds
-            && v < 0
-        {
-            errs.push(FieldError::new(format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"), format!("must be >= 0, got {v}")));
-        }
+        errs.extend(non_negative(format!("{rpath}.schedulingPolicy.minAvailable"), sp.min_available.map(i64::from)));
+        errs.extend(non_negative(format!("{rpath}.schedulingPolicy.scheduleTimeoutSeconds"), sp.schedule_timeout_seconds.map(i64::from)));
     }
     if let Some(m) = &rp.managed_by
         && ![MANAGED_BY_THIS, MANAGED_BY_MULTIKUEUE, MANAGED_BY_TFJOB_RS].contains(&m.as_str())
@@ -893,16 +897,13 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
             ),
         ));
     }
-    errs
 }
 
 fn validate_replica(path: &str, rs: &ReplicaSpec, errs: &mut Vec<FieldError>) {
     if let RestartPolicy::Unsupported(v) = &rs.restart_policy {
         errs.push(unsupported(&format!("{path}.restartPolicy"), v, &["Always", "OnFailure", "Never", "ExitCode"]));
     }
-    if rs.replicas < 0 {
-        errs.push(FieldError::new(format!("{path}.replicas"), format!("must be >= 0, got {}", rs.replicas)));
-    }
+    errs.extend(non_negative(format!("{path}.replicas"), Some(i64::from(rs.replicas))));
     let tpath = format!("{path}.template");
     let in_template =
         |e: &FieldError| FieldError { field: if e.field.is_empty() { tpath.clone() } else { format!("{tpath}.{}", e.field) }, message: e.message.clone() };

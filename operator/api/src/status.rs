@@ -252,6 +252,34 @@ struct Tally<'o> {
     unschedulable: Vec<&'o ObservedReplica>,
 }
 
+impl<'o> Tally<'o> {
+    /// Counts one replica (not being deleted) into its type's status `st`, and sorts it by what
+    /// happens next: restarted in place, recreated after a failure (its `restart_policy`
+    /// says so), a failed dynamic worker, a permanent failure, or unschedulable.
+    fn count(&mut self, st: &mut ReplicaStatus, r: &'o ObservedReplica, restart_policy: &RestartPolicy, dynamic_worker: bool) {
+        self.in_place_restarts += i64::from(r.restart_count.max(0));
+        if r.restart_count > 0 {
+            self.restarted.push(r);
+        }
+        match r.phase {
+            Phase::Running => st.active += 1,
+            Phase::Succeeded => st.succeeded += 1,
+            Phase::Failed => {
+                st.failed += 1;
+                if restarts_after_failure(restart_policy, r.exit_code) {
+                    self.to_recreate.push(r);
+                } else if dynamic_worker {
+                    self.failed_dynamic_workers.push(r);
+                } else {
+                    self.permanent_failures.push(r);
+                }
+            }
+            Phase::Pending if r.unschedulable.is_some() => self.unschedulable.push(r),
+            Phase::Pending | Phase::Unknown => {}
+        }
+    }
+}
+
 impl<'a> Machine<'a> {
     fn event(&mut self, kind: EventKind, reason: &str, message: &str) {
         self.actions.push(event(kind, reason, message, None));
@@ -562,28 +590,7 @@ impl<'a> Machine<'a> {
                     continue;
                 }
                 for &r in here.iter().filter(|r| !r.terminating) {
-                    tally.in_place_restarts += i64::from(r.restart_count.max(0));
-                    if r.restart_count > 0 {
-                        tally.restarted.push(r);
-                    }
-                    match r.phase {
-                        Phase::Running => st.active += 1,
-                        Phase::Succeeded => st.succeeded += 1,
-                        Phase::Failed => {
-                            st.failed += 1;
-                            if restarts_after_failure(&rs.restart_policy, r.exit_code) {
-                                tally.to_recreate.push(r);
-                            } else if dynamic && rtype == ReplicaType::Worker {
-                                tally.failed_dynamic_workers.push(r);
-                            } else {
-                                tally.permanent_failures.push(r);
-                            }
-                        }
-                        Phase::Pending if r.unschedulable.is_some() => {
-                            tally.unschedulable.push(r);
-                        }
-                        Phase::Pending | Phase::Unknown => {}
-                    }
+                    tally.count(&mut st, r, &rs.restart_policy, dynamic && rtype == ReplicaType::Worker);
                 }
             }
             tally.planned.insert(rtype, planned);

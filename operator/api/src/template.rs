@@ -255,6 +255,21 @@ impl Checker {
         }
         self.one_of(&format!("{path}.imagePullPolicy"), c.image_pull_policy.as_ref(), IMAGE_PULL_POLICIES);
         self.one_of(&format!("{path}.terminationMessagePolicy"), c.termination_message_policy.as_ref(), TERMINATION_MESSAGE_POLICIES);
+        self.container_ports(path, c);
+        self.env(path, c);
+        if let Some(r) = &c.resources {
+            self.resources(&format!("{path}.resources"), r);
+        }
+        self.volume_mounts(path, c, volumes);
+        for (name, probe) in [("livenessProbe", &c.liveness_probe), ("readinessProbe", &c.readiness_probe), ("startupProbe", &c.startup_probe)] {
+            if let Some(p) = probe {
+                self.probe(&format!("{path}.{name}"), p);
+            }
+        }
+    }
+
+    /// The container's ports: numbers, names (each once) and protocols.
+    fn container_ports(&mut self, path: &str, c: &Container) {
         let mut port_names = BTreeSet::new();
         for (i, p) in c.ports.iter().flatten().enumerate() {
             let ppath = format!("{path}.ports[{i}]");
@@ -272,6 +287,10 @@ impl Checker {
             }
             self.one_of(&format!("{ppath}.protocol"), p.protocol.as_ref(), PROTOCOLS);
         }
+    }
+
+    /// The container's environment: variable names, and `value` or `valueFrom`.
+    fn env(&mut self, path: &str, c: &Container) {
         for (i, e) in c.env.iter().flatten().enumerate() {
             let epath = format!("{path}.env[{i}]");
             if e.name.is_empty() || e.name.contains('=') {
@@ -288,9 +307,10 @@ impl Checker {
                 self.error(format!("{epath}.valueFrom"), "may not be specified when `value` is not empty");
             }
         }
-        if let Some(r) = &c.resources {
-            self.resources(&format!("{path}.resources"), r);
-        }
+    }
+
+    /// The container's volume mounts: of volumes of the pod, each path mounted once.
+    fn volume_mounts(&mut self, path: &str, c: &Container, volumes: &BTreeSet<&str>) {
         let mut mount_paths = BTreeSet::new();
         for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
             let mpath = format!("{path}.volumeMounts[{i}]");
@@ -301,11 +321,6 @@ impl Checker {
                 self.error(format!("{mpath}.mountPath"), "is required");
             } else if !mount_paths.insert(m.mount_path.as_str()) {
                 self.error(format!("{mpath}.mountPath"), format!("{:?} is mounted twice", m.mount_path));
-            }
-        }
-        for (name, probe) in [("livenessProbe", &c.liveness_probe), ("readinessProbe", &c.readiness_probe), ("startupProbe", &c.startup_probe)] {
-            if let Some(p) = probe {
-                self.probe(&format!("{path}.{name}"), p);
             }
         }
     }
