@@ -350,57 +350,68 @@ pub fn run(cli: Cli) -> ExitCode {
             Output::Yaml => print_out(Ok(crd_yaml())),
             Output::Json => print_out(Output::Json.format(&crd())),
         },
-        Command::Validate(ValidateArgs { files, output: Some(output) }) => {
-            let results = validate_each(&files);
-            let valid = results.iter().all(|r| r.valid);
-            match print_out(output.format(&results)) {
-                ExitCode::SUCCESS if valid => ExitCode::SUCCESS,
-                _ => ExitCode::FAILURE,
-            }
-        }
-        Command::Validate(args) => {
-            let problems = validate_files(&args.files);
-            if problems.is_empty() {
-                for f in &args.files {
-                    println!("{}: valid", f.display());
-                }
-                ExitCode::SUCCESS
-            } else {
-                for p in &problems {
-                    eprintln!("{p}");
-                }
-                eprintln!("{} problem(s) found", problems.len());
-                ExitCode::FAILURE
-            }
-        }
+        Command::Validate(args) => validate(&args),
         Command::Render(args) => print_out(read(&args.file).and_then(|text| render_text(&text, &args.file.display().to_string(), &args))),
         Command::Operator(args) => tfjob_operator::run_operator(args),
-        Command::Run(args) => {
-            let opts = crate::local::RunOptions { run_dir: args.run_dir, quiet: args.quiet, follow: args.follow, ..Default::default() };
-            match crate::local::run_file(&args.file, args.backend, &opts) {
-                Ok(result) => ExitCode::from(result.exit_code.clamp(0, 255) as u8),
-                Err(e) => {
-                    eprintln!("tfjob run: {e}");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        Command::Run(args) => run_job(args),
         Command::Scale(args) => scale(&args),
         Command::Status(args) => print_out(run_status(&args.run, args.output)),
-        Command::Logs(args) => {
-            let mut stdout = std::io::stdout().lock();
-            match crate::local::logs::show(&args.run, args.replica.as_deref(), args.follow, &mut stdout) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("tfjob logs: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Logs(args) => logs(&args),
         Command::Completions(args) => {
             let mut cmd = Cli::command();
             clap_complete::generate(args.shell, &mut cmd, "tfjob", &mut std::io::stdout());
             ExitCode::SUCCESS
+        }
+    }
+}
+
+/// `tfjob validate`: every problem on stderr (or every file's result as data with `-o`); exits
+/// 1 when any file has one.
+fn validate(args: &ValidateArgs) -> ExitCode {
+    if let Some(output) = args.output {
+        let results = validate_each(&args.files);
+        let valid = results.iter().all(|r| r.valid);
+        return match print_out(output.format(&results)) {
+            ExitCode::SUCCESS if valid => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        };
+    }
+    let problems = validate_files(&args.files);
+    if problems.is_empty() {
+        for f in &args.files {
+            println!("{}: valid", f.display());
+        }
+        ExitCode::SUCCESS
+    } else {
+        for p in &problems {
+            eprintln!("{p}");
+        }
+        eprintln!("{} problem(s) found", problems.len());
+        ExitCode::FAILURE
+    }
+}
+
+/// `tfjob run`: exits with the job's code (0 succeeded, 1 failed, 128 + a signal), 2 when it
+/// could not run.
+fn run_job(args: RunArgs) -> ExitCode {
+    let opts = crate::local::RunOptions { run_dir: args.run_dir, quiet: args.quiet, follow: args.follow, ..Default::default() };
+    match crate::local::run_file(&args.file, args.backend, &opts) {
+        Ok(result) => ExitCode::from(result.exit_code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("tfjob run: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `tfjob logs`: the run's logs on stdout (followed with `-f`); exits 1 when there are none.
+fn logs(args: &LogsArgs) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match crate::local::logs::show(&args.run, args.replica.as_deref(), args.follow, &mut stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tfjob logs: {e}");
+            ExitCode::FAILURE
         }
     }
 }

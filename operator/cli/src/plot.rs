@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -234,14 +235,7 @@ fn draw_bars<DB: DrawingBackend>(
         .draw()
         .map_err(e)?;
     let width = 0.8 / bars.len().max(1) as f64;
-    let mut colour = 0;
-    for (j, b) in bars.iter().enumerate() {
-        let color = if b.grey {
-            RGBColor(160, 160, 160)
-        } else {
-            colour += 1;
-            PALETTE[(colour - 1) % PALETTE.len()]
-        };
+    for (j, (b, color)) in bars.iter().zip(bar_colours(bars)).enumerate() {
         let rects = b.values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(move |(i, v)| {
             let x0 = i as f64 + 0.1 + j as f64 * width;
             Rectangle::new([(x0, 0.0), (x0 + width * 0.95, *v)], color.filled())
@@ -249,16 +243,41 @@ fn draw_bars<DB: DrawingBackend>(
         c.draw_series(rects).map_err(e)?.label(&b.label).legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
     }
     if let Some((label, values)) = marks {
-        let red = RGBColor(220, 30, 30);
-        let lines = values
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(move |(i, v)| PathElement::new(vec![(i as f64 + 0.05, *v), (i as f64 + 0.95, *v)], red.stroke_width(3)));
-        c.draw_series(lines).map_err(e)?.label(label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(3)));
+        draw_marks(&mut c, label, values).map_err(e)?;
     }
     // The bars start at 0 and the range has room above them: the legend goes there.
     legend(&mut c, SeriesLabelPosition::UpperLeft).map_err(e)
+}
+
+/// The colour of each series of bars: grey for the grey ones, the palette in turn for the others.
+fn bar_colours(bars: &[Bars]) -> Vec<RGBColor> {
+    let mut next = 0;
+    bars.iter()
+        .map(|b| {
+            if b.grey {
+                RGBColor(160, 160, 160)
+            } else {
+                next += 1;
+                PALETTE[(next - 1) % PALETTE.len()]
+            }
+        })
+        .collect()
+}
+
+/// A red mark across each category at its value (a reference such as a baseline), labelled.
+fn draw_marks<'a, DB: DrawingBackend + 'a>(
+    c: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    label: &str,
+    values: &[f64],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let red = RGBColor(220, 30, 30);
+    let lines = values
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.is_finite())
+        .map(move |(i, v)| PathElement::new(vec![(i as f64 + 0.05, *v), (i as f64 + 0.95, *v)], red.stroke_width(3)));
+    c.draw_series(lines)?.label(label).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], red.stroke_width(3)));
+    Ok(())
 }
 
 #[cfg(test)]

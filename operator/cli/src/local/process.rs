@@ -131,47 +131,38 @@ impl ProcessBackend {
         let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();
         let program = if argv[0] == RUNTIME_COMMAND { self.runtime.clone() } else { PathBuf::from(&argv[0]) };
         if argv[0] == RUNTIME_COMMAND {
-            let mut ports = self.metrics_ports.lock().unwrap_or_else(|p| p.into_inner());
-            let known = ports.get(&planned.pod_name).copied();
-            if let Some(port) = own_metrics_port(&mut argv, || known.unwrap_or_else(|| self.new_port())) {
-                ports.insert(planned.pod_name.clone(), port);
-                if first_start {
-                    self.console.info(&format!("{short}: metrics on http://127.0.0.1:{port}/metrics"));
-                }
+            self.assign_metrics_port(planned, &short, &mut argv, first_start);
+        }
+        let vars = env.vars().iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG || k == ENV_TOKEN { v.clone() } else { volumes::map_path(v, &mounts) }));
+        let mut child = replica_command(&program, &argv[1..], vars)
+            .spawn()
+            .map_err(|e| RunError::Start { replica: short.clone(), reason: format!("cannot start {:?}: {e}", program.display().to_string()) })?;
+        self.forward_output(&mut child, &short);
+        Ok(child)
+    }
+
+    /// Gives a `tfjob-runtime` replica that serves metrics a port of its own (the same one at
+    /// each restart), said once at its first start.
+    fn assign_metrics_port(&self, planned: &PlannedReplica, short: &str, argv: &mut [String], first_start: bool) {
+        let mut ports = self.metrics_ports.lock().unwrap_or_else(|p| p.into_inner());
+        let known = ports.get(&planned.pod_name).copied();
+        if let Some(port) = own_metrics_port(argv, || known.unwrap_or_else(|| self.new_port())) {
+            ports.insert(planned.pod_name.clone(), port);
+            if first_start {
+                self.console.info(&format!("{short}: metrics on http://127.0.0.1:{port}/metrics"));
             }
         }
-        let mut cmd = Command::new(&program);
-        cmd.args(&argv[1..])
-            .env_remove(ENV_TF_CONFIG)
-            .env_remove(ENV_TOKEN)
-            // Locally, replicas listen on loopback only (tfjob-runtime's --bind).
-            .env("TFJOB_BIND", "127.0.0.1")
-            .envs(env.vars().iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG || k == ENV_TOKEN { v.clone() } else { volumes::map_path(v, &mounts) })))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Its own process group (signals reach its children too).
-                libc::setpgid(0, 0);
-                // Killed by the kernel if `tfjob run` dies. Linux only: elsewhere
-                // (macOS, the BSDs) there is no parent-death signal, and replicas
-                // are stopped by `tfjob run` itself on Ctrl-C, SIGTERM and at the
-                // end of the job, not when it is killed with SIGKILL.
-                #[cfg(target_os = "linux")]
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child =
-            cmd.spawn().map_err(|e| RunError::Start { replica: short.clone(), reason: format!("cannot start {:?}: {e}", program.display().to_string()) })?;
+    }
+
+    /// Every line the replica prints goes to the console (and its log file), from a thread per
+    /// stream.
+    fn forward_output(&self, child: &mut Child, short: &str) {
         for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>)]
             .into_iter()
             .flatten()
         {
             let console = self.console.clone();
-            let name = short.clone();
+            let name = short.to_string();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines() {
                     match line {
@@ -181,7 +172,6 @@ impl ProcessBackend {
                 }
             });
         }
-        Ok(child)
     }
 
     /// A free port of 127.0.0.1 not handed out before by this run.
@@ -317,6 +307,37 @@ impl Drop for ProcessBackend {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The command of a replica's process: `program` with `args` and the environment `vars` (not
+/// the `TF_CONFIG` and token of `tfjob run` itself), listening on loopback only, its output
+/// piped, in a process group of its own that dies with `tfjob run` (on Linux).
+fn replica_command(program: &Path, args: &[String], vars: impl Iterator<Item = (String, String)>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_remove(ENV_TF_CONFIG)
+        .env_remove(ENV_TOKEN)
+        // Locally, replicas listen on loopback only (tfjob-runtime's --bind).
+        .env("TFJOB_BIND", "127.0.0.1")
+        .envs(vars)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Its own process group (signals reach its children too).
+            libc::setpgid(0, 0);
+            // Killed by the kernel if `tfjob run` dies. Linux only: elsewhere
+            // (macOS, the BSDs) there is no parent-death signal, and replicas
+            // are stopped by `tfjob run` itself on Ctrl-C, SIGTERM and at the
+            // end of the job, not when it is killed with SIGKILL.
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
 }
 
 #[cfg(test)]
