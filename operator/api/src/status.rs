@@ -205,9 +205,14 @@ pub fn has_condition(status: &TFJobStatus, type_: &str) -> bool {
     status.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
+/// The condition that says the job has finished: its first true `Succeeded` or `Failed`.
+pub fn final_condition(status: &TFJobStatus) -> Option<&JobCondition> {
+    status.conditions.iter().find(|c| c.status == "True" && (c.type_ == SUCCEEDED || c.type_ == FAILED))
+}
+
 /// Whether the job has finished (succeeded or failed).
 pub fn is_finished(status: &TFJobStatus) -> bool {
-    has_condition(status, SUCCEEDED) || has_condition(status, FAILED)
+    final_condition(status).is_some()
 }
 
 /// The phase of a job: the type of the last true condition that is a phase ([`PHASES`];

@@ -766,3 +766,21 @@ fn terminating_pods_are_neither_counted_nor_duplicated() {
     assert_eq!(non_events(&o), vec![]);
     assert_eq!(o.status.replica_statuses["Worker"].active, 0);
 }
+
+#[test]
+fn the_final_condition_is_the_first_true_succeeded_or_failed() {
+    let c =
+        |type_: &str, status: &str| JobCondition { type_: type_.into(), status: status.into(), reason: Some(format!("{type_}{status}")), ..Default::default() };
+    let of = |conditions: Vec<JobCondition>| TFJobStatus { conditions, ..Default::default() };
+    let cases = [
+        (of(vec![]), None),
+        (of(vec![c(CREATED, "True"), c(RUNNING, "True")]), None),
+        (of(vec![c(RUNNING, "False"), c(FAILED, "False")]), None),
+        (of(vec![c(RUNNING, "False"), c(SUCCEEDED, "True")]), Some("SucceededTrue")),
+        (of(vec![c(FAILED, "True"), c(SUCCEEDED, "True")]), Some("FailedTrue")),
+    ];
+    for (status, want) in cases {
+        assert_eq!(final_condition(&status).and_then(|c| c.reason.as_deref()), want, "{status:?}");
+        assert_eq!(is_finished(&status), want.is_some(), "{status:?}");
+    }
+}

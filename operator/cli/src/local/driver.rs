@@ -311,12 +311,8 @@ pub fn log_dir_of(args: &[String]) -> Option<String> {
 
 /// `(succeeded, reason, message)` once the job has finished.
 fn terminal(status: &TFJobStatus) -> Option<(bool, String, String)> {
-    status
-        .conditions
-        .iter()
-        .filter(|c| c.status == "True" && (c.type_ == status::SUCCEEDED || c.type_ == status::FAILED))
-        .map(|c| (c.type_ == status::SUCCEEDED, c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
-        .next()
+    let c = status::final_condition(status)?;
+    Some((c.type_ == status::SUCCEEDED, c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
 }
 
 /// Writes the status as YAML (the TFJob's `status` as the cluster would show it).
