@@ -139,9 +139,10 @@ pub struct PlannedReplica {
     pub tf_config: Option<String>,
     /// Whether this replica carries `job-role: master`.
     pub is_master_role: bool,
-    /// The pod template's volumes and the `tensorflow` container's mounts of them (the local
-    /// backends map them to directories of the machine).
+    /// The pod template's volumes (the local backends map them to directories of the
+    /// machine).
     pub volumes: Vec<Volume>,
+    /// The `tensorflow` container's mounts of [`PlannedReplica::volumes`].
     pub volume_mounts: Vec<VolumeMount>,
 }
 
