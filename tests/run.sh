@@ -39,7 +39,7 @@ fi
 
 # The build of the tests: release for the dependencies (the end-to-end tests
 # train real models: ndarray and matrixmultiply do the arithmetic), and
-# opt-level 1 for the workspace's own three crates. Their code, with the
+# opt-level 1 for the workspace's own crates. Their code, with the
 # kube, k8s-openapi, tonic and serde generics it instantiates, is compiled again
 # for every test binary: at opt-level 3 it took 3,650 of the 4,080 CPU-seconds
 # of a build with the dependencies mostly cached (cargo --timings, on a host
@@ -48,12 +48,13 @@ fi
 # `cargo build --release` (README) still builds them at opt-level 3, and
 # tfjob-bench's figures come from that build.
 test_profile=(--release)
-for crate in tfjob-operator tfjob-runtime tfjob-tests; do
+for crate in tfjob-api tfjob-operator tfjob tfjob-runtime tfjob-tests; do
     test_profile+=(--config "profile.release.package.$crate.opt-level=1")
 done
 
 # Every test binary and every program the end-to-end tests run (tfjob,
-# tfjob-runtime, controlplane and tfjob-bench land in $CARGO_TARGET_DIR/release).
+# tfjob-operator, tfjob-runtime, controlplane and tfjob-bench land in
+# $CARGO_TARGET_DIR/release).
 # `cargo test` builds each package's binaries with the same features as its
 # tests, so the dependencies compile once, not twice.
 echo "== build (target directory: $CARGO_TARGET_DIR)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Type-checks `tfjob` (the tfjob-operator crate) for macOS from Linux:
-#   cargo check --target x86_64-apple-darwin -p tfjob-operator
+# Type-checks `tfjob` (the tfjob crate, with the tfjob-api and tfjob-operator crates it
+# builds on) for macOS from Linux:
+#   cargo check --target x86_64-apple-darwin -p tfjob
 # so that Linux-only calls stay behind cfg(target_os = "linux"). The release workflow builds it
 # on macOS for real (.github/workflows/release.yml, job cli); this is the check that runs here.
 #
@@ -40,5 +41,5 @@ H
 var=${target//-/_}
 export "CC_$var=$cc" "CFLAGS_$var=-ffreestanding -DRING_CORE_NOSTDLIBINC -I$include"
 cd "$repo"
-cargo check --locked --target "$target" -p tfjob-operator --bins --lib
-echo "check-macos: tfjob-operator type-checks for $target"
+cargo check --locked --target "$target" -p tfjob --bins --lib
+echo "check-macos: tfjob type-checks for $target"

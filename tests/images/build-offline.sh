@@ -11,7 +11,7 @@
 #   tests/images/build-offline.sh [--bin-dir DIR] [--force]
 #
 # DIR (or $TFJOB_BIN_DIR; default target/release of the repository) holds tfjob-runtime and
-# tfjob. An image is rebuilt only when its content (binary, libraries, recipe) changed: the hash
+# tfjob-operator. An image is rebuilt only when its content (binary, libraries, recipe) changed: the hash
 # of the build context is a label of the image. Podman is set up by podman-env.sh.
 set -euo pipefail
 
@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
 done
 
 missing=()
-for b in tfjob-runtime tfjob; do [ -x "$bin_dir/$b" ] || missing+=("$bin_dir/$b"); done
+for b in tfjob-runtime tfjob-operator; do [ -x "$bin_dir/$b" ] || missing+=("$bin_dir/$b"); done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "build-offline: missing ${missing[*]}; build them first:" >&2
     echo "  cargo build --release -p tfjob-runtime -p tfjob-operator   (or pass --bin-dir DIR)" >&2
@@ -151,12 +151,12 @@ assemble tfjob-runtime tfjob-runtime 'WORKDIR /tmp
 EXPOSE 2222
 ENTRYPOINT ["tfjob-runtime"]'
 
-operator_extra='ENTRYPOINT ["tfjob", "operator"]'
+operator_extra='ENTRYPOINT ["tfjob-operator"]'
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
     mkdir -p "$work/tfjob-operator/rootfs/etc/ssl/certs"
     cp /etc/ssl/certs/ca-certificates.crt "$work/tfjob-operator/rootfs/etc/ssl/certs/"
 fi
-assemble tfjob-operator tfjob "$operator_extra"
+assemble tfjob-operator tfjob-operator "$operator_extra"
 
 build tfjob-runtime localhost/tfjob-runtime:latest
 build tfjob-operator localhost/tfjob-operator:latest

@@ -2,7 +2,7 @@
 //!
 //! It takes the pods of the namespaces it serves, binds them to its node (no scheduler runs
 //! either), and runs each as a podman container through the product's own
-//! [`ContainerKubelet`](tfjob_operator::local::container::ContainerKubelet), on one network:
+//! [`ContainerKubelet`](tfjob::local::container::ContainerKubelet), on one network:
 //! - the pod's first container's image, command, args and env (literal values with their
 //!   `$(VAR)` references expanded as the kubelet does, Secret and ConfigMap keys, the downward
 //!   API fields `metadata.name`, `metadata.namespace`,
@@ -44,9 +44,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
-use tfjob_operator::local::container::{BindMount, ContainerKubelet, PodContainer, PodOutput, PodState};
-use tfjob_operator::local::expand::Environment;
-use tfjob_operator::status::Phase;
+use tfjob::local::container::{BindMount, ContainerKubelet, PodContainer, PodOutput, PodState};
+use tfjob::local::expand::Environment;
+use tfjob_api::status::Phase;
 
 use crate::controlplane::ControlPlane;
 use crate::podman::{LABEL, Podman};

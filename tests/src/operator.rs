@@ -1,8 +1,9 @@
-//! Running the `tfjob operator` process against the test control plane
+//! Running the operator (`tfjob-operator`, the image's binary) against the test control plane
 //! ([`crate::controlplane`]).
 //!
-//! - [`tfjob_binary`]: the `tfjob` binary built for the same target directory as the tests
-//!   (`tests/run.sh` builds every binary in release first).
+//! - [`tfjob_binary`], [`operator_binary`]: the `tfjob` and `tfjob-operator` binaries built for
+//!   the same target directory as the tests (`tests/run.sh` builds every binary in release
+//!   first).
 //! - [`install_crd`]: `crds/tfjob.yaml`, applied once and waited for until Established.
 //! - [`operator_rbac`] / [`operator_account`]: THE RBAC the operator runs with in these tests
 //!   (the Helm chart's, rendered with the real helm), a token kubeconfig for its ServiceAccount
@@ -30,83 +31,90 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
-/// The `tfjob` binary the operator tests run.
-///
-/// `$TFJOB_BIN_DIR/tfjob` when that variable is set; otherwise `<target>/release/tfjob` (what
-/// `tests/run.sh` builds with `cargo build --release --workspace --bins` before the tests run),
-/// else `<target>/<profile of this test>/tfjob`. When none exists it is built with
-/// `cargo build --release -p tfjob-operator` into `<target>/operator-tests-cargo` (a separate
-/// target directory: the running `cargo test` holds the lock of its own). A binary older than
-/// the operator's sources is used with a warning on stderr.
+/// The `tfjob` binary the tests run (`tfjob run`, `tfjob validate`, ...), found or built as
+/// [`operator_binary`] says.
 pub fn tfjob_binary() -> Result<PathBuf> {
     static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    FOUND.get_or_init(|| find_or_build_tfjob().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
+    FOUND.get_or_init(|| find_or_build("tfjob", "tfjob").map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
 }
 
-fn find_or_build_tfjob() -> Result<PathBuf> {
+/// The `tfjob-operator` binary (the operator image's) that [`Operator`] runs.
+///
+/// Both binaries are found the same way: `$TFJOB_BIN_DIR/<bin>` when that variable is set;
+/// otherwise `<target>/release/<bin>` (what `tests/run.sh` builds with `cargo test --release
+/// --workspace --no-run` before the tests run), else `<target>/<profile of this test>/<bin>`.
+/// When none exists it is built with `cargo build --release -p <package> --bin <bin>` into
+/// `<target>/operator-tests-cargo` (a separate target directory: the running `cargo test` holds
+/// the lock of its own). A binary older than the operator's sources is used with a warning on
+/// stderr.
+pub fn operator_binary() -> Result<PathBuf> {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    FOUND.get_or_init(|| find_or_build("tfjob-operator", "tfjob-operator").map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!(e))
+}
+
+fn find_or_build(bin: &str, package: &str) -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("TFJOB_BIN_DIR") {
-        let bin = PathBuf::from(dir).join("tfjob");
-        if !bin.is_file() {
-            bail!("TFJOB_BIN_DIR is set but {} does not exist", bin.display());
+        let path = PathBuf::from(dir).join(bin);
+        if !path.is_file() {
+            bail!("TFJOB_BIN_DIR is set but {} does not exist", path.display());
         }
-        return Ok(bin);
+        return Ok(path);
     }
     let exe = std::env::current_exe().context("locating the test binary")?;
     // <target>/<profile>/deps/<test binary>
     let profile_dir = exe.parent().and_then(Path::parent).ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
     let target = profile_dir.parent().ok_or_else(|| anyhow!("{} has no parent", profile_dir.display()))?;
     for dir in [target.join("release"), profile_dir.to_path_buf()] {
-        let bin = dir.join("tfjob");
-        if bin.is_file() {
-            warn_if_stale(&bin);
-            return Ok(bin);
+        let path = dir.join(bin);
+        if path.is_file() {
+            warn_if_stale(&path, package);
+            return Ok(path);
         }
     }
     let own = target.join("operator-tests-cargo");
     eprintln!(
-        "operator tests: no `tfjob` binary in {} (run `cargo build --release -p tfjob-operator` \
-         first, as tests/run.sh does); building it into {} ...",
+        "operator tests: no `{bin}` binary in {} (run `cargo build --release -p {package}` first, \
+         as tests/run.sh does); building it into {} ...",
         target.join("release").display(),
         own.display()
     );
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--release", "--locked", "-p", "tfjob-operator", "--bin", "tfjob"])
+        .args(["build", "--release", "--locked", "-p", package, "--bin", bin])
         .env("CARGO_TARGET_DIR", &own)
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .status()
-        .context("running cargo build --release -p tfjob-operator")?;
-    let bin = own.join("release").join("tfjob");
-    if !status.success() || !bin.is_file() {
-        bail!(
-            "no `tfjob` binary next to the tests and building one failed ({status}); run \
-             `cargo build --release -p tfjob-operator` first"
-        );
+        .with_context(|| format!("running cargo build --release -p {package}"))?;
+    let path = own.join("release").join(bin);
+    if !status.success() || !path.is_file() {
+        bail!("no `{bin}` binary next to the tests and building one failed ({status}); run `cargo build --release -p {package}` first");
     }
-    Ok(bin)
+    Ok(path)
 }
 
-fn warn_if_stale(bin: &Path) {
+fn warn_if_stale(bin: &Path, package: &str) {
     let Ok(built) = fs::metadata(bin).and_then(|m| m.modified()) else { return };
-    let src = repo_root().join("operator").join("src");
-    let newer = walk(&src).into_iter().find(|p| fs::metadata(p).and_then(|m| m.modified()).map(|t| t > built).unwrap_or(false));
+    let src = repo_root().join("operator");
+    let sources = files_under(&src).into_iter().filter(|p| p.extension().is_some_and(|e| e == "rs") && p.components().any(|c| c.as_os_str() == "src"));
+    let newer = sources.into_iter().find(|p| fs::metadata(p).and_then(|m| m.modified()).map(|t| t > built).unwrap_or(false));
     if let Some(p) = newer {
         eprintln!(
-            "WARNING: {} is older than {}; rebuild it (`cargo build --release -p tfjob-operator`) \
-             to test the current operator",
+            "WARNING: {} is older than {}; rebuild it (`cargo build --release -p {package}`) to test \
+             the current operator",
             bin.display(),
             p.display()
         );
     }
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+/// Every file under `dir`, in its subdirectories too (none when it cannot be read).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
-                out.extend(walk(&p));
+                out.extend(files_under(&p));
             } else {
                 out.push(p);
             }
@@ -244,7 +252,7 @@ pub fn operator_account_with(cp: &ControlPlane, namespace: &str, extra: &[(&str,
     Ok(account)
 }
 
-/// One `tfjob operator` process, watching one namespace. Killed (SIGKILL) when dropped.
+/// One `tfjob-operator` process, watching one namespace. Killed (SIGKILL) when dropped.
 pub struct Operator {
     /// Value of `POD_NAME` (the events' `reportingInstance` and the lease identity's prefix).
     pub name: String,
@@ -254,10 +262,10 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `tfjob operator` as the chart's Deployment would (its environment, its
+    /// Starts `tfjob-operator` as the chart's Deployment would (its environment, its
     /// ServiceAccount), as pod `name` in the account's namespace.
     pub fn start(cp: &ControlPlane, account: &OperatorSetup, name: &str) -> Result<Operator> {
-        let bin = tfjob_binary()?;
+        let bin = operator_binary()?;
         let ns = &account.namespace;
         let metrics_port = free_port()?;
         let logs = cp.dir().join("operator-logs");
@@ -265,14 +273,10 @@ impl Operator {
         let log = logs.join(format!("{ns}.{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(&bin);
-        // The image's entrypoint is `tfjob operator`; the chart configures it through the
+        // The image's entrypoint is `tfjob-operator`; the chart configures it through the
         // environment only. The process gets exactly that environment, with the downward API
         // values filled in and the metrics address moved to a free loopback port.
-        cmd.arg("operator")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("KUBECONFIG", &account.kubeconfig)
-            .env("RUST_BACKTRACE", "1");
+        cmd.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("KUBECONFIG", &account.kubeconfig).env("RUST_BACKTRACE", "1");
         for (k, v) in &account.env {
             match v {
                 EnvSource::Value(v) => cmd.env(k, v),

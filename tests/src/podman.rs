@@ -41,7 +41,7 @@ use crate::controlplane::spawn_supervised;
 
 /// The image with `tfjob-runtime` (entrypoint `tfjob-runtime`, user 65532, port 2222).
 pub const RUNTIME_IMAGE: &str = "localhost/tfjob-runtime:latest";
-/// The image with `tfjob` (entrypoint `tfjob operator`, user 65532).
+/// The image with `tfjob-operator` (its entrypoint, user 65532).
 pub const OPERATOR_IMAGE: &str = "localhost/tfjob-operator:latest";
 /// Label every container, network and pod made through [`Resources`] carries (value: the test's
 /// process id), so leftovers of a killed test can be found with `--filter label=...`.
@@ -248,11 +248,11 @@ impl Drop for Resources {
     }
 }
 
-/// The directory with `tfjob-runtime` and `tfjob` release binaries: `$TFJOB_BIN_DIR` if set,
-/// else the `release` directory of the target directory this test binary was built in. When
-/// the binaries are missing there, they are built with `cargo build --release` into
-/// `<target>/images-cargo` (a separate target directory: the running `cargo test` holds the lock
-/// of its own).
+/// The directory with the `tfjob-runtime` and `tfjob-operator` release binaries (the images'):
+/// `$TFJOB_BIN_DIR` if set, else the `release` directory of the target directory this test
+/// binary was built in. When the binaries are missing there, they are built with `cargo build
+/// --release` into `<target>/images-cargo` (a separate target directory: the running `cargo
+/// test` holds the lock of its own).
 pub fn release_bin_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("TFJOB_BIN_DIR") {
         return Ok(PathBuf::from(dir));
@@ -273,17 +273,17 @@ pub fn release_bin_dir() -> Result<PathBuf> {
         .output()
         .context("running cargo build --release")?;
     if !out.status.success() {
-        bail!("{} has no tfjob-runtime and tfjob, and building them failed:\n{}", release.display(), String::from_utf8_lossy(&out.stderr));
+        bail!("{} has no tfjob-runtime and tfjob-operator, and building them failed:\n{}", release.display(), String::from_utf8_lossy(&out.stderr));
     }
     let built = own.join("release");
     if !has_binaries(&built) {
-        bail!("cargo build --release made no tfjob-runtime and tfjob in {}", built.display());
+        bail!("cargo build --release made no tfjob-runtime and tfjob-operator in {}", built.display());
     }
     Ok(built)
 }
 
 fn has_binaries(dir: &Path) -> bool {
-    dir.join("tfjob-runtime").is_file() && dir.join("tfjob").is_file()
+    dir.join("tfjob-runtime").is_file() && dir.join("tfjob-operator").is_file()
 }
 
 /// The images [`build_images`] made, with their sizes in bytes.

@@ -23,12 +23,13 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tfjob_tests::chart::{self, can_i, chart_dir};
 use tfjob_tests::controlplane::ControlPlane;
+use tfjob_tests::operator::{files_under, repo_root};
 
 const RELEASE: &str = "tfjob-operator";
 const RELEASE_NS: &str = "tfjob-system";
 
 // ---------------------------------------------------------------------------------------------
-// Expected RBAC: one row per API call family of operator/src/kube.rs.
+// Expected RBAC: one row per API call family of the controller (operator/controller/src).
 
 type Row = (&'static str, &'static str, &'static [&'static str]);
 
@@ -322,16 +323,29 @@ fn chart_app_version_is_the_operator_version() -> Result<()> {
     Ok(())
 }
 
+/// Every Rust source of the controller crate (operator/controller/src), one after the other.
+fn controller_sources() -> Result<String> {
+    let mut files = files_under(&repo_root().join("operator/controller/src"));
+    files.retain(|f| f.extension().is_some_and(|x| x == "rs"));
+    files.sort();
+    ensure!(!files.is_empty(), "no Rust sources under operator/controller/src");
+    let mut out = String::new();
+    for f in files {
+        out.push_str(&std::fs::read_to_string(&f)?);
+    }
+    Ok(out)
+}
+
 #[test]
 fn every_environment_variable_of_the_deployment_is_read_by_the_operator() -> Result<()> {
     let cp = ControlPlane::shared()?;
-    let source = std::fs::read_to_string(chart_dir().join("../../operator/src/kube.rs"))?;
+    let source = controller_sources()?;
     let all = [("watchNamespace", "team-a"), ("clusterDomain", "cluster.local"), ("gangScheduler", "volcano"), ("networkPolicy.enabled", "true")];
     let r = render(cp, &all)?;
     for name in env_of(r.deployment()).keys() {
         assert!(
             source.contains(&format!("env = \"{name}\"")) || source.contains(&format!("var(\"{name}\")")),
-            "the chart sets {name}, which operator/src/kube.rs does not read"
+            "the chart sets {name}, which the controller (operator/controller/src) does not read"
         );
     }
     Ok(())
@@ -423,7 +437,7 @@ fn default_values_render_a_locked_down_deployment() -> Result<()> {
     let c = &pod.containers[0];
     assert_eq!(c.image.as_deref(), Some(format!("ghcr.io/tfjob-rs/tfjob-operator:{}", chart_app_version()?).as_str()));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
-    // The image's entrypoint (`tfjob operator`) runs unchanged.
+    // The image's entrypoint (`tfjob-operator`) runs unchanged.
     assert!(c.command.is_none() && c.args.is_none());
     let sc = c.security_context.as_ref().unwrap();
     assert_eq!(sc.allow_privilege_escalation, Some(false));
@@ -596,7 +610,7 @@ fn pod_monitor_scrapes_the_replicas_only_when_enabled() -> Result<()> {
     let pm = &r.pod_monitors[0];
     assert_eq!(pm["metadata"]["namespace"], RELEASE_NS);
     assert_eq!(pm["metadata"]["labels"]["release"], "prometheus");
-    assert_eq!(pm["spec"]["selector"]["matchLabels"], serde_json::json!({ tfjob_operator::plan::LABEL_OPERATOR_NAME: tfjob_operator::plan::OPERATOR_NAME }));
+    assert_eq!(pm["spec"]["selector"]["matchLabels"], serde_json::json!({ tfjob_api::plan::LABEL_OPERATOR_NAME: tfjob_api::plan::OPERATOR_NAME }));
     assert_eq!(pm["spec"]["namespaceSelector"], serde_json::json!({ "any": true }));
     let endpoint = &pm["spec"]["podMetricsEndpoints"][0];
     assert_eq!((endpoint["port"].as_str(), endpoint["path"].as_str()), (Some("metrics"), Some("/metrics")));

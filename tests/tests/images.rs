@@ -145,7 +145,9 @@ fn check_dockerfile(dockerfile: &Path, crate_dir: &str, bin: &str, entrypoint: &
     let workspace = fs::read_to_string(repo().join("Cargo.toml"))?;
     let members_line = workspace.lines().find(|l| l.trim_start().starts_with("members")).ok_or_else(|| anyhow!("Cargo.toml has no workspace members"))?;
     for member in members_line.split('"').skip(1).step_by(2) {
-        ensure!(sources.iter().any(|s| s == member || s == "."), "{name}: workspace member {member} is not copied");
+        // A member is copied with its own directory or with one that holds it (`operator` holds
+        // operator/api, operator/controller and operator/cli).
+        ensure!(sources.iter().any(|s| s == member || s == "." || member.starts_with(&format!("{s}/"))), "{name}: workspace member {member} is not copied");
     }
     for file in ["Cargo.toml", "Cargo.lock", "proto"] {
         ensure!(sources.iter().any(|s| s == file || s == "."), "{name}: {file} is not copied");
@@ -175,7 +177,7 @@ fn check_dockerfile(dockerfile: &Path, crate_dir: &str, bin: &str, entrypoint: &
 #[test]
 fn dockerfiles_build_the_right_binaries_for_a_non_root_user() -> Result<()> {
     check_dockerfile(&repo().join("runtime/Dockerfile"), "runtime", "tfjob-runtime", &["tfjob-runtime"], Some(2222))?;
-    check_dockerfile(&repo().join("operator/Dockerfile"), "operator", "tfjob", &["tfjob", "operator"], None)?;
+    check_dockerfile(&repo().join("operator/Dockerfile"), "operator/controller", "tfjob-operator", &["tfjob-operator"], None)?;
     Ok(())
 }
 
@@ -219,7 +221,7 @@ fn offline_images_are_small_and_run_as_non_root() -> Result<()> {
     ensure!(images.runtime_size < MAX_RUNTIME_IMAGE_BYTES, "{} is {} bytes, more than {MAX_RUNTIME_IMAGE_BYTES}", images.runtime, images.runtime_size);
 
     // Image configuration.
-    for (image, entrypoint) in [(RUNTIME_IMAGE, r#"["tfjob-runtime"]"#), (OPERATOR_IMAGE, r#"["tfjob","operator"]"#)] {
+    for (image, entrypoint) in [(RUNTIME_IMAGE, r#"["tfjob-runtime"]"#), (OPERATOR_IMAGE, r#"["tfjob-operator"]"#)] {
         let config = podman.run_ok(["image", "inspect", "--format", "{{json .Config}}", image])?;
         let config: Value = serde_json::from_str(&config)?;
         ensure!(config["User"] == format!("{NON_ROOT}:{NON_ROOT}"), "{image}: user {}", config["User"]);
@@ -227,13 +229,17 @@ fn offline_images_are_small_and_run_as_non_root() -> Result<()> {
         ensure!(config["Entrypoint"] == want, "{image}: entrypoint {}", config["Entrypoint"]);
     }
 
-    // The entrypoints work: `tfjob-runtime --help` and `tfjob operator --help`.
+    // The entrypoints work: `tfjob-runtime --help` and `tfjob-operator --help`.
     let help = podman.run_ok(["run", "--rm", "--pull=never", RUNTIME_IMAGE, "--help"])?;
     ensure!(help.contains("--ps_hosts") && help.contains("--task_index"), "tfjob-runtime --help printed:\n{help}");
     let help = podman.run_ok(["run", "--rm", "--pull=never", OPERATOR_IMAGE, "--help"])?;
-    ensure!(help.to_lowercase().contains("usage"), "tfjob operator --help printed:\n{help}");
-    let crd = podman.run_ok(["run", "--rm", "--pull=never", "--entrypoint", "tfjob", OPERATOR_IMAGE, "crd"])?;
-    ensure!(crd.contains("CustomResourceDefinition") && crd.contains("tfjobs.kubeflow.org"), "tfjob crd printed:\n{crd}");
+    ensure!(help.to_lowercase().contains("usage"), "tfjob-operator --help printed:\n{help}");
+    // The operator image carries the operator alone: its version is this workspace's, and there
+    // is no `tfjob` in it (the command, with its Docker client and plots, ships as archives).
+    let version = podman.run_ok(["run", "--rm", "--pull=never", OPERATOR_IMAGE, "--version"])?;
+    ensure!(version.trim() == format!("tfjob-operator {}", env!("CARGO_PKG_VERSION")), "tfjob-operator --version printed:\n{version}");
+    let tfjob = podman.run(["run", "--rm", "--pull=never", "--entrypoint", "tfjob", OPERATOR_IMAGE, "crd"])?;
+    ensure!(!tfjob.status.success(), "the operator image has a `tfjob`: {}", String::from_utf8_lossy(&tfjob.stdout));
 
     // A running replica's process has uid 65532, seen from the host.
     let mut made = Resources::new(podman);

@@ -13,9 +13,9 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
-use tfjob_operator::api::{self, ReplicaType, TFJob, TFJobStatus};
-use tfjob_operator::plan;
-use tfjob_operator::status::{self, Action, Observation, ObservedReplica, Phase};
+use tfjob_api::api::{self, ReplicaType, TFJob, TFJobStatus};
+use tfjob_api::plan;
+use tfjob_api::status::{self, Action, Observation, ObservedReplica, Phase};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()

@@ -1,7 +1,7 @@
 //! The TFJob CRD and the operator against a real API server (tests/controlplane: etcd,
 //! kube-apiserver, kube-controller-manager; no scheduler, no kubelet).
 //!
-//! The operator runs as a separate `tfjob operator` process, configured like the Helm chart's
+//! The operator runs as a separate `tfjob-operator` process, configured like the Helm chart's
 //! Deployment (its environment, namespaced mode) and authenticated as the chart's ServiceAccount
 //! with exactly the chart's RBAC, rendered by the real helm (`tfjob_tests::operator`). Pods
 //! never run: the tests play the kubelet by writing pod phases and `tensorflow` container exit

@@ -128,7 +128,7 @@ fn the_release_builds_the_images_the_chart_and_the_examples_run() -> Result<()> 
 }
 
 /// The `tfjob` command is built and attached to the release for Linux and macOS (it builds off
-/// Linux: `cargo check --target x86_64-apple-darwin -p tfjob-operator`, see README), from the
+/// Linux: `cargo check --target x86_64-apple-darwin -p tfjob`, see README), from the
 /// release profile.
 #[test]
 fn the_release_attaches_tfjob_for_linux_and_macos() -> Result<()> {
@@ -143,7 +143,7 @@ fn the_release_attaches_tfjob_for_linux_and_macos() -> Result<()> {
         }
     }
     let build = serde_json::to_string(&cli["steps"])?;
-    for needle in ["cargo build --release --locked -p tfjob-operator --bin tfjob --target ${{ matrix.target }}", "upload-artifact"] {
+    for needle in ["cargo build --release --locked -p tfjob --bin tfjob --target ${{ matrix.target }}", "upload-artifact"] {
         ensure!(build.contains(needle), "the cli job has no {needle:?}: {build}");
     }
     let chart_job = serde_json::to_string(&wf["jobs"]["chart"])?;

@@ -159,7 +159,7 @@ versions, and allow tfjob-rs.io/operator where it lists values (an enum).
 {{- end }}
 
 {{/*
-The operator's rules: exactly the API calls of operator/src/kube.rs (both for the ClusterRole
+The operator's rules: exactly the API calls of operator/controller (both for the ClusterRole
 and for the namespaced Role). Each verb is there for a call named in its comment.
 */}}
 {{- define "tfjob-operator.rules" -}}

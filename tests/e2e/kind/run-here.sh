@@ -60,10 +60,10 @@ log "node image $KIND_NODE_IMAGE ($((SECONDS - start))s so far)"
 if [[ -z ${TFJOB_BIN_DIR:-} ]]; then
     export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tfjob-rs/cargo-target}
     profile=()
-    for crate in tfjob-operator tfjob-runtime tfjob-tests; do
+    for crate in tfjob-api tfjob-operator tfjob tfjob-runtime tfjob-tests; do
         profile+=(--config "profile.release.package.$crate.opt-level=1")
     done
-    log "cargo build --release of tfjob and tfjob-runtime (into $CARGO_TARGET_DIR)"
+    log "cargo build --release of tfjob-operator and tfjob-runtime (into $CARGO_TARGET_DIR)"
     (cd "$repo" && nice -n "$NICE" cargo build --release "${profile[@]}" --bins -p tfjob-operator -p tfjob-runtime) ||
         die "cargo build failed"
     TFJOB_BIN_DIR=$CARGO_TARGET_DIR/release

@@ -68,10 +68,10 @@ SCALE_MANIFEST=$here/elastic-scale.yaml
 # What the chief of elastic-scale.yaml reports: every example of every epoch, once.
 SCALE_EPOCHS=600
 SCALE_EXAMPLES=$((SCALE_EPOCHS * 101))
-# The Failed condition's message (operator/src/status.rs) for one permanent Worker failure: it names
+# The Failed condition's message (operator/api/src/status.rs) for one permanent Worker failure: it names
 # the pod and its exit code (then the kubelet's reason, e.g. "(Error)").
 FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed: pod exitcode-failure-worker-0 exited with code 1'
-# Labels the operator puts on every object of a job (operator/src/plan.rs).
+# Labels the operator puts on every object of a job (operator/api/src/plan.rs).
 LABEL_JOB_NAME=training.kubeflow.org/job-name
 LABEL_OPERATOR_NAME=training.kubeflow.org/operator-name
 OPERATOR_NAME=tfjob-controller

@@ -1117,9 +1117,9 @@ fn job_yaml(name: &str, replicas: usize) -> String {
     y
 }
 
-fn parse_job(name: &str, replicas: usize) -> Result<tfjob_operator::api::TFJob> {
+fn parse_job(name: &str, replicas: usize) -> Result<tfjob_api::api::TFJob> {
     let doc: serde_json::Value = serde_saphyr::from_str(&job_yaml(name, replicas))?;
-    tfjob_operator::api::parse_and_validate(doc).map_err(|e| anyhow::anyhow!("{e:?}"))
+    tfjob_api::api::parse_and_validate(doc).map_err(|e| anyhow::anyhow!("{e:?}"))
 }
 
 /// What the controller computes in one reconcile of `job` before its API calls
@@ -1130,14 +1130,14 @@ fn parse_job(name: &str, replicas: usize) -> Result<tfjob_operator::api::TFJob> 
 /// (`PlannedPod::into_pod`) only there, and the client JSON-encodes the body. Returns the
 /// number of pods sent.
 fn controller_pass(
-    job: &tfjob_operator::api::TFJob,
-    observed: &[tfjob_operator::status::ObservedReplica],
-    po: &tfjob_operator::plan::PlanOptions,
-    mut send: impl FnMut(tfjob_operator::plan::PlannedPod),
+    job: &tfjob_api::api::TFJob,
+    observed: &[tfjob_api::status::ObservedReplica],
+    po: &tfjob_api::plan::PlanOptions,
+    mut send: impl FnMut(tfjob_api::plan::PlannedPod),
 ) -> usize {
     use std::hint::black_box;
-    use tfjob_operator::status::{self, Action, Observation};
-    use tfjob_operator::{api, plan};
+    use tfjob_api::status::{self, Action, Observation};
+    use tfjob_api::{api, plan};
     let invalid = api::validate(job);
     let mut defaulted = job.clone();
     api::apply_defaults(&mut defaulted.spec);
@@ -1172,14 +1172,14 @@ fn controller_pass(
 }
 
 /// The request body of a pod the controller sends: its `TF_CONFIG` written out, JSON-encoded.
-fn request_body(pod: tfjob_operator::plan::PlannedPod) -> Vec<u8> {
+fn request_body(pod: tfjob_api::plan::PlannedPod) -> Vec<u8> {
     serde_json::to_vec(&pod.into_pod()).unwrap_or_default()
 }
 
 fn operator(opts: &Options, report: &mut Report) -> Result<()> {
-    use tfjob_operator::api::ReplicaType;
-    use tfjob_operator::plan::{PlanOptions, ReplicaPlanner, pod_name};
-    use tfjob_operator::status::{ObservedReplica, Phase};
+    use tfjob_api::api::ReplicaType;
+    use tfjob_api::plan::{PlanOptions, ReplicaPlanner, pod_name};
+    use tfjob_api::status::{ObservedReplica, Phase};
     let sizes: &[usize] = if opts.quick { &[10, 100] } else { &[10, 100, 1_000, 10_000] };
     let po = PlanOptions::default();
     let mut body_mb = serde_json::Map::new();
@@ -1288,7 +1288,7 @@ fn vm_hwm_kib() -> u64 {
 /// of them as new jobs, three passes ([`controller_pass`], each pod's request body written and
 /// dropped as it is sent); prints VmHWM before and after.
 fn plan_mem_child(args: &[String]) -> Result<()> {
-    use tfjob_operator::plan::PlanOptions;
+    use tfjob_api::plan::PlanOptions;
     let jobs: usize = args.first().context("jobs")?.parse()?;
     let replicas: usize = args.get(1).context("replicas")?.parse()?;
     let before = vm_hwm_kib();
@@ -1323,7 +1323,7 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
 /// table: next to them the distributed bars would be flat on the axis); right: ps bandwidth
 /// for 25M floats over the tensor channel and gRPC, next to loopback TCP.
 fn plot(rows: &[Row], path: &Path) -> Result<()> {
-    use tfjob_operator::plot::{Bars, Chart, Figure, Plot, write_png};
+    use tfjob::plot::{Bars, Chart, Figure, Plot, write_png};
     let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
     let ours = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.ours);
     let tf = |r: Option<&Row>| r.and_then(|r| r.tf_reference).unwrap_or(f64::NAN);

@@ -1,0 +1,319 @@
+//! What the controller knows without asking the API server: the watch caches of the pods and
+//! Services it owns, what it is still waiting to see in them after its own writes
+//! ([`Expectations`]), and which once-per-job objects it has already written ([`Once`]).
+//!
+//! A reconcile reads the job's pods and Service from reflector stores fed by the watches that
+//! also trigger reconciles, instead of listing them. A cache lags behind the API server: right
+//! after the controller created or deleted a pod, the cache may not show it yet, and acting on
+//! that stale picture would create the pod again or recreate it twice. So every write is
+//! remembered as an expectation (Kubeflow's controllers do the same) and the job is not
+//! reconciled again until the cache shows every expected change, or [`EXPECTATION_TTL`] has
+//! passed (a lost watch event must not stall a job for ever).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use tfjob_api::api::TFJob;
+use tfjob_api::plan;
+
+/// How long the controller waits for its cache to show its own writes before acting anyway.
+pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
+
+/// The watch caches a reconcile reads.
+#[derive(Clone)]
+pub struct Caches {
+    /// Pods with the operator's label.
+    pub pods: Store<Pod>,
+    /// Services with the operator's label.
+    pub services: Store<Service>,
+}
+
+impl Caches {
+    /// The pods of `job` in the cache: in its namespace, with its job-name label and, when the
+    /// job has a uid, owned by it.
+    pub fn pods_of(&self, job: &TFJob) -> Vec<std::sync::Arc<Pod>> {
+        let ns = job.namespace();
+        let uid = job.metadata.uid.as_deref();
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace() == ns)
+            .filter(|p| p.labels().get(plan::LABEL_JOB_NAME).map(String::as_str) == Some(job.name()))
+            .filter(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid))
+            .collect()
+    }
+
+    /// The job's Service in the cache.
+    pub fn service_of(&self, job: &TFJob) -> Option<std::sync::Arc<Service>> {
+        let ns = job.namespace()?;
+        self.services.get(&ObjectRef::new(job.name()).within(&ns))
+    }
+
+    /// Waits until both caches hold their first full list (at most `timeout`).
+    pub async fn wait_until_ready(&self, timeout: Duration) -> bool {
+        let both = async {
+            let pods = self.pods.wait_until_ready().await;
+            let services = self.services.wait_until_ready().await;
+            pods.is_ok() && services.is_ok()
+        };
+        tokio::time::timeout(timeout, both).await.unwrap_or(false)
+    }
+}
+
+/// A pod as the expectations see it in the cache: name, uid, being deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedPod<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Uid.
+    pub uid: &'a str,
+    /// Has a deletion timestamp.
+    pub terminating: bool,
+}
+
+impl<'a> CachedPod<'a> {
+    /// The view of a pod.
+    pub fn of(pod: &'a Pod) -> CachedPod<'a> {
+        CachedPod {
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The writes of one job that the cache does not show yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Pending {
+    /// Pods created, by name, with the uid the API server gave them.
+    created: BTreeMap<String, String>,
+    /// Pods deleted, by name, with the uid that was deleted.
+    deleted: BTreeMap<String, String>,
+    /// When the oldest of these writes was made.
+    since: Option<Instant>,
+}
+
+impl Pending {
+    /// Drops what `pods` already show: a created pod is in the cache with its uid; a deleted
+    /// one is gone, replaced by another, or being deleted.
+    fn observe(&mut self, pods: &[CachedPod<'_>]) {
+        self.created.retain(|name, uid| !pods.iter().any(|p| p.name == name && p.uid == uid));
+        self.deleted.retain(|name, uid| pods.iter().any(|p| p.name == name && p.uid == uid && !p.terminating));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.created.is_empty() && self.deleted.is_empty()
+    }
+}
+
+/// Per job (its uid), the pod writes the cache has yet to show.
+#[derive(Default)]
+pub struct Expectations {
+    jobs: Mutex<HashMap<String, Pending>>,
+}
+
+impl Expectations {
+    fn with<T>(&self, job: &str, f: impl FnOnce(&mut Pending) -> T) -> T {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = jobs.entry(job.to_string()).or_default();
+        let out = f(pending);
+        if pending.is_empty() {
+            jobs.remove(job);
+        }
+        out
+    }
+
+    /// The controller created pod `name` (uid `uid`) of `job` at `now`.
+    pub fn created(&self, job: &str, name: &str, uid: &str, now: Instant) {
+        self.with(job, |p| {
+            p.created.insert(name.to_string(), uid.to_string());
+            p.since.get_or_insert(now);
+        });
+    }
+
+    /// The controller deleted pod `name` (uid `uid`) of `job` at `now`.
+    pub fn deleted(&self, job: &str, name: &str, uid: &str, now: Instant) {
+        self.with(job, |p| {
+            p.deleted.insert(name.to_string(), uid.to_string());
+            p.since.get_or_insert(now);
+        });
+    }
+
+    /// How long to wait before reconciling `job`: `None` once `pods` (the cache) show every
+    /// write, or once the oldest unseen write is older than `ttl` (its expectations are then
+    /// dropped).
+    pub fn wait(&self, job: &str, pods: &[CachedPod<'_>], now: Instant, ttl: Duration) -> Option<Duration> {
+        self.with(job, |p| {
+            p.observe(pods);
+            if p.is_empty() {
+                return None;
+            }
+            let age = now.saturating_duration_since(p.since.unwrap_or(now));
+            if age >= ttl {
+                tracing::warn!(
+                    job_uid = job,
+                    pending = ?p,
+                    "the pod cache did not show the controller's writes in time; acting anyway"
+                );
+                *p = Pending::default();
+                return None;
+            }
+            Some(ttl - age)
+        })
+    }
+
+    /// Forgets a job (deleted).
+    pub fn forget(&self, job: &str) {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).remove(job);
+    }
+}
+
+/// The jobs (by uid) for which this process has written an object that is written once per
+/// job (the token Secret, the PodGroup): without reading it back, the controller knows it
+/// exists. After a restart each active job gets one more create, answered `AlreadyExists`.
+#[derive(Default)]
+pub struct Once {
+    done: Mutex<HashSet<String>>,
+}
+
+impl Once {
+    /// Whether it was written for `uid`.
+    pub fn contains(&self, uid: &str) -> bool {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).contains(uid)
+    }
+
+    /// It was written (or found to exist) for `uid`.
+    pub fn insert(&self, uid: &str) {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string());
+    }
+
+    /// The job is finished or gone: nothing more is written for it.
+    pub fn forget(&self, uid: &str) {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+    }
+}
+
+/// Whether an existing Service already is what the controller would apply: the same selector,
+/// headless, publishing not-ready addresses, with the same named ports. Then nothing is written.
+pub fn service_is_current(existing: &Service, desired: &Service) -> bool {
+    let (Some(have), Some(want)) = (&existing.spec, &desired.spec) else {
+        return false;
+    };
+    let ports = |s: &k8s_openapi::api::core::v1::ServiceSpec| {
+        let mut p: Vec<(Option<String>, i32)> = s.ports.iter().flatten().map(|p| (p.name.clone(), p.port)).collect();
+        p.sort();
+        p
+    };
+    have.selector == want.selector
+        && have.cluster_ip == want.cluster_ip
+        && have.publish_not_ready_addresses == want.publish_not_ready_addresses
+        && ports(have) == ports(want)
+        && existing.labels() == desired.labels()
+        && existing.owner_references() == desired.owner_references()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod<'a>(name: &'a str, uid: &'a str, terminating: bool) -> CachedPod<'a> {
+        CachedPod { name, uid, terminating }
+    }
+
+    #[test]
+    fn expectations_hold_the_job_until_the_cache_shows_the_writes() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(30);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // (writes: (created?, name, uid), cache, seconds later, wait?)
+        type Case = (&'static str, Vec<(bool, &'static str, &'static str)>, Vec<CachedPod<'static>>, u64, Option<u64>);
+        let cases: Vec<Case> = vec![
+            ("nothing written", vec![], vec![], 0, None),
+            ("created, not in the cache yet", vec![(true, "w0", "u1")], vec![], 1, Some(29)),
+            ("created and cached", vec![(true, "w0", "u1")], vec![pod("w0", "u1", false)], 1, None),
+            ("created again: the old pod in the cache does not count", vec![(true, "w0", "u2")], vec![pod("w0", "u1", true)], 2, Some(28)),
+            ("deleted, still in the cache", vec![(false, "w0", "u1")], vec![pod("w0", "u1", false)], 3, Some(27)),
+            ("deleted, cached as terminating", vec![(false, "w0", "u1")], vec![pod("w0", "u1", true)], 3, None),
+            ("deleted, gone from the cache", vec![(false, "w0", "u1")], vec![], 3, None),
+            ("one of two seen", vec![(true, "w0", "u1"), (true, "w1", "u2")], vec![pod("w0", "u1", false)], 5, Some(25)),
+            ("never seen: given up after the TTL", vec![(true, "w0", "u1")], vec![], 30, None),
+        ];
+        for (what, writes, cache, later, want) in cases {
+            let e = Expectations::default();
+            for (created, name, uid) in &writes {
+                if *created {
+                    e.created("ns/j", name, uid, t0);
+                } else {
+                    e.deleted("ns/j", name, uid, t0);
+                }
+            }
+            let got = e.wait("ns/j", &cache, at(later), ttl);
+            assert_eq!(got, want.map(Duration::from_secs), "{what}");
+            // Other jobs are not held.
+            assert_eq!(e.wait("ns/other", &[], at(later), ttl), None, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_satisfied_or_forgotten_job_is_not_held_again() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(30);
+        let e = Expectations::default();
+        e.created("ns/j", "w0", "u1", t0);
+        assert!(e.wait("ns/j", &[], t0, ttl).is_some());
+        assert_eq!(e.wait("ns/j", &[pod("w0", "u1", false)], t0, ttl), None);
+        // Seen once is enough: the pod may go away later (a failure) without holding the job.
+        assert_eq!(e.wait("ns/j", &[], t0, ttl), None);
+        e.deleted("ns/j", "w0", "u1", t0);
+        e.forget("ns/j");
+        assert_eq!(e.wait("ns/j", &[pod("w0", "u1", false)], t0, ttl), None);
+    }
+
+    #[test]
+    fn once_remembers_jobs_by_uid() {
+        let once = Once::default();
+        assert!(!once.contains("u1"));
+        once.insert("u1");
+        assert!(once.contains("u1") && !once.contains("u2"));
+        once.forget("u1");
+        assert!(!once.contains("u1"));
+    }
+
+    #[test]
+    fn a_service_is_rewritten_only_when_it_differs() {
+        use k8s_openapi::api::core::v1::ServicePort;
+        let job: TFJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+            "spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [
+                {"name": "tensorflow", "image": "i"}]}}}}},
+        }))
+        .unwrap();
+        let desired = plan::build_service(&job);
+        // What the API server returns: defaults filled in (clusterIPs, protocol, targetPort).
+        let mut stored = desired.clone();
+        stored.metadata.resource_version = Some("7".into());
+        let spec = stored.spec.as_mut().unwrap();
+        spec.cluster_ips = Some(vec!["None".into()]);
+        spec.type_ = Some("ClusterIP".into());
+        for p in spec.ports.iter_mut().flatten() {
+            p.protocol = Some("TCP".into());
+            p.target_port = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p.port));
+        }
+        assert!(service_is_current(&stored, &desired));
+        let mut other_port = stored.clone();
+        other_port.spec.as_mut().unwrap().ports = Some(vec![ServicePort { name: Some("tfjob-port".into()), port: 3333, ..Default::default() }]);
+        assert!(!service_is_current(&other_port, &desired));
+        let mut not_headless = stored.clone();
+        not_headless.spec.as_mut().unwrap().cluster_ip = Some("10.0.0.7".into());
+        assert!(!service_is_current(&not_headless, &desired));
+        let mut relabelled = stored.clone();
+        relabelled.metadata.labels = None;
+        assert!(!service_is_current(&relabelled, &desired));
+    }
+}

@@ -1,0 +1,84 @@
+//! What every reconcile shares: the client, the event recorder, the planner's settings, the
+//! metrics, the clock, which jobs this operator takes, the watch caches and what the controller
+//! remembers of its own writes.
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::PostParams;
+use kube::runtime::events::{Recorder, Reporter};
+use tfjob_api::api;
+use tfjob_api::plan::PlanOptions;
+
+use super::cache::{Caches, Expectations, Once};
+use crate::metrics::Metrics;
+
+/// Field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "tfjob-operator";
+
+/// Shared state of the reconciler.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Event recorder of the events about a job's pods.
+    pub recorder: Recorder,
+    /// Who records the events.
+    pub reporter: Reporter,
+    /// Planner settings.
+    pub opts: PlanOptions,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Clock (overridable in tests).
+    pub now: fn() -> Timestamp,
+    /// Which jobs this operator takes (`--beside-kubeflow`).
+    pub claim: api::Claim,
+    /// The watch caches of the jobs' pods and Services.
+    pub caches: Caches,
+    /// Pod writes the pod cache does not show yet, per job.
+    pub expectations: Expectations,
+    /// Jobs whose token Secret this process has created (or found to exist).
+    pub secrets: Once,
+    /// Jobs whose PodGroup this process has applied.
+    pub pod_groups: Once,
+}
+
+impl Context {
+    /// A context with the default reporter `tfjob-operator`, reading pods and Services from
+    /// `caches` (see [`super::build_controller`]).
+    pub fn new(client: Client, opts: PlanOptions, caches: Caches) -> Self {
+        let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: std::env::var("POD_NAME").ok() };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            reporter,
+            client,
+            opts,
+            metrics: Arc::new(Metrics::default()),
+            now: Timestamp::now,
+            claim: api::Claim::default(),
+            caches,
+            expectations: Expectations::default(),
+            secrets: Once::default(),
+            pod_groups: Once::default(),
+        }
+    }
+
+    /// Drops what the context remembers of a job that is gone (`key`: its uid, or
+    /// `<namespace>/<name>` without one).
+    pub fn forget(&self, key: &str, uid: &str) {
+        self.expectations.forget(key);
+        self.forget_once_objects(uid);
+    }
+
+    /// A finished job creates nothing any more: its token Secret and PodGroup are not written
+    /// again.
+    pub fn forget_once_objects(&self, uid: &str) {
+        self.secrets.forget(uid);
+        self.pod_groups.forget(uid);
+    }
+}
+
+/// Parameters of every create, with this controller as the field manager.
+pub fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.to_string()), ..Default::default() }
+}

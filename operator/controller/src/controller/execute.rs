@@ -1,0 +1,163 @@
+//! The execute step of a reconcile: one function per kind of write. The once-per-job objects
+//! (the token Secret, the Service and its NetworkPolicy, the PodGroup) are written when missing
+//! or different; pods are created and deleted as the status machine says, each write remembered
+//! as an expectation ([`super::cache::Expectations`]) and announced as an Event.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, Preconditions};
+use tfjob_api::api::TFJob;
+use tfjob_api::plan::{self, GangScheduler, PlannedPod};
+use tfjob_api::status::{Action, PodRefusal};
+
+use super::cache;
+use super::context::{Context, FIELD_MANAGER, post_params};
+use super::error::{Error, kerr};
+use super::events;
+use super::target::Target;
+use crate::api_errors::{CONFLICT, NOT_FOUND, is_status, tolerate};
+use crate::metrics::JobEvent;
+
+/// What executing a reconcile's actions did, for its commit.
+#[derive(Default)]
+pub struct Executed {
+    /// The status machine's events, published once the status they come with is written.
+    pub job_events: Vec<Action>,
+    /// Pods the API server refused.
+    pub refused: Vec<PodRefusal>,
+    /// The job itself was deleted (`ttlSecondsAfterFinished`): its status is not written.
+    pub job_deleted: bool,
+}
+
+/// Creates the job's token Secret, once: the controller never reads Secrets (it may not), so a
+/// Secret that exists already (`AlreadyExists`: created by an earlier run of the operator) is
+/// the job's and is kept, token and all.
+pub async fn ensure_secret(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.secrets.contains(uid) {
+        return Ok(());
+    }
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = plan::build_secret(job, &plan::random_token());
+    tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create secret"))?;
+    ctx.secrets.insert(uid);
+    Ok(())
+}
+
+/// Applies the job's Service (and, when configured, its NetworkPolicy) when the cache shows it
+/// missing or different; otherwise writes nothing.
+pub async fn ensure_service(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let desired = plan::build_service(job);
+    if let Some(existing) = ctx.caches.service_of(job)
+        && cache::service_is_current(&existing, &desired)
+    {
+        return Ok(());
+    }
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    svc_api.patch(job.name(), &apply, &Patch::Apply(&desired)).await.map_err(kerr("apply service"))?;
+    if ctx.opts.network_policy {
+        let np_api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+        let np = plan::build_network_policy(job);
+        np_api.patch(job.name(), &apply, &Patch::Apply(&np)).await.map_err(kerr("apply networkpolicy"))?;
+    }
+    Ok(())
+}
+
+fn pod_group_api(ctx: &Context, ns: &str, gang: &GangScheduler) -> Api<DynamicObject> {
+    let gvk = match gang {
+        GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
+        GangScheduler::SchedulerPlugins(_) => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
+    };
+    Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::from_gvk_with_plural(&gvk, "podgroups"))
+}
+
+/// Applies the job's PodGroup once per job (and process).
+pub async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let Some(gang) = &ctx.opts.gang_scheduler else {
+        return Ok(());
+    };
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.pod_groups.contains(uid) {
+        return Ok(());
+    }
+    let pg = plan::build_pod_group(job, gang);
+    let apply = PatchParams::apply(FIELD_MANAGER).force();
+    pod_group_api(ctx, ns, gang).patch(job.name(), &apply, &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
+    ctx.pod_groups.insert(uid);
+    Ok(())
+}
+
+/// A finished job releases its gang: deletes its PodGroup (when gang scheduling is on).
+pub async fn delete_pod_group(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
+    let Some(gang) = &ctx.opts.gang_scheduler else {
+        return Ok(());
+    };
+    tolerate(pod_group_api(ctx, ns, gang).delete(name, &DeleteParams::default()).await, &[NOT_FOUND]).map_err(kerr("delete podgroup"))?;
+    Ok(())
+}
+
+/// What the API server's refusal to create a pod means for the job, or `None` when the call
+/// failed for another reason (connection, timeout, overload: the reconcile is retried).
+fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
+    match e {
+        // Invalid (422) or malformed (400): the same pod would be refused again.
+        // Forbidden (403): admission (quota, pod security) may let a later attempt through.
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => {
+            Some(PodRefusal { pod: pod.to_string(), message: s.message.clone(), permanent: s.code != 403 })
+        }
+        _ => None,
+    }
+}
+
+/// Creates a planned pod of the job; `Some` refusal when the API server refused it for a reason
+/// that concerns the job (an invalid pod, admission).
+pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod) -> Result<Option<PodRefusal>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
+    let pod_name = planned.name().to_string();
+    match pods.create(&post_params(), &planned.into_pod()).await {
+        Ok(created) => {
+            let new_uid = created.metadata.uid.unwrap_or_default();
+            ctx.expectations.created(&target.key, &pod_name, &new_uid, Instant::now());
+            events::pod_event(ctx, target.job, "SuccessfulCreatePod", &format!("Created pod: {pod_name}"), &pod_name).await;
+            Ok(None)
+        }
+        // The cache was behind: the pod is there.
+        Err(e) if is_status(&e, CONFLICT) => Ok(None),
+        Err(e) => match pod_refusal(&pod_name, &e) {
+            Some(r) => {
+                tracing::warn!(job = %target.name, pod = %pod_name, error = %e, "pod refused");
+                Ok(Some(r))
+            }
+            None => Err(kerr(format!("create pod {pod_name}"))(e)),
+        },
+    }
+}
+
+/// Deletes the job's pod `pod`: exactly the pod observed, never a newer pod of the same name.
+pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
+    let pod_uid = target.uid_of(pod);
+    let params = DeleteParams { preconditions: pod_uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() };
+    // Gone already, or another pod by now: nothing was deleted.
+    if tolerate(pods.delete(pod, &params).await, &[NOT_FOUND, CONFLICT]).map_err(kerr(format!("delete pod {pod}")))?.is_none() {
+        return Ok(());
+    }
+    if let Some(u) = &pod_uid {
+        ctx.expectations.deleted(&target.key, pod, u, Instant::now());
+    }
+    events::pod_event(ctx, target.job, "SuccessfulDeletePod", &format!("Deleted pod: {pod}"), pod).await;
+    Ok(())
+}
+
+/// Deletes the job itself (`ttlSecondsAfterFinished`); its children go with it (owner
+/// references), and the controller forgets it.
+pub async fn delete_job(ctx: &Context, target: &Target<'_>) -> Result<(), Error> {
+    let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &target.ns);
+    tolerate(jobs.delete(&target.name, &DeleteParams::background()).await, &[NOT_FOUND]).map_err(kerr("delete job"))?;
+    ctx.metrics.job(&target.ns, JobEvent::Deleted);
+    ctx.forget(&target.key, &target.uid);
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! One reconcile of a TFJob, as named steps:
+//!
+//! 1. [`gate`]: whether there is anything to do (a job being deleted, another controller's job,
+//!    caches not ready or not yet showing the controller's last writes);
+//! 2. [`decide`]: validation, defaults, the observed replicas and the status machine (pure);
+//! 3. [`execute`]: the once-per-job objects, then each action of the status machine by the
+//!    function of its kind ([`super::execute`]), then what the status records of it;
+//! 4. [`super::commit`]: the status, the job's events and metrics, and the requeue.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action as CtrlAction;
+use tfjob_api::api::{self, TFJob, TFJobStatus};
+use tfjob_api::plan;
+use tfjob_api::status::{self, Action, Observation, ObservedReplica, Outcome};
+
+use super::cache::{CachedPod, EXPECTATION_TTL};
+use super::commit::commit;
+use super::context::Context;
+use super::error::Error;
+use super::execute::{self, Executed};
+use super::observe::observe_pod;
+use super::target::Target;
+
+/// Reconciles one TFJob: creates what is missing, deletes what must go, writes the status.
+pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction, Error> {
+    let started = Instant::now();
+    let result = reconcile_steps(&job, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed());
+    result
+}
+
+async fn reconcile_steps(job: &TFJob, ctx: &Context) -> Result<CtrlAction, Error> {
+    let target = match gate(job, ctx).await? {
+        Gate::Stop(action) => return Ok(action),
+        Gate::Go(target) => target,
+    };
+    let mut decision = decide(&target, (ctx.now)());
+    let done = execute(ctx, &target, &mut decision).await?;
+    commit(ctx, &target, &decision.old_status, &decision.outcome, done).await
+}
+
+/// Requeue policy after an error: count it, retry in 10 seconds.
+pub fn error_policy(job: Arc<TFJob>, err: &Error, ctx: Arc<Context>) -> CtrlAction {
+    tracing::warn!(job = job.name(), error = %err, "reconcile failed");
+    ctx.metrics.error(err.category());
+    CtrlAction::requeue(Duration::from_secs(10))
+}
+
+/// What the gate lets through.
+enum Gate<'a> {
+    /// Nothing to do now; the controller's next step.
+    Stop(CtrlAction),
+    /// Reconcile this.
+    Go(Target<'a>),
+}
+
+/// Whether the job is to be reconciled now: not when it is being deleted (its children carry
+/// owner references: the garbage collector removes them), when it is another controller's
+/// (`managedBy`), or while the pod cache does not show the controller's last writes. A job that
+/// had finished goes through, but creates nothing any more.
+async fn gate<'a>(job: &'a TFJob, ctx: &Context) -> Result<Gate<'a>, Error> {
+    let ns = job.namespace().ok_or(Error::MissingField("namespace"))?;
+    let name = job.metadata.name.clone().ok_or(Error::MissingField("name"))?;
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let key = if uid.is_empty() { format!("{ns}/{name}") } else { uid.clone() };
+    if job.metadata.deletion_timestamp.is_some() {
+        ctx.forget(&key, &uid);
+        return Ok(Gate::Stop(CtrlAction::await_change()));
+    }
+    if !ctx.claim.takes(job.spec.run_policy.managed_by.as_deref()) {
+        tracing::debug!(job = job.name(), "managed by another controller; skipped");
+        return Ok(Gate::Stop(CtrlAction::await_change()));
+    }
+    if !ctx.caches.wait_until_ready(Duration::from_secs(30)).await {
+        return Err(Error::CacheNotReady);
+    }
+    let pods = ctx.caches.pods_of(job);
+    let cached: Vec<CachedPod> = pods.iter().map(|p| CachedPod::of(p)).collect();
+    if let Some(wait) = ctx.expectations.wait(&key, &cached, Instant::now(), EXPECTATION_TTL) {
+        tracing::debug!(job = %name, "waiting for the pod cache to show the last writes");
+        return Ok(Gate::Stop(CtrlAction::requeue(wait)));
+    }
+    let finished = status::is_finished(job.status.as_ref().unwrap_or(&TFJobStatus::default()));
+    if finished {
+        ctx.forget_once_objects(&uid);
+    }
+    Ok(Gate::Go(Target { job, ns, name, uid, key, pods, finished }))
+}
+
+/// What a reconcile decided, before anything is written.
+struct Decision {
+    /// The job with its in-memory defaults (what is planned).
+    defaulted: TFJob,
+    /// The job is valid and not suspended: its Service and PodGroup are kept.
+    runs: bool,
+    /// The status the job had.
+    old_status: TFJobStatus,
+    /// The status machine's new status and actions.
+    outcome: Outcome,
+    /// How many pods the actions create.
+    creates: usize,
+}
+
+/// Validation, defaults, the observed replicas and the status machine at `now`: pure.
+fn decide(target: &Target<'_>, now: Timestamp) -> Decision {
+    let job = target.job;
+    let invalid = api::validate(job);
+    let mut defaulted = job.clone();
+    api::apply_defaults(&mut defaulted.spec);
+    let old_status = job.status.clone().unwrap_or_default();
+    let observed: Vec<ObservedReplica> = target.pods.iter().filter_map(|p| observe_pod(p)).collect();
+    let outcome = status::reconcile_status(&Observation {
+        namespace: &target.ns,
+        name: &target.name,
+        spec: &defaulted.spec,
+        status: &old_status,
+        replicas: &observed,
+        invalid: &invalid,
+        now,
+    });
+    let creates = outcome.actions.iter().filter(|a| matches!(a, Action::CreateReplica { .. })).count();
+    let runs = invalid.is_empty() && !defaulted.spec.run_policy.suspend;
+    Decision { defaulted, runs, old_status, outcome, creates }
+}
+
+/// Carries out a decision: the once-per-job objects, the actions, then what the status records
+/// of the pods created or refused, and the gang released when the job has just finished.
+async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) -> Result<Executed, Error> {
+    if !target.finished && decision.runs {
+        execute::ensure_service(ctx, &target.ns, &decision.defaulted).await?;
+        execute::ensure_pod_group(ctx, &target.ns, &decision.defaulted).await?;
+    }
+    if decision.creates > 0 {
+        execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
+    }
+    let mut done = execute_actions(ctx, target, decision).await?;
+    if decision.creates > 0 || !done.refused.is_empty() {
+        let full_name = format!("{}/{}", target.ns, target.name);
+        let status = &mut decision.outcome.status;
+        done.job_events.extend(status::record_pod_creations(status, &full_name, decision.creates, &done.refused, (ctx.now)()));
+    }
+    // A finished job releases its gang: the PodGroup goes with the pods.
+    if !done.job_deleted && !target.finished && status::is_finished(&decision.outcome.status) {
+        execute::delete_pod_group(ctx, &target.ns, &target.name).await?;
+    }
+    Ok(done)
+}
+
+/// Each action of the status machine, by the function of its kind; the job's events are kept
+/// for the commit.
+async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision) -> Result<Executed, Error> {
+    let mut done = Executed::default();
+    // Planned at the first pod to create, once per reconcile: the cluster spec is written once
+    // and each pod's TF_CONFIG only when that pod is sent.
+    let mut planner: Option<plan::PodPlanner> = None;
+    for action in &decision.outcome.actions {
+        match action {
+            // After an invalid pod the job fails: no point sending its other pods.
+            Action::CreateReplica { .. } if done.refused.iter().any(|r| r.permanent) => {}
+            Action::CreateReplica { replica_type, index } => {
+                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&decision.defaulted, &ctx.opts));
+                if let Some(pod) = planner.pod(*replica_type, *index) {
+                    done.refused.extend(execute::create_pod(ctx, target, pod).await?);
+                }
+            }
+            Action::RecreateReplica { name, .. } => {
+                ctx.metrics.replica_recreated();
+                execute::delete_pod(ctx, target, name).await?;
+            }
+            Action::DeleteReplica { name } => execute::delete_pod(ctx, target, name).await?,
+            Action::Event { .. } => done.job_events.push(action.clone()),
+            Action::RequeueAfter(_) => {}
+            Action::DeleteJob => {
+                execute::delete_job(ctx, target).await?;
+                done.job_deleted = true;
+            }
+        }
+    }
+    Ok(done)
+}

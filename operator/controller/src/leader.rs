@@ -1,0 +1,152 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease: only the replica that holds the lease
+//! reconciles; it renews the lease at a third of its duration, and hands it over when it stops.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api_errors::{CONFLICT, tolerate};
+
+/// Leader election on a `coordination.k8s.io/v1` Lease.
+pub struct LeaderElector {
+    /// Lease API (in the operator's namespace).
+    pub api: Api<Lease>,
+    /// Lease name.
+    pub name: String,
+    /// This instance.
+    pub identity: String,
+    /// Lease duration; renewals happen at a third of it.
+    pub lease_duration: Duration,
+}
+
+impl LeaderElector {
+    /// Tries once to take or renew the lease. Returns whether this instance holds it.
+    pub async fn try_acquire(&self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        match self.api.get_opt(&self.name).await? {
+            None => {
+                let mut spec = LeaseSpec { acquire_time: Some(MicroTime(now)), lease_transitions: Some(0), ..Default::default() };
+                self.hold(&mut spec, now);
+                let lease = Lease { metadata: kube::api::ObjectMeta { name: Some(self.name.clone()), ..Default::default() }, spec: Some(spec) };
+                Ok(tolerate(self.api.create(&PostParams::default(), &lease).await, &[CONFLICT])?.is_some())
+            }
+            Some(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                let holder = spec.holder_identity.clone().unwrap_or_default();
+                if holder != self.identity && !expired(spec, now) && !holder.is_empty() {
+                    return Ok(false);
+                }
+                if holder != self.identity {
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    spec.acquire_time = Some(MicroTime(now));
+                }
+                self.hold(spec, now);
+                // replace carries the resourceVersion: a concurrent writer makes this fail (409).
+                Ok(tolerate(self.api.replace(&self.name, &PostParams::default(), &lease).await, &[CONFLICT])?.is_some())
+            }
+        }
+    }
+
+    /// Marks `spec` as held by this instance, renewed at `now`.
+    fn hold(&self, spec: &mut LeaseSpec, now: Timestamp) {
+        spec.holder_identity = Some(self.identity.clone());
+        spec.lease_duration_seconds = Some(self.lease_duration.as_secs() as i32);
+        spec.renew_time = Some(MicroTime(now));
+    }
+
+    /// Gives the lease up if this instance holds it.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        tolerate(self.api.replace(&self.name, &PostParams::default(), &lease).await, &[CONFLICT])?;
+        Ok(())
+    }
+
+    /// Waits until this instance holds the lease (API errors are logged and retried).
+    pub async fn acquire(&self) {
+        loop {
+            match self.try_acquire().await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "leader election"),
+            }
+            tokio::time::sleep(self.lease_duration / 3).await;
+        }
+    }
+
+    /// Keeps renewing; returns when the lease is lost (or cannot be renewed in time).
+    pub async fn keep(&self) {
+        let mut last_ok = Instant::now();
+        loop {
+            tokio::time::sleep(self.lease_duration / 3).await;
+            match self.try_acquire().await {
+                Ok(true) => last_ok = Instant::now(),
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot renew lease");
+                    if last_ok.elapsed() >= self.lease_duration * 2 / 3 {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the holder of a lease let it expire (a lease without a renewal time or duration
+/// has).
+fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(t), Some(d)) => now.duration_since(t.0).as_secs_f64() > f64::from(d),
+        _ => true,
+    }
+}
+
+/// The identity of this process in leader election: like client-go, the pod (host) name plus a
+/// random suffix, unique per process.
+pub fn process_identity() -> String {
+    let host = std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "tfjob-operator".to_string());
+    format!("{host}_{}", &tfjob_api::plan::random_token()[..12])
+}
+
+/// The lease held: renewed in a task of its own until it is lost or given up.
+pub struct Leadership {
+    elector: Arc<LeaderElector>,
+    renewals: JoinHandle<()>,
+}
+
+impl Leadership {
+    /// Starts renewing the lease `elector` holds; the receiver fires when it is lost.
+    pub fn keep(elector: LeaderElector) -> (Leadership, oneshot::Receiver<()>) {
+        let (lost_tx, lost_rx) = oneshot::channel::<()>();
+        let elector = Arc::new(elector);
+        let keeper = elector.clone();
+        let renewals = tokio::spawn(async move {
+            keeper.keep().await;
+            let _ = lost_tx.send(());
+        });
+        (Leadership { elector, renewals }, lost_rx)
+    }
+
+    /// Stops renewing and hands the lease over at once instead of letting the next leader wait
+    /// for it to expire.
+    pub async fn step_down(self) {
+        self.renewals.abort();
+        if let Err(e) = self.elector.release().await {
+            tracing::warn!(error = %e, "cannot release the lease");
+        }
+    }
+}
