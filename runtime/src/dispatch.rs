@@ -124,7 +124,7 @@ impl ShardPlan {
 }
 
 /// A seed for one purpose of one epoch (splitmix64 of the parts).
-fn mix(seed: u64, epoch: u64, purpose: u64) -> u64 {
+pub(crate) fn mix(seed: u64, epoch: u64, purpose: u64) -> u64 {
     let mut z = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ purpose.rotate_left(17);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

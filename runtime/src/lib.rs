@@ -34,6 +34,9 @@ pub mod trained;
 pub mod worker;
 pub mod workload;
 
+#[cfg(test)]
+mod hash_pins;
+
 /// Keeps glibc's malloc from giving part-sized buffers back to the kernel
 /// after every message. By default a buffer of more than 128 KiB (a tensor
 /// part, an HTTP/2 frame, an MLP gradient) is a fresh mmap, and the heap of a
