@@ -22,9 +22,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::hash::{Fnv1a, derive_seed};
 use crate::model::Init;
 use crate::optimizer::{Optimizer, Slots};
-use crate::placement::Fnv1a;
 use crate::proto;
 
 /// How the rows of an embedding are cut over its partitions.
@@ -99,15 +99,6 @@ impl std::str::FromStr for PartitionStrategy {
     }
 }
 
-/// A seed for one purpose (splitmix64 of the parts): well-spread bits from
-/// inputs that differ in a few.
-pub fn mix(a: u64, b: u64, c: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.rotate_left(29).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The initial value of any row of one embedding variable: drawn from
 /// `init` by a generator seeded with `seed`, the variable's name and the
 /// row's id.
@@ -128,7 +119,7 @@ impl RowInit {
 
     /// Writes row `id`'s initial value into `out` (`dim` values).
     pub fn fill(&self, id: i64, out: &mut [f32]) {
-        let mut rng = StdRng::seed_from_u64(mix(self.seed, self.key, id as u64));
+        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, self.key, id as u64));
         crate::model::fill_init(&self.init, &mut rng, out);
     }
 }
@@ -583,4 +574,23 @@ mod tests {
         let (ids, values) = split_rows("e", 2, 1, &content).unwrap();
         assert_eq!((ids, values.len()), (vec![4, -2], 8));
     }
+
+    /// Pinned (they are in checkpoints): initial values as bits: a row's (from its variable, the seed and its id)
+    /// and a variable's (from one generator).
+    #[test]
+    fn initial_values_keep_their_bits() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let mut row = [0.0f32; 3];
+        RowInit::new("emb", Init::Normal { stddev: 1.0 }, 3).fill(5, &mut row);
+        assert_eq!(bits(&row), ROW_NORMAL, "{row:?}");
+        RowInit::new("wide/kernel", Init::Uniform { limit: 0.05 }, 1).fill(1 << 20, &mut row);
+        assert_eq!(bits(&row), ROW_UNIFORM, "{row:?}");
+        let mut values = [0.0f32; 4];
+        crate::model::fill_init(&Init::TruncatedNormal { stddev: 0.1 }, &mut StdRng::seed_from_u64(1), &mut values);
+        assert_eq!(bits(&values), TRUNCATED, "{values:?}");
+    }
+
+    const ROW_NORMAL: [u32; 3] = [0x3d4432d9, 0xbeef3305, 0xbde3ddbe];
+    const ROW_UNIFORM: [u32; 3] = [0x3c3f3bad, 0x3d3c6818, 0xbd3be3c2];
+    const TRUNCATED: [u32; 4] = [0x3e2a5afd, 0x3d97b04f, 0xbc504f45, 0xbd7b28a2];
 }

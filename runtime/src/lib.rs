@@ -18,6 +18,7 @@ pub mod data;
 pub mod dispatch;
 pub mod embedding;
 pub mod events;
+pub mod hash;
 pub mod lookup;
 pub mod metrics;
 pub mod model;
@@ -33,9 +34,6 @@ pub mod train;
 pub mod trained;
 pub mod worker;
 pub mod workload;
-
-#[cfg(test)]
-mod hash_pins;
 
 /// Keeps glibc's malloc from giving part-sized buffers back to the kernel
 /// after every message. By default a buffer of more than 128 KiB (a tensor

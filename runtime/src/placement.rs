@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use crate::embedding::PartitionStrategy;
+use crate::hash::Fnv1a;
 
 /// A variable to place: name and shape (f32 elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,24 +210,6 @@ impl Placement {
             }
         }
         h.0
-    }
-}
-
-/// FNV-1a, 64-bit: small, stable across builds and platforms.
-pub struct Fnv1a(pub u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
     }
 }
 
