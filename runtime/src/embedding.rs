@@ -18,12 +18,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::hash::{Fnv1a, derive_seed};
-use crate::model::Init;
+use crate::init::{Init, RowInit};
 use crate::optimizer::{Optimizer, Slots};
 use crate::proto;
 
@@ -96,31 +93,6 @@ impl std::str::FromStr for PartitionStrategy {
             "div" => Ok(PartitionStrategy::Div),
             _ => Err(format!("unknown partition strategy {s:?} (mod, div)")),
         }
-    }
-}
-
-/// The initial value of any row of one embedding variable: drawn from
-/// `init` by a generator seeded with `seed`, the variable's name and the
-/// row's id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RowInit {
-    pub init: Init,
-    pub seed: u64,
-    /// FNV-1a of the variable's name.
-    key: u64,
-}
-
-impl RowInit {
-    pub fn new(variable: &str, init: Init, seed: u64) -> Self {
-        let mut h = Fnv1a::default();
-        h.write(variable.as_bytes());
-        RowInit { init, seed, key: h.0 }
-    }
-
-    /// Writes row `id`'s initial value into `out` (`dim` values).
-    pub fn fill(&self, id: i64, out: &mut [f32]) {
-        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, self.key, id as u64));
-        crate::model::fill_init(&self.init, &mut rng, out);
     }
 }
 
@@ -470,25 +442,6 @@ mod tests {
         assert!("range".parse::<PartitionStrategy>().unwrap_err().contains("mod, div"));
     }
 
-    /// A row's initial value depends on the variable, the seed and the id
-    /// only: the same wherever and whenever it is computed.
-    #[test]
-    fn rows_start_from_their_own_deterministic_value() {
-        let a = RowInit::new("emb", Init::Normal { stddev: 1.0 }, 3);
-        let row = |init: &RowInit, id| {
-            let mut out = [0.0f32; 4];
-            init.fill(id, &mut out);
-            out
-        };
-        assert_eq!(row(&a, 5), row(&a.clone(), 5));
-        assert_ne!(row(&a, 5), row(&a, 6));
-        assert_ne!(row(&a, 5), row(&RowInit::new("emb", Init::Normal { stddev: 1.0 }, 4), 5), "another seed");
-        assert_ne!(row(&a, 5), row(&RowInit::new("other", Init::Normal { stddev: 1.0 }, 3), 5), "another variable");
-        assert_eq!(row(&RowInit::new("emb", Init::Zeros, 3), 5), [0.0; 4]);
-        let u = row(&RowInit::new("emb", Init::Uniform { limit: 0.05 }, 3), 9);
-        assert!(u.iter().all(|v| v.abs() <= 0.05) && u.iter().any(|v| *v != 0.0), "{u:?}");
-    }
-
     /// Rows exist once updated; pulls of others answer their initial value;
     /// bad ids are named.
     #[test]
@@ -574,23 +527,4 @@ mod tests {
         let (ids, values) = split_rows("e", 2, 1, &content).unwrap();
         assert_eq!((ids, values.len()), (vec![4, -2], 8));
     }
-
-    /// Pinned (they are in checkpoints): initial values as bits: a row's (from its variable, the seed and its id)
-    /// and a variable's (from one generator).
-    #[test]
-    fn initial_values_keep_their_bits() {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        let mut row = [0.0f32; 3];
-        RowInit::new("emb", Init::Normal { stddev: 1.0 }, 3).fill(5, &mut row);
-        assert_eq!(bits(&row), ROW_NORMAL, "{row:?}");
-        RowInit::new("wide/kernel", Init::Uniform { limit: 0.05 }, 1).fill(1 << 20, &mut row);
-        assert_eq!(bits(&row), ROW_UNIFORM, "{row:?}");
-        let mut values = [0.0f32; 4];
-        crate::model::fill_init(&Init::TruncatedNormal { stddev: 0.1 }, &mut StdRng::seed_from_u64(1), &mut values);
-        assert_eq!(bits(&values), TRUNCATED, "{values:?}");
-    }
-
-    const ROW_NORMAL: [u32; 3] = [0x3d4432d9, 0xbeef3305, 0xbde3ddbe];
-    const ROW_UNIFORM: [u32; 3] = [0x3c3f3bad, 0x3d3c6818, 0xbd3be3c2];
-    const TRUNCATED: [u32; 4] = [0x3e2a5afd, 0x3d97b04f, 0xbc504f45, 0xbd7b28a2];
 }

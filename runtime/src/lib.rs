@@ -19,6 +19,7 @@ pub mod dispatch;
 pub mod embedding;
 pub mod events;
 pub mod hash;
+pub mod init;
 pub mod lookup;
 pub mod metrics;
 pub mod model;

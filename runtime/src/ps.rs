@@ -2092,7 +2092,7 @@ mod tests {
             strategy: embedding::PartitionStrategy::Mod,
             partition: 1,
             num_partitions: 2,
-            init: embedding::RowInit::new("emb", crate::model::Init::Uniform { limit: 0.5 }, 7),
+            init: crate::init::RowInit::new("emb", crate::init::Init::Uniform { limit: 0.5 }, 7),
         };
         proto::VariableSpec { name: "emb/part_1".into(), dtype: DataType::DtFloat as i32, shape: vec![5, 2], embedding: Some(part.to_proto()) }
     }
@@ -2118,7 +2118,7 @@ mod tests {
     }
 
     fn initial_rows(ids: &[i64]) -> Vec<f32> {
-        let init = embedding::RowInit::new("emb", crate::model::Init::Uniform { limit: 0.5 }, 7);
+        let init = crate::init::RowInit::new("emb", crate::init::Init::Uniform { limit: 0.5 }, 7);
         let mut out = vec![0.0; ids.len() * 2];
         for (k, &id) in ids.iter().enumerate() {
             init.fill(id, &mut out[k * 2..k * 2 + 2]);
