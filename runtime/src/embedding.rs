@@ -16,85 +16,13 @@
 //! single-process mode uses them directly.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::init::{Init, RowInit};
 use crate::optimizer::{Optimizer, Slots};
+use crate::placement::PartitionStrategy;
 use crate::proto;
-
-/// How the rows of an embedding are cut over its partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub enum PartitionStrategy {
-    /// Row `id` lives in partition `id % parts` (TensorFlow's default).
-    #[default]
-    Mod,
-    /// Contiguous runs: the first `rows % parts` partitions hold one row
-    /// more than the others.
-    Div,
-}
-
-impl PartitionStrategy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PartitionStrategy::Mod => "mod",
-            PartitionStrategy::Div => "div",
-        }
-    }
-
-    pub fn to_proto(self) -> proto::PartitionStrategy {
-        match self {
-            PartitionStrategy::Mod => proto::PartitionStrategy::PartitionMod,
-            PartitionStrategy::Div => proto::PartitionStrategy::PartitionDiv,
-        }
-    }
-
-    pub fn from_proto(v: i32) -> Option<Self> {
-        match proto::PartitionStrategy::try_from(v).ok()? {
-            proto::PartitionStrategy::PartitionMod => Some(PartitionStrategy::Mod),
-            proto::PartitionStrategy::PartitionDiv => Some(PartitionStrategy::Div),
-            proto::PartitionStrategy::PartitionUnspecified => None,
-        }
-    }
-
-    /// The partition of row `id` of a table of `rows` rows cut into `parts`.
-    pub fn partition_of(self, rows: u64, parts: u64, id: u64) -> u64 {
-        match self {
-            PartitionStrategy::Mod => id % parts,
-            PartitionStrategy::Div => {
-                let (base, extra) = (rows / parts, rows % parts);
-                let big = extra * (base + 1);
-                if id < big { id / (base + 1) } else { extra + (id - big) / base.max(1) }
-            }
-        }
-    }
-
-    /// Rows held by partition `k`.
-    pub fn partition_rows(self, rows: u64, parts: u64, k: u64) -> u64 {
-        match self {
-            PartitionStrategy::Mod => rows / parts + u64::from(k < rows % parts),
-            PartitionStrategy::Div => rows / parts + u64::from(k < rows % parts),
-        }
-    }
-}
-
-impl fmt::Display for PartitionStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for PartitionStrategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "mod" => Ok(PartitionStrategy::Mod),
-            "div" => Ok(PartitionStrategy::Div),
-            _ => Err(format!("unknown partition strategy {s:?} (mod, div)")),
-        }
-    }
-}
 
 /// One partition of an embedding variable, as a ps holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -412,34 +340,6 @@ mod tests {
             num_partitions: parts,
             init: RowInit::new("emb", Init::Uniform { limit: 0.5 }, 7),
         }
-    }
-
-    /// TensorFlow's partition strategies: which partition holds each row,
-    /// and how many rows each holds.
-    #[test]
-    fn partition_strategies() {
-        use PartitionStrategy::{Div, Mod};
-        // (strategy, rows, parts, owner of rows 0.., rows per partition)
-        type Case = (PartitionStrategy, u64, u64, Vec<u64>, Vec<u64>);
-        let cases: Vec<Case> = vec![
-            (Mod, 7, 3, vec![0, 1, 2, 0, 1, 2, 0], vec![3, 2, 2]),
-            (Div, 7, 3, vec![0, 0, 0, 1, 1, 2, 2], vec![3, 2, 2]),
-            (Div, 6, 3, vec![0, 0, 1, 1, 2, 2], vec![2, 2, 2]),
-            (Mod, 5, 1, vec![0; 5], vec![5]),
-            (Div, 5, 1, vec![0; 5], vec![5]),
-            (Div, 2, 2, vec![0, 1], vec![1, 1]),
-        ];
-        for (s, rows, parts, owners, sizes) in cases {
-            let got: Vec<u64> = (0..rows).map(|id| s.partition_of(rows, parts, id)).collect();
-            assert_eq!(got, owners, "{s} {rows}/{parts}");
-            let got: Vec<u64> = (0..parts).map(|k| s.partition_rows(rows, parts, k)).collect();
-            assert_eq!(got, sizes, "{s} {rows}/{parts}");
-            for k in 0..parts {
-                assert_eq!(owners.iter().filter(|&&o| o == k).count() as u64, sizes[k as usize]);
-            }
-        }
-        assert_eq!("DIV".parse::<PartitionStrategy>(), Ok(Div));
-        assert!("range".parse::<PartitionStrategy>().unwrap_err().contains("mod, div"));
     }
 
     /// Rows exist once updated; pulls of others answer their initial value;

@@ -120,7 +120,7 @@ impl<'a> RowsReceiver<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedding::PartitionStrategy;
+    use crate::placement::PartitionStrategy;
 
     fn table(var: usize, strategy: PartitionStrategy, index: u64) -> TablePart {
         TablePart { var, stored_name: format!("e/part_{index}"), partition: RowPartition { strategy, index, count: 2, rows: 10 }, dim: 2 }

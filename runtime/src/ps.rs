@@ -2089,7 +2089,7 @@ mod tests {
             variable: "emb".into(),
             rows: 10,
             dim: 2,
-            strategy: embedding::PartitionStrategy::Mod,
+            strategy: crate::placement::PartitionStrategy::Mod,
             partition: 1,
             num_partitions: 2,
             init: crate::init::RowInit::new("emb", crate::init::Init::Uniform { limit: 0.5 }, 7),

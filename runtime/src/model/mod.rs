@@ -34,8 +34,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::data::{Batch, Targets};
-use crate::embedding::PartitionStrategy;
 use crate::init::{Init, RowInit, fill_init};
+use crate::placement::PartitionStrategy;
 
 mod dense;
 pub mod keras;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::{WorkloadError, WorkloadSpec};
 use crate::data::{self, FileSet, GENERATED_EVAL_BASE, GeneratedTrainingSet, Generator, SparseFormat, StreamedTrainingSet, TrainingSet};
-use crate::embedding::PartitionStrategy;
 use crate::model::{SparseModel, SparseModelConfig};
+use crate::placement::PartitionStrategy;
 use crate::train::Workload;
 
 /// The flags of the sparse models and their data.
