@@ -55,7 +55,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use safetensors::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
-use crate::events::crc32c;
 use crate::storage::{Location, StorageError};
 
 /// Name of the index file inside a checkpoint directory.
