@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
 use crate::auth::Credentials;
@@ -310,9 +311,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// Keeps this task's lease on every ps while it lives.
-    fn keep_lease(&self) -> AbortOnDrop {
+    fn keep_lease(&self) -> AbortOnDropHandle<()> {
         let ps = self.ps.clone();
-        AbortOnDrop(crate::metrics::every(self.settings.heartbeat, move || {
+        AbortOnDropHandle::new(crate::metrics::every(self.settings.heartbeat, move || {
             let ps = ps.clone();
             async move { ps.heartbeat().await }
         }))
@@ -658,13 +659,4 @@ async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &
     }
     let train_secs = loop_start.elapsed().as_secs_f64();
     trainer.finish(workload, feed, checkpointer, summaries, train_secs).await
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
