@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use tfjob_runtime::auth::TOKEN_ENV;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
@@ -157,7 +158,7 @@ struct KerasArgs {
     /// The model's outputs are logits (Keras's from_logits=True); without it a cross-entropy
     /// needs a model ending in softmax (or sigmoid).
     #[arg(long = "from_logits", visible_alias = "from-logits", num_args = 0..=1, default_value = "false",
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     from_logits: bool,
 }
 
@@ -233,14 +234,6 @@ struct ClientArgs {
 /// A path or an object-store URL, checked when the flags are read.
 fn parse_location(s: &str) -> Result<Location, String> {
     Location::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_bool(s: &str) -> Result<bool, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("expected true or false, got {s:?}")),
-    }
 }
 
 /// Model, data and optimizer flags, named as in TensorFlow's distributed examples.
@@ -348,7 +341,7 @@ struct TaskArgs {
     bind: IpAddr,
     /// Synchronous training with SyncReplicasOptimizer semantics.
     #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     sync_replicas: bool,
     /// Sync: gradients averaged per step: a number (default: every training task; fewer makes
     /// backup workers) or `auto` (elastic: the workers alive, which may come and go).
@@ -407,7 +400,7 @@ struct TaskArgs {
     /// no copies beyond the kernel's) instead of gRPC. Ignored with TLS
     /// (always gRPC).
     #[arg(long = "tensor_channel", visible_alias = "tensor-channel", default_value = "true", num_args = 0..=1,
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     tensor_channel: bool,
     /// Variables larger than this are partitioned over several ps tasks.
     #[arg(long = "partition_threshold_bytes", visible_alias = "partition-threshold-bytes",
@@ -1148,4 +1141,41 @@ fn run_generate(args: &GenerateArgs) -> u8 {
         "achievable_auc": g.achievable_auc(args.eval_examples),
     }));
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The boolean flags take every spelling they took before (any case),
+    /// alone they mean true, and a bad value's error names the flag.
+    #[test]
+    fn boolean_flags() {
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("tfjob-runtime").chain(args.iter().copied()));
+        let spellings = [
+            ("true", true),
+            ("1", true),
+            ("yes", true),
+            ("on", true),
+            ("TRUE", true),
+            ("Yes", true),
+            ("false", false),
+            ("0", false),
+            ("no", false),
+            ("off", false),
+            ("OFF", false),
+        ];
+        for (text, want) in spellings {
+            let cli = parse(&[&format!("--sync_replicas={text}"), &format!("--tensor_channel={text}"), &format!("--from_logits={text}")]).unwrap();
+            assert_eq!((cli.task.sync_replicas, cli.task.tensor_channel, cli.task.model.keras.from_logits), (want, want, want), "{text}");
+        }
+        let cli = parse(&["--sync_replicas", "--from_logits"]).unwrap();
+        assert!(cli.task.sync_replicas && cli.task.model.keras.from_logits && cli.task.tensor_channel);
+        let cli = parse(&[]).unwrap();
+        assert!(!cli.task.sync_replicas && !cli.task.model.keras.from_logits && cli.task.tensor_channel);
+        for flag in ["--sync_replicas", "--tensor_channel", "--from_logits"] {
+            let err = parse(&[&format!("{flag}=maybe")]).unwrap_err().to_string();
+            assert!(err.contains(flag) && err.contains("maybe"), "{err}");
+        }
+    }
 }
