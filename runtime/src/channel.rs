@@ -101,7 +101,7 @@ pub fn encode_frame(message: &impl Message) -> Vec<u8> {
 pub async fn read_frame<M: Message + Default>(r: &mut (impl AsyncRead + Unpin)) -> Result<M, ChannelError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
-    let len = u32::from_le_bytes(len) as usize;
+    let len = crate::le::u32_at(&len) as usize;
     if len > MAX_FRAME_BYTES {
         return Err(ChannelError::FrameTooLarge(len));
     }
@@ -285,7 +285,7 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
                             count: r.ids.len() as u64,
                             content_length: (r.ids.len() * 8 + r.values.len() * 4) as u64,
                         });
-                        contents.push(std::borrow::Cow::Owned(crate::embedding::ids_to_le(&r.ids)));
+                        contents.push(std::borrow::Cow::Owned(crate::le::i64_bytes(&r.ids)));
                         contents.push(le_bytes(&r.values));
                     }
                 }

@@ -263,7 +263,7 @@ fn f32_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
     }
     #[cfg(not(target_endian = "little"))]
     {
-        std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        std::borrow::Cow::Owned(crate::le::f32_bytes(values))
     }
 }
 
@@ -315,7 +315,7 @@ fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(Stri
         }
         let name = format!("{partition}{IDS_SUFFIX}");
         check_name("row ids", &name)?;
-        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let bytes = crate::le::i64_bytes(ids);
         tensors.push((name, RawTensor { dtype: Dtype::I64, shape: vec![ids.len()], data: bytes.into() }));
     }
     Ok(tensors)
@@ -579,15 +579,14 @@ fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, Checkpoi
     for (name, view) in st.tensors() {
         match view.dtype() {
             Dtype::F32 => {
-                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let values = crate::le::f32s(view.data());
                 f32s.insert(name, (view.shape().to_vec(), values));
             }
             Dtype::U64 if view.data().len() == 8 => {
-                let d = view.data();
-                u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
+                u64s.insert(name, crate::le::u64_at(view.data()));
             }
             Dtype::I64 if view.shape().len() == 1 => {
-                let ids = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+                let ids = crate::le::i64s(view.data());
                 i64s.insert(name, ids);
             }
             other => {

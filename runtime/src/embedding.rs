@@ -136,16 +136,6 @@ pub enum RowError {
     Length { name: String, count: u64, dim: usize, expected: u64, got: u64 },
 }
 
-/// Reads `count` little-endian i64 ids.
-pub fn ids_from_le(bytes: &[u8]) -> Vec<i64> {
-    bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
-}
-
-/// Ids as little-endian bytes.
-pub fn ids_to_le(ids: &[i64]) -> Vec<u8> {
-    ids.iter().flat_map(|id| id.to_le_bytes()).collect()
-}
-
 /// Splits the content of a rows part (`count` ids, then `count * dim`
 /// values) into ids and value bytes, checking the length.
 pub fn split_rows<'a>(name: &str, count: u64, dim: usize, content: &'a [u8]) -> Result<(Vec<i64>, &'a [u8]), RowError> {
@@ -154,7 +144,7 @@ pub fn split_rows<'a>(name: &str, count: u64, dim: usize, content: &'a [u8]) -> 
         return Err(RowError::Length { name: name.into(), count, dim, expected: expected.unwrap_or(u64::MAX), got: content.len() as u64 });
     }
     let (ids, values) = content.split_at(count as usize * 8);
-    Ok((ids_from_le(ids), values))
+    Ok((crate::le::i64s(ids), values))
 }
 
 /// The materialised rows of one embedding partition, with their optimizer
@@ -422,7 +412,7 @@ mod tests {
         assert!(bad(&|p| p.rows = 12).contains("shape [3, 2], but partition 1 of 12 rows holds [4, 2]"));
         assert!(bad(&|p| p.initializer = None).contains("initializer: missing"));
         assert!(split_rows("e", 2, 3, &[0u8; 39]).unwrap_err().to_string().contains("2 ids need 40 bytes"));
-        let mut content = ids_to_le(&[4, -2]);
+        let mut content = crate::le::i64_bytes(&[4, -2]);
         content.extend_from_slice(&[0u8; 8]);
         let (ids, values) = split_rows("e", 2, 1, &content).unwrap();
         assert_eq!((ids, values.len()), (vec![4, -2], 8));

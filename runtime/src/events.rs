@@ -503,7 +503,7 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
             return Err(truncated(format!("{} bytes left, a record header needs 12", rest.len())));
         }
         let len_bytes: [u8; 8] = rest[..8].try_into().expect("slice of 8");
-        let stored = u32::from_le_bytes(rest[8..12].try_into().expect("slice of 4"));
+        let stored = crate::le::u32_at(&rest[8..12]);
         let computed = masked_crc32c(&len_bytes);
         if stored != computed {
             return Err(EventError::LengthChecksum { path: path.to_path_buf(), offset, stored, computed });
@@ -515,7 +515,7 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
         }
         let len = len as usize;
         let data = &rest[12..12 + len];
-        let stored = u32::from_le_bytes(rest[12 + len..16 + len].try_into().expect("slice of 4"));
+        let stored = crate::le::u32_at(&rest[12 + len..16 + len]);
         let computed = masked_crc32c(data);
         if stored != computed {
             return Err(EventError::DataChecksum { path: path.to_path_buf(), offset, stored, computed });

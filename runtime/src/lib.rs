@@ -20,6 +20,7 @@ pub mod embedding;
 pub mod events;
 pub mod hash;
 pub mod init;
+pub mod le;
 pub mod lookup;
 pub mod metrics;
 pub mod model;
@@ -33,6 +34,7 @@ pub mod sync;
 pub mod tensor;
 pub mod train;
 pub mod trained;
+
 pub mod worker;
 pub mod workload;
 

@@ -185,7 +185,7 @@ impl PulledRows {
     pub fn encode(&self, part_bytes: usize) -> Vec<RowsPart> {
         let per_part = (part_bytes / (8 + 4 * self.dim)).max(1);
         let part = |ids: &[i64], values: &[f32]| {
-            let mut content = embedding::ids_to_le(ids);
+            let mut content = crate::le::i64_bytes(ids);
             content.extend_from_slice(&tensor::f32_to_bytes(values));
             RowsPart { name: self.name.clone(), count: ids.len() as u64, content: content.into() }
         };
@@ -641,7 +641,7 @@ impl ParameterStore {
             if r.ids.len() % 8 != 0 {
                 return Err(StoreError::InvalidArgument(format!("rows.{}: {} bytes of ids is not a whole number of 8-byte ids", r.name, r.ids.len())));
             }
-            let ids = embedding::ids_from_le(&r.ids);
+            let ids = crate::le::i64s(&r.ids);
             state.vars[i].table.as_ref().expect("a table").check_ids(&ids)?;
             asked.push((i, ids));
         }
@@ -2112,7 +2112,7 @@ mod tests {
     }
 
     fn rows_part(ids: &[i64], values: &[f32]) -> RowsPart {
-        let mut content = embedding::ids_to_le(ids);
+        let mut content = crate::le::i64_bytes(ids);
         content.extend_from_slice(&f32_to_bytes(values));
         RowsPart { name: "emb/part_1".into(), count: ids.len() as u64, content: content.into() }
     }
@@ -2132,7 +2132,7 @@ mod tests {
     #[test]
     fn embedding_rows_are_pulled_and_pushed_by_id() {
         let s = sparse_store(UpdateMode::Async, 1, Optimizer::sgd(0.5));
-        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: embedding::ids_to_le(ids).into() };
+        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: crate::le::i64_bytes(ids).into() };
         let (_, (parts, rows)) = s.pull_snapshot(&[], &[ask(&[9, 1, 5])], 1 << 20).unwrap();
         assert_eq!(parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["b"], "the dense variables only");
         assert_eq!(rows, vec![PulledRows { name: "emb/part_1".into(), dim: 2, ids: vec![9, 1, 5], values: initial_rows(&[9, 1, 5]) }]);
@@ -2180,7 +2180,7 @@ mod tests {
         }
         let err = s.push_with_rows(&w, 0, 0, &[part("emb/part_1", &[5, 2], 0, &[0.0; 10])], &[]).unwrap_err().to_string();
         assert!(err.contains("is an embedding partition: push its rows by id"), "{err}");
-        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: embedding::ids_to_le(ids).into() };
+        let ask = |ids: &[i64]| proto::RowsRequest { name: "emb/part_1".into(), ids: crate::le::i64_bytes(ids).into() };
         assert!(s.pull_snapshot(&[], &[ask(&[2])], 1024).unwrap_err().to_string().contains("id 2 belongs to partition 0"));
         assert!(s.pull_snapshot(&["emb/part_1".into()], &[], 1024).unwrap_err().to_string().contains("pull its rows by id"));
         let ragged = proto::RowsRequest { name: "emb/part_1".into(), ids: vec![0u8; 7].into() };
@@ -2286,7 +2286,7 @@ mod tests {
             let s = sparse_store(UpdateMode::Async, 1, Optimizer::sgd(0.5));
             let all: Vec<i64> = (0..10).filter(|i| i % 2 == 1).collect();
             let before = s.rows("emb/part_1", &all).unwrap();
-            let mut content = embedding::ids_to_le(&ids);
+            let mut content = crate::le::i64_bytes(&ids);
             content.extend(std::iter::repeat_n(value.to_le_bytes(), ids.len() * 2).flatten());
             content.extend(std::iter::repeat_n(0u8, extra_bytes));
             let count = (ids.len() as i64 + count_delta).max(0) as u64;
