@@ -75,13 +75,26 @@ impl ShardPlan {
         if examples == 0 {
             return Err(DispatchError::InvalidPlan { field: "examples", reason: "the training set is empty".into() });
         }
-        if shard_size == 0 {
-            return Err(DispatchError::InvalidPlan { field: "--shard_size", reason: "must be at least 1".into() });
-        }
-        if num_epochs == Some(0) {
-            return Err(DispatchError::InvalidPlan { field: "--num_epochs", reason: "must be at least 1".into() });
-        }
+        Self::check_shard_size(Some(shard_size))?;
+        Self::check_num_epochs(num_epochs)?;
         Ok(ShardPlan { examples, shard_size, seed, num_epochs })
+    }
+
+    /// `--shard_size` as given (`None`: not given): at least 1. The flags
+    /// are checked with this when they are read, and every plan again.
+    pub fn check_shard_size(shard_size: Option<u64>) -> Result<(), DispatchError> {
+        match shard_size {
+            Some(0) => Err(DispatchError::InvalidPlan { field: "--shard_size", reason: "must be at least 1".into() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `--num_epochs` as given (`None`: unbounded): at least 1.
+    pub fn check_num_epochs(num_epochs: Option<u64>) -> Result<(), DispatchError> {
+        match num_epochs {
+            Some(0) => Err(DispatchError::InvalidPlan { field: "--num_epochs", reason: "must be at least 1".into() }),
+            _ => Ok(()),
+        }
     }
 
     pub fn shards_per_epoch(&self) -> u64 {

@@ -14,6 +14,7 @@ use tfjob_runtime::auth::TOKEN_ENV;
 use tfjob_runtime::auth::{Credentials, TlsFiles};
 use tfjob_runtime::client::channel;
 use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
+use tfjob_runtime::dispatch::ShardPlan;
 use tfjob_runtime::metrics::TrainingMetrics;
 use tfjob_runtime::optimizer::Optimizer;
 use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
@@ -493,12 +494,8 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         every_secs: a.save_checkpoint_secs.or(if a.save_checkpoint_steps.is_none() { Some(600.0) } else { None }),
         keep: a.keep_checkpoint_max.max(1),
     };
-    if m.num_epochs == Some(0) {
-        return Err("--num_epochs: must be at least 1".into());
-    }
-    if m.shard_size == Some(0) {
-        return Err("--shard_size: must be at least 1".into());
-    }
+    ShardPlan::check_num_epochs(m.num_epochs).map_err(|e| e.to_string())?;
+    ShardPlan::check_shard_size(m.shard_size).map_err(|e| e.to_string())?;
     Ok(TrainSettings {
         train_steps: train_steps(m),
         num_epochs: m.num_epochs,
