@@ -163,7 +163,7 @@ pub fn is_transient(status: &Status) -> bool {
 async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
     let calls = clients.iter().map(|c| {
         let mut c = c.clone();
-        let req = proto::LeaveRequest { task: Some(proto::TaskId { job: task.job.clone(), index: task.index }), reason: reason.into() };
+        let req = proto::LeaveRequest { task: Some(task.into()), reason: reason.into() };
         async move { c.leave(deadline(req, LEAVE_DEADLINE)).await.is_ok() }
     });
     futures::future::join_all(calls).await.into_iter().filter(|told| *told).count()
@@ -592,7 +592,7 @@ impl PsSet {
     }
 
     fn task_proto(&self) -> Option<proto::TaskId> {
-        Some(proto::TaskId { job: self.task.job.clone(), index: self.task.index })
+        Some((&self.task).into())
     }
 
     /// Elements of variable `vi` covered by a shard (rows are contiguous in

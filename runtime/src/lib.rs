@@ -34,7 +34,7 @@ pub mod sync;
 pub mod tensor;
 pub mod train;
 pub mod trained;
-
+pub mod wire;
 pub mod worker;
 pub mod workload;
 

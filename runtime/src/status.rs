@@ -13,7 +13,7 @@ pub struct TaskStatus {
 impl TaskStatus {
     pub fn new(task: TaskId) -> Self {
         let inner = proto::WorkerStatus {
-            task: Some(proto::TaskId { job: task.job.clone(), index: task.index }),
+            task: Some((&task).into()),
             state: TaskState::Starting as i32,
             ..Default::default()
         };

@@ -59,10 +59,6 @@ struct ShardFeed {
     progress: Option<proto::DispatchProgress>,
 }
 
-fn shard_ref(s: ShardId) -> proto::ShardRef {
-    proto::ShardRef { epoch: s.epoch, index: s.index }
-}
-
 impl ShardFeed {
     fn new(workload: &Workload, settings: &TrainSettings) -> Result<Self, TrainError> {
         Ok(ShardFeed {
@@ -75,15 +71,14 @@ impl ShardFeed {
     }
 
     fn plan_proto(&self) -> proto::DatasetPlan {
-        let p = &self.plan;
-        proto::DatasetPlan { examples: p.examples, shard_size: p.shard_size, seed: p.seed, num_epochs: p.num_epochs.unwrap_or(0) }
+        (&self.plan).into()
     }
 
     /// The shard whose every batch was taken (and so trained, since the loop
     /// trains a batch before it asks for the next one).
     fn finished(&self) -> Option<(proto::ShardRef, u64)> {
         match &self.current {
-            Some((shard, generation, rest)) if rest.is_empty() => Some((shard_ref(*shard), *generation)),
+            Some((shard, generation, rest)) if rest.is_empty() => Some(((*shard).into(), *generation)),
             _ => None,
         }
     }
@@ -105,7 +100,7 @@ impl ShardFeed {
         match Outcome::try_from(reply.outcome) {
             Ok(Outcome::Assigned) => {
                 let s = reply.shard.ok_or_else(|| protocol("the dispatcher assigned no shard"))?;
-                let shard = ShardId { epoch: s.epoch, index: s.index };
+                let shard = ShardId::from(s);
                 if shard.index >= self.plan.shards_per_epoch() {
                     return Err(protocol(&format!("the dispatcher assigned {shard}, which does not exist")));
                 }
@@ -537,9 +532,7 @@ impl<'a> Trainer<'a> {
         if self.is_chief
             && let Some(d) = data
         {
-            r.epochs_completed = Some(d.epochs_completed);
-            r.examples_trained = Some(d.examples_trained);
-            r.shards_redone = Some(d.shards_redone);
+            r = r.with_data(&(&d).into());
         }
         if r.loss.is_none() {
             r.loss = Some(self.last_loss);
