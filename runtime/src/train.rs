@@ -51,6 +51,18 @@ pub fn shard_plan(workload: &Workload, settings: &TrainSettings) -> Result<Shard
     ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs).map_err(|e| TrainError::Config(e.to_string()))
 }
 
+/// What a task of a cluster runs with, whatever its role: where it is, how
+/// it trains, how it proves who it is, and what it shows of itself.
+pub struct TaskContext {
+    pub cluster: ClusterConfig,
+    pub settings: TrainSettings,
+    pub credentials: Credentials,
+    /// What the task's Worker service answers about it.
+    pub status: Arc<TaskStatus>,
+    /// What its metrics endpoint serves.
+    pub metrics: Arc<TrainingMetrics>,
+}
+
 /// How many gradients a sync step averages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Aggregate {
@@ -363,7 +375,8 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
     }
 }
 
-pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
+pub(crate) fn ps_set(ctx: &TaskContext, model: &dyn Model) -> Result<PsSet, TrainError> {
+    let TaskContext { cluster, settings, credentials, .. } = ctx;
     let specs = model.variables();
     let inputs: Vec<PlacementInput> = specs
         .iter()
@@ -522,17 +535,11 @@ impl Summaries {
 /// every `eval_interval`), evaluates on held-out data, logs and writes
 /// TensorBoard summaries, and stops when training is over. It only reads,
 /// so it never slows training down beyond one pull per interval.
-pub async fn run_evaluator(
-    cluster: &ClusterConfig,
-    workload: &mut Workload,
-    settings: &TrainSettings,
-    credentials: &Credentials,
-    status: Arc<TaskStatus>,
-    metrics: Arc<TrainingMetrics>,
-) -> Result<FinalReport, TrainError> {
+pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result<FinalReport, TrainError> {
+    let TaskContext { cluster, settings, status, metrics, .. } = ctx;
     let start = Instant::now();
     let model = workload.model.as_ref();
-    let ps = ps_set(cluster, model, settings, credentials)?;
+    let ps = ps_set(ctx, model)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
     let eval = workload.eval.take().ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;

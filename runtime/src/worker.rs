@@ -20,9 +20,7 @@ use ndarray::ArrayD;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
-use crate::auth::Credentials;
 use crate::client::{ClientError, PsSet, Pulled, StepRequest};
-use crate::cluster::ClusterConfig;
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::metrics::TrainingMetrics;
@@ -30,7 +28,8 @@ use crate::model::Model;
 use crate::proto::{self, TaskState, next_shard_reply::Outcome};
 use crate::status::TaskStatus;
 use crate::train::{
-    self, Aggregate, Checkpointer, FinalReport, Summaries, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables, zeros_like,
+    self, Aggregate, Checkpointer, FinalReport, Summaries, TaskContext, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables,
+    zeros_like,
 };
 
 /// How long a task with nothing to train waits before it asks again.
@@ -185,22 +184,16 @@ struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    fn new(
-        cluster: &ClusterConfig,
-        model: &'a dyn Model,
-        settings: &'a TrainSettings,
-        credentials: &Credentials,
-        status: Arc<TaskStatus>,
-        metrics: Arc<TrainingMetrics>,
-    ) -> Result<Self, TrainError> {
-        let ps = Arc::new(train::ps_set(cluster, model, settings, credentials)?);
+    fn new(ctx: &'a TaskContext, model: &'a dyn Model) -> Result<Self, TrainError> {
+        let ps = Arc::new(train::ps_set(ctx, model)?);
+        let cluster = &ctx.cluster;
         Ok(Trainer {
             task: cluster.task.to_string(),
             ps,
             model,
-            settings,
-            status,
-            metrics,
+            settings: &ctx.settings,
+            status: ctx.status.clone(),
+            metrics: ctx.metrics.clone(),
             is_chief: cluster.is_chief(),
             chief: cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default(),
             params: zeros_like(model),
@@ -602,16 +595,9 @@ impl Trainer<'_> {
 /// `--num_epochs` epochs; survives ps restarts (it rejoins and goes on from
 /// the ps's step), keeps its lease by heartbeat; the chief writes
 /// checkpoints and TensorBoard summaries.
-pub async fn run_worker(
-    cluster: &ClusterConfig,
-    workload: &mut Workload,
-    settings: &TrainSettings,
-    credentials: &Credentials,
-    status: Arc<TaskStatus>,
-    metrics: Arc<TrainingMetrics>,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<FinalReport, TrainError> {
-    let trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
+pub async fn run_worker(ctx: &TaskContext, workload: &mut Workload, stop: impl std::future::Future<Output = ()>) -> Result<FinalReport, TrainError> {
+    let settings = &ctx.settings;
+    let trainer = Trainer::new(ctx, workload.model.as_ref())?;
     let mut feed = ShardFeed::new(workload, settings)?;
     let ps = trainer.ps.clone();
     tokio::select! {

@@ -1,7 +1,14 @@
-use super::*;
-use crate::proto::DataType;
-use crate::tensor::f32_to_bytes;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
 use bytes::Bytes;
+
+use super::*;
+use crate::checkpoint;
+use crate::embedding::EmbeddingPart;
+use crate::optimizer::Optimizer;
+use crate::proto::{DataType, RowsPart, TensorPart, UpdateMode};
+use crate::tensor::f32_to_bytes;
 
 fn tid(job: &str, i: u32) -> Option<proto::TaskId> {
     Some(proto::TaskId { job: job.into(), index: i })
