@@ -335,31 +335,15 @@ impl<'a> Trainer<'a> {
         // The rows of the batch's sparse embeddings: pulled with the last
         // step when that knew the batch (within a shard), else now.
         let rows = if self.sparse { self.model.row_ids(batch) } else { Vec::new() };
-        if self.behind || rows != self.held_rows {
-            match self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
-                Ok(p) => {
-                    self.pulled = p;
-                    self.behind = false;
-                    self.held_rows = rows.clone();
-                }
-                Err(e) if needs_recovery(&e) => {
-                    return self.recover(&e, feed).await.map(|()| false);
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if (self.behind || rows != self.held_rows) && !self.pull_now(&rows, feed).await? {
+            return Ok(false);
         }
-        let sync = self.settings.sync_replicas;
         let t0 = Instant::now();
         let lg = self.model.loss_and_gradients(&self.params, batch);
         self.last_loss = lg.loss;
         let t1 = Instant::now();
         self.metrics.compute_seconds.add((t1 - t0).as_secs_f64());
-        // Sync, with backup workers one ps can still be completing a step
-        // that another has completed: a worker goes on until every ps reached
-        // the last step, pushing only to those that have not.
-        let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
-        let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
-        let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
+        let (push_to, min_steps) = self.step_targets();
         let next_rows = match feed.peek() {
             Some(next) if self.sparse => self.model.row_ids(next),
             _ if self.sparse => vec![Vec::new(); self.params.len()],
@@ -375,20 +359,60 @@ impl<'a> Trainer<'a> {
             Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
             Err(e) => return Err(e.into()),
         };
-        // One call does both: until the first reply it is the push (and the
-        // barrier's wait, reported apart), then the pull.
-        let m = &self.metrics;
-        m.wait_seconds.add(next.waited.as_secs_f64());
-        m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
-        m.pull_seconds.add(t1.elapsed().saturating_sub(first_reply).as_secs_f64());
-        m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
-        let ids_sent: usize = rows.iter().map(Vec::len).sum();
-        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
-        m.local_steps.fetch_add(1, Ordering::Relaxed);
-        m.last_loss.set(self.last_loss as f64);
+        self.count_step(&next, first_reply, t1, &lg.gradients, &rows);
         self.pulled = next;
         self.held_rows = next_rows;
         self.local_steps += 1;
+        self.note_replies(&replies);
+        self.log_progress(summaries);
+        Ok(self.pulled.done || replies.iter().any(|r| r.done))
+    }
+
+    /// Pulls the values (and the rows `rows`) before a step. False when the
+    /// ps tasks had to be joined again instead (the step is not taken).
+    async fn pull_now(&mut self, rows: &[Vec<i64>], feed: &mut ShardFeed) -> Result<bool, TrainError> {
+        match self.ps.pull(&mut self.params, rows, &[], false, self.settings.step_timeout).await {
+            Ok(p) => {
+                self.pulled = p;
+                self.behind = false;
+                self.held_rows = rows.to_vec();
+                Ok(true)
+            }
+            Err(e) if needs_recovery(&e) => self.recover(&e, feed).await.map(|()| false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Which ps tasks a step pushes to, and the step each pull waits for.
+    /// Sync, with backup workers one ps can still be completing a step that
+    /// another has completed: a worker goes on until every ps reached the
+    /// last step, pushing only to those that have not.
+    fn step_targets(&self) -> (Vec<bool>, Vec<i64>) {
+        let sync = self.settings.sync_replicas;
+        let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
+        let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
+        let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
+        (push_to, min_steps)
+    }
+
+    /// A step's figures. One call does both: until the first reply it is
+    /// the push (and the barrier's wait, reported apart), then the pull.
+    fn count_step(&self, next: &Pulled, first_reply: Duration, computed: Instant, gradients: &[ArrayD<f32>], rows: &[Vec<i64>]) {
+        let m = &self.metrics;
+        m.wait_seconds.add(next.waited.as_secs_f64());
+        m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
+        m.pull_seconds.add(computed.elapsed().saturating_sub(first_reply).as_secs_f64());
+        m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
+        let ids_sent: usize = rows.iter().map(Vec::len).sum();
+        m.bytes_sent.fetch_add(gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
+        m.local_steps.fetch_add(1, Ordering::Relaxed);
+        m.last_loss.set(self.last_loss as f64);
+    }
+
+    /// What the ps tasks answered a step: a stale push, the global step,
+    /// the first gradient accepted.
+    fn note_replies(&mut self, replies: &[proto::PushGradientsReply]) {
+        let m = &self.metrics;
         if replies.iter().any(|r| r.stale) {
             self.stale += 1;
             m.stale_pushes.fetch_add(1, Ordering::Relaxed);
@@ -405,8 +429,6 @@ impl<'a> Trainer<'a> {
                 crate::process_age().as_secs_f64()
             );
         }
-        self.log_progress(summaries);
-        Ok(self.pulled.done || replies.iter().any(|r| r.done))
     }
 
     fn log_progress(&self, summaries: &mut Summaries) {
