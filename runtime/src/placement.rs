@@ -171,6 +171,26 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     if num_ps == 0 {
         return Err(PlacementError::NoPs);
     }
+    let sorted = checked_by_name(inputs)?;
+    // Cut into pieces (ps not chosen yet).
+    let mut pieces: Vec<Shard> = Vec::new();
+    let mut partitions: Vec<Shard> = Vec::new();
+    for v in &sorted {
+        match v.embedding {
+            Some(strategy) => partitions.extend(embedding_partitions(v, strategy, num_ps)),
+            None => pieces.extend(dense_pieces(v, num_ps, partition_threshold_bytes)),
+        }
+    }
+    balance(&mut pieces, num_ps);
+    let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
+    for p in pieces.into_iter().chain(partitions) {
+        variables.entry(p.variable.clone()).or_default().push(p);
+    }
+    Ok(Placement { num_ps, variables })
+}
+
+/// The inputs sorted by name, each name once and none a partition's.
+fn checked_by_name(inputs: &[PlacementInput]) -> Result<Vec<&PlacementInput>, PlacementError> {
     let mut sorted: Vec<&PlacementInput> = inputs.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     for w in sorted.windows(2) {
@@ -181,48 +201,57 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     if let Some(v) = sorted.iter().find(|v| is_partition_name(&v.name)) {
         return Err(PlacementError::ReservedName(v.name.clone()));
     }
+    Ok(sorted)
+}
 
-    // Cut into pieces (ps not chosen yet).
-    let mut pieces: Vec<Shard> = Vec::new();
-    let mut partitions: Vec<Shard> = Vec::new();
-    for v in &sorted {
-        if let Some(strategy) = v.embedding {
-            let rows = v.shape.first().copied().unwrap_or(0) as u64;
-            let count = (num_ps as u64).min(rows).max(1);
-            for k in 0..count {
-                let n = strategy.partition_rows(rows, count, k) as usize;
-                partitions.push(Shard {
-                    variable: v.name.clone(),
-                    stored_name: format!("{}/part_{k}", v.name),
-                    ps: k as usize,
-                    rows: 0..n,
-                    shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
-                    partition: Some(RowPartition { strategy, index: k, count, rows }),
-                });
+/// A sparse embedding's partitions: `min(num_ps, rows)` of them, partition
+/// `k` on ps `k`.
+fn embedding_partitions(v: &PlacementInput, strategy: PartitionStrategy, num_ps: usize) -> Vec<Shard> {
+    let rows = v.shape.first().copied().unwrap_or(0) as u64;
+    let count = (num_ps as u64).min(rows).max(1);
+    (0..count)
+        .map(|k| {
+            let n = strategy.partition_rows(rows, count, k) as usize;
+            Shard {
+                variable: v.name.clone(),
+                stored_name: format!("{}/part_{k}", v.name),
+                ps: k as usize,
+                rows: 0..n,
+                shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
+                partition: Some(RowPartition { strategy, index: k, count, rows }),
             }
-            continue;
-        }
-        let elements: usize = v.shape.iter().product();
-        let bytes = elements * 4;
-        let rows = v.shape.first().copied().unwrap_or(1);
-        let threshold = partition_threshold_bytes.max(1);
-        let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
-        if parts == 1 {
-            pieces.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None });
-            continue;
-        }
-        let (base, extra) = (rows / parts, rows % parts);
-        let mut start = 0;
-        for k in 0..parts {
-            let n = base + usize::from(k < extra);
-            let mut shape = v.shape.clone();
-            shape[0] = n;
-            pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
-            start += n;
-        }
-    }
+        })
+        .collect()
+}
 
-    // Largest first, then by stored name: independent of input order.
+/// A dense variable whole, or cut along its first axis into parts of nearly
+/// equal rows when it is larger than the threshold (ps not chosen yet).
+fn dense_pieces(v: &PlacementInput, num_ps: usize, partition_threshold_bytes: usize) -> Vec<Shard> {
+    let elements: usize = v.shape.iter().product();
+    let bytes = elements * 4;
+    let rows = v.shape.first().copied().unwrap_or(1);
+    let threshold = partition_threshold_bytes.max(1);
+    let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
+    if parts == 1 {
+        return vec![Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None }];
+    }
+    let (base, extra) = (rows / parts, rows % parts);
+    let mut start = 0;
+    let mut pieces = Vec::with_capacity(parts);
+    for k in 0..parts {
+        let n = base + usize::from(k < extra);
+        let mut shape = v.shape.clone();
+        shape[0] = n;
+        pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
+        start += n;
+    }
+    pieces
+}
+
+/// Gives every piece, largest first (ties by stored name: independent of
+/// input order), the ps holding the fewest bytes so far (ties: lowest
+/// index) among those holding no other piece of its variable.
+fn balance(pieces: &mut [Shard], num_ps: usize) {
     let mut order: Vec<usize> = (0..pieces.len()).collect();
     order.sort_by(|&a, &b| pieces[b].bytes().cmp(&pieces[a].bytes()).then_with(|| pieces[a].stored_name.cmp(&pieces[b].stored_name)));
     let mut load = vec![0usize; num_ps];
@@ -234,12 +263,6 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
         load[ps] += pieces[i].bytes();
         pieces[i].ps = ps;
     }
-
-    let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
-    for p in pieces.into_iter().chain(partitions) {
-        variables.entry(p.variable.clone()).or_default().push(p);
-    }
-    Ok(Placement { num_ps, variables })
 }
 
 fn is_partition_name(name: &str) -> bool {
