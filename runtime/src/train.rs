@@ -12,7 +12,7 @@ use serde::Serialize;
 use tonic::Code;
 
 use crate::auth::Credentials;
-use crate::client::{ClientError, ModelVariable, PsSet};
+use crate::client::{ClientError, ModelVariable, PsSet, Pulled};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
@@ -536,7 +536,7 @@ impl Summaries {
 /// TensorBoard summaries, and stops when training is over. It only reads,
 /// so it never slows training down beyond one pull per interval.
 pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result<FinalReport, TrainError> {
-    let TaskContext { cluster, settings, status, metrics, .. } = ctx;
+    let TaskContext { cluster, settings, status, .. } = ctx;
     let start = Instant::now();
     let model = workload.model.as_ref();
     let ps = ps_set(ctx, model)?;
@@ -559,35 +559,15 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
         let metrics_now = model.evaluate(&params, &eval);
         evaluations += 1;
         last = metrics_now.clone();
-        metrics.local_steps.fetch_add(1, Ordering::Relaxed);
-        metrics.global_step.store(pulled.steps[0].max(0) as u64, Ordering::Relaxed);
-        metrics.last_loss.set(metrics_now.loss as f64);
-        status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
-        tracing::info!(
-            "{task}: global_step={} eval_loss={:.4}{}{}{}",
-            pulled.steps[0],
-            metrics_now.loss,
-            metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
-            metrics_now.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
-            summary_line(model, &params)
-        );
+        note_evaluation(ctx, model, &params, &metrics_now, pulled.steps[0], evaluations);
         summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
             tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
             break;
         }
         tokio::time::sleep(settings.eval_interval).await;
-        // Long poll: returns as soon as the step moved on or training ended.
-        let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
-        match ps.pull(&mut params, &eval_rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
-            Ok(p) => pulled = p,
-            Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
-            Err(e) if needs_recovery(&e) => {
-                tracing::warn!("{task}: {e}; waiting for the parameter servers");
-                ps.handshake(true).await?;
-                pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
-            }
-            Err(e) => return Err(e.into()),
+        if let Some(p) = next_values(ctx, &ps, &mut params, &eval_rows, &pulled.steps).await? {
+            pulled = p;
         }
     }
     summaries.close();
@@ -599,6 +579,42 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
     Ok(r)
+}
+
+/// One evaluation's figures: counted, shown in the status, logged.
+fn note_evaluation(ctx: &TaskContext, model: &dyn Model, params: &[ArrayD<f32>], m: &Metrics, step: i64, evaluations: u64) {
+    let metrics = &ctx.metrics;
+    metrics.local_steps.fetch_add(1, Ordering::Relaxed);
+    metrics.global_step.store(step.max(0) as u64, Ordering::Relaxed);
+    metrics.last_loss.set(m.loss as f64);
+    ctx.status.set(TaskState::Training, evaluations, step, "evaluating");
+    tracing::info!(
+        "{}: global_step={step} eval_loss={:.4}{}{}{}",
+        ctx.cluster.task,
+        m.loss,
+        m.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+        m.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
+        summary_line(model, params)
+    );
+}
+
+/// The evaluator's next values: a long poll that returns as soon as the
+/// step moved on past `steps` or training ended (`None`: it did not within
+/// the wait; evaluate again); after a ps restart, once they are back.
+async fn next_values(ctx: &TaskContext, ps: &PsSet, params: &mut [ArrayD<f32>], rows: &[Vec<i64>], steps: &[i64]) -> Result<Option<Pulled>, TrainError> {
+    let settings = &ctx.settings;
+    let next: Vec<i64> = steps.iter().map(|s| s + 1).collect();
+    match ps.pull(params, rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if e.code() == Some(Code::DeadlineExceeded) => Ok(None),
+        Err(e) if needs_recovery(&e) => {
+            tracing::warn!("{}: {e}; waiting for the parameter servers", ctx.cluster.task);
+            ps.handshake(true).await?;
+            let chief = ctx.cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
+            Ok(Some(wait_for_variables(ps, params, rows, &chief, settings.init_timeout).await?))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The held-out figures as TensorBoard scalars: `eval/loss`,
