@@ -307,6 +307,22 @@ struct ChannelPush<'a> {
 
 /// A pull from ps `ps` must bring every element of each of its shards
 /// (`covered[k]`: elements received for `shards[k]`).
+/// Each ps's answer to the push of a step on the tensor channel; a ps only
+/// pulled from answers as over gRPC.
+fn pushed_on_channel(answers: &[ChannelAnswer], push_to: &[bool]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
+    let mut pushed = Vec::with_capacity(answers.len());
+    for (ps, a) in answers.iter().enumerate() {
+        pushed.push(match (push_to[ps], a.push) {
+            (true, Some(p)) => p,
+            (true, None) => {
+                return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push")));
+            }
+            (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
+        });
+    }
+    Ok(pushed)
+}
+
 /// A push's raw parts and rows for one ps on the tensor channel.
 type ChannelPushContents<'a> = (Vec<(proto::RawTensorPart, &'a [f32])>, Vec<(proto::RawRowsPart, Vec<u8>)>);
 
@@ -881,20 +897,23 @@ impl PsSet {
             let push = ChannelPush { steps, push_to, gradients, rows: pushed_rows, push_id };
             let pull = ChannelPull { params, rows: pulled_rows, min_steps, wait_initialized: false, wait };
             let answers = self.on_channel("push to and pull from", Some(push), Some(pull)).await?;
-            let mut pushed = Vec::with_capacity(answers.len());
-            for (ps, a) in answers.iter().enumerate() {
-                pushed.push(match (push_to[ps], a.push) {
-                    (true, Some(p)) => p,
-                    (true, None) => {
-                        return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push")));
-                    }
-                    // Only pulled from, as over gRPC.
-                    (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
-                });
-            }
             let first_reply = answers.iter().map(|a| a.first_reply).max().unwrap_or_default();
-            return Ok(Stepped { pushed, pulled: Self::pulled_from(&answers), first_reply });
+            return Ok(Stepped { pushed: pushed_on_channel(&answers, push_to)?, pulled: Self::pulled_from(&answers), first_reply });
         }
+        self.push_pull_grpc(StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows }, params, min_steps, wait, push_id).await
+    }
+
+    /// [`push_pull`](Self::push_pull) over gRPC: one PushPull call per ps
+    /// pushed to (a pull alone to the others), concurrently.
+    async fn push_pull_grpc(
+        &self,
+        step: StepRequest<'_>,
+        params: &mut [ArrayD<f32>],
+        min_steps: &[i64],
+        wait: Duration,
+        push_id: u64,
+    ) -> Result<Stepped, ClientError> {
+        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows } = step;
         let start = Instant::now();
         let calls = (0..self.num_ps()).map(|ps| {
             let request = proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows), ..self.pull_request(min_steps[ps], false, wait) };
