@@ -20,7 +20,7 @@ use crate::embedding::RowTable;
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, Slots};
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
 use crate::status::TaskStatus;
@@ -256,6 +256,25 @@ pub(crate) fn report(task: &str, role: &str, chief: bool, model: &dyn Model, par
     }
 }
 
+/// One step's update in this process: each dense variable with its slots,
+/// each sparse embedding's rows `rows` in its table.
+fn apply_locally(
+    optimizer: &Optimizer,
+    params: &mut [ArrayD<f32>],
+    slots: &mut [Slots],
+    tables: &mut [Option<RowTable>],
+    gradients: &[ArrayD<f32>],
+    rows: &[Vec<i64>],
+) {
+    for (v, ((p, s), g)) in params.iter_mut().zip(slots).zip(gradients).enumerate() {
+        let g = g.as_slice().expect("standard layout");
+        match &mut tables[v] {
+            Some(t) => t.apply(optimizer, &rows[v], g),
+            None => optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
+        }
+    }
+}
+
 /// Trains in this process alone: no ps, no network. The data comes shard
 /// by shard from a dispatcher of its own, as it would from ps 0: the same
 /// epochs, the same order. `progress` is called every `log_every_steps`
@@ -291,13 +310,7 @@ pub fn train_single_process(
             let rows = gather_rows(model, &tables, &mut params, &batch);
             let lg = model.loss_and_gradients(&params, &batch);
             loss = lg.loss;
-            for (v, ((p, s), g)) in params.iter_mut().zip(&mut slots).zip(&lg.gradients).enumerate() {
-                let g = g.as_slice().expect("standard layout");
-                match &mut tables[v] {
-                    Some(t) => t.apply(&settings.optimizer, &rows[v], g),
-                    None => settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
-                }
-            }
+            apply_locally(&settings.optimizer, &mut params, &mut slots, &mut tables, &lg.gradients, &rows);
             step += 1;
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
                 progress(step, loss, model, &params);
