@@ -378,6 +378,47 @@ fn layer_kind(opts: &mut Options<'_>, input_shape: &mut Option<Vec<usize>>, firs
     Ok(kind)
 }
 
+/// A VarianceScaling initialiser's options: a positive scale, a fan mode,
+/// a distribution.
+fn variance_scaling(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError) -> Result<InitSpec, KerasError> {
+    let scale = o.take_f64("scale")?.unwrap_or(1.0);
+    let mode = match o.take("mode").and_then(Value::as_str).unwrap_or("fan_in") {
+        "fan_in" => FanMode::In,
+        "fan_out" => FanMode::Out,
+        "fan_avg" => FanMode::Avg,
+        m => return Err(bad(format!("mode {m:?} is not supported"))),
+    };
+    let uniform = match o.take("distribution").and_then(Value::as_str).unwrap_or("truncated_normal") {
+        "uniform" => true,
+        "truncated_normal" | "normal" => false,
+        d => return Err(bad(format!("distribution {d:?} is not supported (uniform, truncated_normal)"))),
+    };
+    if scale.is_nan() || scale <= 0.0 {
+        return Err(bad(format!("scale {scale} must be positive")));
+    }
+    Ok(InitSpec::VarianceScaling { scale: scale as f32, mode, uniform })
+}
+
+/// A RandomUniform initialiser: a range symmetric around 0.
+fn random_uniform(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError) -> Result<InitSpec, KerasError> {
+    let min = o.take_f64("minval")?.unwrap_or(-0.05);
+    let max = o.take_f64("maxval")?.unwrap_or(0.05);
+    if (min + max).abs() > 1e-12 || max < 0.0 {
+        return Err(bad(format!("minval {min}, maxval {max}: only a range symmetric around 0 is supported")));
+    }
+    Ok(InitSpec::RandomUniform { limit: max as f32 })
+}
+
+/// A RandomNormal or TruncatedNormal initialiser: mean 0.
+fn random_normal(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError, truncated: bool) -> Result<InitSpec, KerasError> {
+    let mean = o.take_f64("mean")?.unwrap_or(0.0);
+    let stddev = o.take_f64("stddev")?.unwrap_or(0.05);
+    if mean != 0.0 {
+        return Err(bad(format!("mean {mean}: only 0 is supported")));
+    }
+    Ok(if truncated { InitSpec::TruncatedNormal { stddev: stddev as f32 } } else { InitSpec::RandomNormal { stddev: stddev as f32 } })
+}
+
 /// A Dropout layer: its rate in [0, 1).
 fn dropout(opts: &mut Options<'_>) -> Result<LayerKind, KerasError> {
     let rate = opts.take_f64("rate")?.ok_or_else(|| opts.option_err("rate", "missing"))?;
@@ -627,40 +668,9 @@ impl<'a> Options<'a> {
             "henormal" => vs(2.0, FanMode::In, false),
             "lecununiform" => vs(1.0, FanMode::In, true),
             "lecunnormal" => vs(1.0, FanMode::In, false),
-            "variancescaling" => {
-                let scale = init_opts.take_f64("scale")?.unwrap_or(1.0);
-                let mode = match init_opts.take("mode").and_then(Value::as_str).unwrap_or("fan_in") {
-                    "fan_in" => FanMode::In,
-                    "fan_out" => FanMode::Out,
-                    "fan_avg" => FanMode::Avg,
-                    m => return Err(bad(format!("mode {m:?} is not supported"))),
-                };
-                let uniform = match init_opts.take("distribution").and_then(Value::as_str).unwrap_or("truncated_normal") {
-                    "uniform" => true,
-                    "truncated_normal" | "normal" => false,
-                    d => return Err(bad(format!("distribution {d:?} is not supported (uniform, truncated_normal)"))),
-                };
-                if scale.is_nan() || scale <= 0.0 {
-                    return Err(bad(format!("scale {scale} must be positive")));
-                }
-                vs(scale as f32, mode, uniform)
-            }
-            "randomuniform" => {
-                let min = init_opts.take_f64("minval")?.unwrap_or(-0.05);
-                let max = init_opts.take_f64("maxval")?.unwrap_or(0.05);
-                if (min + max).abs() > 1e-12 || max < 0.0 {
-                    return Err(bad(format!("minval {min}, maxval {max}: only a range symmetric around 0 is supported")));
-                }
-                InitSpec::RandomUniform { limit: max as f32 }
-            }
-            c @ ("randomnormal" | "truncatednormal") => {
-                let mean = init_opts.take_f64("mean")?.unwrap_or(0.0);
-                let stddev = init_opts.take_f64("stddev")?.unwrap_or(0.05);
-                if mean != 0.0 {
-                    return Err(bad(format!("mean {mean}: only 0 is supported")));
-                }
-                if c == "randomnormal" { InitSpec::RandomNormal { stddev: stddev as f32 } } else { InitSpec::TruncatedNormal { stddev: stddev as f32 } }
-            }
+            "variancescaling" => variance_scaling(&mut init_opts, &bad)?,
+            "randomuniform" => random_uniform(&mut init_opts, &bad)?,
+            c @ ("randomnormal" | "truncatednormal") => random_normal(&mut init_opts, &bad, c == "truncatednormal")?,
             _ => return Err(bad("not supported (Zeros, Ones, Constant, GlorotUniform, GlorotNormal, HeUniform, HeNormal, LecunUniform, LecunNormal, VarianceScaling, RandomUniform, RandomNormal, TruncatedNormal)".into())),
         };
         init_opts.take_seed("seed")?;
