@@ -405,6 +405,37 @@ fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
     serde_json::to_string(&names.collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
 }
 
+/// The reported shards by ps, each checked: a ps of the job, written for
+/// this step and ps count under its own file name, once, and no variable in
+/// two of them.
+fn shards_by_ps<'a>(ckpt: &Location, step: i64, num_ps: usize, shards: &'a [ShardInfo]) -> Result<BTreeMap<usize, &'a ShardInfo>, CheckpointError> {
+    let mut by_ps: BTreeMap<usize, &ShardInfo> = BTreeMap::new();
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for s in shards {
+        if s.ps_index >= num_ps {
+            return Err(invalid(ckpt, format!("shard of ps {} is not in 0..{num_ps}", s.ps_index)));
+        }
+        if s.num_ps != num_ps || s.global_step != step {
+            return Err(invalid(
+                ckpt,
+                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
+            ));
+        }
+        if s.file != shard_file_name(s.ps_index, num_ps) {
+            return Err(invalid(ckpt, format!("shard of ps {} has an unexpected file name {:?}", s.ps_index, s.file)));
+        }
+        if by_ps.insert(s.ps_index, s).is_some() {
+            return Err(invalid(ckpt, format!("two shards for ps {}", s.ps_index)));
+        }
+        for v in &s.variables {
+            if let Some(other) = owner.insert(&v.name, s.ps_index) {
+                return Err(invalid(ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
+            }
+        }
+    }
+    Ok(by_ps)
+}
+
 /// Writes `dir/ckpt-<step>/index.json` (atomically, durably), which makes the
 /// checkpoint complete. `shards` are the [`ShardInfo`]s the ps tasks returned;
 /// they must be exactly one per ps index in `0..num_ps`, all for `step`, with no
@@ -418,30 +449,7 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
     if num_ps == 0 {
         return Err(invalid(&ckpt, "num_ps is 0"));
     }
-    let mut by_ps: BTreeMap<usize, &ShardInfo> = BTreeMap::new();
-    let mut owner: HashMap<&str, usize> = HashMap::new();
-    for s in shards {
-        if s.ps_index >= num_ps {
-            return Err(invalid(&ckpt, format!("shard of ps {} is not in 0..{num_ps}", s.ps_index)));
-        }
-        if s.num_ps != num_ps || s.global_step != step {
-            return Err(invalid(
-                &ckpt,
-                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
-            ));
-        }
-        if s.file != shard_file_name(s.ps_index, num_ps) {
-            return Err(invalid(&ckpt, format!("shard of ps {} has an unexpected file name {:?}", s.ps_index, s.file)));
-        }
-        if by_ps.insert(s.ps_index, s).is_some() {
-            return Err(invalid(&ckpt, format!("two shards for ps {}", s.ps_index)));
-        }
-        for v in &s.variables {
-            if let Some(other) = owner.insert(&v.name, s.ps_index) {
-                return Err(invalid(&ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
-            }
-        }
-    }
+    let by_ps = shards_by_ps(&ckpt, step, num_ps, shards)?;
     if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
         return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
