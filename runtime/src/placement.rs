@@ -177,8 +177,8 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     let mut partitions: Vec<Shard> = Vec::new();
     for v in &sorted {
         match v.embedding {
-            Some(strategy) => partitions.extend(embedding_partitions(v, strategy, num_ps)),
-            None => pieces.extend(dense_pieces(v, num_ps, partition_threshold_bytes)),
+            Some(strategy) => embedding_partitions(v, strategy, num_ps, &mut partitions),
+            None => dense_pieces(v, num_ps, partition_threshold_bytes, &mut pieces),
         }
     }
     balance(&mut pieces, num_ps);
@@ -204,48 +204,46 @@ fn checked_by_name(inputs: &[PlacementInput]) -> Result<Vec<&PlacementInput>, Pl
     Ok(sorted)
 }
 
-/// A sparse embedding's partitions: `min(num_ps, rows)` of them, partition
-/// `k` on ps `k`.
-fn embedding_partitions(v: &PlacementInput, strategy: PartitionStrategy, num_ps: usize) -> Vec<Shard> {
+/// A sparse embedding's partitions, added to `out`: `min(num_ps, rows)` of
+/// them, partition `k` on ps `k`.
+fn embedding_partitions(v: &PlacementInput, strategy: PartitionStrategy, num_ps: usize, out: &mut Vec<Shard>) {
     let rows = v.shape.first().copied().unwrap_or(0) as u64;
     let count = (num_ps as u64).min(rows).max(1);
-    (0..count)
-        .map(|k| {
-            let n = strategy.partition_rows(rows, count, k) as usize;
-            Shard {
-                variable: v.name.clone(),
-                stored_name: format!("{}/part_{k}", v.name),
-                ps: k as usize,
-                rows: 0..n,
-                shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
-                partition: Some(RowPartition { strategy, index: k, count, rows }),
-            }
-        })
-        .collect()
+    for k in 0..count {
+        let n = strategy.partition_rows(rows, count, k) as usize;
+        out.push(Shard {
+            variable: v.name.clone(),
+            stored_name: format!("{}/part_{k}", v.name),
+            ps: k as usize,
+            rows: 0..n,
+            shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
+            partition: Some(RowPartition { strategy, index: k, count, rows }),
+        });
+    }
 }
 
 /// A dense variable whole, or cut along its first axis into parts of nearly
-/// equal rows when it is larger than the threshold (ps not chosen yet).
-fn dense_pieces(v: &PlacementInput, num_ps: usize, partition_threshold_bytes: usize) -> Vec<Shard> {
+/// equal rows when it is larger than the threshold (ps not chosen yet),
+/// added to `out`.
+fn dense_pieces(v: &PlacementInput, num_ps: usize, partition_threshold_bytes: usize, out: &mut Vec<Shard>) {
     let elements: usize = v.shape.iter().product();
     let bytes = elements * 4;
     let rows = v.shape.first().copied().unwrap_or(1);
     let threshold = partition_threshold_bytes.max(1);
     let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
     if parts == 1 {
-        return vec![Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None }];
+        out.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None });
+        return;
     }
     let (base, extra) = (rows / parts, rows % parts);
     let mut start = 0;
-    let mut pieces = Vec::with_capacity(parts);
     for k in 0..parts {
         let n = base + usize::from(k < extra);
         let mut shape = v.shape.clone();
         shape[0] = n;
-        pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
+        out.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
         start += n;
     }
-    pieces
 }
 
 /// Gives every piece, largest first (ties by stored name: independent of
