@@ -18,6 +18,7 @@ impl Default for Fnv1a {
 }
 
 impl Fnv1a {
+    #[inline]
     pub fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
@@ -30,6 +31,7 @@ impl Fnv1a {
 /// finaliser over them): well-spread bits from inputs that differ in a few.
 /// An embedding row's generator (seed, variable key, row id), a generated
 /// example's, a feature key's, a data shard's order.
+#[inline]
 pub fn derive_seed(a: u64, b: u64, c: u64) -> u64 {
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.rotate_left(29).wrapping_mul(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -39,6 +41,7 @@ pub fn derive_seed(a: u64, b: u64, c: u64) -> u64 {
 
 /// The shard dispatcher's seed for one purpose (the shard order, the example
 /// order) of one epoch (splitmix64 of the parts).
+#[inline]
 pub fn epoch_seed(seed: u64, epoch: u64, purpose: u64) -> u64 {
     let mut z = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ purpose.rotate_left(17);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -49,6 +52,7 @@ pub fn epoch_seed(seed: u64, epoch: u64, purpose: u64) -> u64 {
 /// A Keras model's dropout seed: of training batch `n` from the model's
 /// seed, then of layer `n` from the batch's (SplitMix64's finaliser of the
 /// two).
+#[inline]
 pub fn dropout_seed(seed: u64, n: u64) -> u64 {
     let mut z = seed ^ n.wrapping_add(0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
