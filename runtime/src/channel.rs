@@ -15,6 +15,7 @@
 //! contents) is in plain functions; the server loop and the client
 //! connection only wire them to sockets.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,7 @@ use tonic::{Code, Status};
 
 use crate::auth::TokenCheck;
 use crate::proto::{self, RawRowsPart, RawTensorPart, RowsPart, TensorChannelReply, TensorChannelRequest, TensorPart};
-use crate::ps::PsService;
+use crate::ps::{PsService, Pulled, SharedPull};
 
 /// The first bytes of a tensor channel connection.
 pub const MAGIC: &[u8; 8] = b"TFJOBTC1";
@@ -101,7 +102,7 @@ pub fn encode_frame(message: &impl Message) -> Vec<u8> {
 pub async fn read_frame<M: Message + Default>(r: &mut (impl AsyncRead + Unpin)) -> Result<M, ChannelError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
-    let len = u32::from_le_bytes(len) as usize;
+    let len = crate::le::u32_at(&len) as usize;
     if len > MAX_FRAME_BYTES {
         return Err(ChannelError::FrameTooLarge(len));
     }
@@ -215,15 +216,9 @@ pub async fn serve_connection(stream: TcpStream, service: PsService, check: Toke
 }
 
 async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, check: &TokenCheck, stop: &mut watch::Receiver<bool>) -> Result<(), ChannelError> {
-    let mut magic = [0u8; MAGIC.len()];
-    stream.read_exact(&mut magic).await?;
-    let hello: proto::TensorChannelHello = read_frame(stream).await?;
-    if !check.check_token(&hello.token) {
-        let refused = Status::unauthenticated("missing or wrong job token (TFJOB_TOKEN)");
-        stream.write_all(&encode_frame(&error_reply(&refused))).await?;
+    if !greet(stream, check).await? {
         return Ok(());
     }
-    stream.write_all(&encode_frame(&TensorChannelReply::default())).await?;
     // The buffers of the last push, for the next one (the store keeps none).
     let mut pool: Vec<BytesMut> = Vec::new();
     loop {
@@ -238,61 +233,97 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
             stream.write_all(&encode_frame(&error_reply(&refused))).await?;
             return Ok(());
         }
-        let mut parts = Vec::with_capacity(request.push_parts.len());
-        for h in &request.push_parts {
-            let content = read_content_into(stream, h.content_length as usize, pool.pop().unwrap_or_default()).await?;
-            parts.push(TensorPart { name: h.name.clone(), dtype: h.dtype, shape: h.shape.clone(), offset: h.offset, content });
-        }
-        let mut rows = Vec::with_capacity(request.push_rows.len());
-        for h in &request.push_rows {
-            let content = read_content(stream, h.content_length as usize).await?;
-            rows.push(RowsPart { name: h.name.clone(), count: h.count, content });
-        }
+        let (parts, rows) = read_push(stream, &request, &mut pool).await?;
         let answer = service.exchange(request.push, &parts, &rows, request.pull).await;
-        let mut pooled: usize = pool.iter().map(|b| b.capacity()).sum();
-        for p in parts {
-            if let Ok(buf) = p.content.try_into_mut()
-                && pooled + buf.capacity() <= MAX_POOLED_BYTES
-            {
-                pooled += buf.capacity();
-                pool.push(buf);
-            }
-        }
+        recycle(&mut pool, parts);
         match answer {
             Err(status) => stream.write_all(&encode_frame(&error_reply(&status))).await?,
             Ok((push, pulled)) => {
-                let mut reply = TensorChannelReply { push, ..Default::default() };
-                let mut contents: Vec<std::borrow::Cow<'_, [u8]>> = Vec::new();
-                if let Some(pulled) = &pulled {
-                    reply.step = pulled.step;
-                    reply.done = pulled.done;
-                    reply.waited_micros = pulled.waited_micros;
-                    let (shared, rows) = match &pulled.values {
-                        Some((shared, rows)) => (&shared[..], &rows[..]),
-                        None => (&[][..], &[][..]),
-                    };
-                    // Written from the variables themselves (shared, not
-                    // locked: an update meanwhile works on a copy).
-                    for v in shared {
-                        for (header, chunk) in raw_parts(&v.name, &v.shape, &v.values, service.part_bytes()) {
-                            reply.parts.push(header);
-                            contents.push(le_bytes(chunk));
-                        }
-                    }
-                    for r in rows {
-                        reply.rows.push(RawRowsPart {
-                            name: r.name.clone(),
-                            count: r.ids.len() as u64,
-                            content_length: (r.ids.len() * 8 + r.values.len() * 4) as u64,
-                        });
-                        contents.push(std::borrow::Cow::Owned(crate::embedding::ids_to_le(&r.ids)));
-                        contents.push(le_bytes(&r.values));
-                    }
-                }
+                let (reply, contents) = reply_of(push, pulled.as_ref(), service.part_bytes());
                 write_message(stream.get_mut(), &reply, contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..]))).await?;
             }
         }
     }
+}
+
+/// The channel's opening: the magic bytes and the hello with the job's
+/// token, answered. False when the token was refused (and the peer told).
+async fn greet(stream: &mut BufReader<TcpStream>, check: &TokenCheck) -> Result<bool, ChannelError> {
+    let mut magic = [0u8; MAGIC.len()];
+    stream.read_exact(&mut magic).await?;
+    let hello: proto::TensorChannelHello = read_frame(stream).await?;
+    if !check.check_token(&hello.token) {
+        let refused = Status::unauthenticated("missing or wrong job token (TFJOB_TOKEN)");
+        stream.write_all(&encode_frame(&error_reply(&refused))).await?;
+        return Ok(false);
+    }
+    stream.write_all(&encode_frame(&TensorChannelReply::default())).await?;
+    Ok(true)
+}
+
+/// The contents of a request's push: its parts, read into buffers of the
+/// pool where there are some, and its rows.
+async fn read_push(
+    stream: &mut BufReader<TcpStream>,
+    request: &TensorChannelRequest,
+    pool: &mut Vec<BytesMut>,
+) -> Result<(Vec<TensorPart>, Vec<RowsPart>), ChannelError> {
+    let mut parts = Vec::with_capacity(request.push_parts.len());
+    for h in &request.push_parts {
+        let content = read_content_into(stream, h.content_length as usize, pool.pop().unwrap_or_default()).await?;
+        parts.push(TensorPart { name: h.name.clone(), dtype: h.dtype, shape: h.shape.clone(), offset: h.offset, content });
+    }
+    let mut rows = Vec::with_capacity(request.push_rows.len());
+    for h in &request.push_rows {
+        let content = read_content(stream, h.content_length as usize).await?;
+        rows.push(RowsPart { name: h.name.clone(), count: h.count, content });
+    }
+    Ok((parts, rows))
+}
+
+/// Keeps the buffers of a push that nobody holds any more, up to
+/// [`MAX_POOLED_BYTES`] in all.
+fn recycle(pool: &mut Vec<BytesMut>, parts: Vec<TensorPart>) {
+    let mut pooled: usize = pool.iter().map(|b| b.capacity()).sum();
+    for p in parts {
+        if let Ok(buf) = p.content.try_into_mut()
+            && pooled + buf.capacity() <= MAX_POOLED_BYTES
+        {
+            pooled += buf.capacity();
+            pool.push(buf);
+        }
+    }
+}
+
+/// The reply to a request: the push's answer, and the pull's step and
+/// values as raw parts and rows, with their contents (written from the
+/// variables themselves: shared, not locked; an update meanwhile works on
+/// a copy).
+fn reply_of(push: Option<proto::PushGradientsReply>, pulled: Option<&Pulled<SharedPull>>, part_bytes: usize) -> (TensorChannelReply, Vec<Cow<'_, [u8]>>) {
+    let mut reply = TensorChannelReply { push, ..Default::default() };
+    let mut contents: Vec<Cow<'_, [u8]>> = Vec::new();
+    let Some(pulled) = pulled else {
+        return (reply, contents);
+    };
+    reply.step = pulled.step;
+    reply.done = pulled.done;
+    reply.waited_micros = pulled.waited_micros;
+    let (shared, rows) = match &pulled.values {
+        Some((shared, rows)) => (&shared[..], &rows[..]),
+        None => (&[][..], &[][..]),
+    };
+    for v in shared {
+        for (header, chunk) in raw_parts(&v.name, &v.shape, &v.values, part_bytes) {
+            reply.parts.push(header);
+            contents.push(le_bytes(chunk));
+        }
+    }
+    for r in rows {
+        reply.rows.push(RawRowsPart { name: r.name.clone(), count: r.ids.len() as u64, content_length: (r.ids.len() * 8 + r.values.len() * 4) as u64 });
+        contents.push(Cow::Owned(crate::le::i64_bytes(&r.ids)));
+        contents.push(le_bytes(&r.values));
+    }
+    (reply, contents)
 }
 
 // ------------------------------------------------------------------ client

@@ -55,7 +55,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use safetensors::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 
-use crate::events::crc32c;
 use crate::storage::{Location, StorageError};
 
 /// Name of the index file inside a checkpoint directory.
@@ -264,7 +263,7 @@ fn f32_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
     }
     #[cfg(not(target_endian = "little"))]
     {
-        std::borrow::Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        std::borrow::Cow::Owned(crate::le::f32_bytes(values))
     }
 }
 
@@ -316,7 +315,7 @@ fn prepare_tensors<'a>(path: &Location, data: &'a ShardData) -> Result<Vec<(Stri
         }
         let name = format!("{partition}{IDS_SUFFIX}");
         check_name("row ids", &name)?;
-        let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let bytes = crate::le::i64_bytes(ids);
         tensors.push((name, RawTensor { dtype: Dtype::I64, shape: vec![ids.len()], data: bytes.into() }));
     }
     Ok(tensors)
@@ -406,6 +405,37 @@ fn json_names<'a>(names: impl Iterator<Item = &'a String>) -> String {
     serde_json::to_string(&names.collect::<Vec<_>>()).unwrap_or_else(|_| "[]".into())
 }
 
+/// The reported shards by ps, each checked: a ps of the job, written for
+/// this step and ps count under its own file name, once, and no variable in
+/// two of them.
+fn shards_by_ps<'a>(ckpt: &Location, step: i64, num_ps: usize, shards: &'a [ShardInfo]) -> Result<BTreeMap<usize, &'a ShardInfo>, CheckpointError> {
+    let mut by_ps: BTreeMap<usize, &ShardInfo> = BTreeMap::new();
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for s in shards {
+        if s.ps_index >= num_ps {
+            return Err(invalid(ckpt, format!("shard of ps {} is not in 0..{num_ps}", s.ps_index)));
+        }
+        if s.num_ps != num_ps || s.global_step != step {
+            return Err(invalid(
+                ckpt,
+                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
+            ));
+        }
+        if s.file != shard_file_name(s.ps_index, num_ps) {
+            return Err(invalid(ckpt, format!("shard of ps {} has an unexpected file name {:?}", s.ps_index, s.file)));
+        }
+        if by_ps.insert(s.ps_index, s).is_some() {
+            return Err(invalid(ckpt, format!("two shards for ps {}", s.ps_index)));
+        }
+        for v in &s.variables {
+            if let Some(other) = owner.insert(&v.name, s.ps_index) {
+                return Err(invalid(ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
+            }
+        }
+    }
+    Ok(by_ps)
+}
+
 /// Writes `dir/ckpt-<step>/index.json` (atomically, durably), which makes the
 /// checkpoint complete. `shards` are the [`ShardInfo`]s the ps tasks returned;
 /// they must be exactly one per ps index in `0..num_ps`, all for `step`, with no
@@ -419,30 +449,7 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
     if num_ps == 0 {
         return Err(invalid(&ckpt, "num_ps is 0"));
     }
-    let mut by_ps: BTreeMap<usize, &ShardInfo> = BTreeMap::new();
-    let mut owner: HashMap<&str, usize> = HashMap::new();
-    for s in shards {
-        if s.ps_index >= num_ps {
-            return Err(invalid(&ckpt, format!("shard of ps {} is not in 0..{num_ps}", s.ps_index)));
-        }
-        if s.num_ps != num_ps || s.global_step != step {
-            return Err(invalid(
-                &ckpt,
-                format!("shard of ps {} was written for step {} with {} ps tasks, not step {step} with {num_ps}", s.ps_index, s.global_step, s.num_ps),
-            ));
-        }
-        if s.file != shard_file_name(s.ps_index, num_ps) {
-            return Err(invalid(&ckpt, format!("shard of ps {} has an unexpected file name {:?}", s.ps_index, s.file)));
-        }
-        if by_ps.insert(s.ps_index, s).is_some() {
-            return Err(invalid(&ckpt, format!("two shards for ps {}", s.ps_index)));
-        }
-        for v in &s.variables {
-            if let Some(other) = owner.insert(&v.name, s.ps_index) {
-                return Err(invalid(&ckpt, format!("variable {:?} is in the shards of ps {other} and ps {}", v.name, s.ps_index)));
-            }
-        }
-    }
+    let by_ps = shards_by_ps(&ckpt, step, num_ps, shards)?;
     if let Some(missing) = (0..num_ps).find(|i| !by_ps.contains_key(i)) {
         return Err(CheckpointError::Incomplete { path: ckpt, reason: format!("no shard reported for ps {missing} ({} of {num_ps} reported)", by_ps.len()) });
     }
@@ -529,112 +536,171 @@ fn meta_number<T: std::str::FromStr + PartialEq + std::fmt::Display>(
     }
 }
 
-/// Reads one shard of `ckpt`, verifying size, checksum, safetensors structure,
-/// metadata and that its tensors are exactly those the index lists.
-fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, CheckpointError> {
-    let path = ckpt.path.child(&info.file);
+/// The bytes of shard `info`, checked against the index: there, of its
+/// size, with its checksum.
+fn read_checked(path: &Location, info: &ShardInfo) -> Result<bytes::Bytes, CheckpointError> {
     let Some(bytes) = path.read_if_exists()? else {
-        return Err(damaged(&path, format!("listed in {INDEX_FILE} but missing")));
+        return Err(damaged(path, format!("listed in {INDEX_FILE} but missing")));
     };
     if bytes.len() as u64 != info.bytes {
-        return Err(damaged(&path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
+        return Err(damaged(path, format!("{} bytes, {INDEX_FILE} says {} (truncated or overwritten)", bytes.len(), info.bytes)));
     }
     let crc = crc32c::crc32c(&bytes);
     if crc != info.crc32c {
-        return Err(damaged(&path, format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c)));
+        return Err(damaged(path, format!("checksum mismatch: crc32c {crc:08x}, {INDEX_FILE} says {:08x} (corrupted data)", info.crc32c)));
     }
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
-    let empty = HashMap::new();
-    let meta = header.metadata().as_ref().unwrap_or(&empty);
-    let format = meta_value(&path, meta, "format")?;
+    Ok(bytes)
+}
+
+/// What a shard's metadata says beyond what it is checked against: its
+/// embedding partitions (in the order of their ids' tensors) and their
+/// descriptions.
+struct ShardMeta {
+    partitions: Vec<String>,
+    embeddings: BTreeMap<String, serde_json::Value>,
+}
+
+/// Checks a shard's metadata against `ckpt` and its index entry `info`.
+fn check_meta(path: &Location, meta: &HashMap<String, String>, ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardMeta, CheckpointError> {
+    let format = meta_value(path, meta, "format")?;
     if format != SHARD_FORMAT {
-        return Err(damaged(&path, format!("metadata format is {format:?}, expected {SHARD_FORMAT:?}")));
+        return Err(damaged(path, format!("metadata format is {format:?}, expected {SHARD_FORMAT:?}")));
     }
-    meta_number(&path, meta, "global_step", ckpt.global_step)?;
-    meta_number(&path, meta, "ps_index", info.ps_index)?;
-    meta_number(&path, meta, "num_ps", ckpt.num_ps)?;
+    meta_number(path, meta, "global_step", ckpt.global_step)?;
+    meta_number(path, meta, "ps_index", info.ps_index)?;
+    meta_number(path, meta, "num_ps", ckpt.num_ps)?;
     let names = |key: &str| -> Result<Vec<String>, CheckpointError> {
-        serde_json::from_str(meta_value(&path, meta, key)?).map_err(|e| damaged(&path, format!("metadata {key} is not a JSON list of names: {e}")))
+        serde_json::from_str(meta_value(path, meta, key)?).map_err(|e| damaged(path, format!("metadata {key} is not a JSON list of names: {e}")))
     };
     let slot_names = names("slots")?;
     let update_keys = names("updates")?;
     let listed = |entries: &[TensorEntry]| entries.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
     if slot_names != listed(&info.slots) || update_keys != info.updates {
-        return Err(damaged(&path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
+        return Err(damaged(path, format!("its slots/updates metadata differs from {INDEX_FILE}")));
     }
     // Shards written before embeddings existed have neither key.
     let partitions = if meta.contains_key("row_ids") { names("row_ids")? } else { Vec::new() };
     let id_names: Vec<String> = partitions.iter().map(|p| format!("{p}{IDS_SUFFIX}")).collect();
     if id_names != listed(&info.row_ids) {
-        return Err(damaged(&path, format!("its row_ids metadata differs from {INDEX_FILE}")));
+        return Err(damaged(path, format!("its row_ids metadata differs from {INDEX_FILE}")));
     }
-    let embeddings: BTreeMap<String, serde_json::Value> = match meta.get("embeddings") {
-        Some(json) => serde_json::from_str(json).map_err(|e| damaged(&path, format!("metadata embeddings is not a JSON object: {e}")))?,
+    let embeddings = match meta.get("embeddings") {
+        Some(json) => serde_json::from_str(json).map_err(|e| damaged(path, format!("metadata embeddings is not a JSON object: {e}")))?,
         None => BTreeMap::new(),
     };
+    Ok(ShardMeta { partitions, embeddings })
+}
 
-    let mut f32s: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
-    let mut u64s: HashMap<String, u64> = HashMap::new();
-    let mut i64s: HashMap<String, Vec<i64>> = HashMap::new();
-    for (name, view) in st.tensors() {
-        match view.dtype() {
-            Dtype::F32 => {
-                let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                f32s.insert(name, (view.shape().to_vec(), values));
-            }
-            Dtype::U64 if view.data().len() == 8 => {
-                let d = view.data();
-                u64s.insert(name, u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]));
-            }
-            Dtype::I64 if view.shape().len() == 1 => {
-                let ids = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-                i64s.insert(name, ids);
-            }
-            other => {
-                return Err(damaged(&path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
+/// A shard's tensors by type, by name.
+#[derive(Default)]
+struct Tensors {
+    f32s: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    u64s: HashMap<String, u64>,
+    i64s: HashMap<String, Vec<i64>>,
+}
+
+impl Tensors {
+    /// Every tensor of `st`: f32 values, u64 counters, i64 ids; anything
+    /// else is damage.
+    fn read(path: &Location, st: &SafeTensors<'_>) -> Result<Self, CheckpointError> {
+        let mut t = Tensors::default();
+        for (name, view) in st.tensors() {
+            match view.dtype() {
+                Dtype::F32 => {
+                    t.f32s.insert(name, (view.shape().to_vec(), crate::le::f32s(view.data())));
+                }
+                Dtype::U64 if view.data().len() == 8 => {
+                    t.u64s.insert(name, crate::le::u64_at(view.data()));
+                }
+                Dtype::I64 if view.shape().len() == 1 => {
+                    t.i64s.insert(name, crate::le::i64s(view.data()));
+                }
+                other => {
+                    return Err(damaged(path, format!("tensor {name:?} has dtype {other} and shape {:?}", view.shape())));
+                }
             }
         }
+        Ok(t)
     }
-    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len() + info.row_ids.len();
-    let held = f32s.len() + u64s.len() + i64s.len();
-    if held != expected_tensors {
-        return Err(damaged(&path, format!("holds {held} tensors, {INDEX_FILE} lists {expected_tensors}")));
+
+    fn len(&self) -> usize {
+        self.f32s.len() + self.u64s.len() + self.i64s.len()
     }
-    let mut take = |entries: &[TensorEntry]| -> Result<Vec<NamedTensor>, CheckpointError> {
+
+    /// The f32 tensors `entries`, of the shapes they list.
+    fn take_f32(&mut self, path: &Location, entries: &[TensorEntry]) -> Result<Vec<NamedTensor>, CheckpointError> {
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {
-            match f32s.remove(&e.name) {
+            match self.f32s.remove(&e.name) {
                 Some((shape, values)) if shape == e.shape => out.push((e.name.clone(), shape, values)),
                 Some((shape, _)) => {
-                    return Err(damaged(&path, format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape)));
+                    return Err(damaged(path, format!("tensor {:?} has shape {shape:?}, {INDEX_FILE} says {:?}", e.name, e.shape)));
                 }
-                None => return Err(damaged(&path, format!("has no f32 tensor {:?}", e.name))),
+                None => return Err(damaged(path, format!("has no f32 tensor {:?}", e.name))),
             }
         }
         Ok(out)
-    };
-    let variables = take(&info.variables)?;
-    let slots = take(&info.slots)?;
-    let mut updates = Vec::with_capacity(info.updates.len());
-    for key in &info.updates {
-        let name = format!("{key}{UPDATES_SUFFIX}");
-        let count = u64s.remove(&name).ok_or_else(|| damaged(&path, format!("has no u64 tensor {name:?}")))?;
-        updates.push((key.clone(), count));
     }
-    let mut row_ids = Vec::with_capacity(partitions.len());
-    let mut descriptions = Vec::with_capacity(partitions.len());
-    for (partition, entry) in partitions.iter().zip(&info.row_ids) {
-        let ids = i64s.remove(&entry.name).ok_or_else(|| damaged(&path, format!("has no i64 tensor {:?}", entry.name)))?;
+
+    /// The update counters of `keys`.
+    fn take_updates(&mut self, path: &Location, keys: &[String]) -> Result<Vec<(String, u64)>, CheckpointError> {
+        let mut updates = Vec::with_capacity(keys.len());
+        for key in keys {
+            let name = format!("{key}{UPDATES_SUFFIX}");
+            let count = self.u64s.remove(&name).ok_or_else(|| damaged(path, format!("has no u64 tensor {name:?}")))?;
+            updates.push((key.clone(), count));
+        }
+        Ok(updates)
+    }
+}
+
+/// The row ids and descriptions of the embedding partitions of `meta`,
+/// each as many ids as its values hold rows.
+type PartitionRows = (Vec<(String, Vec<i64>)>, Vec<(String, String)>);
+
+fn take_rows(
+    path: &Location,
+    tensors: &mut Tensors,
+    meta: &ShardMeta,
+    entries: &[TensorEntry],
+    variables: &[NamedTensor],
+) -> Result<PartitionRows, CheckpointError> {
+    let mut row_ids = Vec::with_capacity(meta.partitions.len());
+    let mut descriptions = Vec::with_capacity(meta.partitions.len());
+    for (partition, entry) in meta.partitions.iter().zip(entries) {
+        let ids = tensors.i64s.remove(&entry.name).ok_or_else(|| damaged(path, format!("has no i64 tensor {:?}", entry.name)))?;
         let rows = variables.iter().find(|(n, _, _)| n == partition).map(|(_, shape, _)| shape.first().copied().unwrap_or(0));
         if rows != Some(ids.len()) || entry.shape != [ids.len()] {
-            return Err(damaged(&path, format!("{} ids for embedding partition {partition:?}, whose values hold {rows:?} rows", ids.len())));
+            return Err(damaged(path, format!("{} ids for embedding partition {partition:?}, whose values hold {rows:?} rows", ids.len())));
         }
-        let description = embeddings.get(partition).ok_or_else(|| damaged(&path, format!("embedding partition {partition:?} has no description")))?;
+        let description = meta.embeddings.get(partition).ok_or_else(|| damaged(path, format!("embedding partition {partition:?} has no description")))?;
         row_ids.push((partition.clone(), ids));
         descriptions.push((partition.clone(), description.to_string()));
     }
-    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned(), row_ids, embeddings: descriptions })
+    Ok((row_ids, descriptions))
+}
+
+/// Reads one shard of `ckpt`, verifying size, checksum, safetensors structure,
+/// metadata and that its tensors are exactly those the index lists.
+fn load_shard(ckpt: &Checkpoint, info: &ShardInfo) -> Result<ShardData, CheckpointError> {
+    let path = ckpt.path.child(&info.file);
+    let bytes = read_checked(&path, info)?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| damaged(&path, format!("not a valid safetensors file: {e}")))?;
+    let empty = HashMap::new();
+    let meta = header.metadata().as_ref().unwrap_or(&empty);
+    let shard_meta = check_meta(&path, meta, ckpt, info)?;
+    let mut tensors = Tensors::read(&path, &st)?;
+    let expected_tensors = info.variables.len() + info.slots.len() + info.updates.len() + info.row_ids.len();
+    let held = tensors.len();
+    if held != expected_tensors {
+        return Err(damaged(&path, format!("holds {held} tensors, {INDEX_FILE} lists {expected_tensors}")));
+    }
+    let variables = tensors.take_f32(&path, &info.variables)?;
+    let slots = tensors.take_f32(&path, &info.slots)?;
+    let updates = tensors.take_updates(&path, &info.updates)?;
+    let (row_ids, embeddings) = take_rows(&path, &mut tensors, &shard_meta, &info.row_ids, &variables)?;
+    Ok(ShardData { variables, slots, updates, dispatcher: meta.get(DISPATCHER_KEY).cloned(), row_ids, embeddings })
 }
 
 /// Fully checks the checkpoint directory `ckpt` (named for `step`): index and every shard.

@@ -2,6 +2,7 @@
 //! and calls that fan out to all of them concurrently (handshake, init,
 //! pull, push, shutdown), splitting and joining variables by the placement.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -14,9 +15,9 @@ use tonic::{Code, IntoRequest, Request, Status};
 use crate::auth::{Credentials, TokenAttach};
 use crate::channel::ChannelClient;
 use crate::cluster::TaskId;
-use crate::embedding::{EmbeddingPart, RowInit};
+use crate::embedding::EmbeddingPart;
+use crate::init::{Init, RowInit};
 use crate::lookup::{self, RowsReceiver, TablePart};
-use crate::model::Init;
 use crate::placement::{Placement, Shard};
 use crate::proto::{self, RowsPart, TensorPart, parameter_server_client::ParameterServerClient};
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
@@ -163,7 +164,7 @@ pub fn is_transient(status: &Status) -> bool {
 async fn leave_all(clients: &[PsGrpc], task: &TaskId, reason: &str) -> usize {
     let calls = clients.iter().map(|c| {
         let mut c = c.clone();
-        let req = proto::LeaveRequest { task: Some(proto::TaskId { job: task.job.clone(), index: task.index }), reason: reason.into() };
+        let req = proto::LeaveRequest { task: Some(task.into()), reason: reason.into() };
         async move { c.leave(deadline(req, LEAVE_DEADLINE)).await.is_ok() }
     });
     futures::future::join_all(calls).await.into_iter().filter(|told| *told).count()
@@ -306,6 +307,73 @@ struct ChannelPush<'a> {
 
 /// A pull from ps `ps` must bring every element of each of its shards
 /// (`covered[k]`: elements received for `shards[k]`).
+/// Each ps's answer to the push of a step on the tensor channel; a ps only
+/// pulled from answers as over gRPC.
+fn pushed_on_channel(answers: &[ChannelAnswer], push_to: &[bool]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
+    let mut pushed = Vec::with_capacity(answers.len());
+    for (ps, a) in answers.iter().enumerate() {
+        pushed.push(match (push_to[ps], a.push) {
+            (true, Some(p)) => p,
+            (true, None) => {
+                return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push")));
+            }
+            (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
+        });
+    }
+    Ok(pushed)
+}
+
+/// A push's raw parts and rows for one ps on the tensor channel.
+type ChannelPushContents<'a> = (Vec<(proto::RawTensorPart, &'a [f32])>, Vec<(proto::RawRowsPart, Vec<u8>)>);
+
+/// Where a part ps `ps` sent lands: the index of its shard among `shards`
+/// (sorted by stored name) and its element range, checked.
+fn locate_part(ps: usize, shards: &[(usize, Shard)], p: &proto::RawTensorPart) -> Result<(usize, Range<usize>), String> {
+    let k = shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).map_err(|_| format!("ps:{ps} sent unknown variable {:?}", p.name))?;
+    let header = tensor::PartHeader {
+        name: &p.name,
+        dtype: p.dtype,
+        shape: &p.shape,
+        offset: p.offset,
+        content_len: usize::try_from(p.content_length).unwrap_or(usize::MAX),
+    };
+    let range = tensor::check_part_header(&header, &shards[k].1.shape).map_err(|e| format!("ps:{ps}: {e}"))?;
+    Ok((k, range))
+}
+
+/// One ps's reply on the tensor channel as an answer: every dense shard
+/// covered when it was pulled (unless training ended first), its rows.
+fn channel_answer(
+    ps: usize,
+    shards: &[(usize, Shard)],
+    reply: proto::TensorChannelReply,
+    row_bytes: Vec<bytes::Bytes>,
+    first_reply: Duration,
+    wants_pull: bool,
+) -> Result<ChannelAnswer, ClientError> {
+    let mut covered = vec![0usize; shards.len()];
+    let mut bytes = 0;
+    for p in &reply.parts {
+        let k = shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).expect("located above");
+        covered[k] += p.content_length as usize / 4;
+        bytes += p.content_length;
+    }
+    if wants_pull && !(reply.parts.is_empty() && reply.done) {
+        check_covered(ps, shards, &covered)?;
+    }
+    let rows = reply.rows.iter().zip(row_bytes).map(|(h, content)| RowsPart { name: h.name.clone(), count: h.count, content }).collect::<Vec<_>>();
+    bytes += rows.iter().map(|r| r.content.len() as u64).sum::<u64>();
+    Ok(ChannelAnswer {
+        push: reply.push,
+        step: reply.step,
+        done: reply.done,
+        waited: Duration::from_micros(reply.waited_micros),
+        bytes,
+        first_reply,
+        rows: rows.into_iter().map(|r| vec![r]).collect(),
+    })
+}
+
 fn check_covered(ps: usize, shards: &[(usize, Shard)], covered: &[usize]) -> Result<(), ClientError> {
     for ((_, s), &got) in shards.iter().zip(covered) {
         if got != s.num_elements() {
@@ -403,25 +471,21 @@ impl PsSet {
     /// once every ps answered.
     async fn on_channel(&self, what: &'static str, push: Option<ChannelPush<'_>>, pull: Option<ChannelPull<'_>>) -> Result<Vec<ChannelAnswer>, ClientError> {
         let start = Instant::now();
-        let n = self.num_ps();
         let wants_pull = pull.is_some();
         let (mut params, pull_rows, pull_args) = match pull {
             Some(p) => (Some(p.params), p.rows, Some((p.min_steps, p.wait_initialized, p.wait))),
             None => (None, NO_ROWS, None),
         };
-        let mut rows_of = match params.as_deref_mut() {
-            Some(params) => {
-                Self::shape_rows(params, &self.variables, pull_rows);
-                Some(self.take_sparse(params))
-            }
-            None => None,
-        };
+        let mut rows_of = params.as_deref_mut().map(|params| {
+            Self::shape_rows(params, &self.variables, pull_rows);
+            self.take_sparse(params)
+        });
         let destinations = match params.as_deref_mut() {
             Some(params) => {
                 let shard_vars: Vec<Vec<_>> = self.shards.iter().map(|l| l.iter().map(|(vi, s)| (*vi, self.element_range(*vi, s))).collect()).collect();
                 shard_slices(params, &shard_vars)
             }
-            None => (0..n).map(|_| Vec::new()).collect(),
+            None => (0..self.num_ps()).map(|_| Vec::new()).collect(),
         };
         let calls = destinations.into_iter().enumerate().map(|(ps, mut destinations)| {
             let push_here = push.filter(|p| p.push_to[ps]);
@@ -434,82 +498,56 @@ impl PsSet {
                 }),
                 push_rows: Vec::new(),
             };
-            let mut contents = Vec::new();
-            let mut row_contents = Vec::new();
-            if let Some(p) = push_here {
-                for (vi, s) in &self.shards[ps] {
-                    let all = p.gradients[*vi].as_slice().expect("standard layout");
-                    let values = &all[self.element_range(*vi, s)];
-                    contents.extend(crate::channel::raw_parts(&s.stored_name, &tensor::wire_shape(&s.shape), values, self.part_bytes));
-                }
-                for t in &self.tables[ps] {
-                    let ids = &p.rows[t.var];
-                    let positions = t.positions(ids);
-                    let content = lookup::push_content(ids, p.gradients[t.var].as_slice().expect("standard layout"), t.dim, &positions);
-                    let header = proto::RawRowsPart { name: t.stored_name.clone(), count: positions.len() as u64, content_length: content.len() as u64 };
-                    row_contents.push((header, content));
-                }
-            }
+            let (contents, row_contents) = push_here.map(|p| self.channel_push_contents(ps, p)).unwrap_or_default();
             let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
             let shards = &self.shards[ps];
-            let locate = move |p: &proto::RawTensorPart| {
-                let k =
-                    shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).map_err(|_| format!("ps:{ps} sent unknown variable {:?}", p.name))?;
-                let header = tensor::PartHeader {
-                    name: &p.name,
-                    dtype: p.dtype,
-                    shape: &p.shape,
-                    offset: p.offset,
-                    content_len: usize::try_from(p.content_length).unwrap_or(usize::MAX),
-                };
-                let range = tensor::check_part_header(&header, &shards[k].1.shape).map_err(|e| format!("ps:{ps}: {e}"))?;
-                Ok((k, range))
-            };
-            let channel = &self.channels[ps];
-            let address = &self.addresses[ps];
+            let locate = move |p: &proto::RawTensorPart| locate_part(ps, shards, p);
+            let (channel, address) = (&self.channels[ps], &self.addresses[ps]);
             async move {
                 let (reply, arrived, row_bytes) =
                     without_retry(ps, address, what, || channel.exchange(request, contents, row_contents, &mut destinations, &locate, timeout)).await?;
-                let mut covered = vec![0usize; shards.len()];
-                let mut bytes = 0;
-                for p in &reply.parts {
-                    let k = shards.binary_search_by(|(_, s)| s.stored_name.as_str().cmp(&p.name)).expect("located above");
-                    covered[k] += p.content_length as usize / 4;
-                    bytes += p.content_length;
-                }
-                if wants_pull && !(reply.parts.is_empty() && reply.done) {
-                    check_covered(ps, shards, &covered)?;
-                }
-                let rows = reply.rows.iter().zip(row_bytes).map(|(h, content)| RowsPart { name: h.name.clone(), count: h.count, content }).collect::<Vec<_>>();
-                bytes += rows.iter().map(|r| r.content.len() as u64).sum::<u64>();
-                Ok(ChannelAnswer {
-                    push: reply.push,
-                    step: reply.step,
-                    done: reply.done,
-                    waited: Duration::from_micros(reply.waited_micros),
-                    bytes,
-                    first_reply: arrived.saturating_duration_since(start),
-                    rows: rows.into_iter().map(|r| vec![r]).collect(),
-                })
+                channel_answer(ps, shards, reply, row_bytes, arrived.saturating_duration_since(start), wants_pull)
             }
         });
         let answers = try_join_all(calls).await;
         if let (Some(params), Some(rows_of)) = (params, rows_of.as_mut()) {
-            let answers = answers.as_deref().unwrap_or_default();
-            let taken = answers
-                .iter()
-                .enumerate()
-                .filter(|(_, a)| !(a.rows.is_empty() && a.done))
-                .try_for_each(|(ps, a)| self.take_rows(ps, pull_rows, &a.rows, rows_of));
-            // The sparse rows go back whatever happened (the shapes stay right).
-            for (vi, v) in self.variables.iter().enumerate() {
-                if v.rows.is_some() {
-                    params[vi] = std::mem::replace(&mut rows_of[vi], ArrayD::zeros(vec![0]));
-                }
-            }
-            taken?;
+            self.put_rows(params, pull_rows, answers.as_deref().unwrap_or_default(), rows_of)?;
         }
         answers
+    }
+
+    /// What a push sends ps `ps` on the tensor channel: the gradients of
+    /// its dense shards as raw parts (borrowed), its partitions' rows.
+    fn channel_push_contents<'a>(&self, ps: usize, p: ChannelPush<'a>) -> ChannelPushContents<'a> {
+        let mut contents = Vec::new();
+        for (vi, s) in &self.shards[ps] {
+            let all = p.gradients[*vi].as_slice().expect("standard layout");
+            let values = &all[self.element_range(*vi, s)];
+            contents.extend(crate::channel::raw_parts(&s.stored_name, &tensor::wire_shape(&s.shape), values, self.part_bytes));
+        }
+        let mut row_contents = Vec::new();
+        for t in &self.tables[ps] {
+            let ids = &p.rows[t.var];
+            let positions = t.positions(ids);
+            let content = lookup::push_content(ids, p.gradients[t.var].as_slice().expect("standard layout"), t.dim, &positions);
+            let header = proto::RawRowsPart { name: t.stored_name.clone(), count: positions.len() as u64, content_length: content.len() as u64 };
+            row_contents.push((header, content));
+        }
+        (contents, row_contents)
+    }
+
+    /// Writes the rows every ps answered into the sparse embeddings'
+    /// parameters; they go back into `params` whatever happened (the
+    /// shapes stay right).
+    fn put_rows(&self, params: &mut [ArrayD<f32>], rows: Rows<'_>, answers: &[ChannelAnswer], rows_of: &mut [ArrayD<f32>]) -> Result<(), ClientError> {
+        let taken =
+            answers.iter().enumerate().filter(|(_, a)| !(a.rows.is_empty() && a.done)).try_for_each(|(ps, a)| self.take_rows(ps, rows, &a.rows, rows_of));
+        for (vi, v) in self.variables.iter().enumerate() {
+            if v.rows.is_some() {
+                params[vi] = std::mem::replace(&mut rows_of[vi], ArrayD::zeros(vec![0]));
+            }
+        }
+        taken
     }
 
     /// Resizes each sparse embedding's parameter to the rows wanted.
@@ -592,7 +630,7 @@ impl PsSet {
     }
 
     fn task_proto(&self) -> Option<proto::TaskId> {
-        Some(proto::TaskId { job: self.task.job.clone(), index: self.task.index })
+        Some((&self.task).into())
     }
 
     /// Elements of variable `vi` covered by a shard (rows are contiguous in
@@ -859,20 +897,23 @@ impl PsSet {
             let push = ChannelPush { steps, push_to, gradients, rows: pushed_rows, push_id };
             let pull = ChannelPull { params, rows: pulled_rows, min_steps, wait_initialized: false, wait };
             let answers = self.on_channel("push to and pull from", Some(push), Some(pull)).await?;
-            let mut pushed = Vec::with_capacity(answers.len());
-            for (ps, a) in answers.iter().enumerate() {
-                pushed.push(match (push_to[ps], a.push) {
-                    (true, Some(p)) => p,
-                    (true, None) => {
-                        return Err(ClientError::Protocol(format!("ps:{ps}: the reply says nothing of the push")));
-                    }
-                    // Only pulled from, as over gRPC.
-                    (false, _) => proto::PushGradientsReply { accepted: false, stale: false, step: a.step, done: a.done },
-                });
-            }
             let first_reply = answers.iter().map(|a| a.first_reply).max().unwrap_or_default();
-            return Ok(Stepped { pushed, pulled: Self::pulled_from(&answers), first_reply });
+            return Ok(Stepped { pushed: pushed_on_channel(&answers, push_to)?, pulled: Self::pulled_from(&answers), first_reply });
         }
+        self.push_pull_grpc(StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows }, params, min_steps, wait, push_id).await
+    }
+
+    /// [`push_pull`](Self::push_pull) over gRPC: one PushPull call per ps
+    /// pushed to (a pull alone to the others), concurrently.
+    async fn push_pull_grpc(
+        &self,
+        step: StepRequest<'_>,
+        params: &mut [ArrayD<f32>],
+        min_steps: &[i64],
+        wait: Duration,
+        push_id: u64,
+    ) -> Result<Stepped, ClientError> {
+        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows } = step;
         let start = Instant::now();
         let calls = (0..self.num_ps()).map(|ps| {
             let request = proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows), ..self.pull_request(min_steps[ps], false, wait) };

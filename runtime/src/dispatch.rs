@@ -28,6 +28,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
+use crate::hash::epoch_seed;
+
 /// How the training set is cut into shards. Every worker of a job must
 /// present the same plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,13 +75,26 @@ impl ShardPlan {
         if examples == 0 {
             return Err(DispatchError::InvalidPlan { field: "examples", reason: "the training set is empty".into() });
         }
-        if shard_size == 0 {
-            return Err(DispatchError::InvalidPlan { field: "--shard_size", reason: "must be at least 1".into() });
-        }
-        if num_epochs == Some(0) {
-            return Err(DispatchError::InvalidPlan { field: "--num_epochs", reason: "must be at least 1".into() });
-        }
+        Self::check_shard_size(Some(shard_size))?;
+        Self::check_num_epochs(num_epochs)?;
         Ok(ShardPlan { examples, shard_size, seed, num_epochs })
+    }
+
+    /// `--shard_size` as given (`None`: not given): at least 1. The flags
+    /// are checked with this when they are read, and every plan again.
+    pub fn check_shard_size(shard_size: Option<u64>) -> Result<(), DispatchError> {
+        match shard_size {
+            Some(0) => Err(DispatchError::InvalidPlan { field: "--shard_size", reason: "must be at least 1".into() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `--num_epochs` as given (`None`: unbounded): at least 1.
+    pub fn check_num_epochs(num_epochs: Option<u64>) -> Result<(), DispatchError> {
+        match num_epochs {
+            Some(0) => Err(DispatchError::InvalidPlan { field: "--num_epochs", reason: "must be at least 1".into() }),
+            _ => Ok(()),
+        }
     }
 
     pub fn shards_per_epoch(&self) -> u64 {
@@ -101,14 +116,14 @@ impl ShardPlan {
     /// The order in which epoch `epoch` hands its shards out: a permutation
     /// of `0..shards_per_epoch`, the same for a given seed on every run.
     pub fn epoch_order(&self, epoch: u64) -> Vec<u64> {
-        shuffled(self.shards_per_epoch(), mix(self.seed, epoch, 0x5348_4152_4453))
+        shuffled(self.shards_per_epoch(), epoch_seed(self.seed, epoch, 0x5348_4152_4453))
     }
 
     /// The order of the training set's examples in epoch `epoch` (shard
     /// `i` is positions [`Self::shard_positions`]`(i)` of it): every example
     /// once, shuffled from the seed and the epoch.
     pub fn example_order(&self, epoch: u64) -> Vec<u64> {
-        shuffled(self.examples, mix(self.seed, epoch, 0x4558_414D_504C))
+        shuffled(self.examples, epoch_seed(self.seed, epoch, 0x4558_414D_504C))
     }
 
     /// Names the first field in which `other` differs.
@@ -121,14 +136,6 @@ impl ShardPlan {
         ];
         fields.iter().find(|(_, a, b)| a != b).map(|(name, a, b)| format!("{name}: the job's is {a}, the caller's is {b}"))
     }
-}
-
-/// A seed for one purpose of one epoch (splitmix64 of the parts).
-fn mix(seed: u64, epoch: u64, purpose: u64) -> u64 {
-    let mut z = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ purpose.rotate_left(17);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn shuffled(n: u64, seed: u64) -> Vec<u64> {

@@ -16,122 +16,13 @@
 //! single-process mode uses them directly.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::model::Init;
+use crate::init::{Init, RowInit};
 use crate::optimizer::{Optimizer, Slots};
-use crate::placement::Fnv1a;
+use crate::placement::PartitionStrategy;
 use crate::proto;
-
-/// How the rows of an embedding are cut over its partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub enum PartitionStrategy {
-    /// Row `id` lives in partition `id % parts` (TensorFlow's default).
-    #[default]
-    Mod,
-    /// Contiguous runs: the first `rows % parts` partitions hold one row
-    /// more than the others.
-    Div,
-}
-
-impl PartitionStrategy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PartitionStrategy::Mod => "mod",
-            PartitionStrategy::Div => "div",
-        }
-    }
-
-    pub fn to_proto(self) -> proto::PartitionStrategy {
-        match self {
-            PartitionStrategy::Mod => proto::PartitionStrategy::PartitionMod,
-            PartitionStrategy::Div => proto::PartitionStrategy::PartitionDiv,
-        }
-    }
-
-    pub fn from_proto(v: i32) -> Option<Self> {
-        match proto::PartitionStrategy::try_from(v).ok()? {
-            proto::PartitionStrategy::PartitionMod => Some(PartitionStrategy::Mod),
-            proto::PartitionStrategy::PartitionDiv => Some(PartitionStrategy::Div),
-            proto::PartitionStrategy::PartitionUnspecified => None,
-        }
-    }
-
-    /// The partition of row `id` of a table of `rows` rows cut into `parts`.
-    pub fn partition_of(self, rows: u64, parts: u64, id: u64) -> u64 {
-        match self {
-            PartitionStrategy::Mod => id % parts,
-            PartitionStrategy::Div => {
-                let (base, extra) = (rows / parts, rows % parts);
-                let big = extra * (base + 1);
-                if id < big { id / (base + 1) } else { extra + (id - big) / base.max(1) }
-            }
-        }
-    }
-
-    /// Rows held by partition `k`.
-    pub fn partition_rows(self, rows: u64, parts: u64, k: u64) -> u64 {
-        match self {
-            PartitionStrategy::Mod => rows / parts + u64::from(k < rows % parts),
-            PartitionStrategy::Div => rows / parts + u64::from(k < rows % parts),
-        }
-    }
-}
-
-impl fmt::Display for PartitionStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for PartitionStrategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "mod" => Ok(PartitionStrategy::Mod),
-            "div" => Ok(PartitionStrategy::Div),
-            _ => Err(format!("unknown partition strategy {s:?} (mod, div)")),
-        }
-    }
-}
-
-/// A seed for one purpose (splitmix64 of the parts): well-spread bits from
-/// inputs that differ in a few.
-pub fn mix(a: u64, b: u64, c: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.rotate_left(29).wrapping_mul(0xD1B5_4A32_D192_ED03);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The initial value of any row of one embedding variable: drawn from
-/// `init` by a generator seeded with `seed`, the variable's name and the
-/// row's id.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RowInit {
-    pub init: Init,
-    pub seed: u64,
-    /// FNV-1a of the variable's name.
-    key: u64,
-}
-
-impl RowInit {
-    pub fn new(variable: &str, init: Init, seed: u64) -> Self {
-        let mut h = Fnv1a::default();
-        h.write(variable.as_bytes());
-        RowInit { init, seed, key: h.0 }
-    }
-
-    /// Writes row `id`'s initial value into `out` (`dim` values).
-    pub fn fill(&self, id: i64, out: &mut [f32]) {
-        let mut rng = StdRng::seed_from_u64(mix(self.seed, self.key, id as u64));
-        crate::model::fill_init(&self.init, &mut rng, out);
-    }
-}
 
 /// One partition of an embedding variable, as a ps holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -245,16 +136,6 @@ pub enum RowError {
     Length { name: String, count: u64, dim: usize, expected: u64, got: u64 },
 }
 
-/// Reads `count` little-endian i64 ids.
-pub fn ids_from_le(bytes: &[u8]) -> Vec<i64> {
-    bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
-}
-
-/// Ids as little-endian bytes.
-pub fn ids_to_le(ids: &[i64]) -> Vec<u8> {
-    ids.iter().flat_map(|id| id.to_le_bytes()).collect()
-}
-
 /// Splits the content of a rows part (`count` ids, then `count * dim`
 /// values) into ids and value bytes, checking the length.
 pub fn split_rows<'a>(name: &str, count: u64, dim: usize, content: &'a [u8]) -> Result<(Vec<i64>, &'a [u8]), RowError> {
@@ -263,7 +144,7 @@ pub fn split_rows<'a>(name: &str, count: u64, dim: usize, content: &'a [u8]) -> 
         return Err(RowError::Length { name: name.into(), count, dim, expected: expected.unwrap_or(u64::MAX), got: content.len() as u64 });
     }
     let (ids, values) = content.split_at(count as usize * 8);
-    Ok((ids_from_le(ids), values))
+    Ok((crate::le::i64s(ids), values))
 }
 
 /// The materialised rows of one embedding partition, with their optimizer
@@ -451,53 +332,6 @@ mod tests {
         }
     }
 
-    /// TensorFlow's partition strategies: which partition holds each row,
-    /// and how many rows each holds.
-    #[test]
-    fn partition_strategies() {
-        use PartitionStrategy::{Div, Mod};
-        // (strategy, rows, parts, owner of rows 0.., rows per partition)
-        type Case = (PartitionStrategy, u64, u64, Vec<u64>, Vec<u64>);
-        let cases: Vec<Case> = vec![
-            (Mod, 7, 3, vec![0, 1, 2, 0, 1, 2, 0], vec![3, 2, 2]),
-            (Div, 7, 3, vec![0, 0, 0, 1, 1, 2, 2], vec![3, 2, 2]),
-            (Div, 6, 3, vec![0, 0, 1, 1, 2, 2], vec![2, 2, 2]),
-            (Mod, 5, 1, vec![0; 5], vec![5]),
-            (Div, 5, 1, vec![0; 5], vec![5]),
-            (Div, 2, 2, vec![0, 1], vec![1, 1]),
-        ];
-        for (s, rows, parts, owners, sizes) in cases {
-            let got: Vec<u64> = (0..rows).map(|id| s.partition_of(rows, parts, id)).collect();
-            assert_eq!(got, owners, "{s} {rows}/{parts}");
-            let got: Vec<u64> = (0..parts).map(|k| s.partition_rows(rows, parts, k)).collect();
-            assert_eq!(got, sizes, "{s} {rows}/{parts}");
-            for k in 0..parts {
-                assert_eq!(owners.iter().filter(|&&o| o == k).count() as u64, sizes[k as usize]);
-            }
-        }
-        assert_eq!("DIV".parse::<PartitionStrategy>(), Ok(Div));
-        assert!("range".parse::<PartitionStrategy>().unwrap_err().contains("mod, div"));
-    }
-
-    /// A row's initial value depends on the variable, the seed and the id
-    /// only: the same wherever and whenever it is computed.
-    #[test]
-    fn rows_start_from_their_own_deterministic_value() {
-        let a = RowInit::new("emb", Init::Normal { stddev: 1.0 }, 3);
-        let row = |init: &RowInit, id| {
-            let mut out = [0.0f32; 4];
-            init.fill(id, &mut out);
-            out
-        };
-        assert_eq!(row(&a, 5), row(&a.clone(), 5));
-        assert_ne!(row(&a, 5), row(&a, 6));
-        assert_ne!(row(&a, 5), row(&RowInit::new("emb", Init::Normal { stddev: 1.0 }, 4), 5), "another seed");
-        assert_ne!(row(&a, 5), row(&RowInit::new("other", Init::Normal { stddev: 1.0 }, 3), 5), "another variable");
-        assert_eq!(row(&RowInit::new("emb", Init::Zeros, 3), 5), [0.0; 4]);
-        let u = row(&RowInit::new("emb", Init::Uniform { limit: 0.05 }, 3), 9);
-        assert!(u.iter().all(|v| v.abs() <= 0.05) && u.iter().any(|v| *v != 0.0), "{u:?}");
-    }
-
     /// Rows exist once updated; pulls of others answer their initial value;
     /// bad ids are named.
     #[test]
@@ -578,7 +412,7 @@ mod tests {
         assert!(bad(&|p| p.rows = 12).contains("shape [3, 2], but partition 1 of 12 rows holds [4, 2]"));
         assert!(bad(&|p| p.initializer = None).contains("initializer: missing"));
         assert!(split_rows("e", 2, 3, &[0u8; 39]).unwrap_err().to_string().contains("2 ids need 40 bytes"));
-        let mut content = ids_to_le(&[4, -2]);
+        let mut content = crate::le::i64_bytes(&[4, -2]);
         content.extend_from_slice(&[0u8; 8]);
         let (ids, values) = split_rows("e", 2, 1, &content).unwrap();
         assert_eq!((ids, values.len()), (vec![4, -2], 8));

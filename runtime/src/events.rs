@@ -13,7 +13,7 @@
 //! u32 LE   masked CRC-32C of data
 //! ```
 //!
-//! (mask = `((crc >> 15) | (crc << 17)) + 0xa282ead8`, see [`crc32c::mask`]).
+//! (mask = `((crc >> 15) | (crc << 17)) + 0xa282ead8`, see [`mask`]).
 //! The first event carries `file_version = "brain.Event:2"`; every later one a
 //! `Summary` of `simple_value` scalars. The messages below are the subset of
 //! TensorFlow's `tensorflow/core/util/event.proto` and
@@ -42,8 +42,6 @@
 //! they were written, as TensorBoard reads a directory's event files, and no
 //! upload is ever larger than [`ROLL_BYTES`] plus one interval's records.
 
-pub mod crc32c;
-
 use std::fs::{self, File, OpenOptions};
 
 use crate::storage::{Location, StorageError};
@@ -58,6 +56,26 @@ use prost::Message;
 
 /// `file_version` of the first event of every file, as TensorFlow 1.x and 2.x write it.
 pub const FILE_VERSION: &str = "brain.Event:2";
+
+/// Added to a rotated CRC by [`mask`], as TensorFlow's `crc32c::Mask` does.
+const MASK_DELTA: u32 = 0xA282_EAD8;
+
+/// Masks a CRC the way TFRecord stores it: rotate right by 15 bits, add a constant.
+/// (A CRC of data that itself embeds CRCs is weak; the mask avoids that.)
+pub fn mask(crc: u32) -> u32 {
+    crc.rotate_right(15).wrapping_add(MASK_DELTA)
+}
+
+/// Inverse of [`mask`].
+pub fn unmask(masked: u32) -> u32 {
+    masked.wrapping_sub(MASK_DELTA).rotate_left(15)
+}
+
+/// The masked CRC-32C (Castagnoli, the `crc32c` crate) of `data`, as a
+/// TFRecord frame carries it.
+pub fn masked_crc32c(data: &[u8]) -> u32 {
+    mask(crc32c::crc32c(data))
+}
 
 /// Bytes of TFRecord framing around each record's data: length, its CRC, the data's CRC.
 const FRAMING: usize = 8 + 4 + 4;
@@ -288,9 +306,9 @@ pub fn encode_record(data: &[u8]) -> Vec<u8> {
     let mut rec = Vec::with_capacity(data.len() + FRAMING);
     let len = (data.len() as u64).to_le_bytes();
     rec.extend_from_slice(&len);
-    rec.extend_from_slice(&crc32c::mask(crc32c::crc32c(&len)).to_le_bytes());
+    rec.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
     rec.extend_from_slice(data);
-    rec.extend_from_slice(&crc32c::mask(crc32c::crc32c(data)).to_le_bytes());
+    rec.extend_from_slice(&masked_crc32c(data).to_le_bytes());
     rec
 }
 
@@ -485,8 +503,8 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
             return Err(truncated(format!("{} bytes left, a record header needs 12", rest.len())));
         }
         let len_bytes: [u8; 8] = rest[..8].try_into().expect("slice of 8");
-        let stored = u32::from_le_bytes(rest[8..12].try_into().expect("slice of 4"));
-        let computed = crc32c::mask(crc32c::crc32c(&len_bytes));
+        let stored = crate::le::u32_at(&rest[8..12]);
+        let computed = masked_crc32c(&len_bytes);
         if stored != computed {
             return Err(EventError::LengthChecksum { path: path.to_path_buf(), offset, stored, computed });
         }
@@ -497,8 +515,8 @@ pub fn read_records<'a>(path: &Path, bytes: &'a [u8]) -> Result<Vec<(u64, &'a [u
         }
         let len = len as usize;
         let data = &rest[12..12 + len];
-        let stored = u32::from_le_bytes(rest[12 + len..16 + len].try_into().expect("slice of 4"));
-        let computed = crc32c::mask(crc32c::crc32c(data));
+        let stored = crate::le::u32_at(&rest[12 + len..16 + len]);
+        let computed = masked_crc32c(data);
         if stored != computed {
             return Err(EventError::DataChecksum { path: path.to_path_buf(), offset, stored, computed });
         }

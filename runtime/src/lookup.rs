@@ -10,7 +10,7 @@
 //! it answers rows in the order asked. Pure functions over plain data; the
 //! client ([`crate::client`]) wires them to gRPC and the tensor channel.
 
-use crate::embedding::ids_to_le;
+use crate::le;
 use crate::placement::RowPartition;
 
 /// One embedding partition as a worker addresses it.
@@ -36,7 +36,7 @@ impl TablePart {
 /// The ids at `positions`, as little-endian bytes (a pull's request).
 pub fn ids_at(ids: &[i64], positions: &[usize]) -> Vec<u8> {
     let picked: Vec<i64> = positions.iter().map(|&k| ids[k]).collect();
-    ids_to_le(&picked)
+    le::i64_bytes(&picked)
 }
 
 /// A sparse push's content for one partition: the ids at `positions`, then
@@ -97,7 +97,7 @@ impl<'a> RowsReceiver<'a> {
         let (ids, values) = content.split_at(count * 8);
         for (j, (id, row)) in ids.chunks_exact(8).zip(values.chunks_exact(4 * dim.max(1))).enumerate() {
             let k = self.positions[self.next + j];
-            let id = i64::from_le_bytes(id.try_into().expect("8 bytes"));
+            let id = le::i64_at(id);
             if id != self.ids[k] {
                 return Err(format!("rows of {:?}: got id {id} where {} was asked for", self.name, self.ids[k]));
             }
@@ -120,7 +120,7 @@ impl<'a> RowsReceiver<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedding::PartitionStrategy;
+    use crate::placement::PartitionStrategy;
 
     fn table(var: usize, strategy: PartitionStrategy, index: u64) -> TablePart {
         TablePart { var, stored_name: format!("e/part_{index}"), partition: RowPartition { strategy, index, count: 2, rows: 10 }, dim: 2 }

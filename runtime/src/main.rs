@@ -1,27 +1,30 @@
 //! `tfjob-runtime`: runs the task given by `TF_CONFIG` or the classic
 //! distributed-TensorFlow flags (ps, worker, chief or evaluator), or trains
 //! in a single process when there is no cluster.
+//!
+//! This file holds the flags and their conversion into the library's
+//! options; running them is [`tfjob_runtime::task`] (a task) and
+//! [`tfjob_runtime::commands`] (the other commands).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
-use tfjob_runtime::auth::TOKEN_ENV;
-use tfjob_runtime::auth::{Credentials, TlsFiles};
-use tfjob_runtime::client::channel;
-use tfjob_runtime::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
-use tfjob_runtime::metrics::TrainingMetrics;
+use tfjob_runtime::auth::{Credentials, TOKEN_ENV, TlsFiles};
+use tfjob_runtime::cluster::ClusterFlags;
+use tfjob_runtime::commands::{self, Ask, GenerateRequest, InferenceInput};
+use tfjob_runtime::data::SparseFormat;
+use tfjob_runtime::dispatch::ShardPlan;
+use tfjob_runtime::exit::{fail, print_report};
 use tfjob_runtime::optimizer::Optimizer;
-use tfjob_runtime::proto::{self, run_session_request::Fetch, session_event::Event, worker_client::WorkerClient};
-use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
-use tfjob_runtime::server::{self, WorkerService, WorkloadFactory};
-use tfjob_runtime::status::TaskStatus;
+use tfjob_runtime::proto::{self, run_session_request::Fetch};
 use tfjob_runtime::storage::Location;
+use tfjob_runtime::task::{TaskOptions, run_task};
 use tfjob_runtime::tensor;
-use tfjob_runtime::train::{self, Aggregate, CheckpointSettings, TrainError, TrainSettings};
+use tfjob_runtime::train::{Aggregate, CheckpointSettings, TrainSettings};
 use tfjob_runtime::workload::{self, WorkloadSpec};
 
 #[derive(Parser, Debug)]
@@ -157,7 +160,7 @@ struct KerasArgs {
     /// The model's outputs are logits (Keras's from_logits=True); without it a cross-entropy
     /// needs a model ending in softmax (or sigmoid).
     #[arg(long = "from_logits", visible_alias = "from-logits", num_args = 0..=1, default_value = "false",
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     from_logits: bool,
 }
 
@@ -233,14 +236,6 @@ struct ClientArgs {
 /// A path or an object-store URL, checked when the flags are read.
 fn parse_location(s: &str) -> Result<Location, String> {
     Location::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_bool(s: &str) -> Result<bool, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(format!("expected true or false, got {s:?}")),
-    }
 }
 
 /// Model, data and optimizer flags, named as in TensorFlow's distributed examples.
@@ -348,7 +343,7 @@ struct TaskArgs {
     bind: IpAddr,
     /// Synchronous training with SyncReplicasOptimizer semantics.
     #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     sync_replicas: bool,
     /// Sync: gradients averaged per step: a number (default: every training task; fewer makes
     /// backup workers) or `auto` (elastic: the workers alive, which may come and go).
@@ -407,7 +402,7 @@ struct TaskArgs {
     /// no copies beyond the kernel's) instead of gRPC. Ignored with TLS
     /// (always gRPC).
     #[arg(long = "tensor_channel", visible_alias = "tensor-channel", default_value = "true", num_args = 0..=1,
-          default_missing_value = "true", value_parser = parse_bool, action = ArgAction::Set)]
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     tensor_channel: bool,
     /// Variables larger than this are partitioned over several ps tasks.
     #[arg(long = "partition_threshold_bytes", visible_alias = "partition-threshold-bytes",
@@ -500,12 +495,8 @@ fn settings(a: &TaskArgs) -> Result<TrainSettings, String> {
         every_secs: a.save_checkpoint_secs.or(if a.save_checkpoint_steps.is_none() { Some(600.0) } else { None }),
         keep: a.keep_checkpoint_max.max(1),
     };
-    if m.num_epochs == Some(0) {
-        return Err("--num_epochs: must be at least 1".into());
-    }
-    if m.shard_size == Some(0) {
-        return Err("--shard_size: must be at least 1".into());
-    }
+    ShardPlan::check_num_epochs(m.num_epochs).map_err(|e| e.to_string())?;
+    ShardPlan::check_shard_size(m.shard_size).map_err(|e| e.to_string())?;
     Ok(TrainSettings {
         train_steps: train_steps(m),
         num_epochs: m.num_epochs,
@@ -538,74 +529,6 @@ fn train_steps(m: &ModelArgs) -> Option<u64> {
     }
 }
 
-fn session_factory() -> WorkloadFactory {
-    Arc::new(|run: &proto::TrainRun| {
-        let spec = WorkloadSpec {
-            model: if run.model.is_empty() { "linear".into() } else { run.model.clone() },
-            // A session's run names one hidden layer, used by the mlp only.
-            hidden_units: (run.model.eq_ignore_ascii_case("mlp") && run.hidden_units > 0).then(|| vec![run.hidden_units as usize]),
-            activation: None,
-            weight_init: None,
-            batch_size: (run.batch_size > 0).then_some(run.batch_size as usize),
-            data_dir: (!run.data_dir.is_empty()).then(|| PathBuf::from(&run.data_dir)),
-            seed: run.seed.max(1),
-            eval_examples: 10_000,
-            keras: Default::default(),
-            data: Default::default(),
-            sparse: Default::default(),
-        };
-        let optimizer = Optimizer::from_name(
-            if run.optimizer.is_empty() { "sgd" } else { &run.optimizer },
-            if run.learning_rate > 0.0 { run.learning_rate } else { 0.01 },
-            0.9,
-        )
-        .map_err(|e| e.to_string())?;
-        let workload = workload::build(&spec).map_err(|e| e.to_string())?;
-        let settings = TrainSettings {
-            train_steps: Some(if run.train_steps == 0 { 1000 } else { run.train_steps }),
-            optimizer,
-            log_every_steps: if run.log_every_steps == 0 { 100 } else { run.log_every_steps as u64 },
-            seed: spec.seed,
-            ..Default::default()
-        };
-        Ok((workload, settings))
-    })
-}
-
-/// Resolves with the exit code a signal asks for: 130 for Ctrl-C, 143 for
-/// SIGTERM (transient: >= 128 under the ExitCode restart policy).
-async fn termination() -> u8 {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => 130,
-            _ = term.recv() => 143,
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        130
-    }
-}
-
-/// Prints a task's final figures as one JSON line, with the process's peak
-/// resident memory (`peak_rss_mib`, Linux's VmHWM) when it is known.
-fn print_report(report: &impl serde::Serialize) {
-    let mut value = serde_json::to_value(report).expect("report serialises");
-    if let (Some(map), Some(kib)) = (value.as_object_mut(), peak_rss_kib()) {
-        map.insert("peak_rss_mib".into(), serde_json::json!(kib as f64 / 1024.0));
-    }
-    println!("{value}");
-}
-
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn main() -> ExitCode {
     tfjob_runtime::process_age();
     tfjob_runtime::tune_allocator();
@@ -615,8 +538,8 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let code = runtime.block_on(async move {
         match cli.command {
-            Some(Command::Server { port, bind }) => run_server(SocketAddr::new(bind, port)).await,
-            Some(Command::Client(args)) => run_client(*args).await,
+            Some(Command::Server { port, bind }) => commands::run_server(SocketAddr::new(bind, port)).await,
+            Some(Command::Client(args)) => commands::run_client(&args.target, args.ask()).await,
             Some(Command::Checkpoint(CheckpointCommand::Inspect { dir })) => match tfjob_runtime::checkpoint::inspect(&dir) {
                 Ok(text) => {
                     print!("{text}");
@@ -631,10 +554,13 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(2, e),
             },
-            Some(Command::Predict(args)) => run_inference(&args, false),
-            Some(Command::Generate(args)) => run_generate(&args),
-            Some(Command::Evaluate(args)) => run_inference(&args, true),
-            None => run_task(cli.task).await,
+            Some(Command::Predict(args)) => commands::run_inference(args.input(), false),
+            Some(Command::Generate(args)) => match args.request() {
+                Ok(req) => commands::run_generate(&req),
+                Err(e) => fail(2, e),
+            },
+            Some(Command::Evaluate(args)) => commands::run_inference(args.input(), true),
+            None => run_task(cli.task.options()).await,
         }
     });
     // Do not wait for lingering connections of peers.
@@ -642,369 +568,30 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
-    tracing::error!("{message}");
-    eprintln!("tfjob-runtime: {message}");
-    code
-}
+impl ClientArgs {
+    /// What the flags ask the task.
+    fn ask(&self) -> Ask {
+        if self.health {
+            Ask::Health
+        } else if self.status {
+            Ask::Status
+        } else {
+            Ask::Session(self.fetch())
+        }
+    }
 
-async fn run_task(args: TaskArgs) -> u8 {
-    let flags = ClusterFlags {
-        ps_hosts: args.ps_hosts.clone(),
-        worker_hosts: args.worker_hosts.clone(),
-        chief_hosts: args.chief_hosts.clone(),
-        evaluator_hosts: args.evaluator_hosts.clone(),
-        job_name: args.job_name.clone(),
-        task_index: args.task_index,
-    };
-    let tf_config = std::env::var("TF_CONFIG").ok();
-    let source = cluster::source(&flags, tf_config.as_deref());
-    let cluster = match cluster::resolve(&flags, tf_config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => return fail(2, format_args!("{}{e}", if source == Some(ClusterSource::TfConfig) { "TF_CONFIG: " } else { "" })),
-    };
-    if let Some(c) = &cluster {
-        let ignored = if c.source == ClusterSource::Flags && tf_config.is_some() { "; TF_CONFIG is set and ignored" } else { "" };
-        tracing::info!("{}: cluster from {}{ignored}: {}", c.task, c.source, describe_cluster(&c.cluster));
-    }
-    // One training task and no ps (a one-replica TFJob run with the classic
-    // flags): nothing to share variables with, it trains alone.
-    let cluster = cluster.filter(|c| {
-        let alone = c.role() == Role::Worker && c.cluster.num_tasks("ps") == 0 && c.cluster.training_tasks().len() == 1;
-        if alone {
-            tracing::info!("{}: the cluster has no ps task and no other training task: training in this process", c.task);
+    /// A session's fetch: a training run (`--train`, the model flags) or a
+    /// constant sent back.
+    fn fetch(&self) -> Result<Fetch, String> {
+        if !self.train {
+            let text = self.message.clone().unwrap_or_else(|| "Hello, distributed TensorFlow!".into());
+            return Ok(Fetch::Constant(tensor::tensor_from_str(&text)));
         }
-        !alone
-    });
-    let settings = match settings(&args) {
-        Ok(s) => s,
-        Err(e) => return fail(2, e),
-    };
-    let spec = match workload_spec(&args.model) {
-        Ok(s) => s,
-        Err(e) => return fail(2, e),
-    };
-    let credentials = Credentials {
-        token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
-        tls: match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
-            (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() }),
-            _ => None,
-        },
-    };
-    let Some(cluster) = cluster else {
-        if source.is_none() {
-            tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts)");
-        }
-        return run_single_process(&spec, &settings).await;
-    };
-    let status = Arc::new(TaskStatus::new(cluster.task.clone()));
-    let metrics = Arc::new(TrainingMetrics::default());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let ps = if cluster.role() == Role::Ps {
-        // A ps listed sparsely (Kubeflow's enableDynamicWorker gives a ps only
-        // itself) does not know how many ps tasks there are: 0 learns it from
-        // the first caller.
-        let num_ps = if cluster.cluster.is_sparse("ps") { 0 } else { cluster.cluster.num_tasks("ps") };
-        let mut config = PsConfig::new(cluster.task.index as usize, num_ps, cluster.cluster.chief());
-        config.lease = Duration::from_secs_f64(args.lease_secs.max(0.1));
-        let store = Arc::new(ParameterStore::new(config));
-        // The evaluators too: each evaluates the final variables before it leaves.
-        let mut expected = cluster.cluster.training_tasks();
-        expected.extend(cluster.cluster.tasks("evaluator").into_iter().map(|(i, _)| cluster::TaskId::new("evaluator", i)));
-        store.expect(&expected);
-        if let Some(dir) = &settings.checkpoints.directory
-            && let Err(e) = restore(&store, dir, &cluster)
-        {
-            return fail(e.0, e.1);
-        }
-        Some((store.clone(), PsService::new(store)))
-    } else {
-        None
-    };
-    let mut background = Vec::new();
-    if let Some((store, _)) = &ps {
-        let store = store.clone();
-        background.push(tfjob_runtime::metrics::every(Duration::from_millis(200), move || {
-            let store = store.clone();
-            async move {
-                store.expire_leases(std::time::Instant::now());
-            }
-        }));
-    }
-    if let Some(port) = args.metrics_port {
-        use tfjob_runtime::metrics::{PsMetrics, TaskMetrics};
-        let task = cluster.task.to_string();
-        let exposition = Arc::new(match &ps {
-            Some((store, _)) => TaskMetrics::new(&task, PsMetrics(store.clone())),
-            None => TaskMetrics::new(&task, metrics.clone()),
-        });
-        match tfjob_runtime::metrics::serve(SocketAddr::new(args.bind, port), exposition).await {
-            Ok(h) => background.push(h),
-            Err(e) => return fail(3, e),
-        }
-    }
-    let server = match cluster.own_address().and_then(cluster::port_of) {
-        Some(port) => {
-            let worker = WorkerService::new(status.clone(), None);
-            let addr = SocketAddr::new(args.bind, port);
-            match server::serve(addr, ps.as_ref().map(|(_, s)| s.clone()), worker, &credentials, async {
-                let _ = stop_rx.await;
-            })
-            .await
-            {
-                Ok(handle) => {
-                    tracing::info!("{}: serving on {addr}", cluster.task);
-                    Some(handle)
-                }
-                Err(e) => return fail(3, e),
-            }
-        }
-        None => None,
-    };
-    // A worker stopped on a signal is told to leave, and given the time to
-    // say so over the connections it trains on.
-    let (leave_tx, leave_rx) = tokio::sync::watch::channel(false);
-    let role = run_role(&cluster, &spec, &settings, &credentials, status, metrics, ps.map(|(s, _)| s), args.shutdown_grace_secs, leave_rx);
-    tokio::pin!(role);
-    let code = tokio::select! {
-        code = &mut role => code,
-        code = termination() => {
-            tracing::warn!("{}: stopping on signal", cluster.task);
-            if cluster.role() == Role::Worker {
-                let _ = leave_tx.send(true);
-                let _ = tokio::time::timeout(tfjob_runtime::client::LEAVE_DEADLINE + Duration::from_millis(500), &mut role).await;
-            }
-            code
-        }
-    };
-    for h in background {
-        h.abort();
-    }
-    let _ = stop_tx.send(());
-    if let Some(handle) = server {
-        let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
-    }
-    code
-}
-
-/// Restores a ps from the latest complete checkpoint, if there is one.
-fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
-    use tfjob_runtime::checkpoint;
-    // 0 when this ps does not know how many ps tasks there are: the
-    // checkpoint's count is then taken.
-    let num_ps = store.num_ps();
-    // Storage that cannot be reached may come back: a transient exit code.
-    let code = |e: &checkpoint::CheckpointError| if matches!(e, checkpoint::CheckpointError::Io(_)) { 138 } else { 2 };
-    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
-    let Some(ckpt) = latest else {
-        tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
-        return Ok(());
-    };
-    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
-    store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
-    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
-    Ok(())
-}
-
-/// `ps=[a:1] worker=[b:1,c:1]` (a long job: its first addresses and its size).
-fn describe_cluster(spec: &cluster::ClusterSpec) -> String {
-    let job = |job: &str| {
-        let all = spec.addresses(job);
-        match all.len() {
-            0..=4 => format!("{job}=[{}]", all.join(",")),
-            n => format!("{job}=[{},... {n} tasks]", all[..3].join(",")),
-        }
-    };
-    spec.jobs().map(job).collect::<Vec<_>>().join(" ")
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run_role(
-    cluster: &ClusterConfig,
-    spec: &WorkloadSpec,
-    settings: &TrainSettings,
-    credentials: &Credentials,
-    status: Arc<TaskStatus>,
-    metrics: Arc<TrainingMetrics>,
-    store: Option<Arc<ParameterStore>>,
-    grace_secs: u64,
-    mut leave: tokio::sync::watch::Receiver<bool>,
-) -> u8 {
-    match cluster.role() {
-        Role::Ps => run_ps(cluster, store.expect("ps store"), status, Duration::from_secs(grace_secs)).await,
-        Role::Worker | Role::Evaluator => {
-            let mut workload = match workload::build(spec) {
-                Ok(w) => w,
-                Err(e) => return fail(2, e),
-            };
-            let result = if cluster.role() == Role::Evaluator {
-                train::run_evaluator(cluster, &mut workload, settings, credentials, status, metrics).await
-            } else {
-                // Resolves once told to leave; never when the sender is gone
-                // without a word.
-                let told_to_leave = async move {
-                    if leave.wait_for(|l| *l).await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                };
-                tfjob_runtime::worker::run_worker(cluster, &mut workload, settings, credentials, status, metrics, told_to_leave).await
-            };
-            match result {
-                Ok(report) => {
-                    print_report(&report);
-                    0
-                }
-                Err(TrainError::Stopped { ps_heard, ps_total }) if ps_heard == ps_total => {
-                    tracing::info!("{}: left the job", cluster.task);
-                    143
-                }
-                Err(TrainError::Stopped { ps_heard, ps_total }) => {
-                    tracing::warn!(
-                        "{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)",
-                        cluster.task,
-                        ps_total - ps_heard
-                    );
-                    143
-                }
-                Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
-            }
-        }
-    }
-}
-
-/// A ps serves until the chief ends training, then waits (up to the grace
-/// period) for the other tasks to notice, and exits 0.
-async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: Arc<TaskStatus>, grace: Duration) -> u8 {
-    let task = &cluster.task;
-    status.set(proto::TaskState::Serving, 0, 0, "serving variables");
-    let started = Instant::now();
-    let mut progress = store.subscribe();
-    if progress.wait_for(|p| p.done).await.is_err() {
-        return fail(1, "the parameter store closed unexpectedly");
-    }
-    let step = store.progress().step;
-    status.set(proto::TaskState::Done, 0, step, "training is over");
-    let deadline = Instant::now() + grace;
-    while !store.pending().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let pending = store.pending();
-    if !pending.is_empty() {
-        tracing::warn!("{task}: exiting after {grace:?} without word from {}", pending.join(", "));
-    }
-    let stats = store.stats();
-    tracing::info!("{task}: training over at step {}; exiting", stats.step);
-    print_report(&serde_json::json!({
-        "task": task.to_string(),
-        "role": "ps",
-        "global_step": stats.step,
-        "pushes_applied": stats.pushes_applied,
-        "stale_gradients_dropped": stats.stale_gradients_dropped,
-        "duplicate_gradients_dropped": stats.duplicate_gradients_dropped,
-        "bytes_received": stats.bytes_received,
-        "bytes_sent": stats.bytes_sent,
-        "variables": stats.variables.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
-        "elapsed_secs": started.elapsed().as_secs_f64(),
-    }));
-    0
-}
-
-async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8 {
-    let mut workload = match workload::build(spec) {
-        Ok(w) => w,
-        Err(e) => return fail(2, e),
-    };
-    tracing::info!("training {} in this process", workload.model.name());
-    let settings = settings.clone();
-    let report = tokio::task::spawn_blocking(move || {
-        train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
-            let summary: String = model.summary(params).iter().map(|(k, v)| format!(" {k}={v:.4}")).collect();
-            tracing::info!("local: step={step} loss={loss:.4}{summary}");
-        })
-    })
-    .await
-    .expect("training thread");
-    match report {
-        Ok(report) => {
-            print_report(&report);
-            0
-        }
-        Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("local: {e}")),
-    }
-}
-
-async fn run_server(addr: SocketAddr) -> u8 {
-    let status = Arc::new(TaskStatus::new(cluster::TaskId::new("localhost", 0)));
-    status.set(proto::TaskState::Serving, 0, 0, "serving sessions");
-    let credentials = Credentials { token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()), tls: None };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = match server::serve(addr, None, WorkerService::new(status, Some(session_factory())), &credentials, async {
-        let _ = stop_rx.await;
-    })
-    .await
-    {
-        Ok(h) => h,
-        Err(e) => return fail(3, e),
-    };
-    tracing::info!("serving sessions on grpc://{addr}");
-    let code = termination().await;
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
-    code
-}
-
-async fn run_client(args: ClientArgs) -> u8 {
-    let address = args.target.strip_prefix("grpc://").unwrap_or(&args.target).to_string();
-    if let Err(e) = cluster::check_address("--target", &address) {
-        return fail(2, e);
-    }
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
-    let attach = match tfjob_runtime::auth::TokenAttach::new(token.as_deref()) {
-        Ok(a) => a,
-        Err(e) => return fail(2, e.message()),
-    };
-    let channel = match channel(&address, Duration::from_secs(5), &Credentials::default()) {
-        Ok(c) => c,
-        Err(e) => return fail(2, e),
-    };
-    if args.health {
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-        return match health.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await {
-            Ok(r) => {
-                let status = tonic_health::pb::health_check_response::ServingStatus::try_from(r.into_inner().status)
-                    .unwrap_or(tonic_health::pb::health_check_response::ServingStatus::Unknown);
-                println!("{}", status.as_str_name());
-                u8::from(status != tonic_health::pb::health_check_response::ServingStatus::Serving)
-            }
-            Err(e) => fail(1, format_args!("{}: {}", args.target, e.message())),
-        };
-    }
-    let mut client = WorkerClient::with_interceptor(channel, attach)
-        .max_decoding_message_size(tensor::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(tensor::MAX_MESSAGE_BYTES);
-    if args.status {
-        return match client.get_status(proto::GetStatusRequest {}).await {
-            Ok(s) => {
-                let s = s.into_inner();
-                let task = s.task.map(|t| format!("{}:{}", t.job, t.index)).unwrap_or_default();
-                println!(
-                    "{task} {:?} local_step={} global_step={} {}",
-                    proto::TaskState::try_from(s.state).unwrap_or(proto::TaskState::Unspecified),
-                    s.local_step,
-                    s.global_step,
-                    s.message
-                );
-                0
-            }
-            Err(e) => fail(1, format_args!("{}: {}", args.target, e.message())),
-        };
-    }
-    let fetch = if args.train {
-        let m = &args.model;
+        let m = &self.model;
         if m.keras.keras_model.is_some() || m.data.given() {
-            return fail(2, "--train: a session runs the built-in models only (--keras_model and the data format flags are for tasks)");
+            return Err("--train: a session runs the built-in models only (--keras_model and the data format flags are for tasks)".into());
         }
-        Fetch::Train(proto::TrainRun {
+        Ok(Fetch::Train(proto::TrainRun {
             model: m.model.clone(),
             hidden_units: m.mlp.hidden_units.as_deref().and_then(|h| h.split(',').next()).and_then(|s| s.trim().parse().ok()).unwrap_or(100),
             train_steps: m.train_steps.unwrap_or(0),
@@ -1014,138 +601,103 @@ async fn run_client(args: ClientArgs) -> u8 {
             log_every_steps: m.log_every_steps as u32,
             data_dir: m.data_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             seed: m.seed,
+        }))
+    }
+}
+
+impl InferenceArgs {
+    /// The model, the examples and the checkpoints to read.
+    fn input(&self) -> Result<InferenceInput, String> {
+        let spec = workload::InferenceSpec {
+            model: self.model.clone(),
+            hidden_units: self.mlp.hidden_units()?,
+            activation: self.mlp.activation.clone(),
+            keras: self.keras.options(),
+            data: self.data.options()?,
+        };
+        Ok(InferenceInput { spec, input: self.input.clone(), labels: self.labels.clone(), checkpoint_dir: self.checkpoint_dir.clone() })
+    }
+}
+
+impl GenerateArgs {
+    fn request(&self) -> Result<GenerateRequest, String> {
+        let format: SparseFormat = self.data_format.parse().map_err(|e| format!("--data_format: {e}"))?;
+        Ok(GenerateRequest {
+            format,
+            seed: self.seed,
+            out: self.out.clone(),
+            gzip: self.gzip,
+            train_examples: self.train_examples,
+            eval_examples: self.eval_examples,
         })
-    } else {
-        let text = args.message.clone().unwrap_or_else(|| "Hello, distributed TensorFlow!".into());
-        Fetch::Constant(tensor::tensor_from_str(&text))
-    };
-    let mut stream = match client.run_session(proto::RunSessionRequest { fetch: Some(fetch) }).await {
-        Ok(s) => s.into_inner(),
-        Err(e) => return fail(1, format_args!("{}: {}", args.target, e.message())),
-    };
-    loop {
-        match stream.message().await {
-            Ok(Some(ev)) => match ev.event {
-                Some(Event::Value(t)) => println!("{}", String::from_utf8_lossy(&t.content)),
-                Some(Event::Progress(p)) => println!("step={} loss={:.4}{}", p.step, p.loss, metrics_line(&p.metrics)),
-                Some(Event::Finished(p)) => println!("finished: steps={} loss={:.4}{}", p.step, p.loss, metrics_line(&p.metrics)),
-                Some(Event::Log(l)) => eprintln!("{l}"),
-                None => {}
+    }
+}
+
+impl TaskArgs {
+    /// The task's options: the cluster's flags and `TF_CONFIG`, the
+    /// settings and the workload (checked after the cluster), the
+    /// credentials (`TFJOB_TOKEN`, the TLS files).
+    fn options(&self) -> TaskOptions {
+        TaskOptions {
+            cluster: ClusterFlags {
+                ps_hosts: self.ps_hosts.clone(),
+                worker_hosts: self.worker_hosts.clone(),
+                chief_hosts: self.chief_hosts.clone(),
+                evaluator_hosts: self.evaluator_hosts.clone(),
+                job_name: self.job_name.clone(),
+                task_index: self.task_index,
             },
-            Ok(None) => return 0,
-            Err(e) => return fail(1, format_args!("{}: {}", args.target, e.message())),
+            tf_config: std::env::var("TF_CONFIG").ok(),
+            settings: settings(self),
+            spec: workload_spec(&self.model),
+            credentials: Credentials {
+                token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+                tls: match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+                    (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() }),
+                    _ => None,
+                },
+            },
+            bind: self.bind,
+            metrics_port: self.metrics_port,
+            lease_secs: self.lease_secs,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
         }
     }
 }
 
-fn metrics_line(m: &std::collections::HashMap<String, f64>) -> String {
-    let mut keys: Vec<_> = m.keys().collect();
-    keys.sort();
-    keys.into_iter().map(|k| format!(" {k}={:.4}", m[k])).collect()
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `predict` (CSV on stdout) or `evaluate` (one JSON line): the Keras model
-/// (or the built-in model's preset) with the latest complete checkpoint's
-/// weights on --input.
-fn run_inference(args: &InferenceArgs, evaluate: bool) -> u8 {
-    match inference(args, evaluate) {
-        Ok(out) => {
-            print!("{out}");
-            0
+    /// The boolean flags take every spelling they took before (any case),
+    /// alone they mean true, and a bad value's error names the flag.
+    #[test]
+    fn boolean_flags() {
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("tfjob-runtime").chain(args.iter().copied()));
+        let spellings = [
+            ("true", true),
+            ("1", true),
+            ("yes", true),
+            ("on", true),
+            ("TRUE", true),
+            ("Yes", true),
+            ("false", false),
+            ("0", false),
+            ("no", false),
+            ("off", false),
+            ("OFF", false),
+        ];
+        for (text, want) in spellings {
+            let cli = parse(&[&format!("--sync_replicas={text}"), &format!("--tensor_channel={text}"), &format!("--from_logits={text}")]).unwrap();
+            assert_eq!((cli.task.sync_replicas, cli.task.tensor_channel, cli.task.model.keras.from_logits), (want, want, want), "{text}");
         }
-        Err(e) => fail(2, e),
+        let cli = parse(&["--sync_replicas", "--from_logits"]).unwrap();
+        assert!(cli.task.sync_replicas && cli.task.model.keras.from_logits && cli.task.tensor_channel);
+        let cli = parse(&[]).unwrap();
+        assert!(!cli.task.sync_replicas && !cli.task.model.keras.from_logits && cli.task.tensor_channel);
+        for flag in ["--sync_replicas", "--tensor_channel", "--from_logits"] {
+            let err = parse(&[&format!("{flag}=maybe")]).unwrap_err().to_string();
+            assert!(err.contains(flag) && err.contains("maybe"), "{err}");
+        }
     }
-}
-
-fn message(e: impl std::fmt::Display) -> String {
-    e.to_string()
-}
-
-/// What `predict` or `evaluate` prints.
-fn inference(args: &InferenceArgs, evaluate: bool) -> Result<String, String> {
-    use tfjob_runtime::data::{self, LabelKind};
-    use tfjob_runtime::model::Model as _;
-    use tfjob_runtime::trained;
-    let spec = workload::InferenceSpec {
-        model: args.model.clone(),
-        hidden_units: args.mlp.hidden_units()?,
-        activation: args.mlp.activation.clone(),
-        keras: args.keras.options(),
-        data: args.data.options()?,
-    };
-    spec.check().map_err(message)?;
-    // A Keras model is read before anything else; a built-in one needs the checkpoint's sizes.
-    let keras = match &spec.keras.model_file {
-        Some(file) => {
-            let model = spec.keras.build(file, 1).map_err(message)?;
-            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
-            Some(model)
-        }
-        None => None,
-    };
-    let kind = if spec.is_classifier(keras.as_ref()) { LabelKind::Classes } else { LabelKind::Values };
-    let input = data::read_input(&args.input, args.labels.as_deref(), &spec.data, kind, evaluate).map_err(message)?;
-    let (ckpt, values) = trained::latest_variables(&args.checkpoint_dir).map_err(message)?;
-    let model = match keras {
-        Some(m) => m,
-        None => {
-            let model = workload::inference_model(&spec, &ckpt.path.to_string(), &values).map_err(message)?;
-            workload::check_num_classes(&model, spec.data.num_classes).map_err(message)?;
-            model
-        }
-    };
-    workload::check_example_shape(&args.input, input.example_shape.as_deref(), model.input_shape()).map_err(message)?;
-    model.check_inputs(&input.x).map_err(|x| format!("--input: {}: {x}", args.input.display()))?;
-    let params = trained::params_in_order(&ckpt.path.to_string(), &model.variables(), &values).map_err(message)?;
-    if !evaluate {
-        return Ok(trained::predictions_csv(&model, &params, &input.x));
-    }
-    let targets = input.targets.expect("read_input requires labels for evaluate");
-    model.check_targets(&targets).map_err(|x| format!("{}: {x}", args.labels.as_deref().unwrap_or(args.input.as_path()).display()))?;
-    let result = trained::evaluate(&model, &params, &input.x, &targets);
-    let report = serde_json::json!({
-        "checkpoint": ckpt.path.to_string(),
-        "global_step": ckpt.global_step,
-        "examples": result.examples,
-        "loss": result.loss,
-        "accuracy": result.accuracy,
-    });
-    Ok(format!("{report}\n"))
-}
-
-/// `generate`: learnable data with known weights, and the AUC they allow.
-fn run_generate(args: &GenerateArgs) -> u8 {
-    use std::io::Write;
-    use tfjob_runtime::data::{GENERATED_EVAL_BASE, Generator, SparseFormat};
-    let format: SparseFormat = match args.data_format.parse() {
-        Ok(f) => f,
-        Err(e) => return fail(2, format_args!("--data_format: {e}")),
-    };
-    let g = Generator::new(format, args.seed);
-    let write = |name: &str, range: std::ops::Range<u64>| -> std::io::Result<PathBuf> {
-        let path = args.out.join(if args.gzip { format!("{name}.txt.gz") } else { format!("{name}.txt") });
-        let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
-        let mut out: Box<dyn Write> = if args.gzip { Box::new(flate2::write::GzEncoder::new(file, flate2::Compression::fast())) } else { Box::new(file) };
-        for i in range {
-            out.write_all(g.line(i).as_bytes())?;
-        }
-        out.flush()?;
-        Ok(path)
-    };
-    let written = std::fs::create_dir_all(&args.out)
-        .and_then(|()| Ok((write("train", 0..args.train_examples)?, write("eval", GENERATED_EVAL_BASE..GENERATED_EVAL_BASE + args.eval_examples)?)));
-    let (train, eval) = match written {
-        Ok(w) => w,
-        Err(e) => return fail(2, format_args!("{}: {e}", args.out.display())),
-    };
-    print_report(&serde_json::json!({
-        "data_format": format.as_str(),
-        "seed": args.seed,
-        "train": train.display().to_string(),
-        "eval": eval.display().to_string(),
-        "train_examples": args.train_examples,
-        "eval_examples": args.eval_examples,
-        "achievable_auc": g.achievable_auc(args.eval_examples),
-    }));
-    0
 }

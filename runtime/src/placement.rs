@@ -6,8 +6,84 @@
 //! every task computes the same placement.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use crate::embedding::PartitionStrategy;
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Fnv1a;
+use crate::proto;
+
+/// How the rows of an embedding are cut over its partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum PartitionStrategy {
+    /// Row `id` lives in partition `id % parts` (TensorFlow's default).
+    #[default]
+    Mod,
+    /// Contiguous runs: the first `rows % parts` partitions hold one row
+    /// more than the others.
+    Div,
+}
+
+impl PartitionStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartitionStrategy::Mod => "mod",
+            PartitionStrategy::Div => "div",
+        }
+    }
+
+    pub fn to_proto(self) -> proto::PartitionStrategy {
+        match self {
+            PartitionStrategy::Mod => proto::PartitionStrategy::PartitionMod,
+            PartitionStrategy::Div => proto::PartitionStrategy::PartitionDiv,
+        }
+    }
+
+    pub fn from_proto(v: i32) -> Option<Self> {
+        match proto::PartitionStrategy::try_from(v).ok()? {
+            proto::PartitionStrategy::PartitionMod => Some(PartitionStrategy::Mod),
+            proto::PartitionStrategy::PartitionDiv => Some(PartitionStrategy::Div),
+            proto::PartitionStrategy::PartitionUnspecified => None,
+        }
+    }
+
+    /// The partition of row `id` of a table of `rows` rows cut into `parts`.
+    pub fn partition_of(self, rows: u64, parts: u64, id: u64) -> u64 {
+        match self {
+            PartitionStrategy::Mod => id % parts,
+            PartitionStrategy::Div => {
+                let (base, extra) = (rows / parts, rows % parts);
+                let big = extra * (base + 1);
+                if id < big { id / (base + 1) } else { extra + (id - big) / base.max(1) }
+            }
+        }
+    }
+
+    /// Rows held by partition `k`.
+    pub fn partition_rows(self, rows: u64, parts: u64, k: u64) -> u64 {
+        match self {
+            PartitionStrategy::Mod => rows / parts + u64::from(k < rows % parts),
+            PartitionStrategy::Div => rows / parts + u64::from(k < rows % parts),
+        }
+    }
+}
+
+impl fmt::Display for PartitionStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PartitionStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mod" => Ok(PartitionStrategy::Mod),
+            "div" => Ok(PartitionStrategy::Div),
+            _ => Err(format!("unknown partition strategy {s:?} (mod, div)")),
+        }
+    }
+}
 
 /// A variable to place: name and shape (f32 elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +171,26 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     if num_ps == 0 {
         return Err(PlacementError::NoPs);
     }
+    let sorted = checked_by_name(inputs)?;
+    // Cut into pieces (ps not chosen yet).
+    let mut pieces: Vec<Shard> = Vec::new();
+    let mut partitions: Vec<Shard> = Vec::new();
+    for v in &sorted {
+        match v.embedding {
+            Some(strategy) => embedding_partitions(v, strategy, num_ps, &mut partitions),
+            None => dense_pieces(v, num_ps, partition_threshold_bytes, &mut pieces),
+        }
+    }
+    balance(&mut pieces, num_ps);
+    let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
+    for p in pieces.into_iter().chain(partitions) {
+        variables.entry(p.variable.clone()).or_default().push(p);
+    }
+    Ok(Placement { num_ps, variables })
+}
+
+/// The inputs sorted by name, each name once and none a partition's.
+fn checked_by_name(inputs: &[PlacementInput]) -> Result<Vec<&PlacementInput>, PlacementError> {
     let mut sorted: Vec<&PlacementInput> = inputs.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     for w in sorted.windows(2) {
@@ -105,48 +201,55 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
     if let Some(v) = sorted.iter().find(|v| is_partition_name(&v.name)) {
         return Err(PlacementError::ReservedName(v.name.clone()));
     }
+    Ok(sorted)
+}
 
-    // Cut into pieces (ps not chosen yet).
-    let mut pieces: Vec<Shard> = Vec::new();
-    let mut partitions: Vec<Shard> = Vec::new();
-    for v in &sorted {
-        if let Some(strategy) = v.embedding {
-            let rows = v.shape.first().copied().unwrap_or(0) as u64;
-            let count = (num_ps as u64).min(rows).max(1);
-            for k in 0..count {
-                let n = strategy.partition_rows(rows, count, k) as usize;
-                partitions.push(Shard {
-                    variable: v.name.clone(),
-                    stored_name: format!("{}/part_{k}", v.name),
-                    ps: k as usize,
-                    rows: 0..n,
-                    shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
-                    partition: Some(RowPartition { strategy, index: k, count, rows }),
-                });
-            }
-            continue;
-        }
-        let elements: usize = v.shape.iter().product();
-        let bytes = elements * 4;
-        let rows = v.shape.first().copied().unwrap_or(1);
-        let threshold = partition_threshold_bytes.max(1);
-        let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
-        if parts == 1 {
-            pieces.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None });
-            continue;
-        }
-        let (base, extra) = (rows / parts, rows % parts);
-        let mut start = 0;
-        for k in 0..parts {
-            let n = base + usize::from(k < extra);
-            let mut shape = v.shape.clone();
-            shape[0] = n;
-            pieces.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
-            start += n;
-        }
+/// A sparse embedding's partitions, added to `out`: `min(num_ps, rows)` of
+/// them, partition `k` on ps `k`.
+fn embedding_partitions(v: &PlacementInput, strategy: PartitionStrategy, num_ps: usize, out: &mut Vec<Shard>) {
+    let rows = v.shape.first().copied().unwrap_or(0) as u64;
+    let count = (num_ps as u64).min(rows).max(1);
+    for k in 0..count {
+        let n = strategy.partition_rows(rows, count, k) as usize;
+        out.push(Shard {
+            variable: v.name.clone(),
+            stored_name: format!("{}/part_{k}", v.name),
+            ps: k as usize,
+            rows: 0..n,
+            shape: vec![n, v.shape.get(1).copied().unwrap_or(1)],
+            partition: Some(RowPartition { strategy, index: k, count, rows }),
+        });
     }
+}
 
-    // Largest first, then by stored name: independent of input order.
+/// A dense variable whole, or cut along its first axis into parts of nearly
+/// equal rows when it is larger than the threshold (ps not chosen yet),
+/// added to `out`.
+fn dense_pieces(v: &PlacementInput, num_ps: usize, partition_threshold_bytes: usize, out: &mut Vec<Shard>) {
+    let elements: usize = v.shape.iter().product();
+    let bytes = elements * 4;
+    let rows = v.shape.first().copied().unwrap_or(1);
+    let threshold = partition_threshold_bytes.max(1);
+    let parts = if num_ps > 1 && bytes > threshold && !v.shape.is_empty() && rows >= 2 { bytes.div_ceil(threshold).min(num_ps).min(rows) } else { 1 };
+    if parts == 1 {
+        out.push(Shard { variable: v.name.clone(), stored_name: v.name.clone(), ps: 0, rows: 0..rows, shape: v.shape.clone(), partition: None });
+        return;
+    }
+    let (base, extra) = (rows / parts, rows % parts);
+    let mut start = 0;
+    for k in 0..parts {
+        let n = base + usize::from(k < extra);
+        let mut shape = v.shape.clone();
+        shape[0] = n;
+        out.push(Shard { variable: v.name.clone(), stored_name: format!("{}/part_{k}", v.name), ps: 0, rows: start..start + n, shape, partition: None });
+        start += n;
+    }
+}
+
+/// Gives every piece, largest first (ties by stored name: independent of
+/// input order), the ps holding the fewest bytes so far (ties: lowest
+/// index) among those holding no other piece of its variable.
+fn balance(pieces: &mut [Shard], num_ps: usize) {
     let mut order: Vec<usize> = (0..pieces.len()).collect();
     order.sort_by(|&a, &b| pieces[b].bytes().cmp(&pieces[a].bytes()).then_with(|| pieces[a].stored_name.cmp(&pieces[b].stored_name)));
     let mut load = vec![0usize; num_ps];
@@ -158,12 +261,6 @@ pub fn place(inputs: &[PlacementInput], num_ps: usize, partition_threshold_bytes
         load[ps] += pieces[i].bytes();
         pieces[i].ps = ps;
     }
-
-    let mut variables: BTreeMap<String, Vec<Shard>> = BTreeMap::new();
-    for p in pieces.into_iter().chain(partitions) {
-        variables.entry(p.variable.clone()).or_default().push(p);
-    }
-    Ok(Placement { num_ps, variables })
 }
 
 fn is_partition_name(name: &str) -> bool {
@@ -212,27 +309,37 @@ impl Placement {
     }
 }
 
-/// FNV-1a, 64-bit: small, stable across builds and platforms.
-pub struct Fnv1a(pub u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    pub fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TensorFlow's partition strategies: which partition holds each row,
+    /// and how many rows each holds.
+    #[test]
+    fn partition_strategies() {
+        use PartitionStrategy::{Div, Mod};
+        // (strategy, rows, parts, owner of rows 0.., rows per partition)
+        type Case = (PartitionStrategy, u64, u64, Vec<u64>, Vec<u64>);
+        let cases: Vec<Case> = vec![
+            (Mod, 7, 3, vec![0, 1, 2, 0, 1, 2, 0], vec![3, 2, 2]),
+            (Div, 7, 3, vec![0, 0, 0, 1, 1, 2, 2], vec![3, 2, 2]),
+            (Div, 6, 3, vec![0, 0, 1, 1, 2, 2], vec![2, 2, 2]),
+            (Mod, 5, 1, vec![0; 5], vec![5]),
+            (Div, 5, 1, vec![0; 5], vec![5]),
+            (Div, 2, 2, vec![0, 1], vec![1, 1]),
+        ];
+        for (s, rows, parts, owners, sizes) in cases {
+            let got: Vec<u64> = (0..rows).map(|id| s.partition_of(rows, parts, id)).collect();
+            assert_eq!(got, owners, "{s} {rows}/{parts}");
+            let got: Vec<u64> = (0..parts).map(|k| s.partition_rows(rows, parts, k)).collect();
+            assert_eq!(got, sizes, "{s} {rows}/{parts}");
+            for k in 0..parts {
+                assert_eq!(owners.iter().filter(|&&o| o == k).count() as u64, sizes[k as usize]);
+            }
+        }
+        assert_eq!("DIV".parse::<PartitionStrategy>(), Ok(Div));
+        assert!("range".parse::<PartitionStrategy>().unwrap_err().contains("mod, div"));
+    }
 
     fn var(name: &str, shape: &[usize]) -> PlacementInput {
         PlacementInput::dense(name, shape.to_vec())

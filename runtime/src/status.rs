@@ -12,11 +12,7 @@ pub struct TaskStatus {
 
 impl TaskStatus {
     pub fn new(task: TaskId) -> Self {
-        let inner = proto::WorkerStatus {
-            task: Some(proto::TaskId { job: task.job.clone(), index: task.index }),
-            state: TaskState::Starting as i32,
-            ..Default::default()
-        };
+        let inner = proto::WorkerStatus { task: Some((&task).into()), state: TaskState::Starting as i32, ..Default::default() };
         TaskStatus { task, inner: Mutex::new(inner) }
     }
 

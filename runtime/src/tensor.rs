@@ -59,11 +59,7 @@ pub fn wire_shape(shape: &[usize]) -> Vec<i64> {
 /// Encodes f32 values as little-endian bytes: the one copy made when a value
 /// leaves its owner.
 pub fn f32_to_bytes(values: &[f32]) -> Bytes {
-    if cfg!(target_endian = "little") {
-        Bytes::copy_from_slice(bytemuck::cast_slice(values))
-    } else {
-        Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
-    }
+    if cfg!(target_endian = "little") { Bytes::copy_from_slice(bytemuck::cast_slice(values)) } else { Bytes::from(crate::le::f32_bytes(values)) }
 }
 
 /// Reads little-endian f32 bytes as a slice without copying when the
@@ -80,7 +76,7 @@ pub fn copy_f32_from_le(dst: &mut [f32], bytes: &[u8]) {
         Some(src) => dst.copy_from_slice(src),
         None => {
             for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                *d = crate::le::f32_at(c);
             }
         }
     }
@@ -109,7 +105,7 @@ pub fn add_f32_from_le(dst: &mut [f32], bytes: &[u8]) {
         }
         None => {
             for (d, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                *d += f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                *d += crate::le::f32_at(c);
             }
         }
     }

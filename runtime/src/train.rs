@@ -12,7 +12,7 @@ use serde::Serialize;
 use tonic::Code;
 
 use crate::auth::Credentials;
-use crate::client::{ClientError, ModelVariable, PsSet};
+use crate::client::{ClientError, ModelVariable, PsSet, Pulled};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{Handout, ShardDispatcher, ShardPlan};
@@ -20,7 +20,7 @@ use crate::embedding::RowTable;
 use crate::events::EventWriter;
 use crate::metrics::TrainingMetrics;
 use crate::model::{Metrics, Model};
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, Slots};
 use crate::placement::{self, PlacementInput};
 use crate::proto::{self, TaskState, UpdateMode};
 use crate::status::TaskStatus;
@@ -49,6 +49,18 @@ pub const DEFAULT_BATCHES_PER_SHARD: u64 = 10;
 pub fn shard_plan(workload: &Workload, settings: &TrainSettings) -> Result<ShardPlan, TrainError> {
     let shard_size = settings.shard_size.unwrap_or(DEFAULT_BATCHES_PER_SHARD * workload.batch_size as u64);
     ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs).map_err(|e| TrainError::Config(e.to_string()))
+}
+
+/// What a task of a cluster runs with, whatever its role: where it is, how
+/// it trains, how it proves who it is, and what it shows of itself.
+pub struct TaskContext {
+    pub cluster: ClusterConfig,
+    pub settings: TrainSettings,
+    pub credentials: Credentials,
+    /// What the task's Worker service answers about it.
+    pub status: Arc<TaskStatus>,
+    /// What its metrics endpoint serves.
+    pub metrics: Arc<TrainingMetrics>,
 }
 
 /// How many gradients a sync step averages.
@@ -244,6 +256,25 @@ pub(crate) fn report(task: &str, role: &str, chief: bool, model: &dyn Model, par
     }
 }
 
+/// One step's update in this process: each dense variable with its slots,
+/// each sparse embedding's rows `rows` in its table.
+fn apply_locally(
+    optimizer: &Optimizer,
+    params: &mut [ArrayD<f32>],
+    slots: &mut [Slots],
+    tables: &mut [Option<RowTable>],
+    gradients: &[ArrayD<f32>],
+    rows: &[Vec<i64>],
+) {
+    for (v, ((p, s), g)) in params.iter_mut().zip(slots).zip(gradients).enumerate() {
+        let g = g.as_slice().expect("standard layout");
+        match &mut tables[v] {
+            Some(t) => t.apply(optimizer, &rows[v], g),
+            None => optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
+        }
+    }
+}
+
 /// Trains in this process alone: no ps, no network. The data comes shard
 /// by shard from a dispatcher of its own, as it would from ps 0: the same
 /// epochs, the same order. `progress` is called every `log_every_steps`
@@ -279,13 +310,7 @@ pub fn train_single_process(
             let rows = gather_rows(model, &tables, &mut params, &batch);
             let lg = model.loss_and_gradients(&params, &batch);
             loss = lg.loss;
-            for (v, ((p, s), g)) in params.iter_mut().zip(&mut slots).zip(&lg.gradients).enumerate() {
-                let g = g.as_slice().expect("standard layout");
-                match &mut tables[v] {
-                    Some(t) => t.apply(&settings.optimizer, &rows[v], g),
-                    None => settings.optimizer.apply_all(p.as_slice_mut().expect("standard layout"), s, g),
-                }
-            }
+            apply_locally(&settings.optimizer, &mut params, &mut slots, &mut tables, &lg.gradients, &rows);
             step += 1;
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
                 progress(step, loss, model, &params);
@@ -363,7 +388,8 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
     }
 }
 
-pub(crate) fn ps_set(cluster: &ClusterConfig, model: &dyn Model, settings: &TrainSettings, credentials: &Credentials) -> Result<PsSet, TrainError> {
+pub(crate) fn ps_set(ctx: &TaskContext, model: &dyn Model) -> Result<PsSet, TrainError> {
+    let TaskContext { cluster, settings, credentials, .. } = ctx;
     let specs = model.variables();
     let inputs: Vec<PlacementInput> = specs
         .iter()
@@ -522,17 +548,11 @@ impl Summaries {
 /// every `eval_interval`), evaluates on held-out data, logs and writes
 /// TensorBoard summaries, and stops when training is over. It only reads,
 /// so it never slows training down beyond one pull per interval.
-pub async fn run_evaluator(
-    cluster: &ClusterConfig,
-    workload: &mut Workload,
-    settings: &TrainSettings,
-    credentials: &Credentials,
-    status: Arc<TaskStatus>,
-    metrics: Arc<TrainingMetrics>,
-) -> Result<FinalReport, TrainError> {
+pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result<FinalReport, TrainError> {
+    let TaskContext { cluster, settings, status, .. } = ctx;
     let start = Instant::now();
     let model = workload.model.as_ref();
-    let ps = ps_set(cluster, model, settings, credentials)?;
+    let ps = ps_set(ctx, model)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
     let eval = workload.eval.take().ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
@@ -552,35 +572,15 @@ pub async fn run_evaluator(
         let metrics_now = model.evaluate(&params, &eval);
         evaluations += 1;
         last = metrics_now.clone();
-        metrics.local_steps.fetch_add(1, Ordering::Relaxed);
-        metrics.global_step.store(pulled.steps[0].max(0) as u64, Ordering::Relaxed);
-        metrics.last_loss.set(metrics_now.loss as f64);
-        status.set(TaskState::Training, evaluations, pulled.steps[0], "evaluating");
-        tracing::info!(
-            "{task}: global_step={} eval_loss={:.4}{}{}{}",
-            pulled.steps[0],
-            metrics_now.loss,
-            metrics_now.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
-            metrics_now.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
-            summary_line(model, &params)
-        );
+        note_evaluation(ctx, model, &params, &metrics_now, pulled.steps[0], evaluations);
         summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
             tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
             break;
         }
         tokio::time::sleep(settings.eval_interval).await;
-        // Long poll: returns as soon as the step moved on or training ended.
-        let next: Vec<i64> = pulled.steps.iter().map(|s| s + 1).collect();
-        match ps.pull(&mut params, &eval_rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
-            Ok(p) => pulled = p,
-            Err(e) if e.code() == Some(Code::DeadlineExceeded) => continue,
-            Err(e) if needs_recovery(&e) => {
-                tracing::warn!("{task}: {e}; waiting for the parameter servers");
-                ps.handshake(true).await?;
-                pulled = wait_for_variables(&ps, &mut params, &eval_rows, &chief, settings.init_timeout).await?;
-            }
-            Err(e) => return Err(e.into()),
+        if let Some(p) = next_values(ctx, &ps, &mut params, &eval_rows, &pulled.steps).await? {
+            pulled = p;
         }
     }
     summaries.close();
@@ -592,6 +592,42 @@ pub async fn run_evaluator(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
     Ok(r)
+}
+
+/// One evaluation's figures: counted, shown in the status, logged.
+fn note_evaluation(ctx: &TaskContext, model: &dyn Model, params: &[ArrayD<f32>], m: &Metrics, step: i64, evaluations: u64) {
+    let metrics = &ctx.metrics;
+    metrics.local_steps.fetch_add(1, Ordering::Relaxed);
+    metrics.global_step.store(step.max(0) as u64, Ordering::Relaxed);
+    metrics.last_loss.set(m.loss as f64);
+    ctx.status.set(TaskState::Training, evaluations, step, "evaluating");
+    tracing::info!(
+        "{}: global_step={step} eval_loss={:.4}{}{}{}",
+        ctx.cluster.task,
+        m.loss,
+        m.accuracy.map(|a| format!(" eval_accuracy={a:.4}")).unwrap_or_default(),
+        m.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
+        summary_line(model, params)
+    );
+}
+
+/// The evaluator's next values: a long poll that returns as soon as the
+/// step moved on past `steps` or training ended (`None`: it did not within
+/// the wait; evaluate again); after a ps restart, once they are back.
+async fn next_values(ctx: &TaskContext, ps: &PsSet, params: &mut [ArrayD<f32>], rows: &[Vec<i64>], steps: &[i64]) -> Result<Option<Pulled>, TrainError> {
+    let settings = &ctx.settings;
+    let next: Vec<i64> = steps.iter().map(|s| s + 1).collect();
+    match ps.pull(params, rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if e.code() == Some(Code::DeadlineExceeded) => Ok(None),
+        Err(e) if needs_recovery(&e) => {
+            tracing::warn!("{}: {e}; waiting for the parameter servers", ctx.cluster.task);
+            ps.handshake(true).await?;
+            let chief = ctx.cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
+            Ok(Some(wait_for_variables(ps, params, rows, &chief, settings.init_timeout).await?))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The held-out figures as TensorBoard scalars: `eval/loss`,

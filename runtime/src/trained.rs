@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn params_come_in_the_model_order_with_their_shapes_checked() {
-        use crate::model::Init;
+        use crate::init::Init;
         let specs = vec![VariableSpec::new("d/kernel", vec![2, 1], Init::Zeros), VariableSpec::new("d/bias", vec![1], Init::Zeros)];
         let mut values = BTreeMap::new();
         values.insert("d/bias".to_string(), ArrayD::from_elem(vec![1], 7.0f32));

@@ -17,11 +17,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
-use crate::auth::Credentials;
 use crate::client::{ClientError, PsSet, Pulled, StepRequest};
-use crate::cluster::ClusterConfig;
 use crate::data::{Batch, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::metrics::TrainingMetrics;
@@ -29,7 +28,8 @@ use crate::model::Model;
 use crate::proto::{self, TaskState, next_shard_reply::Outcome};
 use crate::status::TaskStatus;
 use crate::train::{
-    self, Aggregate, Checkpointer, FinalReport, Summaries, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables, zeros_like,
+    self, Aggregate, Checkpointer, FinalReport, Summaries, TaskContext, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables,
+    zeros_like,
 };
 
 /// How long a task with nothing to train waits before it asks again.
@@ -58,10 +58,6 @@ struct ShardFeed {
     progress: Option<proto::DispatchProgress>,
 }
 
-fn shard_ref(s: ShardId) -> proto::ShardRef {
-    proto::ShardRef { epoch: s.epoch, index: s.index }
-}
-
 impl ShardFeed {
     fn new(workload: &Workload, settings: &TrainSettings) -> Result<Self, TrainError> {
         Ok(ShardFeed {
@@ -74,15 +70,14 @@ impl ShardFeed {
     }
 
     fn plan_proto(&self) -> proto::DatasetPlan {
-        let p = &self.plan;
-        proto::DatasetPlan { examples: p.examples, shard_size: p.shard_size, seed: p.seed, num_epochs: p.num_epochs.unwrap_or(0) }
+        (&self.plan).into()
     }
 
     /// The shard whose every batch was taken (and so trained, since the loop
     /// trains a batch before it asks for the next one).
     fn finished(&self) -> Option<(proto::ShardRef, u64)> {
         match &self.current {
-            Some((shard, generation, rest)) if rest.is_empty() => Some((shard_ref(*shard), *generation)),
+            Some((shard, generation, rest)) if rest.is_empty() => Some(((*shard).into(), *generation)),
             _ => None,
         }
     }
@@ -104,7 +99,7 @@ impl ShardFeed {
         match Outcome::try_from(reply.outcome) {
             Ok(Outcome::Assigned) => {
                 let s = reply.shard.ok_or_else(|| protocol("the dispatcher assigned no shard"))?;
-                let shard = ShardId { epoch: s.epoch, index: s.index };
+                let shard = ShardId::from(s);
                 if shard.index >= self.plan.shards_per_epoch() {
                     return Err(protocol(&format!("the dispatcher assigned {shard}, which does not exist")));
                 }
@@ -189,22 +184,16 @@ struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    fn new(
-        cluster: &ClusterConfig,
-        model: &'a dyn Model,
-        settings: &'a TrainSettings,
-        credentials: &Credentials,
-        status: Arc<TaskStatus>,
-        metrics: Arc<TrainingMetrics>,
-    ) -> Result<Self, TrainError> {
-        let ps = Arc::new(train::ps_set(cluster, model, settings, credentials)?);
+    fn new(ctx: &'a TaskContext, model: &'a dyn Model) -> Result<Self, TrainError> {
+        let ps = Arc::new(train::ps_set(ctx, model)?);
+        let cluster = &ctx.cluster;
         Ok(Trainer {
             task: cluster.task.to_string(),
             ps,
             model,
-            settings,
-            status,
-            metrics,
+            settings: &ctx.settings,
+            status: ctx.status.clone(),
+            metrics: ctx.metrics.clone(),
             is_chief: cluster.is_chief(),
             chief: cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default(),
             params: zeros_like(model),
@@ -310,9 +299,9 @@ impl<'a> Trainer<'a> {
     }
 
     /// Keeps this task's lease on every ps while it lives.
-    fn keep_lease(&self) -> AbortOnDrop {
+    fn keep_lease(&self) -> AbortOnDropHandle<()> {
         let ps = self.ps.clone();
-        AbortOnDrop(crate::metrics::every(self.settings.heartbeat, move || {
+        AbortOnDropHandle::new(crate::metrics::every(self.settings.heartbeat, move || {
             let ps = ps.clone();
             async move { ps.heartbeat().await }
         }))
@@ -346,31 +335,15 @@ impl<'a> Trainer<'a> {
         // The rows of the batch's sparse embeddings: pulled with the last
         // step when that knew the batch (within a shard), else now.
         let rows = if self.sparse { self.model.row_ids(batch) } else { Vec::new() };
-        if self.behind || rows != self.held_rows {
-            match self.ps.pull(&mut self.params, &rows, &[], false, self.settings.step_timeout).await {
-                Ok(p) => {
-                    self.pulled = p;
-                    self.behind = false;
-                    self.held_rows = rows.clone();
-                }
-                Err(e) if needs_recovery(&e) => {
-                    return self.recover(&e, feed).await.map(|()| false);
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if (self.behind || rows != self.held_rows) && !self.pull_now(&rows, feed).await? {
+            return Ok(false);
         }
-        let sync = self.settings.sync_replicas;
         let t0 = Instant::now();
         let lg = self.model.loss_and_gradients(&self.params, batch);
         self.last_loss = lg.loss;
         let t1 = Instant::now();
         self.metrics.compute_seconds.add((t1 - t0).as_secs_f64());
-        // Sync, with backup workers one ps can still be completing a step
-        // that another has completed: a worker goes on until every ps reached
-        // the last step, pushing only to those that have not.
-        let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
-        let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
-        let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
+        let (push_to, min_steps) = self.step_targets();
         let next_rows = match feed.peek() {
             Some(next) if self.sparse => self.model.row_ids(next),
             _ if self.sparse => vec![Vec::new(); self.params.len()],
@@ -386,20 +359,60 @@ impl<'a> Trainer<'a> {
             Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
             Err(e) => return Err(e.into()),
         };
-        // One call does both: until the first reply it is the push (and the
-        // barrier's wait, reported apart), then the pull.
-        let m = &self.metrics;
-        m.wait_seconds.add(next.waited.as_secs_f64());
-        m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
-        m.pull_seconds.add(t1.elapsed().saturating_sub(first_reply).as_secs_f64());
-        m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
-        let ids_sent: usize = rows.iter().map(Vec::len).sum();
-        m.bytes_sent.fetch_add(lg.gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
-        m.local_steps.fetch_add(1, Ordering::Relaxed);
-        m.last_loss.set(self.last_loss as f64);
+        self.count_step(&next, first_reply, t1, &lg.gradients, &rows);
         self.pulled = next;
         self.held_rows = next_rows;
         self.local_steps += 1;
+        self.note_replies(&replies);
+        self.log_progress(summaries);
+        Ok(self.pulled.done || replies.iter().any(|r| r.done))
+    }
+
+    /// Pulls the values (and the rows `rows`) before a step. False when the
+    /// ps tasks had to be joined again instead (the step is not taken).
+    async fn pull_now(&mut self, rows: &[Vec<i64>], feed: &mut ShardFeed) -> Result<bool, TrainError> {
+        match self.ps.pull(&mut self.params, rows, &[], false, self.settings.step_timeout).await {
+            Ok(p) => {
+                self.pulled = p;
+                self.behind = false;
+                self.held_rows = rows.to_vec();
+                Ok(true)
+            }
+            Err(e) if needs_recovery(&e) => self.recover(&e, feed).await.map(|()| false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Which ps tasks a step pushes to, and the step each pull waits for.
+    /// Sync, with backup workers one ps can still be completing a step that
+    /// another has completed: a worker goes on until every ps reached the
+    /// last step, pushing only to those that have not.
+    fn step_targets(&self) -> (Vec<bool>, Vec<i64>) {
+        let sync = self.settings.sync_replicas;
+        let last = self.settings.train_steps.map_or(i64::MAX, |n| n as i64);
+        let push_to: Vec<bool> = self.pulled.steps.iter().map(|&s| !(sync && s >= last)).collect();
+        let min_steps: Vec<i64> = self.pulled.steps.iter().zip(&push_to).map(|(s, &pushed)| if sync && pushed { s + 1 } else { 0 }).collect();
+        (push_to, min_steps)
+    }
+
+    /// A step's figures. One call does both: until the first reply it is
+    /// the push (and the barrier's wait, reported apart), then the pull.
+    fn count_step(&self, next: &Pulled, first_reply: Duration, computed: Instant, gradients: &[ArrayD<f32>], rows: &[Vec<i64>]) {
+        let m = &self.metrics;
+        m.wait_seconds.add(next.waited.as_secs_f64());
+        m.push_seconds.add(first_reply.saturating_sub(next.waited).as_secs_f64());
+        m.pull_seconds.add(computed.elapsed().saturating_sub(first_reply).as_secs_f64());
+        m.bytes_received.fetch_add(next.bytes, Ordering::Relaxed);
+        let ids_sent: usize = rows.iter().map(Vec::len).sum();
+        m.bytes_sent.fetch_add(gradients.iter().map(|g| g.len() as u64 * 4).sum::<u64>() + ids_sent as u64 * 8, Ordering::Relaxed);
+        m.local_steps.fetch_add(1, Ordering::Relaxed);
+        m.last_loss.set(self.last_loss as f64);
+    }
+
+    /// What the ps tasks answered a step: a stale push, the global step,
+    /// the first gradient accepted.
+    fn note_replies(&mut self, replies: &[proto::PushGradientsReply]) {
+        let m = &self.metrics;
         if replies.iter().any(|r| r.stale) {
             self.stale += 1;
             m.stale_pushes.fetch_add(1, Ordering::Relaxed);
@@ -416,8 +429,6 @@ impl<'a> Trainer<'a> {
                 crate::process_age().as_secs_f64()
             );
         }
-        self.log_progress(summaries);
-        Ok(self.pulled.done || replies.iter().any(|r| r.done))
     }
 
     fn log_progress(&self, summaries: &mut Summaries) {
@@ -536,9 +547,7 @@ impl<'a> Trainer<'a> {
         if self.is_chief
             && let Some(d) = data
         {
-            r.epochs_completed = Some(d.epochs_completed);
-            r.examples_trained = Some(d.examples_trained);
-            r.shards_redone = Some(d.shards_redone);
+            r = r.with_data(&(&d).into());
         }
         if r.loss.is_none() {
             r.loss = Some(self.last_loss);
@@ -608,16 +617,9 @@ impl Trainer<'_> {
 /// `--num_epochs` epochs; survives ps restarts (it rejoins and goes on from
 /// the ps's step), keeps its lease by heartbeat; the chief writes
 /// checkpoints and TensorBoard summaries.
-pub async fn run_worker(
-    cluster: &ClusterConfig,
-    workload: &mut Workload,
-    settings: &TrainSettings,
-    credentials: &Credentials,
-    status: Arc<TaskStatus>,
-    metrics: Arc<TrainingMetrics>,
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<FinalReport, TrainError> {
-    let trainer = Trainer::new(cluster, workload.model.as_ref(), settings, credentials, status, metrics)?;
+pub async fn run_worker(ctx: &TaskContext, workload: &mut Workload, stop: impl std::future::Future<Output = ()>) -> Result<FinalReport, TrainError> {
+    let settings = &ctx.settings;
+    let trainer = Trainer::new(ctx, workload.model.as_ref())?;
     let mut feed = ShardFeed::new(workload, settings)?;
     let ps = trainer.ps.clone();
     tokio::select! {
@@ -658,13 +660,4 @@ async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &
     }
     let train_secs = loop_start.elapsed().as_secs_f64();
     trainer.finish(workload, feed, checkpointer, summaries, train_secs).await
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -20,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
 use super::sparse::{CRITEO_CATEGORICALS, CRITEO_INTEGERS, Feature, SparseExample, SparseFormat, feature_key};
-use crate::embedding::mix;
+use crate::hash::derive_seed;
 
 /// Held-out examples are those from this index on (training examples
 /// count from 0): the two never meet.
@@ -37,7 +37,7 @@ pub struct Generator {
 
 /// A draw from N(0, 1) fixed by its parts.
 fn normal(seed: u64, a: u64, b: u64) -> f64 {
-    StdRng::seed_from_u64(mix(seed, a, b)).sample::<f64, _>(StandardNormal)
+    StdRng::seed_from_u64(derive_seed(seed, a, b)).sample::<f64, _>(StandardNormal)
 }
 
 fn criteo_vocabulary(field: usize) -> u64 {
@@ -51,7 +51,7 @@ impl Generator {
 
     /// Example `index` and its true logit.
     pub fn example(&self, index: u64) -> (SparseExample, f64) {
-        let mut rng = StdRng::seed_from_u64(mix(self.seed, index, 0x4558));
+        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, index, 0x4558));
         let mut example = match self.format {
             SparseFormat::Libsvm => self.libsvm(&mut rng),
             SparseFormat::Criteo => self.criteo(&mut rng),
@@ -105,13 +105,13 @@ impl Generator {
 
     /// The text of value `value` of categorical field `field`.
     fn category(&self, field: usize, value: u64) -> String {
-        format!("{:08x}", mix(self.seed, field as u64, value) as u32)
+        format!("{:08x}", derive_seed(self.seed, field as u64, value) as u32)
     }
 
     /// Example `index` as a line of its format (with its newline). Parsing
     /// it gives [`example`](Self::example)`(index)`.
     pub fn line(&self, index: u64) -> String {
-        let mut rng = StdRng::seed_from_u64(mix(self.seed, index, 0x4558));
+        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, index, 0x4558));
         let label = self.example(index).0.label;
         match self.format {
             SparseFormat::Libsvm => {

@@ -12,8 +12,7 @@ use std::str::FromStr;
 use ndarray::Array2;
 
 use super::{Batch, Targets};
-use crate::embedding::mix;
-use crate::placement::Fnv1a;
+use crate::hash::{Fnv1a, derive_seed};
 
 /// A sparse text format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +106,7 @@ pub fn feature_key(field: u32, text: &[u8]) -> u64 {
     let mut h = Fnv1a::default();
     h.write(&field.to_le_bytes());
     h.write(text);
-    mix(h.0, 0x5350_4152_5345, 0)
+    derive_seed(h.0, 0x5350_4152_5345, 0)
 }
 
 fn parse_libsvm(line: &str) -> Result<Option<SparseExample>, String> {

@@ -30,7 +30,7 @@ use super::generate::Generator;
 use super::sparse::{SparseExample, SparseFormat, sparse_batch};
 use super::{Batch, DataError, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
-use crate::embedding::mix;
+use crate::hash::derive_seed;
 use crate::storage;
 
 /// One offset kept per this many examples.
@@ -304,7 +304,7 @@ pub fn read_head(paths: &[PathBuf], format: SparseFormat, n: usize, skip_bad_lin
 fn shard_order(plan: &ShardPlan, shard: ShardId) -> (Range<u64>, Vec<usize>) {
     let range = plan.shard_positions(shard.index);
     let mut order: Vec<usize> = (0..(range.end - range.start) as usize).collect();
-    order.shuffle(&mut StdRng::seed_from_u64(mix(plan.seed, shard.epoch, shard.index)));
+    order.shuffle(&mut StdRng::seed_from_u64(derive_seed(plan.seed, shard.epoch, shard.index)));
     (range, order)
 }
 

@@ -30,12 +30,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use ndarray::{ArrayD, ArrayView2, ArrayViewD, Ix2, NdFloat};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rand_distr::StandardNormal;
 
 use crate::data::{Batch, Targets};
-use crate::embedding::{PartitionStrategy, RowInit};
+use crate::init::{Init, RowInit, fill_init};
+use crate::placement::PartitionStrategy;
 
 mod dense;
 pub mod keras;
@@ -46,26 +46,6 @@ pub use dense::{Mlp, SoftmaxRegression};
 pub use linear::LinearRegression;
 pub use sparse::{SparseModel, SparseModelConfig};
 
-/// How a variable's initial value is drawn.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Init {
-    Zeros,
-    Constant(f32),
-    /// Normal(0, stddev).
-    Normal {
-        stddev: f32,
-    },
-    /// Normal(0, stddev) truncated at two standard deviations (TensorFlow's
-    /// `truncated_normal`).
-    TruncatedNormal {
-        stddev: f32,
-    },
-    /// Uniform(-limit, limit).
-    Uniform {
-        limit: f32,
-    },
-}
-
 /// A trainable variable of a model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VariableSpec {
@@ -74,7 +54,7 @@ pub struct VariableSpec {
     pub init: Init,
     /// Set for an embedding (`shape` `[rows, dim]`): its rows are
     /// partitioned over every ps task and each row starts from its own
-    /// value ([`crate::embedding::RowInit`]).
+    /// value ([`crate::init::RowInit`]).
     pub embedding: Option<EmbeddingDecl>,
 }
 
@@ -442,27 +422,6 @@ pub fn init_values(specs: &[VariableSpec], seed: u64) -> Vec<ArrayD<f32>> {
             ArrayD::from_shape_vec(spec.held_shape(0), values).expect("shape matches the element count")
         })
         .collect()
-}
-
-/// Draws `out.len()` values of `init` from `rng`.
-pub fn fill_init(init: &Init, rng: &mut StdRng, out: &mut [f32]) {
-    match *init {
-        Init::Zeros => out.fill(0.0),
-        Init::Constant(c) => out.fill(c),
-        Init::Normal { stddev } => out.iter_mut().for_each(|v| *v = rng.sample::<f32, _>(StandardNormal) * stddev),
-        Init::TruncatedNormal { stddev } => out.iter_mut().for_each(|v| {
-            *v = loop {
-                let x: f32 = rng.sample(StandardNormal);
-                if x.abs() <= 2.0 {
-                    break x * stddev;
-                }
-            }
-        }),
-        Init::Uniform { limit } => {
-            let limit = limit.abs();
-            out.iter_mut().for_each(|v| *v = (rng.random::<f32>() * 2.0 - 1.0) * limit);
-        }
-    }
 }
 
 /// The float types the model arithmetic is written for (`f32` for

@@ -24,7 +24,7 @@ use ndarray::{Array2, ArrayD, ArrayView2, Axis, Ix2};
 
 use super::{EmbeddingDecl, Init, LossAndGradients, Metrics, Model, Real, VariableSpec, check_params};
 use crate::data::{Batch, SparseFeatures, Targets};
-use crate::embedding::PartitionStrategy;
+use crate::placement::PartitionStrategy;
 
 /// What a sparse model is built from.
 #[derive(Debug, Clone, PartialEq)]

@@ -553,9 +553,9 @@ fn sparse(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usize, sparse: bool) -> Result<(f64, f64)> {
     use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest};
     use tfjob_runtime::cluster::TaskId;
-    use tfjob_runtime::embedding::PartitionStrategy;
-    use tfjob_runtime::model::Init;
+    use tfjob_runtime::init::Init;
     use tfjob_runtime::optimizer::Optimizer;
+    use tfjob_runtime::placement::PartitionStrategy;
     use tfjob_runtime::placement::{self, PlacementInput};
     use tfjob_runtime::proto::{self, UpdateMode};
 

@@ -357,41 +357,13 @@ fn layer_kind(opts: &mut Options<'_>, input_shape: &mut Option<Vec<usize>>, firs
             LayerKind::Dense { units, activation, use_bias, kernel_init, bias_init }
         }
         "Activation" => LayerKind::Activation(opts.take_activation()?),
-        "Dropout" => {
-            let rate = opts.take_f64("rate")?.ok_or_else(|| opts.option_err("rate", "missing"))?;
-            if !(0.0..1.0).contains(&rate) {
-                return Err(opts.option_err("rate", format!("{rate} is not in [0, 1)")));
-            }
-            opts.take_seed("seed")?;
-            LayerKind::Dropout { rate: rate as f32 }
-        }
+        "Dropout" => dropout(opts)?,
         "Flatten" => {
             opts.take_channels_last()?;
             LayerKind::Flatten
         }
-        "Reshape" => {
-            let target = opts.take("target_shape").ok_or_else(|| opts.option_err("target_shape", "missing"))?;
-            let dims = target.as_array().and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>());
-            let target_shape = dims
-                .filter(|d| d.iter().all(|&v| v > 0 || v == -1))
-                .ok_or_else(|| opts.option_err("target_shape", format!("{target} is not a list of positive sizes (and at most one -1)")))?;
-            LayerKind::Reshape { target_shape }
-        }
-        "Conv2D" => {
-            let filters = opts.take_positive("filters")?;
-            let kernel_size = opts.take_pair("kernel_size")?.ok_or_else(|| opts.option_err("kernel_size", "missing"))?;
-            let strides = opts.take_pair("strides")?.unwrap_or([1, 1]);
-            let padding = opts.take_padding()?;
-            opts.take_channels_last()?;
-            if let Some(d) = opts.take_pair("dilation_rate")?.filter(|d| *d != [1, 1]) {
-                return Err(opts.option_err("dilation_rate", format!("{d:?}: only 1 is supported")));
-            }
-            if let Some(g) = opts.take_f64("groups")?.filter(|&g| g != 1.0) {
-                return Err(opts.option_err("groups", format!("{g}: only 1 is supported")));
-            }
-            let (activation, use_bias, kernel_init, bias_init) = weights_options(opts)?;
-            LayerKind::Conv2D { filters, kernel_size, strides, padding, activation, use_bias, kernel_init, bias_init }
-        }
+        "Reshape" => reshape(opts)?,
+        "Conv2D" => conv2d(opts)?,
         "MaxPooling2D" | "AveragePooling2D" => {
             let kind = if opts.class == "MaxPooling2D" { PoolKind::Max } else { PoolKind::Average };
             let pool_size = opts.take_pair("pool_size")?.unwrap_or([2, 2]);
@@ -400,34 +372,116 @@ fn layer_kind(opts: &mut Options<'_>, input_shape: &mut Option<Vec<usize>>, firs
             opts.take_channels_last()?;
             LayerKind::Pool2D { kind, pool_size, strides, padding }
         }
-        "Embedding" => {
-            if !first {
-                return Err(opts.layer_err("an Embedding must be the first layer: its input is the example's integer ids"));
-            }
-            let input_dim = opts.take_positive("input_dim")?;
-            let output_dim = opts.take_positive("output_dim")?;
-            let init = opts.take_initializer("embeddings_initializer", InitSpec::RandomUniform { limit: 0.05 })?;
-            for key in ["embeddings_regularizer", "activity_regularizer", "embeddings_constraint"] {
-                opts.take_none(key)?;
-            }
-            if opts.take_bool("mask_zero", false)? {
-                return Err(opts.option_err("mask_zero", "masking is not supported"));
-            }
-            if opts.take_bool("sparse", false)? {
-                return Err(opts.option_err("sparse", "must be false"));
-            }
-            // Keras 2: the sequence length, when there is no InputLayer.
-            if let Some(len) = opts.take_f64("input_length")? {
-                if len < 1.0 || len.fract() != 0.0 {
-                    return Err(opts.option_err("input_length", format!("{len} is not a positive integer")));
-                }
-                input_shape.get_or_insert_with(|| vec![len as usize]);
-            }
-            LayerKind::Embedding { input_dim, output_dim, init }
-        }
+        "Embedding" => embedding(opts, input_shape, first)?,
         _ => return Err(KerasError::UnsupportedLayer { layer: opts.layer.to_string(), class: opts.class.to_string() }),
     };
     Ok(kind)
+}
+
+/// A VarianceScaling initialiser's options: a positive scale, a fan mode,
+/// a distribution.
+fn variance_scaling(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError) -> Result<InitSpec, KerasError> {
+    let scale = o.take_f64("scale")?.unwrap_or(1.0);
+    let mode = match o.take("mode").and_then(Value::as_str).unwrap_or("fan_in") {
+        "fan_in" => FanMode::In,
+        "fan_out" => FanMode::Out,
+        "fan_avg" => FanMode::Avg,
+        m => return Err(bad(format!("mode {m:?} is not supported"))),
+    };
+    let uniform = match o.take("distribution").and_then(Value::as_str).unwrap_or("truncated_normal") {
+        "uniform" => true,
+        "truncated_normal" | "normal" => false,
+        d => return Err(bad(format!("distribution {d:?} is not supported (uniform, truncated_normal)"))),
+    };
+    if scale.is_nan() || scale <= 0.0 {
+        return Err(bad(format!("scale {scale} must be positive")));
+    }
+    Ok(InitSpec::VarianceScaling { scale: scale as f32, mode, uniform })
+}
+
+/// A RandomUniform initialiser: a range symmetric around 0.
+fn random_uniform(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError) -> Result<InitSpec, KerasError> {
+    let min = o.take_f64("minval")?.unwrap_or(-0.05);
+    let max = o.take_f64("maxval")?.unwrap_or(0.05);
+    if (min + max).abs() > 1e-12 || max < 0.0 {
+        return Err(bad(format!("minval {min}, maxval {max}: only a range symmetric around 0 is supported")));
+    }
+    Ok(InitSpec::RandomUniform { limit: max as f32 })
+}
+
+/// A RandomNormal or TruncatedNormal initialiser: mean 0.
+fn random_normal(o: &mut Options<'_>, bad: &dyn Fn(String) -> KerasError, truncated: bool) -> Result<InitSpec, KerasError> {
+    let mean = o.take_f64("mean")?.unwrap_or(0.0);
+    let stddev = o.take_f64("stddev")?.unwrap_or(0.05);
+    if mean != 0.0 {
+        return Err(bad(format!("mean {mean}: only 0 is supported")));
+    }
+    Ok(if truncated { InitSpec::TruncatedNormal { stddev: stddev as f32 } } else { InitSpec::RandomNormal { stddev: stddev as f32 } })
+}
+
+/// A Dropout layer: its rate in [0, 1).
+fn dropout(opts: &mut Options<'_>) -> Result<LayerKind, KerasError> {
+    let rate = opts.take_f64("rate")?.ok_or_else(|| opts.option_err("rate", "missing"))?;
+    if !(0.0..1.0).contains(&rate) {
+        return Err(opts.option_err("rate", format!("{rate} is not in [0, 1)")));
+    }
+    opts.take_seed("seed")?;
+    Ok(LayerKind::Dropout { rate: rate as f32 })
+}
+
+/// A Reshape layer: positive sizes, at most one -1.
+fn reshape(opts: &mut Options<'_>) -> Result<LayerKind, KerasError> {
+    let target = opts.take("target_shape").ok_or_else(|| opts.option_err("target_shape", "missing"))?;
+    let dims = target.as_array().and_then(|a| a.iter().map(Value::as_i64).collect::<Option<Vec<_>>>());
+    let target_shape = dims
+        .filter(|d| d.iter().all(|&v| v > 0 || v == -1))
+        .ok_or_else(|| opts.option_err("target_shape", format!("{target} is not a list of positive sizes (and at most one -1)")))?;
+    Ok(LayerKind::Reshape { target_shape })
+}
+
+/// A Conv2D layer (no dilation, no groups).
+fn conv2d(opts: &mut Options<'_>) -> Result<LayerKind, KerasError> {
+    let filters = opts.take_positive("filters")?;
+    let kernel_size = opts.take_pair("kernel_size")?.ok_or_else(|| opts.option_err("kernel_size", "missing"))?;
+    let strides = opts.take_pair("strides")?.unwrap_or([1, 1]);
+    let padding = opts.take_padding()?;
+    opts.take_channels_last()?;
+    if let Some(d) = opts.take_pair("dilation_rate")?.filter(|d| *d != [1, 1]) {
+        return Err(opts.option_err("dilation_rate", format!("{d:?}: only 1 is supported")));
+    }
+    if let Some(g) = opts.take_f64("groups")?.filter(|&g| g != 1.0) {
+        return Err(opts.option_err("groups", format!("{g}: only 1 is supported")));
+    }
+    let (activation, use_bias, kernel_init, bias_init) = weights_options(opts)?;
+    Ok(LayerKind::Conv2D { filters, kernel_size, strides, padding, activation, use_bias, kernel_init, bias_init })
+}
+
+/// An Embedding layer, the first of its model; Keras 2's `input_length`
+/// gives the model's input shape when there is no InputLayer.
+fn embedding(opts: &mut Options<'_>, input_shape: &mut Option<Vec<usize>>, first: bool) -> Result<LayerKind, KerasError> {
+    if !first {
+        return Err(opts.layer_err("an Embedding must be the first layer: its input is the example's integer ids"));
+    }
+    let input_dim = opts.take_positive("input_dim")?;
+    let output_dim = opts.take_positive("output_dim")?;
+    let init = opts.take_initializer("embeddings_initializer", InitSpec::RandomUniform { limit: 0.05 })?;
+    for key in ["embeddings_regularizer", "activity_regularizer", "embeddings_constraint"] {
+        opts.take_none(key)?;
+    }
+    if opts.take_bool("mask_zero", false)? {
+        return Err(opts.option_err("mask_zero", "masking is not supported"));
+    }
+    if opts.take_bool("sparse", false)? {
+        return Err(opts.option_err("sparse", "must be false"));
+    }
+    // Keras 2: the sequence length, when there is no InputLayer.
+    if let Some(len) = opts.take_f64("input_length")? {
+        if len < 1.0 || len.fract() != 0.0 {
+            return Err(opts.option_err("input_length", format!("{len} is not a positive integer")));
+        }
+        input_shape.get_or_insert_with(|| vec![len as usize]);
+    }
+    Ok(LayerKind::Embedding { input_dim, output_dim, init })
 }
 
 /// The options Dense and Conv2D share: activation, bias, initialisers, and
@@ -614,40 +668,9 @@ impl<'a> Options<'a> {
             "henormal" => vs(2.0, FanMode::In, false),
             "lecununiform" => vs(1.0, FanMode::In, true),
             "lecunnormal" => vs(1.0, FanMode::In, false),
-            "variancescaling" => {
-                let scale = init_opts.take_f64("scale")?.unwrap_or(1.0);
-                let mode = match init_opts.take("mode").and_then(Value::as_str).unwrap_or("fan_in") {
-                    "fan_in" => FanMode::In,
-                    "fan_out" => FanMode::Out,
-                    "fan_avg" => FanMode::Avg,
-                    m => return Err(bad(format!("mode {m:?} is not supported"))),
-                };
-                let uniform = match init_opts.take("distribution").and_then(Value::as_str).unwrap_or("truncated_normal") {
-                    "uniform" => true,
-                    "truncated_normal" | "normal" => false,
-                    d => return Err(bad(format!("distribution {d:?} is not supported (uniform, truncated_normal)"))),
-                };
-                if scale.is_nan() || scale <= 0.0 {
-                    return Err(bad(format!("scale {scale} must be positive")));
-                }
-                vs(scale as f32, mode, uniform)
-            }
-            "randomuniform" => {
-                let min = init_opts.take_f64("minval")?.unwrap_or(-0.05);
-                let max = init_opts.take_f64("maxval")?.unwrap_or(0.05);
-                if (min + max).abs() > 1e-12 || max < 0.0 {
-                    return Err(bad(format!("minval {min}, maxval {max}: only a range symmetric around 0 is supported")));
-                }
-                InitSpec::RandomUniform { limit: max as f32 }
-            }
-            c @ ("randomnormal" | "truncatednormal") => {
-                let mean = init_opts.take_f64("mean")?.unwrap_or(0.0);
-                let stddev = init_opts.take_f64("stddev")?.unwrap_or(0.05);
-                if mean != 0.0 {
-                    return Err(bad(format!("mean {mean}: only 0 is supported")));
-                }
-                if c == "randomnormal" { InitSpec::RandomNormal { stddev: stddev as f32 } } else { InitSpec::TruncatedNormal { stddev: stddev as f32 } }
-            }
+            "variancescaling" => variance_scaling(&mut init_opts, &bad)?,
+            "randomuniform" => random_uniform(&mut init_opts, &bad)?,
+            c @ ("randomnormal" | "truncatednormal") => random_normal(&mut init_opts, &bad, c == "truncatednormal")?,
             _ => return Err(bad("not supported (Zeros, Ones, Constant, GlorotUniform, GlorotNormal, HeUniform, HeNormal, LecunUniform, LecunNormal, VarianceScaling, RandomUniform, RandomNormal, TruncatedNormal)".into())),
         };
         init_opts.take_seed("seed")?;

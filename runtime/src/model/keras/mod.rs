@@ -26,6 +26,7 @@ use ndarray::{Array2, ArrayD, ArrayView2};
 
 use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, check_params, metrics, targets_view};
 use crate::data::{Batch, Targets};
+use crate::hash;
 
 mod conv;
 mod json;
@@ -174,7 +175,7 @@ impl KerasModel {
         let mut a = x.as_standard_layout().into_owned().into_shape_with_order(shape).expect("element count checked");
         let mut caches = Vec::with_capacity(if keep { self.layers.len() } else { 0 });
         for (i, layer) in self.layers.iter().enumerate() {
-            let seed = dropout_seed.map(|s| mix(s, i as u64));
+            let seed = dropout_seed.map(|s| hash::dropout_seed(s, i as u64));
             let (out, cache) = layer.forward(params, a, seed, keep);
             if keep {
                 caches.push(cache);
@@ -230,14 +231,6 @@ pub fn default_loss(spec: &ModelSpec) -> Loss {
     }
 }
 
-/// A 64-bit mix of two numbers (SplitMix64's finaliser), for seeds.
-fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.wrapping_add(0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 impl Model for KerasModel {
     fn name(&self) -> &str {
         "keras"
@@ -249,7 +242,7 @@ impl Model for KerasModel {
 
     fn loss_and_gradients(&self, params: &[ArrayD<f32>], batch: &Batch) -> LossAndGradients {
         let n = self.training_batches.fetch_add(1, Ordering::Relaxed);
-        let p = self.pass(params, batch.x.view(), targets_view(&batch.targets), Some(mix(self.seed, n)), true);
+        let p = self.pass(params, batch.x.view(), targets_view(&batch.targets), Some(hash::dropout_seed(self.seed, n)), true);
         LossAndGradients { loss: p.loss as f32, gradients: p.gradients }
     }
 

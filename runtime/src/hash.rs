@@ -1,0 +1,106 @@
+//! Stable hashes and seeds: the same bits on every platform, build and
+//! restart, since they decide what is written and read back: a variable's
+//! place and the placement's fingerprint, every embedding row's initial value
+//! (and so the values in checkpoints), the generated data, the order of the
+//! examples in every epoch and the dropout masks of a step.
+//!
+//! A leaf: imports nothing of the crate. Changing any value here changes
+//! training results and old checkpoints' meaning; the tests pin them.
+
+/// FNV-1a, 64-bit: small, stable across builds and platforms. Hashes names
+/// (a variable's, a feature's) into keys.
+pub struct Fnv1a(pub u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    #[inline]
+    pub fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// A seed for one purpose from a base seed and two parts (splitmix64's
+/// finaliser over them): well-spread bits from inputs that differ in a few.
+/// An embedding row's generator (seed, variable key, row id), a generated
+/// example's, a feature key's, a data shard's order.
+#[inline]
+pub fn derive_seed(a: u64, b: u64, c: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ c.rotate_left(29).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The shard dispatcher's seed for one purpose (the shard order, the example
+/// order) of one epoch (splitmix64 of the parts).
+#[inline]
+pub fn epoch_seed(seed: u64, epoch: u64, purpose: u64) -> u64 {
+    let mut z = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ purpose.rotate_left(17);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A Keras model's dropout seed: of training batch `n` from the model's
+/// seed, then of layer `n` from the batch's (SplitMix64's finaliser of the
+/// two).
+#[inline]
+pub fn dropout_seed(seed: u64, n: u64) -> u64 {
+    let mut z = seed ^ n.wrapping_add(0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Pinned outputs: they decide the initial values in checkpoints, the
+/// generated data and the data order, so moving or renaming these functions
+/// must not change a bit.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_functions_keep_their_values() {
+        let three: [(u64, u64, u64, u64); 4] = [
+            (0x0, 0x0, 0x0, 0x0000000000000000),
+            (0x1, 0x2, 0x3, 0x885571ef44d9cc9b),
+            (0x7, 0x4558, 0x0, 0x24e3ace79d78cbab),
+            (u64::MAX, 0x5, 0x535041525345, 0xc49abdf0970f2394),
+        ];
+        for (a, b, c, want) in three {
+            assert_eq!(derive_seed(a, b, c), want, "derive_seed (embedding::mix before) ({a:#x}, {b:#x}, {c:#x})");
+        }
+        let two: [(u64, u64, u64); 4] =
+            [(0x0, 0x0, 0x5c4722af355e9512), (0x1, 0x2, 0x8c9a5c8d6b31afde), (0x2a, 0x7, 0x028b68a114d87371), (u64::MAX, 0x3, 0x2acd0d4654f61356)];
+        for (a, b, want) in two {
+            assert_eq!(dropout_seed(a, b), want, "dropout_seed (keras::mix before) ({a:#x}, {b:#x})");
+        }
+        let epoch: [(u64, u64, u64, u64); 4] = [
+            (0x0, 0x0, 0x0, 0x0000000000000000),
+            (0x1, 0x2, 0x534841524453, 0xd25b336a6454680f),
+            (0x9, 0x0, 0x4558414d504c, 0xe14c49ba4a68069f),
+            (u64::MAX, 0x1, 0x3, 0x11cebe8040952e9a),
+        ];
+        for (a, b, c, want) in epoch {
+            assert_eq!(epoch_seed(a, b, c), want, "epoch_seed (dispatch::mix before) ({a:#x}, {b:#x}, {c:#x})");
+        }
+    }
+
+    #[test]
+    fn fnv1a_keeps_its_values() {
+        let cases = [("", 0xcbf29ce484222325u64), ("a", 0xaf63dc4c8601ec8c), ("emb", 0xc2ec1718f04f892f), ("dense/kernel", 0x00e866201259ba30)];
+        for (text, want) in cases {
+            let mut h = Fnv1a::default();
+            h.write(text.as_bytes());
+            assert_eq!(h.0, want, "{text:?}");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! A ps's shard of a checkpoint: its variables, slots, update counts, the
+//! rows of its embedding partitions and the shard dispatcher's state, copied
+//! under the lock and written outside it; and back, before serving.
+
+use super::training::Agreement;
+use super::variables::{StoredVar, Variables};
+use super::{ParameterStore, StoreError};
+use crate::checkpoint::{self, ShardData};
+use crate::cluster::TaskId;
+use crate::embedding::{EmbeddingPart, RowTable};
+use crate::optimizer::Slots;
+use crate::proto;
+
+/// Adds an embedding partition's materialised rows to a checkpoint shard:
+/// its values (`[rows, dim]`) and slots under the partition's name, the ids
+/// under `<name>:ids`, and the partition's description.
+fn save_rows(data: &mut ShardData, t: &RowTable) -> Result<(), serde_json::Error> {
+    let (ids, values, slots, updates) = t.saved();
+    let shape = vec![ids.len(), t.dim()];
+    data.variables.push((t.name.clone(), shape.clone(), values.to_vec()));
+    for (k, slot) in slots.into_iter().enumerate() {
+        if !slot.is_empty() {
+            data.slots.push((format!("{}:slot{k}", t.name), shape.clone(), slot.to_vec()));
+        }
+    }
+    data.updates.push((t.name.clone(), updates));
+    data.row_ids.push((t.name.clone(), ids.to_vec()));
+    data.embeddings.push((t.name.clone(), serde_json::to_string(&t.part)?));
+    Ok(())
+}
+
+/// Every variable's values, slots and update count, in a checkpoint shard.
+fn save_variables(data: &mut ShardData, vars: &Variables) -> Result<(), StoreError> {
+    for v in vars.all() {
+        if let Some(t) = &v.table {
+            save_rows(data, t).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+            continue;
+        }
+        data.variables.push((v.name.clone(), v.shape.clone(), v.values.to_vec()));
+        for (k, slot) in [&v.slots.first, &v.slots.second].into_iter().enumerate() {
+            if !slot.is_empty() {
+                data.slots.push((format!("{}:slot{k}", v.name), v.shape.clone(), slot.clone()));
+            }
+        }
+        data.updates.push((v.name.clone(), v.slots.updates));
+    }
+    Ok(())
+}
+
+/// An embedding partition of a checkpoint shard, with its rows.
+fn restored_rows(data: &ShardData, name: &str, ids: &[i64], values: &[f32], slots: [Vec<f32>; 2], updates: u64) -> Result<StoredVar, StoreError> {
+    let json = data
+        .embeddings
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, j)| j.as_str())
+        .ok_or_else(|| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?} has rows but no description")))?;
+    let part: EmbeddingPart = serde_json::from_str(json).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?}: {e}")))?;
+    let stored_shape = vec![part.partition_rows() as usize, part.dim];
+    let mut table = RowTable::new(name, part);
+    table.restore(ids.to_vec(), values.to_vec(), slots, updates).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: {e}")))?;
+    Ok(StoredVar::rows(name.to_string(), stored_shape, table))
+}
+
+/// The variables of a checkpoint shard, sorted by name.
+fn restored_variables(data: &ShardData) -> Result<Vec<StoredVar>, StoreError> {
+    let mut vars = Vec::new();
+    for (name, shape, values) in &data.variables {
+        if shape.iter().product::<usize>() != values.len() {
+            return Err(StoreError::InvalidArgument(format!("checkpoint variable {name:?}: shape {shape:?} and {} values", values.len())));
+        }
+        let slot = |k: usize| data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default();
+        let updates = data.updates.iter().find(|(n, _)| n == name).map_or(0, |(_, u)| *u);
+        match data.row_ids.iter().find(|(n, _)| n == name) {
+            Some((_, ids)) => vars.push(restored_rows(data, name, ids, values, [slot(0), slot(1)], updates)?),
+            None => vars.push(StoredVar::dense(name.clone(), shape.clone(), values.clone(), Slots { first: slot(0), second: slot(1), updates })),
+        }
+    }
+    vars.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(vars)
+}
+
+impl ParameterStore {
+    /// Writes this ps's shard of the checkpoint of `req.step` (values, slots
+    /// and update counts copied under the lock, written outside it).
+    pub fn save_checkpoint(&self, task: &TaskId, req: &proto::SaveCheckpointRequest) -> Result<proto::SaveCheckpointReply, StoreError> {
+        self.check_chief(task, "save checkpoints")?;
+        if req.directory.is_empty() {
+            return Err(StoreError::InvalidArgument("directory: empty".into()));
+        }
+        if req.step < 0 {
+            return Err(StoreError::InvalidArgument(format!("step: {} is negative", req.step)));
+        }
+        let (data, own_step, num_ps) = {
+            let state = self.lock();
+            state.training.check_initialized()?;
+            let mut data = ShardData::default();
+            save_variables(&mut data, &state.vars)?;
+            data.dispatcher = state.dispatch.saved().map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+            if state.training.num_ps == 0 {
+                return Err(StoreError::FailedPrecondition("the number of ps tasks is not known yet (no worker has joined)".into()));
+            }
+            (data, state.training.progress.step, state.training.num_ps)
+        };
+        let dir = crate::storage::Location::parse(&req.directory).map_err(|e| StoreError::InvalidArgument(format!("directory: {e}")))?;
+        let info = checkpoint::write_shard(&dir, req.step, self.config.ps_index, num_ps, &data).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
+    }
+
+    /// Restores this ps from a checkpoint shard (of a checkpoint written by
+    /// `num_ps` ps tasks) before serving: the values, the step and the shard
+    /// dispatcher's state are back; the training configuration (and so the
+    /// optimizer) comes with the first worker's handshake.
+    pub fn restore(&self, data: &ShardData, step: i64, num_ps: usize) -> Result<(), StoreError> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.training.progress.initialized {
+            return Err(StoreError::FailedPrecondition("already initialised".into()));
+        }
+        if state.training.num_ps == 0 {
+            state.training.num_ps = num_ps;
+        }
+        let vars = restored_variables(data)?;
+        let variables = vars.iter().map(StoredVar::spec).collect();
+        if let Some(json) = &data.dispatcher {
+            state.dispatch.restore(self.config.ps_index, json)?;
+        }
+        // Fingerprint 0: adopted from the first handshake whose variables match.
+        state.training.agreement = Some(Agreement { fingerprint: 0, variables, config: None });
+        state.vars.install(vars);
+        state.training.progress.initialized = true;
+        state.training.progress.step = step;
+        self.publish(state.training.progress);
+        Ok(())
+    }
+}

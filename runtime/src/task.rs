@@ -1,0 +1,360 @@
+//! One task of a cluster, from its converted flags to the end of its process:
+//! the cluster resolved (`TF_CONFIG` or the classic flags), a ps's store
+//! (restored from the latest checkpoint), the background work and the
+//! servers started, the role run until it ends or a signal comes, all
+//! stopped. Without a cluster, training in this process.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::auth::Credentials;
+use crate::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
+use crate::exit::{fail, print_report, termination};
+use crate::metrics::{PsMetrics, TaskMetrics, TrainingMetrics};
+use crate::proto;
+use crate::ps::{ParameterStore, PsConfig, PsService};
+use crate::server::{self, WorkerService};
+use crate::status::TaskStatus;
+use crate::storage::Location;
+use crate::train::{self, TaskContext, TrainError, TrainSettings};
+use crate::workload::{self, WorkloadSpec};
+
+/// The task's server, until it stops.
+type ServerHandle = JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// What a task runs with, from its flags. The settings and the workload
+/// are checked after the cluster: their errors come second.
+pub struct TaskOptions {
+    pub cluster: ClusterFlags,
+    /// The `TF_CONFIG` environment variable.
+    pub tf_config: Option<String>,
+    pub settings: Result<TrainSettings, String>,
+    pub spec: Result<WorkloadSpec, String>,
+    pub credentials: Credentials,
+    /// Where the servers listen (the ports come from the cluster and `--metrics_port`).
+    pub bind: IpAddr,
+    pub metrics_port: Option<u16>,
+    /// A ps: how long a training task's lease lasts (`--lease_secs`, checked
+    /// with the settings).
+    pub lease_secs: f64,
+    /// A ps: how long it waits for the other tasks once training is over.
+    pub shutdown_grace: Duration,
+}
+
+/// Runs the task, or trains alone when there is no cluster; the process's
+/// exit code.
+pub async fn run_task(opts: TaskOptions) -> u8 {
+    let (cluster, source) = match resolve_cluster(&opts.cluster, opts.tf_config.as_deref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let settings = match opts.settings {
+        Ok(s) => s,
+        Err(e) => return fail(2, e),
+    };
+    let spec = match opts.spec {
+        Ok(s) => s,
+        Err(e) => return fail(2, e),
+    };
+    let Some(cluster) = cluster else {
+        if source.is_none() {
+            tracing::info!("no cluster (TF_CONFIG or --ps_hosts/--worker_hosts)");
+        }
+        return run_single_process(&spec, &settings).await;
+    };
+    let status = Arc::new(TaskStatus::new(cluster.task.clone()));
+    let ctx = TaskContext { cluster, settings, credentials: opts.credentials, status, metrics: Arc::new(TrainingMetrics::default()) };
+    let ends = Ends { bind: opts.bind, metrics_port: opts.metrics_port, lease_secs: opts.lease_secs, shutdown_grace: opts.shutdown_grace };
+    run_cluster_task(&ctx, &spec, &ends).await
+}
+
+/// The task's addresses and time limits.
+struct Ends {
+    bind: IpAddr,
+    metrics_port: Option<u16>,
+    lease_secs: f64,
+    shutdown_grace: Duration,
+}
+
+/// The cluster this task is part of (none: train alone), and where it was
+/// read from; logs it. An error is reported and its exit code returned.
+fn resolve_cluster(flags: &ClusterFlags, tf_config: Option<&str>) -> Result<(Option<ClusterConfig>, Option<ClusterSource>), u8> {
+    let source = cluster::source(flags, tf_config);
+    let cluster = match cluster::resolve(flags, tf_config) {
+        Ok(c) => c,
+        Err(e) => return Err(fail(2, format_args!("{}{e}", if source == Some(ClusterSource::TfConfig) { "TF_CONFIG: " } else { "" }))),
+    };
+    if let Some(c) = &cluster {
+        let ignored = if c.source == ClusterSource::Flags && tf_config.is_some() { "; TF_CONFIG is set and ignored" } else { "" };
+        tracing::info!("{}: cluster from {}{ignored}: {}", c.task, c.source, describe_cluster(&c.cluster));
+    }
+    // One training task and no ps (a one-replica TFJob run with the classic
+    // flags): nothing to share variables with, it trains alone.
+    let cluster = cluster.filter(|c| {
+        let alone = c.role() == Role::Worker && c.cluster.num_tasks("ps") == 0 && c.cluster.training_tasks().len() == 1;
+        if alone {
+            tracing::info!("{}: the cluster has no ps task and no other training task: training in this process", c.task);
+        }
+        !alone
+    });
+    Ok((cluster, source))
+}
+
+/// `ps=[a:1] worker=[b:1,c:1]` (a long job: its first addresses and its size).
+fn describe_cluster(spec: &cluster::ClusterSpec) -> String {
+    let job = |job: &str| {
+        let all = spec.addresses(job);
+        match all.len() {
+            0..=4 => format!("{job}=[{}]", all.join(",")),
+            n => format!("{job}=[{},... {n} tasks]", all[..3].join(",")),
+        }
+    };
+    spec.jobs().map(job).collect::<Vec<_>>().join(" ")
+}
+
+/// A task of a cluster: its servers and background work around its role,
+/// until the role ends or a signal comes.
+async fn run_cluster_task(ctx: &TaskContext, spec: &WorkloadSpec, ends: &Ends) -> u8 {
+    let ps = if ctx.cluster.role() == Role::Ps {
+        match start_ps(ctx, ends.lease_secs) {
+            Ok(store) => Some(store),
+            Err((code, e)) => return fail(code, e),
+        }
+    } else {
+        None
+    };
+    let background = match start_background(ctx, ps.as_ref(), ends).await {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server = match start_server(ctx, ps.as_ref(), ends.bind, stop_rx).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let code = run_until_signal(ctx, spec, ps, ends.shutdown_grace).await;
+    for h in background {
+        h.abort();
+    }
+    let _ = stop_tx.send(());
+    if let Some(handle) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
+    }
+    code
+}
+
+/// A ps's store: the tasks it waits for at the end, and the latest complete
+/// checkpoint restored when there is one.
+fn start_ps(ctx: &TaskContext, lease_secs: f64) -> Result<Arc<ParameterStore>, (u8, String)> {
+    let cluster = &ctx.cluster;
+    // A ps listed sparsely (Kubeflow's enableDynamicWorker gives a ps only
+    // itself) does not know how many ps tasks there are: 0 learns it from
+    // the first caller.
+    let num_ps = if cluster.cluster.is_sparse("ps") { 0 } else { cluster.cluster.num_tasks("ps") };
+    let mut config = PsConfig::new(cluster.task.index as usize, num_ps, cluster.cluster.chief());
+    config.lease = Duration::from_secs_f64(lease_secs.max(0.1));
+    let store = Arc::new(ParameterStore::new(config));
+    // The evaluators too: each evaluates the final variables before it leaves.
+    let mut expected = cluster.cluster.training_tasks();
+    expected.extend(cluster.cluster.tasks("evaluator").into_iter().map(|(i, _)| cluster::TaskId::new("evaluator", i)));
+    store.expect(&expected);
+    if let Some(dir) = &ctx.settings.checkpoints.directory {
+        restore(&store, dir, cluster)?;
+    }
+    Ok(store)
+}
+
+/// Restores a ps from the latest complete checkpoint, if there is one.
+fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
+    use crate::checkpoint;
+    // 0 when this ps does not know how many ps tasks there are: the
+    // checkpoint's count is then taken.
+    let num_ps = store.num_ps();
+    // Storage that cannot be reached may come back: a transient exit code.
+    let code = |e: &checkpoint::CheckpointError| if matches!(e, checkpoint::CheckpointError::Io(_)) { 138 } else { 2 };
+    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
+    let Some(ckpt) = latest else {
+        tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
+        return Ok(());
+    };
+    let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
+    store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
+    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
+    Ok(())
+}
+
+/// A ps's lease expiry, and the metrics server when `--metrics_port` asks.
+async fn start_background(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, ends: &Ends) -> Result<Vec<JoinHandle<()>>, u8> {
+    let mut background = Vec::new();
+    if let Some(store) = ps {
+        let store = store.clone();
+        background.push(crate::metrics::every(Duration::from_millis(200), move || {
+            let store = store.clone();
+            async move {
+                store.expire_leases(std::time::Instant::now());
+            }
+        }));
+    }
+    if let Some(port) = ends.metrics_port {
+        let task = ctx.cluster.task.to_string();
+        let exposition = Arc::new(match ps {
+            Some(store) => TaskMetrics::new(&task, PsMetrics(store.clone())),
+            None => TaskMetrics::new(&task, ctx.metrics.clone()),
+        });
+        match crate::metrics::serve(SocketAddr::new(ends.bind, port), exposition).await {
+            Ok(h) => background.push(h),
+            Err(e) => return Err(fail(3, e)),
+        }
+    }
+    Ok(background)
+}
+
+/// The task's gRPC server (and a ps's tensor channel) on its own port, if
+/// the cluster gives it one; it stops when `stop` fires.
+async fn start_server(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, bind: IpAddr, stop: oneshot::Receiver<()>) -> Result<Option<ServerHandle>, u8> {
+    let Some(port) = ctx.cluster.own_address().and_then(cluster::port_of) else {
+        return Ok(None);
+    };
+    let worker = WorkerService::new(ctx.status.clone(), None);
+    let addr = SocketAddr::new(bind, port);
+    let service = ps.map(|store| PsService::new(store.clone()));
+    match server::serve(addr, service, worker, &ctx.credentials, async {
+        let _ = stop.await;
+    })
+    .await
+    {
+        Ok(handle) => {
+            tracing::info!("{}: serving on {addr}", ctx.cluster.task);
+            Ok(Some(handle))
+        }
+        Err(e) => Err(fail(3, e)),
+    }
+}
+
+/// The role until it ends or a signal comes. A worker stopped on a signal
+/// is told to leave, and given the time to say so over the connections it
+/// trains on.
+async fn run_until_signal(ctx: &TaskContext, spec: &WorkloadSpec, ps: Option<Arc<ParameterStore>>, grace: Duration) -> u8 {
+    let (leave_tx, leave_rx) = watch::channel(false);
+    let role = run_role(ctx, spec, ps, grace, leave_rx);
+    tokio::pin!(role);
+    tokio::select! {
+        code = &mut role => code,
+        code = termination() => {
+            tracing::warn!("{}: stopping on signal", ctx.cluster.task);
+            if ctx.cluster.role() == Role::Worker {
+                let _ = leave_tx.send(true);
+                let _ = tokio::time::timeout(crate::client::LEAVE_DEADLINE + Duration::from_millis(500), &mut role).await;
+            }
+            code
+        }
+    }
+}
+
+async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<ParameterStore>>, grace: Duration, mut leave: watch::Receiver<bool>) -> u8 {
+    if ctx.cluster.role() == Role::Ps {
+        return run_ps(&ctx.cluster, store.expect("ps store"), &ctx.status, grace).await;
+    }
+    let mut workload = match workload::build(spec) {
+        Ok(w) => w,
+        Err(e) => return fail(2, e),
+    };
+    let result = if ctx.cluster.role() == Role::Evaluator {
+        train::run_evaluator(ctx, &mut workload).await
+    } else {
+        // Resolves once told to leave; never when the sender is gone
+        // without a word.
+        let told_to_leave = async move {
+            if leave.wait_for(|l| *l).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        crate::worker::run_worker(ctx, &mut workload, told_to_leave).await
+    };
+    exit_code(&ctx.cluster, result)
+}
+
+/// A worker's or an evaluator's end: its report, or why it stopped.
+fn exit_code(cluster: &ClusterConfig, result: Result<train::FinalReport, TrainError>) -> u8 {
+    match result {
+        Ok(report) => {
+            print_report(&report);
+            0
+        }
+        Err(TrainError::Stopped { ps_heard, ps_total }) if ps_heard == ps_total => {
+            tracing::info!("{}: left the job", cluster.task);
+            143
+        }
+        Err(TrainError::Stopped { ps_heard, ps_total }) => {
+            tracing::warn!("{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps_total - ps_heard);
+            143
+        }
+        Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
+    }
+}
+
+/// A ps serves until the chief ends training, then waits (up to the grace
+/// period) for the other tasks to notice, and exits 0.
+async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: &TaskStatus, grace: Duration) -> u8 {
+    let task = &cluster.task;
+    status.set(proto::TaskState::Serving, 0, 0, "serving variables");
+    let started = Instant::now();
+    let mut progress = store.subscribe();
+    if progress.wait_for(|p| p.done).await.is_err() {
+        return fail(1, "the parameter store closed unexpectedly");
+    }
+    let step = store.progress().step;
+    status.set(proto::TaskState::Done, 0, step, "training is over");
+    let deadline = Instant::now() + grace;
+    while !store.pending().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pending = store.pending();
+    if !pending.is_empty() {
+        tracing::warn!("{task}: exiting after {grace:?} without word from {}", pending.join(", "));
+    }
+    let stats = store.stats();
+    tracing::info!("{task}: training over at step {}; exiting", stats.step);
+    print_report(&serde_json::json!({
+        "task": task.to_string(),
+        "role": "ps",
+        "global_step": stats.step,
+        "pushes_applied": stats.pushes_applied,
+        "stale_gradients_dropped": stats.stale_gradients_dropped,
+        "duplicate_gradients_dropped": stats.duplicate_gradients_dropped,
+        "bytes_received": stats.bytes_received,
+        "bytes_sent": stats.bytes_sent,
+        "variables": stats.variables.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
+        "elapsed_secs": started.elapsed().as_secs_f64(),
+    }));
+    0
+}
+
+/// Training in this process, without a cluster.
+async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8 {
+    let mut workload = match workload::build(spec) {
+        Ok(w) => w,
+        Err(e) => return fail(2, e),
+    };
+    tracing::info!("training {} in this process", workload.model.name());
+    let settings = settings.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
+            let summary: String = model.summary(params).iter().map(|(k, v)| format!(" {k}={v:.4}")).collect();
+            tracing::info!("local: step={step} loss={loss:.4}{summary}");
+        })
+    })
+    .await
+    .expect("training thread");
+    match report {
+        Ok(report) => {
+            print_report(&report);
+            0
+        }
+        Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("local: {e}")),
+    }
+}
