@@ -8,8 +8,9 @@ use std::path::Path;
 
 use ndarray::Array2;
 
+use super::batch::Targets;
+use super::dataset::DataError;
 use super::idx::read_bytes;
-use super::{DataError, Targets};
 
 /// The label column when `--label_column` is not given.
 pub const DEFAULT_LABEL_COLUMN: &str = "label";

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use flate2::read::MultiGzDecoder;
 use ndarray::Array2;
 
-use super::{DataError, Dataset, Targets};
+use super::batch::Targets;
+use super::dataset::{DataError, Dataset};
 use crate::storage;
 
 /// Classes of MNIST labels.

@@ -1,7 +1,7 @@
 //! Where a task's data comes from: `--data_format` (`idx` or `csv`) and the
 //! files of `--data_dir`, or one `--input` file for `predict`/`evaluate`.
 //!
-//! - `idx`: the four files named as MNIST's ([`MNIST_FILES`](super::MNIST_FILES)),
+//! - `idx`: the four files named as MNIST's ([`MNIST_FILES`](super::idx::MNIST_FILES)),
 //!   images of any size, labels `0..=255`.
 //! - `csv`: `train.csv` and, if present, `test.csv` (each plain or `.gz`);
 //!   without `test.csv`, evaluation uses the training set (and says so).
@@ -10,9 +10,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use super::batch::Targets;
 use super::csv::{CsvOptions, LabelKind, read_csv};
+use super::dataset::{DataError, Dataset};
 use super::idx::{find, load_idx_dir, read_bytes, read_idx_examples, read_idx_labels};
-use super::{DataError, Dataset, Targets};
 
 /// `--data_format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

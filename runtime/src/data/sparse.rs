@@ -11,7 +11,7 @@ use std::str::FromStr;
 
 use ndarray::Array2;
 
-use super::{Batch, Targets};
+use super::batch::{Batch, SparseFeatures, Targets};
 use crate::hash::{Fnv1a, derive_seed};
 
 /// A sparse text format.
@@ -162,26 +162,6 @@ fn parse_criteo(line: &str) -> Result<Option<SparseExample>, String> {
         }
     }
     Ok(Some(example))
-}
-
-/// The sparse features of a batch, row after row (compressed sparse rows).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SparseFeatures {
-    /// `offsets[i]..offsets[i + 1]` are example `i`'s features.
-    pub offsets: Vec<usize>,
-    pub fields: Vec<u32>,
-    pub keys: Vec<u64>,
-    pub values: Vec<f32>,
-    /// Fields of the format (the bags of a wide & deep model).
-    pub num_fields: usize,
-}
-
-impl SparseFeatures {
-    /// Example `i`'s features: (field, key, value).
-    pub fn example(&self, i: usize) -> impl Iterator<Item = (u32, u64, f32)> + '_ {
-        let r = self.offsets[i]..self.offsets[i + 1];
-        self.fields[r.clone()].iter().zip(&self.keys[r.clone()]).zip(&self.values[r]).map(|((&f, &k), &v)| (f, k, v))
-    }
 }
 
 /// Examples as a batch: dense inputs in `x`, labels as classes 0/1, the

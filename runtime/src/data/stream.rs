@@ -26,9 +26,10 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
+use super::batch::Batch;
+use super::dataset::{DataError, TrainingSet};
 use super::generate::Generator;
 use super::sparse::{SparseExample, SparseFormat, sparse_batch};
-use super::{Batch, DataError, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::hash::derive_seed;
 use crate::storage;

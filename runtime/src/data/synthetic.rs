@@ -6,7 +6,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
-use super::{Dataset, Targets};
+use super::batch::Targets;
+use super::dataset::Dataset;
 
 /// Points on the line: `linspace(-1, 1, 101)`.
 pub const LINE_POINTS: usize = 101;

@@ -8,6 +8,7 @@ use ndarray::{Array2, arr2};
 use proptest::prelude::*;
 
 use super::*;
+use crate::dispatch::{ShardId, ShardPlan};
 
 // ------------------------------------------------------------- IDX files
 

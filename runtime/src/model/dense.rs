@@ -5,16 +5,16 @@
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayD, ArrayView2, Axis, Zip};
 
-use super::{
-    Activation, Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, WeightInit, as_matrix, check_params, metrics, targets_view,
-};
+use super::config::{Activation, WeightInit, dense_variable};
+use super::spec::{LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, as_matrix, check_params, metrics, targets_view};
 use crate::data::Batch;
+use crate::init::Init;
 
 /// Softmax (multinomial logistic) regression: `logits = x·weights + biases`,
 /// loss = mean over the batch of the softmax cross-entropy.
 ///
 /// Variables (named as Keras names the one Dense layer of the same model,
-/// [`super::preset_spec`]): `dense/kernel` (the tutorial's `weights`)
+/// [`crate::model::preset_spec`]): `dense/kernel` (the tutorial's `weights`)
 /// `[n_in, n_classes]` and `dense/bias` (`biases`) `[n_classes]`, both
 /// zeros, as in TensorFlow's MNIST beginner tutorial. Targets must be
 /// [`Targets::Labels`](crate::data::Targets::Labels) in `0..n_classes`.
@@ -27,12 +27,12 @@ pub struct SoftmaxRegression {
 
 impl SoftmaxRegression {
     /// # Panics
-    /// If a size is 0 ([`build_model`](super::build_model) reports that as an error).
+    /// If a size is 0 ([`build_model`](crate::model::build_model) reports that as an error).
     pub fn new(input_dim: usize, num_classes: usize) -> Self {
         assert!(input_dim > 0 && num_classes > 0, "softmax: sizes must be at least 1");
         let specs = vec![
-            VariableSpec::new(super::dense_variable(0, "kernel"), vec![input_dim, num_classes], Init::Zeros),
-            VariableSpec::new(super::dense_variable(0, "bias"), vec![num_classes], Init::Zeros),
+            VariableSpec::new(dense_variable(0, "kernel"), vec![input_dim, num_classes], Init::Zeros),
+            VariableSpec::new(dense_variable(0, "bias"), vec![num_classes], Init::Zeros),
         ];
         SoftmaxRegression { input_dim, num_classes, specs }
     }
@@ -56,7 +56,7 @@ impl SoftmaxRegression {
 /// dense output layer with softmax cross-entropy (mean over the batch).
 ///
 /// Variables are named as Keras names the Dense layers of the same model
-/// ([`super::preset_spec`]: `dense`, `dense_1`, ... from the input), so that
+/// ([`crate::model::preset_spec`]: `dense`, `dense_1`, ... from the input), so that
 /// `export`, `predict` and `evaluate` treat a trained mlp as that Keras model,
 /// in this order:
 /// - one hidden layer: `dense/kernel` `[n_in, h]`, `dense/bias` `[h]`, then the
@@ -79,7 +79,7 @@ pub struct Mlp {
 
 impl Mlp {
     /// # Panics
-    /// If `hidden_units` is empty or a size is 0 ([`build_model`](super::build_model)
+    /// If `hidden_units` is empty or a size is 0 ([`build_model`](crate::model::build_model)
     /// reports those as errors).
     pub fn new(input_dim: usize, hidden_units: &[usize], num_classes: usize, activation: Activation, weight_init: WeightInit) -> Self {
         assert!(input_dim > 0 && num_classes > 0, "mlp: sizes must be at least 1");
@@ -91,13 +91,13 @@ impl Mlp {
         let mut specs = Vec::with_capacity(2 * hidden_units.len() + 2);
         let mut fan_in = input_dim;
         for (i, &h) in hidden_units.iter().enumerate() {
-            specs.push(VariableSpec::new(super::dense_variable(i, "kernel"), vec![fan_in, h], weight(fan_in)));
-            specs.push(VariableSpec::new(super::dense_variable(i, "bias"), vec![h], Init::Zeros));
+            specs.push(VariableSpec::new(dense_variable(i, "kernel"), vec![fan_in, h], weight(fan_in)));
+            specs.push(VariableSpec::new(dense_variable(i, "bias"), vec![h], Init::Zeros));
             fan_in = h;
         }
         let out = hidden_units.len();
-        specs.push(VariableSpec::new(super::dense_variable(out, "kernel"), vec![fan_in, num_classes], weight(fan_in)));
-        specs.push(VariableSpec::new(super::dense_variable(out, "bias"), vec![num_classes], Init::Zeros));
+        specs.push(VariableSpec::new(dense_variable(out, "kernel"), vec![fan_in, num_classes], weight(fan_in)));
+        specs.push(VariableSpec::new(dense_variable(out, "bias"), vec![num_classes], Init::Zeros));
         Mlp { input_dim, hidden_units: hidden_units.to_vec(), num_classes, activation, weight_init, specs }
     }
 

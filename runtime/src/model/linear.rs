@@ -2,14 +2,16 @@
 
 use ndarray::{Array1, ArrayD, ArrayView2, Zip};
 
-use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, as_matrix, check_params, metrics, targets_view};
+use super::config::dense_variable;
+use super::spec::{LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, as_matrix, check_params, metrics, targets_view};
 use crate::data::Batch;
+use crate::init::Init;
 
 /// `pred = x·W + b`, loss = mean over the batch of `(y - pred)^2` (TF's
 /// `reduce_mean(square(Y - pred))`, not halved).
 ///
 /// Variables (named as Keras names the one Dense layer of the same model,
-/// [`super::preset_spec`]): `dense/kernel` (the classic example's `W`)
+/// [`crate::model::preset_spec`]): `dense/kernel` (the classic example's `W`)
 /// `[n_features, 1]` and `dense/bias` (`b`) `[1]`, both drawn from Normal(0, 1)
 /// like the classic example's `tf.Variable(rng.randn())`. Targets must be
 /// [`Targets::Values`](crate::data::Targets::Values) with one column.
@@ -21,12 +23,12 @@ pub struct LinearRegression {
 
 impl LinearRegression {
     /// # Panics
-    /// If `n_features` is 0 ([`build_model`](super::build_model) reports that as an error).
+    /// If `n_features` is 0 ([`build_model`](crate::model::build_model) reports that as an error).
     pub fn new(n_features: usize) -> Self {
         assert!(n_features > 0, "linear: n_features must be at least 1");
         let specs = vec![
-            VariableSpec::new(super::dense_variable(0, "kernel"), vec![n_features, 1], Init::Normal { stddev: 1.0 }),
-            VariableSpec::new(super::dense_variable(0, "bias"), vec![1], Init::Normal { stddev: 1.0 }),
+            VariableSpec::new(dense_variable(0, "kernel"), vec![n_features, 1], Init::Normal { stddev: 1.0 }),
+            VariableSpec::new(dense_variable(0, "bias"), vec![1], Init::Normal { stddev: 1.0 }),
         ];
         LinearRegression { n_features, specs }
     }

@@ -22,8 +22,9 @@
 
 use ndarray::{Array2, ArrayD, ArrayView2, Axis, Ix2};
 
-use super::{EmbeddingDecl, Init, LossAndGradients, Metrics, Model, Real, VariableSpec, check_params};
+use super::spec::{EmbeddingDecl, LossAndGradients, Metrics, Model, Real, VariableSpec, check_params};
 use crate::data::{Batch, SparseFeatures, Targets};
+use crate::init::Init;
 use crate::placement::PartitionStrategy;
 
 /// What a sparse model is built from.

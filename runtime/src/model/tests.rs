@@ -3,8 +3,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
+use super::spec::{Pass, TargetsView};
 use super::*;
+use crate::data::{Batch, Targets};
 use crate::data::{Sampler, synthetic_classification, synthetic_line};
+use crate::init::Init;
 
 // ---------------------------------------------------------------- helpers
 

@@ -2,9 +2,9 @@
 //! rows of its embedding partitions and the shard dispatcher's state, copied
 //! under the lock and written outside it; and back, before serving.
 
-use super::training::Agreement;
-use super::variables::{StoredVar, Variables};
-use super::{ParameterStore, StoreError};
+use super::error::StoreError;
+use super::state::{Agreement, StoredVar, Variables};
+use super::store::ParameterStore;
 use crate::checkpoint::{self, ShardData};
 use crate::cluster::TaskId;
 use crate::embedding::{EmbeddingPart, RowTable};

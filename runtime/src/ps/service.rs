@@ -8,7 +8,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{ParameterStore, Progress, PulledRows, SharedVariable, StoreError, task_of};
+use super::error::{StoreError, task_of};
+use super::state::{Progress, SharedPull};
+use super::store::ParameterStore;
 use crate::cluster::TaskId;
 use crate::proto::{self, RowsPart, TensorPart, parameter_server_server::ParameterServer};
 use crate::tensor;
@@ -51,9 +53,6 @@ pub struct Pulled<T> {
     pub waited_micros: u64,
     pub values: Option<T>,
 }
-
-/// What a pull over the tensor channel takes: dense variables shared, rows copied.
-pub type SharedPull = (Vec<SharedVariable>, Vec<PulledRows>);
 
 type PullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PullVariablesReply, Status>> + Send>>;
 type PushPullStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::PushPullReply, Status>> + Send>>;

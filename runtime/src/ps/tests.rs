@@ -1,13 +1,14 @@
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::*;
 use crate::checkpoint;
+use crate::cluster::TaskId;
 use crate::embedding::EmbeddingPart;
 use crate::optimizer::Optimizer;
-use crate::proto::{DataType, RowsPart, TensorPart, UpdateMode};
+use crate::proto::{self, DataType, RowsPart, TensorPart, UpdateMode};
 use crate::tensor::f32_to_bytes;
 
 fn tid(job: &str, i: u32) -> Option<proto::TaskId> {

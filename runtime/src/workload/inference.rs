@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use ndarray::ArrayD;
 
 use super::keras::check_mlp_flags;
-use super::{KerasOptions, WorkloadError, mlp_options};
+use super::spec::{KerasOptions, WorkloadError, mlp_options};
 use crate::data::DataOptions;
 use crate::model::keras::KerasModel;
 use crate::model::{self, Activation, ModelConfig, WeightInit};

@@ -1,43 +1,12 @@
 //! A Keras model (`--keras_model`) with its data, and the checks that every
 //! data flag is one the chosen model can use.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::{SYNTHETIC_TRAIN_EXAMPLES, WorkloadError, WorkloadSpec};
+use super::spec::{SYNTHETIC_TRAIN_EXAMPLES, WorkloadError, WorkloadSpec, flag};
 use crate::data::{self, DataFormat, Dataset, LabelKind};
 use crate::model::Model;
-use crate::model::keras::{KerasError, KerasModel, Loss, default_loss, load_model_file};
-
-/// `--keras_model`, `--loss`, `--from_logits`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct KerasOptions {
-    /// The JSON of `model.to_json()`.
-    pub model_file: Option<PathBuf>,
-    /// `None`: from the model's last activation ([`default_loss`]).
-    pub loss: Option<String>,
-    pub from_logits: bool,
-}
-
-impl KerasOptions {
-    /// Reads the model file and builds the model with the loss `--loss`
-    /// names (or the one its last activation implies).
-    pub fn build(&self, file: &Path, seed: u64) -> Result<KerasModel, WorkloadError> {
-        let spec = load_model_file(file)?;
-        let loss = match &self.loss {
-            Some(name) => name.parse().map_err(|reason| WorkloadError::Flag { field: "loss", reason })?,
-            None => {
-                let loss = default_loss(&spec);
-                tracing::info!("no --loss given: {loss}, from the model's last activation");
-                loss
-            }
-        };
-        KerasModel::new(&spec, loss, self.from_logits, seed).map_err(|e| KerasError::InFile { path: file.to_path_buf(), source: Box::new(e) }.into())
-    }
-}
-
-fn flag(field: &'static str, reason: impl Into<String>) -> WorkloadError {
-    WorkloadError::Flag { field, reason: reason.into() }
-}
+use crate::model::keras::{KerasModel, Loss};
 
 /// Every flag given must be one the model and the data format use: a flag
 /// that would be ignored is an error naming it.
@@ -184,6 +153,9 @@ pub fn check_example_shape(file: &Path, example: Option<&[usize]>, input: &[usiz
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
+    use super::super::spec::KerasOptions;
     use super::*;
     use crate::data::DataOptions;
 

@@ -4,53 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{WorkloadError, WorkloadSpec};
+use super::spec::{SparseOptions, WorkloadError, WorkloadSpec, flag};
 use crate::data::{self, FileSet, GENERATED_EVAL_BASE, GeneratedTrainingSet, Generator, SparseFormat, StreamedTrainingSet, TrainingSet};
 use crate::model::{SparseModel, SparseModelConfig};
-use crate::placement::PartitionStrategy;
 use crate::train::Workload;
-
-/// The flags of the sparse models and their data.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SparseOptions {
-    /// `--data_format` libsvm or criteo (default: criteo for wide_deep, libsvm for sparse_lr).
-    pub format: Option<SparseFormat>,
-    pub train_files: Option<String>,
-    pub eval_files: Option<String>,
-    pub skip_bad_lines: bool,
-    pub embedding_dim: usize,
-    pub hash_buckets: usize,
-    pub partition: PartitionStrategy,
-    /// Pull and push the embeddings whole (the baseline).
-    pub dense_embeddings: bool,
-    /// Training examples generated when no `--train_files` is given.
-    pub generated_examples: u64,
-}
-
-impl Default for SparseOptions {
-    fn default() -> Self {
-        SparseOptions {
-            format: None,
-            train_files: None,
-            eval_files: None,
-            skip_bad_lines: false,
-            embedding_dim: 8,
-            hash_buckets: 1 << 20,
-            partition: PartitionStrategy::Mod,
-            dense_embeddings: false,
-            generated_examples: 20_000,
-        }
-    }
-}
-
-/// Is `model` one of the sparse models?
-pub fn is_sparse_model(model: &str) -> bool {
-    matches!(model.to_ascii_lowercase().as_str(), "sparse_lr" | "wide_deep")
-}
-
-fn flag(field: &'static str, reason: impl Into<String>) -> WorkloadError {
-    WorkloadError::Flag { field, reason: reason.into() }
-}
 
 /// A sparse model with its (streamed or generated) data.
 pub fn build(spec: &WorkloadSpec) -> Result<Workload, WorkloadError> {

@@ -6,8 +6,8 @@
 
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD};
 
-use super::super::Real;
 use super::json::{Padding, PoolKind};
+use crate::model::spec::Real;
 
 /// Where a `k_h x k_w` window with strides `s_h, s_w` visits an
 /// `in_h x in_w` image, and the output size.

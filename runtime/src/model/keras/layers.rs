@@ -7,9 +7,9 @@ use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn, Zip};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::super::Real;
 use super::conv::{self, Geometry, PoolCache};
 use super::json::{Act, PoolKind};
+use crate::model::spec::Real;
 
 /// What a layer computes, with the sizes fixed at build time.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,9 +9,9 @@ use std::str::FromStr;
 
 use ndarray::{Array2, Zip};
 
-use super::super::dense::softmax_cross_entropy;
-use super::super::{Real, TargetsView};
 use crate::data::Targets;
+use crate::model::dense::softmax_cross_entropy;
+use crate::model::spec::{Real, TargetsView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loss {

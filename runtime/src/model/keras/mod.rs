@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{Array2, ArrayD, ArrayView2};
 
-use super::{Init, LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, check_params, metrics, targets_view};
+use super::spec::{LossAndGradients, Metrics, Model, Pass, Real, TargetsView, VariableSpec, check_params, metrics, targets_view};
 use crate::data::{Batch, Targets};
 use crate::hash;
+use crate::init::Init;
 
 mod conv;
 mod json;

@@ -1,0 +1,76 @@
+//! What training sees of data: a [`Batch`] of dense inputs, their
+//! [`Targets`], and the sparse features beside them.
+
+use ndarray::{Array2, Axis};
+
+/// What a batch is trained against.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Targets {
+    /// Regression targets, one row per example.
+    Values(Array2<f32>),
+    /// Class labels in `0..num_classes`.
+    Labels(Vec<u32>),
+}
+
+/// A batch: one row of `x` per example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub x: Array2<f32>,
+    pub targets: Targets,
+    /// Sparse features (libsvm, criteo), beside the dense inputs in `x`.
+    pub sparse: Option<SparseFeatures>,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.x.nrows()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.x.nrows() == 0
+    }
+}
+
+impl Targets {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        match self {
+            Targets::Values(v) => v.nrows(),
+            Targets::Labels(l) => l.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The targets of the examples at `indices`, in that order.
+    ///
+    /// # Panics
+    /// If an index is out of range.
+    pub fn select(&self, indices: &[usize]) -> Targets {
+        match self {
+            Targets::Values(v) => Targets::Values(v.select(Axis(0), indices)),
+            Targets::Labels(l) => Targets::Labels(indices.iter().map(|&i| l[i]).collect()),
+        }
+    }
+}
+
+/// The sparse features of a batch, row after row (compressed sparse rows).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SparseFeatures {
+    /// `offsets[i]..offsets[i + 1]` are example `i`'s features.
+    pub offsets: Vec<usize>,
+    pub fields: Vec<u32>,
+    pub keys: Vec<u64>,
+    pub values: Vec<f32>,
+    /// Fields of the format (the bags of a wide & deep model).
+    pub num_fields: usize,
+}
+
+impl SparseFeatures {
+    /// Example `i`'s features: (field, key, value).
+    pub fn example(&self, i: usize) -> impl Iterator<Item = (u32, u64, f32)> + '_ {
+        let r = self.offsets[i]..self.offsets[i + 1];
+        self.fields[r.clone()].iter().zip(&self.keys[r.clone()]).zip(&self.values[r]).map(|((&f, &k), &v)| (f, k, v))
+    }
+}

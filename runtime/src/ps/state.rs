@@ -1,0 +1,24 @@
+//! What the store's lock guards, by owner: each part owns its state and
+//! the checks on it, and knows nothing of the lock or of the other requests
+//! ([`super::ParameterStore`] composes them).
+
+mod dispatching;
+mod membership;
+mod training;
+mod variables;
+
+pub(super) use dispatching::Dispatching;
+pub(super) use membership::Membership;
+pub(super) use training::{Agreement, Training};
+pub use training::{Progress, check_training_config};
+pub use variables::{Counters, GrpcPull, MAX_PUSH_ROWS_BYTES, PulledRows, SharedPull, SharedVariable};
+pub(super) use variables::{StoredVar, Variables, assemble, check_spec};
+
+/// Everything the lock guards, by owner.
+#[derive(Debug)]
+pub(super) struct State {
+    pub(super) vars: Variables,
+    pub(super) members: Membership,
+    pub(super) training: Training,
+    pub(super) dispatch: Dispatching,
+}
