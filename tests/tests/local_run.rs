@@ -268,9 +268,10 @@ fn deadline_fails_a_long_job() -> Result<()> {
     Ok(())
 }
 
-/// Ctrl-C (SIGINT) stops every replica; no process remains.
+/// Ctrl-C (SIGINT) stops every replica; no process remains, and the status
+/// left behind says the run was interrupted (not Running).
 #[test]
-fn ctrl_c_leaves_no_process() -> Result<()> {
+fn ctrl_c_leaves_no_process_and_an_interrupted_status() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let marker = unique("TFJOB_TEST_MARK");
     let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
@@ -278,22 +279,42 @@ fn ctrl_c_leaves_no_process() -> Result<()> {
     let cmd = r#"["tfjob-runtime"]"#;
     let manifest =
         write(dir.path(), "long.yaml", &job("long", "", &[replica("PS", 1, "OnFailure", cmd, args, &env), replica("Worker", 2, "OnFailure", cmd, args, &env)]));
-    let mut child = Command::new(tfjob()?).args(["run", "--quiet"]).arg(&manifest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let run_dir = dir.path().join("run");
+    let child = Command::new(tfjob()?)
+        .args(["run", "--quiet", "--run-dir"])
+        .arg(&run_dir)
+        .arg(&manifest)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while marked_replicas(&marker).len() < 3 {
-        assert!(Instant::now() < deadline, "the replicas never started");
+    while marked_replicas(&marker).len() < 3 || !status_yaml(&run_dir).contains("type: Running") {
+        assert!(Instant::now() < deadline, "the replicas never started: {}", status_yaml(&run_dir));
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) of the tfjob process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait()?;
-    assert_eq!(status.code(), Some(130));
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !marked_replicas(&marker).is_empty() {
         assert!(Instant::now() < deadline, "left behind: {:?}", marked_replicas(&marker));
         std::thread::sleep(Duration::from_millis(50));
     }
+    let status: serde_json::Value = serde_saphyr::from_str(&status_yaml(&run_dir))?;
+    let conditions = status["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let last = conditions.last().cloned().unwrap_or_default();
+    assert_eq!((last["type"].as_str(), last["status"].as_str(), last["reason"].as_str()), (Some("Failed"), Some("True"), Some("Interrupted")), "{status}");
+    assert!(last["message"].as_str().is_some_and(|m| m.contains("Ctrl-C")), "{status}");
+    assert!(!conditions.iter().any(|c| c["type"] == "Running" && c["status"] == "True"), "still Running: {status}");
+    assert!(status["status"]["completionTime"].is_string(), "{status}");
+    assert!(stderr.contains("Interrupted"), "the console says so: {stderr}");
+    let shown = Command::new(tfjob()?).args(["status"]).arg(&run_dir).output()?;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("Interrupted") && shown.contains("Failed"), "tfjob status: {shown}");
     Ok(())
 }
 

@@ -45,6 +45,8 @@ pub const PHASES: [&str; 6] = [CREATED, RUNNING, RESTARTING, SUCCEEDED, SUSPENDE
 pub const EXITED_WITH_CODE: &str = "ExitedWithCode";
 /// Event reason of a pod the API server refused (Kubeflow's).
 pub const FAILED_CREATE_POD: &str = "FailedCreatePod";
+/// Reason of the `Failed` condition of a job whose runner was stopped (`tfjob run` and Ctrl-C).
+pub const INTERRUPTED: &str = "Interrupted";
 
 /// Phase of an observed replica (the pod phase, or its process equivalent).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -402,6 +404,17 @@ fn finish(st: &mut TFJobStatus, now: &Time, type_: &str, reason: &str, message: 
         st.completion_time = Some(now.clone());
     }
     events
+}
+
+/// Ends a job whose runner was stopped before the job finished (Ctrl-C or SIGTERM to `tfjob
+/// run`, which stops every replica): `Failed` with reason [`INTERRUPTED`] and `message`, so the
+/// status left behind no longer says Running. A job that had already finished keeps its
+/// condition. Returns the event to publish.
+pub fn interrupt(st: &mut TFJobStatus, now: Timestamp, message: &str) -> Vec<Action> {
+    if is_finished(st) {
+        return Vec::new();
+    }
+    finish(st, &Time(now), FAILED, INTERRUPTED, message)
 }
 
 /// A pod the API server refused to create.

@@ -784,3 +784,35 @@ fn the_final_condition_is_the_first_true_succeeded_or_failed() {
         assert_eq!(is_finished(&status), want.is_some(), "{status:?}");
     }
 }
+
+/// (case, running replicas at the interrupt, finished before it): what an interrupted run leaves.
+#[test]
+fn an_interrupted_run_is_failed_with_reason_interrupted_unless_it_had_finished() {
+    let s = spec(&[(PS, 1, OnFailure), (Worker, 2, OnFailure)]);
+    let all = [r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Running)];
+    let started = run(&s, &TFJobStatus::default(), &[], t0()).status;
+    let running_status = run(&s, &started, &all, at(1)).status;
+    let done = [r(PS, 0, Phase::Running), r(Worker, 0, Phase::Succeeded), r(Worker, 1, Phase::Succeeded)];
+    let succeeded_status = run(&s, &running_status, &done, at(2)).status;
+    assert_eq!(job_phase(&running_status), RUNNING);
+    assert_eq!(job_phase(&succeeded_status), SUCCEEDED);
+    let cases: [(&str, &TFJobStatus, &str, usize); 3] = [
+        ("never started", &TFJobStatus::default(), FAILED, 1),
+        ("running", &running_status, FAILED, 1),
+        ("succeeded before the signal", &succeeded_status, SUCCEEDED, 0),
+    ];
+    for (case, before, phase, events) in cases {
+        let mut st = before.clone();
+        let actions = interrupt(&mut st, at(5), "tfjob run stopped by Ctrl-C");
+        assert_eq!(job_phase(&st), phase, "{case}: {:?}", conds(&st));
+        assert_eq!(actions.len(), events, "{case}: {actions:?}");
+        assert!(!has_condition(&st, RUNNING), "{case}: still Running: {:?}", conds(&st));
+        if phase == FAILED {
+            let last = conds(&st).pop().unwrap();
+            assert_eq!(last, c(FAILED, "True", INTERRUPTED, "tfjob run stopped by Ctrl-C"), "{case}");
+            assert_eq!(st.completion_time, Some(Time(at(5))), "{case}");
+        } else {
+            assert_eq!(&st, before, "{case}: a finished job keeps its status");
+        }
+    }
+}

@@ -202,12 +202,20 @@ impl Driver {
         pending.answer(reply);
     }
 
-    /// Ctrl-C or SIGTERM: stop every replica.
+    /// Ctrl-C or SIGTERM: stop every replica, and leave a status that says
+    /// so (`Failed`, reason `Interrupted`) rather than the last `Running`.
     fn interrupt(&mut self, backend: &mut dyn Backend, sig: i32) -> RunResult {
-        self.console.info(&format!("{} received: stopping every replica", if sig == signal_hook::consts::SIGINT { "Ctrl-C" } else { "SIGTERM" }));
+        let what = if sig == signal_hook::consts::SIGINT { "Ctrl-C" } else { "SIGTERM" };
+        self.console.info(&format!("{what} received: stopping every replica"));
         backend.shutdown();
+        let message = format!("tfjob run was stopped by {what}: every replica was stopped before the job finished");
+        for action in status::interrupt(&mut self.status, Timestamp::now(), &message) {
+            if let Action::Event { kind, reason, message, .. } = action {
+                self.console.event(kind == EventKind::Warning, &reason, &message);
+            }
+        }
         write_status(&self.run_dir, &self.status);
-        RunResult { succeeded: false, reason: "Interrupted".into(), message: "stopped by a signal".into(), run_dir: self.run_dir.clone(), exit_code: 128 + sig }
+        RunResult { succeeded: false, reason: status::INTERRUPTED.into(), message, run_dir: self.run_dir.clone(), exit_code: 128 + sig }
     }
 
     /// One pass of the status machine and its actions; the result once the
