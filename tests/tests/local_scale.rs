@@ -2,7 +2,7 @@
 //! appear and disappear while the job runs, only the difference is touched,
 //! refusals say why, and a run that has ended says so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -149,5 +149,69 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
     let out = scale(tmp, &tmp.join("nowhere").to_string_lossy(), "Worker=2")?;
     ensure!(String::from_utf8_lossy(&out.stderr).contains("no run directory"), "{}", says(&out));
     eventually("no replica left", Duration::from_secs(5), || Ok(marked_replicas(&marker).is_empty().then_some(())))?;
+    Ok(())
+}
+
+/// `--num_epochs=N` of every replica of a manifest (they must agree).
+fn num_epochs(manifest: &str) -> Result<u64> {
+    let found: BTreeSet<u64> = manifest.split(['"', ' ', ',', '[', ']']).filter_map(|a| a.strip_prefix("--num_epochs=")?.parse().ok()).collect();
+    ensure!(found.len() == 1, "expected one --num_epochs in the manifest, found {found:?}");
+    Ok(found.into_iter().next().unwrap_or_default())
+}
+
+/// The `Worker` replicas `tfjob run` counts as active in its status.yaml.
+fn active_workers(run_dir: &Path) -> Option<i64> {
+    let status: Value = serde_saphyr::from_str(&std::fs::read_to_string(run_dir.join("status.yaml")).ok()?).ok()?;
+    status["status"]["replicaStatuses"]["Worker"]["active"].as_i64()
+}
+
+/// README's "Scaling a running job", as a person pastes it: examples/elastic-workers.yaml as it
+/// is, run in the background, scaled 2 -> 4 -> 1 by job name while it trains, and still ending by
+/// itself with every example of every epoch trained once.
+#[test]
+fn the_readmes_scaling_demo_scales_the_example_as_it_is() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let tmp = tmp.path();
+    let example = std::fs::read_to_string(repo_root().join("examples/elastic-workers.yaml"))?;
+    let epochs = num_epochs(&example)?;
+    let started = std::time::Instant::now();
+    let mut run = Command::new(tfjob()?)
+        .args(["run", "examples/elastic-workers.yaml"])
+        .current_dir(repo_root())
+        .env("TMPDIR", tmp)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(tmp.join("run.stdout"))?)
+        .stderr(std::fs::File::create(tmp.join("run.stderr"))?)
+        .spawn()?;
+    let result = (|| -> Result<std::time::Duration> {
+        // A person pastes the next line once the run has started.
+        let out = eventually("tfjob scale Worker=4 accepted", Duration::from_secs(60), || {
+            let out = scale(tmp, "elastic-workers", "Worker=4")?;
+            Ok(out.status.success().then_some(out))
+        })?;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "Worker 2 \u{2192} 4\n");
+        let run_dir = std::fs::read_link(tmp.join("tfjob-runs/elastic-workers.latest"))?;
+        eventually("4 workers active", Duration::from_secs(60), || Ok((active_workers(&run_dir) == Some(4)).then_some(())))?;
+        let out = scale(tmp, "elastic-workers", "Worker=1")?;
+        ensure!(out.status.success(), "{}", says(&out));
+        eventually("1 worker active", Duration::from_secs(60), || Ok((active_workers(&run_dir) == Some(1)).then_some(())))?;
+        let scaled_after = started.elapsed();
+        let status = run.wait()?;
+        ensure!(status.success(), "tfjob run: {status}");
+        let report = tfjob_tests::report::final_report(&std::fs::read_to_string(run_dir.join("worker-0.log"))?, "worker-0")?;
+        assert_eq!((report["epochs_completed"].as_u64(), report["examples_trained"].as_u64()), (Some(epochs), Some(epochs * 101)), "{report}");
+        Ok(scaled_after)
+    })();
+    let _ = run.kill();
+    let _ = run.wait();
+    let log = std::fs::read_to_string(tmp.join("run.stderr")).unwrap_or_default();
+    let scaled_after = result.map_err(|e| anyhow!("{e:#}\ntfjob run said:\n{log}"))?;
+    for line in ["event Scaled: Worker 2 \u{2192} 4", "event Scaled: Worker 4 \u{2192} 1", "TFJob elastic-workers succeeded"] {
+        ensure!(log.contains(line), "{line:?} not in the run's output:\n{log}");
+    }
+    // Long enough to scale by hand: the scaling took `scaled_after`; the job trained on well after.
+    let total = started.elapsed();
+    eprintln!("scaled 2 -> 4 -> 1 within {scaled_after:?}; the job ended by itself after {total:?}");
+    ensure!(total >= scaled_after + Duration::from_secs(10), "the example ended {:?} after the last scale: too short to scale by hand", total - scaled_after);
     Ok(())
 }

@@ -4,6 +4,8 @@
 //! generation of this process, which tells a report of a shard handed out
 //! before a restart.
 
+use std::time::{Duration, Instant};
+
 use crate::cluster::TaskId;
 use crate::dispatch::{DispatchProgress, DispatcherState, Handout, ShardDispatcher, ShardId, ShardPlan};
 use crate::proto::{self, next_shard_reply::Outcome};
@@ -16,23 +18,38 @@ pub(in crate::ps) struct Dispatching {
     dispatcher: Option<ShardDispatcher>,
     /// This process's dispatcher generation (see `NextShardRequest.generation`).
     generation: u64,
+    /// When an epoch's completion was last logged at INFO.
+    epoch_logged: Option<Instant>,
+}
+
+/// At most one INFO line per this much time for completed epochs (the
+/// others at DEBUG): a long job logs its progress, not thousands of lines.
+const EPOCH_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Whether an epoch completed at `now` is logged at INFO: the first one,
+/// one per [`EPOCH_LOG_INTERVAL`], and the last (`finished`).
+fn epoch_at_info(last: Option<Instant>, now: Instant, finished: bool) -> bool {
+    finished || last.is_none_or(|l| now.duration_since(l) >= EPOCH_LOG_INTERVAL)
 }
 
 /// Logs what a dispatcher call changed that a person follows: a shard handed
 /// out again after a loss, an epoch completed, the end.
-fn log_dispatch(ps: usize, task: &TaskId, before: &DispatchProgress, after: &DispatchProgress, handout: Option<Handout>) {
+fn log_dispatch(ps: usize, task: &TaskId, before: &DispatchProgress, after: &DispatchProgress, handout: Option<Handout>, epoch_at_info: bool) {
     if let Some(Handout::Assigned(shard, _)) = handout
         && after.shards_redone > before.shards_redone
     {
         tracing::info!("ps:{ps}: {shard} handed to {task} again (its worker was lost)");
     }
     if after.epochs_completed > before.epochs_completed {
-        tracing::info!(
+        let line = format!(
             "ps:{ps}: epoch {} complete ({} examples trained so far, {} shard(s) redone)",
-            after.epochs_completed,
-            after.examples_trained,
-            after.shards_redone
+            after.epochs_completed, after.examples_trained, after.shards_redone
         );
+        if epoch_at_info {
+            tracing::info!("{line}");
+        } else {
+            tracing::debug!("{line}");
+        }
     }
     if after.finished && !before.finished {
         tracing::info!("ps:{ps}: every shard of every epoch is done");
@@ -51,7 +68,7 @@ fn outcome(handout: Option<Handout>) -> (Outcome, Option<proto::ShardRef>, u64) 
 
 impl Dispatching {
     pub(in crate::ps) fn new() -> Self {
-        Dispatching { dispatcher: None, generation: rand::random::<u64>() | 1 }
+        Dispatching { dispatcher: None, generation: rand::random::<u64>() | 1, epoch_logged: None }
     }
 
     /// The shard `task` reports finished, unless it was handed out by this
@@ -102,7 +119,12 @@ impl Dispatching {
         if reply.abandoned > 0 {
             tracing::info!("ps:{ps}: {} shard(s) of {task} go back to todo (it asked again without finishing them)", reply.abandoned);
         }
-        log_dispatch(ps, task, &before, &progress, reply.handout);
+        let now = Instant::now();
+        let at_info = epoch_at_info(self.epoch_logged, now, progress.finished);
+        if at_info && progress.epochs_completed > before.epochs_completed {
+            self.epoch_logged = Some(now);
+        }
+        log_dispatch(ps, task, &before, &progress, reply.handout, at_info);
         let (outcome, shard, examples) = outcome(reply.handout);
         Ok(proto::NextShardReply { outcome: outcome as i32, shard, examples, progress: Some((&progress).into()), generation })
     }
@@ -140,5 +162,26 @@ impl Dispatching {
         );
         self.dispatcher = Some(dispatcher);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (case, seconds since the last INFO epoch line (None: none yet), finished, at INFO)
+    #[test]
+    fn completed_epochs_are_logged_at_info_at_a_rate() {
+        let now = Instant::now() + Duration::from_secs(60);
+        let cases = [
+            ("the first epoch", None, false, true),
+            ("one second after the last line", Some(1), false, false),
+            ("five seconds after", Some(5), false, true),
+            ("the last epoch, just after a line", Some(0), true, true),
+        ];
+        for (case, since, finished, info) in cases {
+            let last = since.map(|s| now - Duration::from_secs(s));
+            assert_eq!(epoch_at_info(last, now, finished), info, "{case}");
+        }
     }
 }
