@@ -94,6 +94,8 @@ fn every_example_succeeds() -> Result<()> {
         }
         let status = status_yaml(&run_dir);
         assert!(status.contains("type: Succeeded"), "{name}: {status}");
+        // A replica that fails for good must not restart forever: every example bounds it.
+        assert!(std::fs::read_to_string(&file)?.contains("backoffLimit:"), "{name}: no runPolicy.backoffLimit");
         match name.as_str() {
             "linreg-async" | "linreg-sync" | "backup-workers" => {
                 assert_linear(&run_dir, "worker-0");
@@ -337,6 +339,53 @@ fn ctrl_c_leaves_no_process_and_an_interrupted_status() -> Result<()> {
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("Interrupted") && shown.contains("Failed"), "tfjob status: {shown}");
     Ok(())
+}
+
+/// A replica that fails for good (a bad flag: exit 2) under `OnFailure` says why at each
+/// restart, even with `--quiet`, and the job's `backoffLimit` ends the restarts.
+#[test]
+fn a_failing_replica_says_why_and_backoff_limit_ends_the_restarts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let marker = unique("TFJOB_TEST_MARK");
+    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let cmd = r#"["tfjob-runtime"]"#;
+    let ok = r#"["--model=linear", "--train_steps=100000000"]"#;
+    let bad = r#"["--model=linear", "--batch_size=0"]"#;
+    let manifest = write(
+        dir.path(),
+        "bad-flag.yaml",
+        &job(
+            "bad-flag",
+            "  runPolicy:\n    backoffLimit: 2\n",
+            &[replica("PS", 1, "OnFailure", cmd, ok, &env), replica("Worker", 1, "OnFailure", cmd, bad, &env)],
+        ),
+    );
+    let started = Instant::now();
+    let (out, run_dir) = run(&manifest, &["--quiet"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    for said in [
+        "worker-0 exited with code 2; restarting in place",
+        "(restart 2, restartPolicy OnFailure)",
+        "its last error: tfjob-runtime: ",
+        "--batch_size",
+        "reached the specified backoff limit",
+    ] {
+        assert!(stderr.contains(said), "{said:?} not on the console:\n{stderr}");
+    }
+    let status = status_yaml(&run_dir);
+    assert!(status.contains("type: Failed") && status.contains("backoff limit"), "{status}");
+    eventually_none_left(&marker);
+    Ok(())
+}
+
+fn eventually_none_left(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !marked_replicas(marker).is_empty() {
+        assert!(Instant::now() < deadline, "left behind: {:?}", marked_replicas(marker));
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A bad manifest gives its message and starts nothing.

@@ -62,6 +62,12 @@ pub fn restarts_in_place(pod_restart_policy: &str, code: i32) -> bool {
     }
 }
 
+/// `; its last error: LINE` for the message of a replica's exit, or nothing
+/// when it printed no error line.
+pub fn last_error_suffix(line: Option<String>) -> String {
+    line.map(|l| format!("; its last error: {l}")).unwrap_or_default()
+}
+
 /// What a backend reports for one of its replicas.
 pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit_code: Option<i32>, restart_count: i32) -> ObservedReplica {
     ObservedReplica {

@@ -40,6 +40,27 @@ struct State {
     record: TrainingRecord,
     /// The replicas' `--log_dir`s as this machine reaches them.
     log_dirs: BTreeSet<String>,
+    /// The last error line of each replica's output ([`error_line`]).
+    last_errors: BTreeMap<String, String>,
+}
+
+/// What a line of a replica's output says went wrong, if it says so: a
+/// runtime's `ERROR` log line or its exit message (`tfjob-runtime: ...`), a
+/// panic, or a program's `Error: ...`. `after` is the error line kept so
+/// far: a panic's message comes on the line after `panicked at FILE:`.
+pub fn error_line(line: &str, after: Option<&str>) -> Option<String> {
+    let line = line.trim_end();
+    if let Some(panic) = after.filter(|l| l.contains("panicked at") && l.ends_with(':'))
+        && !line.is_empty()
+    {
+        return Some(format!("{panic} {line}"));
+    }
+    let is_error = line.contains(" ERROR ")
+        || line.starts_with("tfjob-runtime: ")
+        || line.contains("panicked at")
+        || line.starts_with("Error: ")
+        || line.starts_with("error: ");
+    is_error.then(|| line.to_string())
 }
 
 /// The terminal side of a local run. Shared by the driver and the threads
@@ -73,6 +94,7 @@ impl Console {
                 last_print: Instant::now(),
                 record: TrainingRecord::default(),
                 log_dirs: BTreeSet::new(),
+                last_errors: BTreeMap::new(),
             }),
         }
     }
@@ -131,6 +153,9 @@ impl Console {
             st.global_step = Some(st.global_step.map_or(step, |s| s.max(step)));
         }
         st.record.line(replica, line, self.started.elapsed().as_secs_f64());
+        if let Some(error) = error_line(line, st.last_errors.get(replica).map(String::as_str)) {
+            st.last_errors.insert(replica.to_string(), error);
+        }
         let shown = !self.quiet && self.follow.as_deref().is_none_or(|f| f == replica);
         if shown {
             self.clear_line(&mut st);
@@ -140,6 +165,11 @@ impl Console {
                 self.draw_line(&mut st, false);
             }
         }
+    }
+
+    /// The last error line a replica printed ([`error_line`]), if any.
+    pub fn last_error(&self, replica: &str) -> Option<String> {
+        self.lock().last_errors.get(replica).cloned()
     }
 
     /// A message of `tfjob run` itself.
@@ -247,5 +277,28 @@ mod tests {
         );
         let counts = Counts { running: 1, ..Counts::default() };
         assert_eq!(status_line("chief-only", &counts, None, None), "chief-only: 1 running, 0 pending, 0 succeeded, 0 failed");
+    }
+
+    /// (case, line, the error line kept before it, what is kept after it)
+    #[test]
+    fn error_lines_of_replica_output() {
+        let panic_at = "thread 'main' (7) panicked at runtime/src/model/dense.rs:40:9:";
+        let cases: [(&str, &str, Option<&str>, Option<&str>); 7] = [
+            ("an ERROR log line", "2026-11-26T10:00:00Z ERROR worker:0: cannot read data", None, Some("2026-11-26T10:00:00Z ERROR worker:0: cannot read data")),
+            ("the runtime's exit message", "tfjob-runtime: --batch_size: must be at least 1", None, Some("tfjob-runtime: --batch_size: must be at least 1")),
+            ("an INFO line", "2026-11-26T10:00:00Z  INFO worker:0: step=100", None, None),
+            ("the word error inside a message", "2026-11-26T10:00:00Z  INFO worker:0: no error so far", None, None),
+            ("a panic", panic_at, None, Some(panic_at)),
+            (
+                "a panic's message, on the next line",
+                "assertion failed: 5 == 4",
+                Some(panic_at),
+                Some("thread 'main' (7) panicked at runtime/src/model/dense.rs:40:9: assertion failed: 5 == 4"),
+            ),
+            ("a line after a complete error", "note: run with RUST_BACKTRACE=1", Some("tfjob-runtime: bad"), None),
+        ];
+        for (case, line, before, after) in cases {
+            assert_eq!(error_line(line, before).as_deref(), after, "{case}");
+        }
     }
 }

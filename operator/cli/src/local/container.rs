@@ -201,6 +201,10 @@ pub trait PodOutput: Send + Sync {
     fn line(&self, log_name: &str, line: &str);
     /// A message of the kubelet (restarts, failures).
     fn info(&self, message: &str);
+    /// The last error line a pod printed, for the message of its exit.
+    fn last_error(&self, _log_name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// How far a container's log has been shown: the timestamp of the last line
@@ -512,18 +516,20 @@ impl ContainerKubelet {
                         p.state.running = false;
                         p.state.exit_code = Some(code);
                         self.drain_log(&mut p);
+                        let last_error = backend::last_error_suffix(self.output.last_error(&log_name));
                         if backend::restarts_in_place(&p.spec.restart_policy, code) {
                             p.restart_at = Some(now + p.backoff);
                             self.output.info(&format!(
-                                "{log_name} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
+                                "{log_name} exited with code {code}; restarting in place in {:.1}s (restart {}, restartPolicy {}){last_error}",
                                 p.backoff.as_secs_f64(),
+                                p.state.restart_count + 1,
                                 p.spec.restart_policy
                             ));
                             p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
                         } else {
                             p.state.phase = backend::final_phase(code);
                             if code != 0 {
-                                self.output.info(&format!("{log_name} failed with exit code {code}"));
+                                self.output.info(&format!("{log_name} failed with exit code {code}{last_error}"));
                             }
                         }
                     }
@@ -611,6 +617,9 @@ impl PodOutput for ToConsole {
     }
     fn info(&self, message: &str) {
         self.0.info(message);
+    }
+    fn last_error(&self, log_name: &str) -> Option<String> {
+        self.0.last_error(log_name)
     }
 }
 

@@ -49,6 +49,23 @@ pub struct ProcessBackend {
     /// Every port handed out (task and metrics ports): none is handed out twice, though a
     /// port is free again between its pick and its replica's start.
     taken: Mutex<std::collections::BTreeSet<u16>>,
+    /// The threads reading each replica's output (by short name), until its
+    /// exit is reported.
+    readers: Readers,
+}
+
+/// Readers of replica output, by replica.
+type Readers = Mutex<BTreeMap<String, Vec<std::thread::JoinHandle<()>>>>;
+
+/// Waits (half a second at most) for the threads reading a replica's output
+/// to reach its end, so its last lines (its error) are in before its exit is
+/// reported.
+fn drain_output(readers: &Readers, short: &str) {
+    let readers = readers.lock().unwrap_or_else(|p| p.into_inner()).remove(short).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// `tfjob-runtime` next to the current executable when it is there, else the
@@ -98,6 +115,7 @@ impl ProcessBackend {
             run_dir: run_dir.to_path_buf(),
             metrics_ports: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(std::collections::BTreeSet::new()),
+            readers: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -163,7 +181,7 @@ impl ProcessBackend {
         {
             let console = self.console.clone();
             let name = short.to_string();
-            std::thread::spawn(move || {
+            let reader = std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines() {
                     match line {
                         Ok(l) => console.log_line(&name, &l),
@@ -171,6 +189,7 @@ impl ProcessBackend {
                     }
                 }
             });
+            self.readers.lock().unwrap_or_else(|p| p.into_inner()).entry(short.to_string()).or_default().push(reader);
         }
     }
 
@@ -253,20 +272,23 @@ impl Backend for ProcessBackend {
                 let code = exit_code_of(status);
                 r.child = None;
                 r.exit_code = Some(code);
+                let short = short_name(&self.job, name);
+                drain_output(&self.readers, &short);
+                let last_error = backend::last_error_suffix(self.console.last_error(&short));
                 if backend::restarts_in_place(r.planned.restart_policy.pod_restart_policy(), code) {
                     // The kubelet restarts the container in place; the pod stays Running.
                     r.restart_at = Some(now + r.backoff);
                     r.backoff = (r.backoff * 2).min(Duration::from_secs(10));
                     self.console.info(&format!(
-                        "{} exited with code {code}; restarting in place in {:.1}s (restartPolicy {})",
-                        short_name(&self.job, name),
+                        "{short} exited with code {code}; restarting in place in {:.1}s (restart {}, restartPolicy {}){last_error}",
                         (r.restart_at.unwrap() - now).as_secs_f64(),
+                        r.restart_count + 1,
                         r.planned.restart_policy.pod_restart_policy()
                     ));
                 } else {
                     r.phase = backend::final_phase(code);
                     if code != 0 {
-                        self.console.info(&format!("{} failed with exit code {code}", short_name(&self.job, name)));
+                        self.console.info(&format!("{short} failed with exit code {code}{last_error}"));
                     }
                 }
             }
