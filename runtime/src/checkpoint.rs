@@ -100,6 +100,40 @@ pub struct ShardData {
     pub embeddings: Vec<(String, String)>,
 }
 
+/// An embedding partition's rows as a checkpoint holds them: ids, values
+/// (`[ids, dim]`, row after row), the optimizer's two slots, update count.
+pub type SavedRows<'a> = (&'a [i64], &'a [f32], [&'a [f32]; 2], u64);
+
+impl ShardData {
+    /// Adds a dense variable with its optimizer slots (`<name>:slot0`,
+    /// `<name>:slot1`, those it has) and its update count.
+    pub fn push_dense(&mut self, name: &str, shape: &[usize], values: &[f32], slots: [&[f32]; 2], updates: u64) {
+        self.variables.push((name.to_string(), shape.to_vec(), values.to_vec()));
+        self.push_slots(name, shape, slots, updates);
+    }
+
+    /// Adds an embedding partition's materialised rows ([`SavedRows`]): its
+    /// values (`[rows, dim]`) and slots under the partition's name, the ids under
+    /// `<name>:ids`, and the partition's description (`part`, JSON of
+    /// [`crate::embedding::EmbeddingPart`]).
+    pub fn push_rows(&mut self, name: &str, dim: usize, (ids, values, slots, updates): SavedRows<'_>, part: String) {
+        let shape = [ids.len(), dim];
+        self.variables.push((name.to_string(), shape.to_vec(), values.to_vec()));
+        self.push_slots(name, &shape, slots, updates);
+        self.row_ids.push((name.to_string(), ids.to_vec()));
+        self.embeddings.push((name.to_string(), part));
+    }
+
+    fn push_slots(&mut self, name: &str, shape: &[usize], slots: [&[f32]; 2], updates: u64) {
+        for (k, slot) in slots.into_iter().enumerate() {
+            if !slot.is_empty() {
+                self.slots.push((format!("{name}:slot{k}"), shape.to_vec(), slot.to_vec()));
+            }
+        }
+        self.updates.push((name.to_string(), updates));
+    }
+}
+
 /// Name and shape of one tensor of a shard, as listed in `index.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorEntry {

@@ -343,10 +343,15 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
     tracing::info!("training {} in this process", workload.model.name());
     let settings = settings.clone();
     let report = tokio::task::spawn_blocking(move || {
-        train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
+        // TensorBoard events of the training loss, as the chief of a cluster writes them.
+        let mut summaries = train::Summaries::new(settings.log_dir.as_ref(), ".local");
+        let report = train::train_single_process(&mut workload, &settings, |step, loss, model, params| {
             let summary: String = model.summary(params).iter().map(|(k, v)| format!(" {k}={v:.4}")).collect();
             tracing::info!("local: step={step} loss={loss:.4}{summary}");
-        })
+            summaries.add(step as i64, &[("loss", loss)]);
+        });
+        summaries.close();
+        report
     })
     .await
     .expect("training thread");

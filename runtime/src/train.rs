@@ -12,6 +12,7 @@ use serde::Serialize;
 use tonic::Code;
 
 use crate::auth::Credentials;
+use crate::checkpoint::{self, ShardData};
 use crate::client::{ClientError, ModelVariable, PsSet, Pulled};
 use crate::cluster::{ClusterConfig, TaskId};
 use crate::data::{Batch, TrainingSet};
@@ -297,6 +298,7 @@ pub fn train_single_process(
     let mut loss = f32::NAN;
     let mut step = 0u64;
     let mut finished = None;
+    let mut checkpointer = local_checkpointer(&settings.checkpoints)?;
     let steps_done = |step: u64| settings.train_steps.is_some_and(|n| step >= n);
     'shards: while !steps_done(step) {
         let reply = dispatcher.next("local", finished.take(), true).map_err(|e| TrainError::Config(e.to_string()))?;
@@ -315,11 +317,17 @@ pub fn train_single_process(
             if settings.log_every_steps > 0 && step.is_multiple_of(settings.log_every_steps) {
                 progress(step, loss, model, &params);
             }
+            if let Some(c) = checkpointer.as_mut().filter(|c| c.due(step as i64)) {
+                save_local(c, step as i64, &local_shard(&specs, &params, &slots, &tables, &dispatcher)?)?;
+            }
         }
         finished = Some(shard);
     }
     if finished.is_some() {
         dispatcher.next("local", finished, false).map_err(|e| TrainError::Config(e.to_string()))?;
+    }
+    if let Some(c) = checkpointer.as_mut().filter(|c| step as i64 > c.last_step) {
+        save_local(c, step as i64, &local_shard(&specs, &params, &slots, &tables, &dispatcher)?)?;
     }
     let eval = workload.eval.as_ref().map(|b| {
         gather_rows(model, &tables, &mut params, b);
@@ -334,6 +342,56 @@ pub fn train_single_process(
     r.elapsed_secs = start.elapsed().as_secs_f64();
     r.steps_per_sec = step as f64 / r.elapsed_secs.max(1e-9);
     Ok(r)
+}
+
+/// The single process's checkpoints, in `--checkpoint_dir` as one ps task
+/// writes them (ps 0 of 1), so `export`, `predict` and `evaluate` read them.
+/// It trains from the start: a directory that holds a checkpoint already is
+/// refused rather than overwritten or silently ignored.
+fn local_checkpointer(c: &CheckpointSettings) -> Result<Option<Checkpointer>, TrainError> {
+    let Some(dir) = &c.directory else { return Ok(None) };
+    let listed = checkpoint::list(dir).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    if let Some(last) = listed.last() {
+        return Err(TrainError::Config(format!(
+            "--checkpoint_dir {dir} holds checkpoints already ({}); training in one process starts from the beginning and does not resume: give an empty directory",
+            last.path
+        )));
+    }
+    Ok(Checkpointer::new(c, 0))
+}
+
+/// What one ps would save of the variables the single process holds.
+fn local_shard(
+    specs: &[crate::model::VariableSpec],
+    params: &[ArrayD<f32>],
+    slots: &[Slots],
+    tables: &[Option<RowTable>],
+    dispatcher: &ShardDispatcher,
+) -> Result<ShardData, TrainError> {
+    let mut data = ShardData::default();
+    for (((spec, p), s), table) in specs.iter().zip(params).zip(slots).zip(tables) {
+        match table {
+            Some(t) => {
+                let part = serde_json::to_string(&t.part).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+                data.push_rows(&t.name, t.dim(), t.saved(), part);
+            }
+            None => data.push_dense(&spec.name, &spec.shape, p.as_slice().expect("standard layout"), [&s.first, &s.second], s.updates),
+        }
+    }
+    data.dispatcher = Some(serde_json::to_string(&dispatcher.state()).map_err(|e| TrainError::Checkpoint(e.to_string()))?);
+    Ok(data)
+}
+
+/// Writes the single process's checkpoint of `step` (shard and index), and
+/// prunes old ones.
+fn save_local(c: &mut Checkpointer, step: i64, data: &ShardData) -> Result<(), TrainError> {
+    let start = Instant::now();
+    let info = checkpoint::write_shard(&c.directory, step, 0, 1, data).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let written = checkpoint::write_index(&c.directory, step, 1, &[info]).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    checkpoint::prune(&c.directory, c.keep).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    c.written(step);
+    tracing::info!("local: checkpoint of global_step={step} written to {written} in {:.3}s", start.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// Puts the rows `batch` touches of every local embedding table into
@@ -459,6 +517,12 @@ impl Checkpointer {
         let every_steps = c.every_steps.filter(|&n| n > 0);
         let every = c.every_secs.filter(|&s| s > 0.0).map(Duration::from_secs_f64);
         Some(Checkpointer { directory, every_steps, every, keep: c.keep.max(1), last_step: start_step, last_time: Instant::now() })
+    }
+
+    /// Records a checkpoint written at `step` (by the single process).
+    fn written(&mut self, step: i64) {
+        self.last_step = step;
+        self.last_time = Instant::now();
     }
 
     pub(crate) fn due(&self, step: i64) -> bool {

@@ -15,34 +15,17 @@ use crate::proto;
 /// its values (`[rows, dim]`) and slots under the partition's name, the ids
 /// under `<name>:ids`, and the partition's description.
 fn save_rows(data: &mut ShardData, t: &RowTable) -> Result<(), serde_json::Error> {
-    let (ids, values, slots, updates) = t.saved();
-    let shape = vec![ids.len(), t.dim()];
-    data.variables.push((t.name.clone(), shape.clone(), values.to_vec()));
-    for (k, slot) in slots.into_iter().enumerate() {
-        if !slot.is_empty() {
-            data.slots.push((format!("{}:slot{k}", t.name), shape.clone(), slot.to_vec()));
-        }
-    }
-    data.updates.push((t.name.clone(), updates));
-    data.row_ids.push((t.name.clone(), ids.to_vec()));
-    data.embeddings.push((t.name.clone(), serde_json::to_string(&t.part)?));
+    data.push_rows(&t.name, t.dim(), t.saved(), serde_json::to_string(&t.part)?);
     Ok(())
 }
 
 /// Every variable's values, slots and update count, in a checkpoint shard.
 fn save_variables(data: &mut ShardData, vars: &Variables) -> Result<(), StoreError> {
     for v in vars.all() {
-        if let Some(t) = &v.table {
-            save_rows(data, t).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
-            continue;
+        match &v.table {
+            Some(t) => save_rows(data, t).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?,
+            None => data.push_dense(&v.name, &v.shape, &v.values, [&v.slots.first, &v.slots.second], v.slots.updates),
         }
-        data.variables.push((v.name.clone(), v.shape.clone(), v.values.to_vec()));
-        for (k, slot) in [&v.slots.first, &v.slots.second].into_iter().enumerate() {
-            if !slot.is_empty() {
-                data.slots.push((format!("{}:slot{k}", v.name), v.shape.clone(), slot.clone()));
-            }
-        }
-        data.updates.push((v.name.clone(), v.slots.updates));
     }
     Ok(())
 }
