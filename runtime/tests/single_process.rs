@@ -43,3 +43,47 @@ fn one_process_writes_checkpoints_and_events_that_export_reads() {
     assert_eq!(out.status.code(), Some(2), "{}", said(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds checkpoints already"), "{}", said(&out));
 }
+
+/// `rows` of a learnable two-class CSV (label 1 when a > b) with the columns in `order`.
+fn csv(order: [&str; 3], rows: usize) -> String {
+    let mut out = format!("{}\n", order.join(","));
+    for i in 0..rows {
+        let (a, b) = ((i * 37 % 101) as f32 / 10.0, (i * 53 % 97) as f32 / 10.0);
+        let label = u8::from(a > b);
+        let cell = |c: &str| match c {
+            "a" => a.to_string(),
+            "b" => b.to_string(),
+            _ => label.to_string(),
+        };
+        out.push_str(&format!("{}\n", order.map(cell).join(",")));
+    }
+    out
+}
+
+/// test.csv matches train.csv by column name: reordered columns give what the same order gives;
+/// an extra column is refused before training, naming it (not a panic after training).
+#[test]
+fn test_csv_is_matched_to_train_csv_by_column_name() {
+    let accuracy = |test_csv: &str| -> Result<f64, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("train.csv"), csv(["a", "b", "label"], 400)).expect("train.csv");
+        std::fs::write(dir.path().join("test.csv"), test_csv).expect("test.csv");
+        let data_dir = format!("--data_dir={}", dir.path().display());
+        let out =
+            runtime(&["--model=softmax", "--data_format=csv", &data_dir, "--train_steps=300", "--learning_rate=0.1", "--batch_size=20", "--eval_examples=100"]);
+        if !out.status.success() {
+            return Err(said(&out));
+        }
+        let report: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default()).map_err(|e| format!("{e}: {}", said(&out)))?;
+        report["accuracy"].as_f64().ok_or_else(|| said(&out))
+    };
+    let same = accuracy(&csv(["a", "b", "label"], 100)).expect("same columns");
+    let reordered = accuracy(&csv(["label", "b", "a"], 100)).expect("reordered columns");
+    assert!(same > 0.8, "the set is learnable: {same}");
+    assert_eq!(reordered, same, "columns are matched by name, not position");
+    let err = accuracy(&csv(["a", "b", "label"], 100).replacen("a,b,label", "a,b,label,c", 1).replace('\n', ",0\n").replacen("label,c,0", "label,c", 1))
+        .expect_err("an extra column is refused");
+    assert!(err.contains("exit Some(2)") && err.contains("not in") && err.contains(": c"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

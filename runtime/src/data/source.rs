@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use super::batch::Targets;
-use super::csv::{CsvOptions, LabelKind, read_csv};
+use super::csv::{CsvData, CsvOptions, LabelKind, read_csv};
 use super::dataset::{DataError, Dataset};
 use super::idx::{find, load_idx_dir, read_bytes, read_idx_examples, read_idx_labels};
 
@@ -120,16 +120,19 @@ pub fn load_training_data(dir: &Path, opts: &DataOptions, labels: LabelKind) -> 
         DataFormat::Csv => {
             let csv_opts = opts.csv(labels, true);
             let train_file = find(dir, "train.csv")?;
-            let train = csv_dataset(&train_file, &csv_opts)?;
+            let train = read_csv(&train_file, &csv_opts)?;
+            if train.x.nrows() == 0 {
+                return Err(DataError::NoExamples { path: train_file });
+            }
             let (test, test_file) = match find(dir, "test.csv") {
-                Ok(file) => (csv_dataset(&file, &csv_opts)?, file),
+                Ok(file) => (held_out_like(&train, &train_file, read_csv(&file, &csv_opts)?, &file, opts.num_classes)?, file),
                 Err(DataError::Missing { .. }) => {
                     tracing::info!("{}: no test.csv: evaluating on the training set", dir.display());
-                    (train.clone(), train_file.clone())
+                    (csv_dataset(train.clone())?, train_file.clone())
                 }
                 Err(e) => return Err(e),
             };
-            TrainingData { train, test, train_file, test_file, example_shape: None }
+            TrainingData { train: csv_dataset(train)?, test, train_file, test_file, example_shape: None }
         }
     };
     if data.train.is_empty() {
@@ -138,9 +141,40 @@ pub fn load_training_data(dir: &Path, opts: &DataOptions, labels: LabelKind) -> 
     Ok(data)
 }
 
-fn csv_dataset(path: &Path, opts: &CsvOptions) -> Result<Dataset, DataError> {
-    let data = read_csv(path, opts)?;
+fn csv_dataset(data: CsvData) -> Result<Dataset, DataError> {
     Dataset::new(data.x, data.targets.expect("labels_required"))
+}
+
+/// The held-out set of `test.csv` as the model trained on `train.csv` sees
+/// it: its feature columns matched to the training set's by name (in the
+/// training set's order), and its labels among the training set's classes
+/// unless `--num_classes` says how many there are. A column one file has
+/// and the other lacks is an error naming it.
+fn held_out_like(train: &CsvData, train_file: &Path, test: CsvData, test_file: &Path, num_classes: Option<usize>) -> Result<Dataset, DataError> {
+    let header_err = |reason: String| DataError::CsvHeader { path: test_file.to_path_buf(), reason };
+    let missing: Vec<&str> = train.feature_columns.iter().filter(|c| !test.feature_columns.contains(c)).map(String::as_str).collect();
+    let extra: Vec<&str> = test.feature_columns.iter().filter(|c| !train.feature_columns.contains(c)).map(String::as_str).collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        let list = |v: &[&str]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+        return Err(header_err(format!(
+            "its feature columns must be those of {} (matched by name): missing {}; not in {}: {}",
+            train_file.display(),
+            list(&missing),
+            train_file.display(),
+            list(&extra)
+        )));
+    }
+    let order: Vec<usize> = train.feature_columns.iter().map(|c| test.feature_columns.iter().position(|t| t == c).expect("checked above")).collect();
+    let x = test.x.select(ndarray::Axis(1), &order);
+    let targets = test.targets.expect("labels_required");
+    if let (Targets::Labels(test_labels), Some(Targets::Labels(train_labels)), None) = (&targets, &train.targets, num_classes) {
+        let classes = train_labels.iter().max().map_or(0, |&m| m + 1);
+        if let Some((index, &label)) = test_labels.iter().enumerate().find(|&(_, &l)| l >= classes) {
+            // Not among the classes the model is trained for (give --num_classes if train.csv lacks some).
+            return Err(DataError::LabelOutOfRange { path: test_file.to_path_buf(), index, label, num_classes: classes });
+        }
+    }
+    Dataset::new(x, targets)
 }
 
 /// IDX labels as one column of values (for mse).
@@ -298,9 +332,14 @@ mod tests {
         let d = load_training_data(dir.path(), &opts, LabelKind::Classes).unwrap();
         assert_eq!(d.test, d.train, "without test.csv, evaluation uses the training set");
         assert_eq!(d.num_classes(&opts), Some(3));
+        // A held-out label the training set does not have is an error, unless --num_classes
+        // says how many classes there are.
         std::fs::write(dir.path().join("test.csv"), "x,label\n1,4\n").unwrap();
-        let d = load_training_data(dir.path(), &opts, LabelKind::Classes).unwrap();
-        assert_eq!((d.test.len(), d.num_classes(&opts)), (1, Some(5)));
+        let err = load_training_data(dir.path(), &opts, LabelKind::Classes).unwrap_err();
+        assert!(err.to_string().contains("test.csv: label 4 of example 0 is out of range 0..3"), "{err}");
+        let five = DataOptions { num_classes: Some(5), ..opts.clone() };
+        let d = load_training_data(dir.path(), &five, LabelKind::Classes).unwrap();
+        assert_eq!((d.test.len(), d.num_classes(&five)), (1, Some(5)));
         std::fs::write(dir.path().join("train.csv"), "x,label\n").unwrap();
         let err = load_training_data(dir.path(), &opts, LabelKind::Classes).unwrap_err();
         assert!(err.to_string().contains("train.csv: no examples"), "{err}");
@@ -308,5 +347,33 @@ mod tests {
         assert_eq!(DataFormat::detect(&input).unwrap(), DataFormat::Csv);
         assert_eq!("CSV".parse::<DataFormat>(), Ok(DataFormat::Csv));
         assert!("parquet".parse::<DataFormat>().unwrap_err().contains("idx, csv"));
+    }
+
+    /// (case, train.csv, test.csv, Ok(held-out inputs) or what the error says)
+    #[test]
+    fn test_csv_columns_match_train_csv_by_name() {
+        let train = "a,b,label\n1,10,0\n2,20,1\n";
+        type HeldOut = Result<[[f32; 2]; 1], &'static str>;
+        let cases: [(&str, &str, HeldOut); 5] = [
+            ("same columns", "a,b,label\n3,30,1\n", Ok([[3.0, 30.0]])),
+            ("reordered columns, matched by name", "label,b,a\n1,30,3\n", Ok([[3.0, 30.0]])),
+            ("an extra column", "a,b,c,label\n3,30,300,1\n", Err("missing none; not in")),
+            ("a missing column", "a,label\n3,1\n", Err("missing b;")),
+            ("a renamed column", "a,B,label\n3,30,1\n", Err("missing b; not in")),
+        ];
+        let opts = DataOptions { format: Some(DataFormat::Csv), ..Default::default() };
+        for (case, test_csv, want) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("train.csv"), train).unwrap();
+            std::fs::write(dir.path().join("test.csv"), test_csv).unwrap();
+            match (load_training_data(dir.path(), &opts, LabelKind::Classes), want) {
+                (Ok(d), Ok(x)) => assert_eq!(d.test.x(), &ndarray::arr2(&x), "{case}"),
+                (Err(e), Err(says)) => {
+                    let e = e.to_string();
+                    assert!(e.contains("test.csv: header: its feature columns must be those of") && e.contains(says), "{case}: {e}");
+                }
+                (got, want) => panic!("{case}: got {:?}, want {want:?}", got.map(|d| d.test)),
+            }
+        }
     }
 }
