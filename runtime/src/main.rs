@@ -49,8 +49,10 @@ struct Cli {
 enum Command {
     /// A standalone server for sessions (TensorFlow's `create_local_server`).
     Server {
+        /// The port to serve on.
         #[arg(long, default_value_t = 2222)]
         port: u16,
+        /// The address to listen on.
         #[arg(long, default_value = "0.0.0.0")]
         bind: IpAddr,
     },
@@ -63,6 +65,7 @@ enum Command {
     /// <layer name>/<weight name> in Keras's shapes (partitioned variables joined), for
     /// `layer.set_weights([w[f"{layer.name}/kernel"], w[f"{layer.name}/bias"]])`.
     Export {
+        /// Where the job wrote its checkpoints (a path or an object-store URL).
         #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
         checkpoint_dir: Location,
         /// The .npz file to write.
@@ -90,18 +93,23 @@ struct GenerateArgs {
     /// Directory to write train.txt and eval.txt into (.gz with --gzip).
     #[arg(long)]
     out: PathBuf,
+    /// Examples in train.txt.
     #[arg(long = "train_examples", visible_alias = "train-examples", default_value_t = 20_000)]
     train_examples: u64,
+    /// Examples in eval.txt.
     #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 5_000)]
     eval_examples: u64,
+    /// Seed of the generated data (the same seed, the same files).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Writes train.txt.gz and eval.txt.gz.
     #[arg(long)]
     gzip: bool,
 }
 
 #[derive(Args, Debug)]
 struct InferenceArgs {
+    /// Where the job wrote its checkpoints (a path or an object-store URL).
     #[arg(long = "checkpoint_dir", visible_alias = "checkpoint-dir", value_parser = parse_location)]
     checkpoint_dir: Location,
     /// The examples: a CSV file with a header, or an IDX image file (plain or gzipped).
@@ -253,11 +261,14 @@ struct ModelArgs {
     /// sgd, momentum, nesterov, adagrad, adam or ftrl.
     #[arg(long, default_value = "sgd")]
     optimizer: String,
+    /// The optimizer's learning rate.
     #[arg(long = "learning_rate", visible_alias = "learning-rate", default_value_t = 0.01)]
     learning_rate: f32,
+    /// The momentum of --optimizer=momentum and nesterov.
     #[arg(long, default_value_t = 0.9)]
     momentum: f32,
-    /// Examples per step (default: 1 for linear, as in the classic example; 100 otherwise).
+    /// Examples per step (default: 1 for linear, as in the classic example; 32 for a
+    /// --keras_model, as Keras's fit; 100 for softmax, mlp and the sparse models).
     #[arg(long = "batch_size", visible_alias = "batch-size")]
     batch_size: Option<usize>,
     /// Global steps to train (default 1000; without it, --num_epochs alone decides).
@@ -279,6 +290,7 @@ struct ModelArgs {
     /// Log every N local steps (0: never).
     #[arg(long = "log_every_steps", visible_aliases = ["log-every-steps", "log_interval", "log-interval"], default_value_t = 100)]
     log_every_steps: u64,
+    /// Seed of the initial values and of the data order (the same on every task).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Held-out examples used by the evaluator and for the final figures.
@@ -329,13 +341,16 @@ struct TaskArgs {
     /// Comma-separated host:port of the worker tasks.
     #[arg(long = "worker_hosts", visible_alias = "worker-hosts")]
     worker_hosts: Option<String>,
+    /// Host:port of the chief task (at most one).
     #[arg(long = "chief_hosts", visible_alias = "chief-hosts")]
     chief_hosts: Option<String>,
+    /// Host:port of the evaluator task (at most one).
     #[arg(long = "evaluator_hosts", visible_alias = "evaluator-hosts")]
     evaluator_hosts: Option<String>,
     /// ps, worker, chief or evaluator.
     #[arg(long = "job_name", visible_alias = "job-name")]
     job_name: Option<String>,
+    /// This task's index in its job's hosts (default 0).
     #[arg(long = "task_index", visible_alias = "task-index")]
     task_index: Option<u32>,
     /// Address to listen on (the port comes from this task's host:port).
@@ -385,10 +400,13 @@ struct TaskArgs {
     /// TLS: the CA that signed every task's certificate (PEM).
     #[arg(long = "tls_ca", visible_alias = "tls-ca", requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
+    /// How long a worker waits for the chief to initialise the variables.
     #[arg(long = "init_timeout_secs", visible_alias = "init-timeout-secs", default_value_t = 300)]
     init_timeout_secs: u64,
+    /// How long a ps may stay unreachable before the task gives up.
     #[arg(long = "connect_timeout_secs", visible_alias = "connect-timeout-secs", default_value_t = 120)]
     connect_timeout_secs: u64,
+    /// How long one synchronous step may take before the task gives up.
     #[arg(long = "step_timeout_secs", visible_alias = "step-timeout-secs", default_value_t = 300)]
     step_timeout_secs: u64,
     /// Seconds between two evaluations of the evaluator.
@@ -671,6 +689,24 @@ mod tests {
 
     /// The boolean flags take every spelling they took before (any case),
     /// alone they mean true, and a bad value's error names the flag.
+    /// Every flag of every command says what it is for in `--help`.
+    #[test]
+    fn every_flag_has_help() {
+        fn missing(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for arg in cmd.get_arguments().filter(|a| !a.is_hide_set() && a.get_long().is_some()) {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    out.push(format!("{path} --{}", arg.get_long().unwrap_or_default()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                missing(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut out = Vec::new();
+        missing(&<Cli as clap::CommandFactory>::command(), "tfjob-runtime", &mut out);
+        assert!(out.is_empty(), "flags without help: {out:?}");
+    }
+
     #[test]
     fn boolean_flags() {
         let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("tfjob-runtime").chain(args.iter().copied()));
