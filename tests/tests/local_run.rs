@@ -388,6 +388,30 @@ fn eventually_none_left(marker: &str) {
     }
 }
 
+/// `tfjob run -` reads the manifest from standard input, as `kubectl apply -f -` does.
+#[test]
+fn the_manifest_can_come_on_standard_input() -> Result<()> {
+    use std::io::Write as _;
+    let args = r#"["--model=linear", "--train_steps=200"]"#;
+    let manifest = job("from-stdin", "", &[replica("Worker", 1, "Never", r#"["tfjob-runtime"]"#, args, "[]")]);
+    let run_dir = tempfile::tempdir()?;
+    let mut child = Command::new(tfjob()?)
+        .args(["run", "-", "--quiet", "--run-dir"])
+        .arg(run_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().context("stdin")?.write_all(manifest.as_bytes())?;
+    let out = child.wait_with_output()?;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(status_yaml(run_dir.path()).contains("type: Succeeded"), "{}", text(&out));
+    let out = Command::new(tfjob()?).args(["run", "-"]).stdin(Stdio::null()).output()?;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("standard input"), "{}", text(&out));
+    Ok(())
+}
+
 /// A bad manifest gives its message and starts nothing.
 #[test]
 fn bad_input_starts_nothing() -> Result<()> {

@@ -124,7 +124,7 @@ pub struct ScaleArgs {
 /// Arguments of `tfjob run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The TFJob manifest.
+    /// The TFJob manifest (`-`: standard input, as `kubectl apply -f -`).
     pub file: PathBuf,
     /// Directory for the replicas' logs and the job's status.yaml (default: a new directory
     /// under the system temp dir).
@@ -211,8 +211,7 @@ pub enum CliError {
 }
 
 fn read(path: &Path) -> Result<String, CliError> {
-    let r = if path.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) };
-    r.map_err(|source| CliError::Read { path: path.display().to_string(), source })
+    crate::local::driver::read_manifest(path).map_err(|source| CliError::Read { path: path.display().to_string(), source })
 }
 
 /// The validation of one file, as `tfjob validate -o json|yaml` prints it.

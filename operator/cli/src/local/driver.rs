@@ -39,14 +39,19 @@ impl Default for RunOptions {
 /// Reads a manifest holding exactly one TFJob, validated as the cluster
 /// validates it.
 pub fn load_job(path: &Path) -> Result<TFJob, RunError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| RunError::Read { path: shown.clone(), source })?;
+    let shown = if path.as_os_str() == "-" { "standard input".to_string() } else { path.display().to_string() };
+    let text = read_manifest(path).map_err(|source| RunError::Read { path: shown.clone(), source })?;
     let docs = api::load_manifest(&text).map_err(|source| RunError::Manifest { path: shown.clone(), source })?;
     match docs.len() {
         0 => Err(RunError::Empty(shown)),
         1 => docs.into_iter().next().expect("one").map_err(|source| RunError::Manifest { path: shown, source }),
         count => Err(RunError::Several { path: shown, count }),
     }
+}
+
+/// A manifest's text: the file, or standard input for `-` (as `kubectl apply -f -`).
+pub fn read_manifest(path: &Path) -> std::io::Result<String> {
+    if path.as_os_str() == "-" { std::io::read_to_string(std::io::stdin()) } else { std::fs::read_to_string(path) }
 }
 
 /// Set by SIGINT/SIGTERM: the signal number, 0 while none came.
