@@ -263,19 +263,20 @@ async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<Para
         Ok(w) => w,
         Err(e) => return fail(2, e),
     };
-    let result = if ctx.cluster.role() == Role::Evaluator {
-        train::run_evaluator(ctx, &mut workload).await
-    } else {
-        // Resolves once told to leave; never when the sender is gone
-        // without a word.
-        let told_to_leave = async move {
-            if leave.wait_for(|l| *l).await.is_err() {
-                std::future::pending::<()>().await;
-            }
+    if ctx.cluster.role() == Role::Evaluator {
+        return match train::run_evaluator(ctx, &mut workload).await {
+            // Its final line is printed before it tells the chief it is done.
+            Ok(_) => 0,
+            Err(e) => exit_code(&ctx.cluster, Err(e)),
         };
-        crate::worker::run_worker(ctx, &mut workload, told_to_leave).await
+    }
+    // Resolves once told to leave; never when the sender is gone without a word.
+    let told_to_leave = async move {
+        if leave.wait_for(|l| *l).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     };
-    exit_code(&ctx.cluster, result)
+    exit_code(&ctx.cluster, crate::worker::run_worker(ctx, &mut workload, told_to_leave).await)
 }
 
 /// A worker's or an evaluator's end: its report, or why it stopped.

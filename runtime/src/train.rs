@@ -648,13 +648,16 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
         }
     }
     summaries.close();
-    // The chief waits for this before it ends the job.
-    ps.leave("final evaluation done").await;
     let mut r = report(&task, "evaluator", false, model, &params, Some(last));
     r.global_step = pulled.steps[0];
     r.local_steps = evaluations;
     r.elapsed_secs = start.elapsed().as_secs_f64();
     status.set(TaskState::Done, evaluations, pulled.steps[0], "done");
+    // The final line goes out before the chief hears that this evaluator is
+    // done: the chief then ends the job, and whatever runs the replicas may
+    // stop this one at once.
+    crate::exit::print_report(&r);
+    ps.leave("final evaluation done").await;
     Ok(r)
 }
 
