@@ -211,6 +211,13 @@ pub enum CheckpointError {
     AlreadyComplete { path: Location },
 }
 
+impl CheckpointError {
+    /// Whether a later try may succeed: only storage that could not be reached.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, CheckpointError::Io(e) if e.is_transient())
+    }
+}
+
 fn damaged(path: &Location, reason: impl Into<String>) -> CheckpointError {
     CheckpointError::Damaged { path: path.clone(), reason: reason.into() }
 }

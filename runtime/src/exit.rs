@@ -1,6 +1,27 @@
 //! How a command of `tfjob-runtime` ends: the error line and exit code, the
 //! final report (one JSON line), the signals that stop it.
 
+/// Exit codes, following the `ExitCode` restart policy's contract: 1-127 a
+/// permanent failure (a restart would fail the same way), 128 and above a
+/// transient one.
+pub mod code {
+    /// A bad flag, configuration or data.
+    pub const CONFIG: u8 = 2;
+    /// A peer refused a request (invalid, not permitted).
+    pub const REFUSED: u8 = 3;
+    /// A checkpoint that cannot be read or written for good.
+    pub const CHECKPOINT: u8 = 4;
+    /// A peer or the storage could not be reached, a timeout: a restart may cure it.
+    pub const TRANSIENT: u8 = 138;
+    /// Stopped by SIGTERM.
+    pub const TERMINATED: u8 = 143;
+
+    /// [`TRANSIENT`] when a restart may cure the failure, else `permanent`.
+    pub fn of(transient: bool, permanent: u8) -> u8 {
+        if transient { TRANSIENT } else { permanent }
+    }
+}
+
 /// Logs `message` as an error, prints it on stderr, and gives `code` back.
 pub fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
     tracing::error!("{message}");

@@ -43,6 +43,12 @@ pub enum StorageError {
     Store { location: String, source: object_store::Error },
     #[error("{location}: {source}")]
     Io { location: String, source: std::io::Error },
+    /// No credentials in the environment, and none from the cloud's
+    /// instance metadata service either.
+    #[error(
+        "{location}: no credentials: none in the environment, and the instance metadata service gave none ({source}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for s3:// (GOOGLE_APPLICATION_CREDENTIALS for gs://, AZURE_STORAGE_ACCOUNT_KEY for az://), or run with a role that the metadata service serves"
+    )]
+    Credentials { location: String, source: object_store::Error },
 }
 
 impl StorageError {
@@ -50,6 +56,84 @@ impl StorageError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, StorageError::NotFound { .. })
     }
+
+    /// Whether trying again later may succeed: the store could not be
+    /// reached, timed out or answered with a server error. A bad location,
+    /// a missing object, missing credentials or a refused request are
+    /// permanent: a restart would meet them again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StorageError::InvalidLocation { .. } | StorageError::NotFound { .. } | StorageError::Credentials { .. } => false,
+            StorageError::Store { source, .. } => store_error_is_transient(source),
+            StorageError::Io { source, .. } => io_error_is_transient(source.kind()),
+        }
+    }
+
+    /// The error of `source` at `location`; failures of the instance
+    /// metadata service (where the stores look for credentials last) say so.
+    fn of_store(location: &str, source: object_store::Error) -> StorageError {
+        let location = location.to_string();
+        match source {
+            object_store::Error::NotFound { .. } => StorageError::NotFound { location },
+            source if names_metadata_service(&source.to_string()) => StorageError::Credentials { location, source },
+            source => StorageError::Store { location, source },
+        }
+    }
+}
+
+/// Whether an error message is about a request to a cloud's instance
+/// metadata service (AWS IMDS, GCP's metadata server, Azure IMDS), by the
+/// paths those services serve credentials at.
+fn names_metadata_service(message: &str) -> bool {
+    ["/latest/api/token", "/latest/meta-data/", "/computeMetadata/", "/metadata/identity/oauth2/token"].iter().any(|p| message.contains(p))
+}
+
+/// The `object_store` errors worth a retry: only its generic ones (HTTP and
+/// connection failures) can be, decided by the HTTP status they report.
+fn store_error_is_transient(e: &object_store::Error) -> bool {
+    match e {
+        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. } => message_is_transient(&e.to_string()),
+        _ => false,
+    }
+}
+
+/// A generic store error by its text (the status is not reachable through
+/// `object_store`'s public types): a 4xx status other than 408 (timeout) and
+/// 429 (throttled) is permanent; a 5xx status, or no status at all (refused,
+/// reset, timed out, no DNS answer), is transient.
+fn message_is_transient(message: &str) -> bool {
+    match http_status(message) {
+        Some(status) => status == 408 || status == 429 || status >= 500,
+        None => true,
+    }
+}
+
+/// The HTTP status in `object_store`'s "status code: 403 Forbidden".
+fn http_status(message: &str) -> Option<u16> {
+    let (_, rest) = message.split_once("status code: ")?;
+    rest.get(..3)?.parse().ok()
+}
+
+/// Local I/O errors worth a retry: the network file systems' and the
+/// interrupted ones. A missing file, a denied permission, a full disk are not.
+pub(crate) fn io_error_is_transient(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        TimedOut
+            | ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | Interrupted
+            | WouldBlock
+            | HostUnreachable
+            | NetworkUnreachable
+            | NetworkDown
+            | StaleNetworkFileHandle
+            | ResourceBusy
+    )
 }
 
 /// URL schemes of object stores, and the store each names.
@@ -123,7 +207,7 @@ fn install_tls_provider() {
 /// and endpoints come from the environment (see the module's table).
 pub fn open(location: &str) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StorageError> {
     let (kind, url, path) = classify(location)?;
-    let config = |source: object_store::Error| StorageError::Store { location: location.to_string(), source };
+    let config = |source: object_store::Error| StorageError::of_store(location, source);
     let store: Arc<dyn ObjectStore> = match kind {
         Kind::Local => {
             let path = path.expect("local paths are absolute");
@@ -276,10 +360,7 @@ impl Location {
     }
 
     fn err(&self, source: object_store::Error) -> StorageError {
-        match source {
-            object_store::Error::NotFound { .. } => StorageError::NotFound { location: self.shown.clone() },
-            source => StorageError::Store { location: self.shown.clone(), source },
-        }
+        StorageError::of_store(&self.shown, source)
     }
 
     /// The whole object.
@@ -398,6 +479,40 @@ mod tests {
             }
         }
         assert!(is_url("s3://b") && !is_url("/a/b") && !is_url("a=s3://b/c") && !is_url("://x"));
+    }
+
+    /// A restart may cure a store that could not be reached or failed on
+    /// its side; not a refusal, a missing object, missing credentials.
+    #[test]
+    fn store_errors_are_transient_or_permanent() {
+        let generic = |m: &str| object_store::Error::Generic { store: "S3", source: m.to_string().into() };
+        let boxed = |m: &str| -> Box<dyn std::error::Error + Send + Sync> { m.to_string().into() };
+        let imds = "Error performing PUT http://169.254.169.254/latest/api/token in 1ms - Server returned non-2xx status code: 403 Forbidden: denied";
+        let cases: [(&str, object_store::Error, bool); 9] = [
+            (
+                "503 from the store",
+                generic("Error performing GET http://s3/b/k in 2s - Server returned non-2xx status code: 503 Service Unavailable: slow down"),
+                true,
+            ),
+            ("429 throttled", generic("Server returned non-2xx status code: 429 Too Many Requests: "), true),
+            ("connection refused", generic("Error performing GET http://127.0.0.1:1/b in 3s - error sending request: Connection refused"), true),
+            ("403 on a bucket", generic("Error performing PUT http://s3/b/k in 2ms - Server returned non-2xx status code: 403 Forbidden: AccessDenied"), false),
+            ("400 bad request", generic("Server returned non-2xx status code: 400 Bad Request: "), false),
+            ("instance metadata", generic(imds), false),
+            ("permission denied", object_store::Error::PermissionDenied { path: "k".into(), source: boxed("no") }, false),
+            ("unauthenticated", object_store::Error::Unauthenticated { path: "k".into(), source: boxed("no") }, false),
+            ("not found", object_store::Error::NotFound { path: "k".into(), source: boxed("no") }, false),
+        ];
+        for (what, source, transient) in cases {
+            let e = StorageError::of_store("s3://b/k", source);
+            assert_eq!(e.is_transient(), transient, "{what}: {e}");
+        }
+        let e = StorageError::of_store("s3://b/k", generic(imds));
+        assert!(matches!(e, StorageError::Credentials { .. }) && e.to_string().contains("AWS_ACCESS_KEY_ID"), "{e}");
+        let io = |kind| StorageError::Io { location: "/ckpt".into(), source: std::io::Error::from(kind) };
+        assert!(io(std::io::ErrorKind::TimedOut).is_transient() && io(std::io::ErrorKind::StaleNetworkFileHandle).is_transient());
+        assert!(!io(std::io::ErrorKind::PermissionDenied).is_transient() && !io(std::io::ErrorKind::StorageFull).is_transient());
+        assert!(!StorageError::InvalidLocation { location: "x".into(), reason: "bad".into() }.is_transient());
     }
 
     #[test]

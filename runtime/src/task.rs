@@ -175,7 +175,7 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     // checkpoint's count is then taken.
     let num_ps = store.num_ps();
     // Storage that cannot be reached may come back: a transient exit code.
-    let code = |e: &checkpoint::CheckpointError| if matches!(e, checkpoint::CheckpointError::Io(_)) { 138 } else { 2 };
+    let code = |e: &checkpoint::CheckpointError| crate::exit::code::of(e.is_transient(), crate::exit::code::CONFIG);
     let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
     let Some(ckpt) = latest else {
         tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
@@ -261,7 +261,7 @@ async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<Para
     }
     let mut workload = match workload::build(spec) {
         Ok(w) => w,
-        Err(e) => return fail(2, e),
+        Err(e) => return fail(e.exit_code(), e),
     };
     if ctx.cluster.role() == Role::Evaluator {
         return match train::run_evaluator(ctx, &mut workload).await {
@@ -294,7 +294,7 @@ fn exit_code(cluster: &ClusterConfig, result: Result<train::FinalReport, TrainEr
             tracing::warn!("{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps_total - ps_heard);
             143
         }
-        Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("{}: {e}", cluster.task)),
+        Err(e) => fail(e.exit_code(), format_args!("{}: {e}", cluster.task)),
     }
 }
 
@@ -339,7 +339,7 @@ async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: &Ta
 async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8 {
     let mut workload = match workload::build(spec) {
         Ok(w) => w,
-        Err(e) => return fail(2, e),
+        Err(e) => return fail(e.exit_code(), e),
     };
     tracing::info!("training {} in this process", workload.model.name());
     let settings = settings.clone();
@@ -361,6 +361,6 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
             print_report(&report);
             0
         }
-        Err(e) => fail(e.exit_code().clamp(1, 255) as u8, format_args!("local: {e}")),
+        Err(e) => fail(e.exit_code(), format_args!("local: {e}")),
     }
 }

@@ -210,6 +210,8 @@ pub enum TrainError {
     Config(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error(transparent)]
+    CheckpointFile(#[from] checkpoint::CheckpointError),
     #[error("the parameter servers restarted {0} times; giving up")]
     TooManyRecoveries(u32),
     /// Stopped on purpose (a signal) after telling the ps tasks it leaves.
@@ -218,19 +220,22 @@ pub enum TrainError {
 }
 
 impl TrainError {
-    /// Exit code following the `ExitCode` restart policy's contract:
-    /// 1-127 permanent (configuration, data), >= 128 transient (a peer gone,
-    /// a timeout that a restart may cure).
-    pub fn exit_code(&self) -> i32 {
+    /// Exit code following the `ExitCode` restart policy's contract
+    /// ([`crate::exit::code`]): 1-127 permanent (configuration, data, a
+    /// refused request), >= 128 transient (a peer gone, storage out of
+    /// reach, a timeout that a restart may cure).
+    pub fn exit_code(&self) -> u8 {
+        use crate::exit::code;
         match self {
-            TrainError::Config(_) | TrainError::Placement(_) => 2,
+            TrainError::Config(_) | TrainError::Placement(_) => code::CONFIG,
             TrainError::Client(e) => match e.code() {
-                Some(Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied | Code::Unauthenticated) => 3,
-                _ => 138,
+                Some(Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied | Code::Unauthenticated) => code::REFUSED,
+                _ => code::TRANSIENT,
             },
-            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => 138,
-            TrainError::Checkpoint(_) => 4,
-            TrainError::Stopped { .. } => 143,
+            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => code::TRANSIENT,
+            TrainError::Checkpoint(_) => code::CHECKPOINT,
+            TrainError::CheckpointFile(e) => code::of(e.is_transient(), code::CHECKPOINT),
+            TrainError::Stopped { .. } => code::TERMINATED,
         }
     }
 }
@@ -350,7 +355,7 @@ pub fn train_single_process(
 /// refused rather than overwritten or silently ignored.
 fn local_checkpointer(c: &CheckpointSettings) -> Result<Option<Checkpointer>, TrainError> {
     let Some(dir) = &c.directory else { return Ok(None) };
-    let listed = checkpoint::list(dir).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let listed = checkpoint::list(dir)?;
     if let Some(last) = listed.last() {
         return Err(TrainError::Config(format!(
             "--checkpoint_dir {dir} holds checkpoints already ({}); training in one process starts from the beginning and does not resume: give an empty directory",
@@ -386,9 +391,9 @@ fn local_shard(
 /// prunes old ones.
 fn save_local(c: &mut Checkpointer, step: i64, data: &ShardData) -> Result<(), TrainError> {
     let start = Instant::now();
-    let info = checkpoint::write_shard(&c.directory, step, 0, 1, data).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-    let written = checkpoint::write_index(&c.directory, step, 1, &[info]).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-    checkpoint::prune(&c.directory, c.keep).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+    let info = checkpoint::write_shard(&c.directory, step, 0, 1, data)?;
+    let written = checkpoint::write_index(&c.directory, step, 1, &[info])?;
+    checkpoint::prune(&c.directory, c.keep)?;
     c.written(step);
     tracing::info!("local: checkpoint of global_step={step} written to {written} in {:.3}s", start.elapsed().as_secs_f64());
     Ok(())
@@ -547,8 +552,7 @@ impl Checkpointer {
             Ok(path)
         })
         .await
-        .map_err(|e| TrainError::Checkpoint(e.to_string()))?
-        .map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+        .map_err(|e| TrainError::Checkpoint(e.to_string()))??;
         let secs = start.elapsed().as_secs_f64();
         metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         metrics.checkpoint_seconds.set(secs);

@@ -22,6 +22,9 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
+    /// A file or object of an object store (or a local one read through it).
+    #[error("cannot read {0}")]
+    Storage(#[from] crate::storage::StorageError),
     #[error("{}: corrupt gzip data: {source}", path.display())]
     Gzip {
         path: PathBuf,
@@ -67,6 +70,18 @@ pub enum DataError {
     /// A flag that does not apply to this input.
     #[error("--{flag}: {reason}")]
     UnusedFlag { flag: &'static str, reason: String },
+}
+
+impl DataError {
+    /// Whether reading again later may succeed (storage that could not be
+    /// reached); bad data, a missing file or a bad flag are permanent.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DataError::Storage(e) => e.is_transient(),
+            DataError::Io { source, .. } => crate::storage::io_error_is_transient(source.kind()),
+            _ => false,
+        }
+    }
 }
 
 /// Inputs (one row per example) with their targets.

@@ -41,10 +41,7 @@ pub struct Mnist {
 /// `path` may be an object-store URL (`--data_dir s3://bucket/mnist`).
 pub(super) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     let raw = match path.to_str().filter(|p| storage::is_url(p)) {
-        Some(url) => storage::read(url).map(Vec::from).map_err(|e| {
-            let kind = if e.is_not_found() { std::io::ErrorKind::NotFound } else { std::io::ErrorKind::Other };
-            DataError::Io { path: path.to_path_buf(), source: std::io::Error::new(kind, e.to_string()) }
-        })?,
+        Some(url) => storage::read(url).map(Vec::from)?,
         None => fs::read(path).map_err(|source| DataError::Io { path: path.to_path_buf(), source })?,
     };
     if !raw.starts_with(&GZIP_MAGIC) {
@@ -146,16 +143,20 @@ pub fn read_idx_pair(images: impl AsRef<Path>, labels: impl AsRef<Path>, num_cla
 
 /// `dir/name` if it exists, else `dir/name.gz`. `dir` may be an object-store URL.
 pub(super) fn find(dir: &Path, name: &'static str) -> Result<PathBuf, DataError> {
-    let exists = |p: &Path| match p.to_str().filter(|p| storage::is_url(p)) {
-        Some(url) => storage::Location::parse(url).and_then(|l| l.size()).is_ok_and(|size| size.is_some()),
-        None => p.is_file(),
+    // A store that cannot be asked (no credentials, out of reach) is an
+    // error of its own, not a missing file.
+    let exists = |p: &Path| -> Result<bool, DataError> {
+        match p.to_str().filter(|p| storage::is_url(p)) {
+            Some(url) => Ok(storage::Location::parse(url)?.size()?.is_some()),
+            None => Ok(p.is_file()),
+        }
     };
     let plain = dir.join(name);
-    if exists(&plain) {
+    if exists(&plain)? {
         return Ok(plain);
     }
     let gz = dir.join(format!("{name}.gz"));
-    if exists(&gz) {
+    if exists(&gz)? {
         return Ok(gz);
     }
     Err(DataError::Missing { dir: dir.to_path_buf(), name })

@@ -17,9 +17,11 @@ use crate::hash::{Fnv1a, derive_seed};
 /// A sparse text format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SparseFormat {
-    /// `label idx:val idx:val ... [# comment]`: label > 0 is a click
-    /// (`1`/`+1`), anything else not (`0`/`-1`); indices are non-negative
-    /// integers, values finite numbers. One field.
+    /// `label idx:val idx:val ... [# comment]`: the label is a click
+    /// (`1`, `+1`) or not (`0`, `-1`), as binary classification files write
+    /// it; any other label (a multi-class or regression file) is an error.
+    /// Indices are non-negative integers, each at most once in a line;
+    /// values are finite numbers. One field.
     Libsvm,
     /// Criteo's display-advertising layout: label (0/1), 13 integer fields
     /// (may be empty or negative; they enter as `ln(1 + max(v, 0))`), 26
@@ -117,16 +119,29 @@ fn parse_libsvm(line: &str) -> Result<Option<SparseExample>, String> {
     let mut tokens = line.split_ascii_whitespace();
     let label_text = tokens.next().expect("not empty");
     let label: f64 = label_text.parse().map_err(|_| format!("label {label_text:?} is not a number"))?;
-    if !label.is_finite() {
-        return Err(format!("label {label_text:?} is not a finite number"));
-    }
-    let mut example = SparseExample { label: u32::from(label > 0.0), ..Default::default() };
+    let label = match label {
+        1.0 => 1,
+        0.0 | -1.0 => 0,
+        _ => {
+            return Err(format!(
+                "label {label_text:?} is not binary: a click is 1 or +1, no click 0 or -1 (the sparse models are binary classifiers; a multi-class or regression file does not fit them)"
+            ));
+        }
+    };
+    let mut example = SparseExample { label, ..Default::default() };
+    let (mut indices, mut ascending): (Vec<u64>, bool) = (Vec::new(), true);
     for token in tokens {
         let (index, value) = token.split_once(':').ok_or_else(|| format!("feature {token:?} is not index:value"))?;
         if index == "qid" {
             continue;
         }
         let index: u64 = index.parse().map_err(|_| format!("feature {token:?}: index {index:?} is not a non-negative integer"))?;
+        // While the indices ascend (as libsvm writes them) none can repeat.
+        ascending = ascending && indices.last().is_none_or(|&last| index > last);
+        if !ascending && indices.contains(&index) {
+            return Err(format!("feature index {index} appears twice"));
+        }
+        indices.push(index);
         let value: f32 =
             value.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| format!("feature {token:?}: value {value:?} is not a finite number"))?;
         example.features.push(Feature { field: 0, key: feature_key(0, &index.to_le_bytes()), value });
@@ -197,6 +212,7 @@ mod tests {
             ("-1 7:2", Some((0, vec![(7, 2.0)]))),
             ("+1 qid:4 2:1e-3 # a comment", Some((1, vec![(2, 0.001)]))),
             ("0", Some((0, vec![]))),
+            ("1.0 9:1 2:1", Some((1, vec![(9, 1.0), (2, 1.0)]))),
             ("   ", None),
             ("# only a comment", None),
         ];
@@ -216,6 +232,10 @@ mod tests {
             ("1 -2:1", "index \"-2\""),
             ("1 2:nan", "value \"nan\" is not a finite number"),
             ("1 2:", "value \"\""),
+            ("2 1:1", "label \"2\" is not binary"),
+            ("0.5 1:1", "label \"0.5\" is not binary"),
+            ("inf 1:1", "label \"inf\" is not binary"),
+            ("1 4:1 2:1 4:0.5", "feature index 4 appears twice"),
         ];
         for (line, want) in bad {
             let err = SparseFormat::Libsvm.parse(line).unwrap_err();

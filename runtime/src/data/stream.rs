@@ -73,15 +73,8 @@ fn local_file_names(dir: &Path) -> Result<Vec<String>, DataError> {
 
 /// Names of the objects directly under an object-store URL's prefix.
 fn remote_file_names(dir: &Path) -> Result<Vec<String>, DataError> {
-    let listing = storage::Location::parse(&dir.to_string_lossy()).and_then(|l| l.list()).map_err(storage_err(dir))?;
+    let listing = storage::Location::parse(&dir.to_string_lossy()).and_then(|l| l.list())?;
     Ok(listing.files.into_iter().map(|(name, _)| name).collect())
-}
-
-fn storage_err(path: &Path) -> impl FnOnce(storage::StorageError) -> DataError + '_ {
-    move |e| {
-        let kind = if e.is_not_found() { std::io::ErrorKind::NotFound } else { std::io::ErrorKind::Other };
-        DataError::Io { path: path.to_path_buf(), source: std::io::Error::new(kind, e.to_string()) }
-    }
 }
 
 /// `*` (any run) and `?` (any one byte) against a file name. Written here
@@ -144,7 +137,7 @@ fn open_lines(path: &Path) -> Result<(Box<dyn BufRead>, bool), DataError> {
         // An object is fetched whole once, while it is indexed, and read
         // from its local copy afterwards (object stores read ranges, not
         // lines).
-        let bytes = storage::read(url).map_err(storage_err(path))?;
+        let bytes = storage::read(url)?;
         let gz = bytes.starts_with(&[0x1f, 0x8b]);
         let reader: Box<dyn Read> = if gz { Box::new(MultiGzDecoder::new(std::io::Cursor::new(bytes))) } else { Box::new(std::io::Cursor::new(bytes)) };
         return Ok((Box::new(BufReader::with_capacity(1 << 16, reader)), gz));

@@ -86,7 +86,8 @@ impl ParameterStore {
             (data, state.training.progress.step, state.training.num_ps)
         };
         let dir = crate::storage::Location::parse(&req.directory).map_err(|e| StoreError::InvalidArgument(format!("directory: {e}")))?;
-        let info = checkpoint::write_shard(&dir, req.step, self.config.ps_index, num_ps, &data).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+        let info = checkpoint::write_shard(&dir, req.step, self.config.ps_index, num_ps, &data)
+            .map_err(|e| if e.is_transient() { StoreError::Unavailable(e.to_string()) } else { StoreError::FailedPrecondition(e.to_string()) })?;
         let json = serde_json::to_string(&info).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         Ok(proto::SaveCheckpointReply { step: own_step, shard_info_json: json })
     }

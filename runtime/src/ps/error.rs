@@ -17,6 +17,9 @@ pub enum StoreError {
     FailedPrecondition(String),
     #[error("{0}")]
     PermissionDenied(String),
+    /// Storage (a checkpoint's) out of reach for now: the caller may retry.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 static BAD_REQUESTS: crate::auth::RefusalLog = crate::auth::RefusalLog::new("invalid");
@@ -31,6 +34,7 @@ impl From<StoreError> for Status {
             StoreError::NotFound(m) => Status::not_found(m),
             StoreError::FailedPrecondition(m) => Status::failed_precondition(m),
             StoreError::PermissionDenied(m) => Status::permission_denied(m),
+            StoreError::Unavailable(m) => Status::unavailable(m),
         }
     }
 }

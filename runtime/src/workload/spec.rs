@@ -10,7 +10,7 @@ use crate::model::{self, Activation};
 use crate::placement::PartitionStrategy;
 
 /// What to train, as given on the command line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkloadSpec {
     /// `linear`, `softmax` or `mlp`.
     pub model: String,
@@ -44,6 +44,19 @@ pub enum WorkloadError {
     Data(#[from] data::DataError),
     #[error(transparent)]
     Keras(#[from] model::keras::KerasError),
+}
+
+impl WorkloadError {
+    /// Whether building again later may succeed (data on storage that could
+    /// not be reached); a bad flag, model or data is permanent.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, WorkloadError::Data(e) if e.is_transient())
+    }
+
+    /// The exit code of a task that could not build its workload.
+    pub fn exit_code(&self) -> u8 {
+        crate::exit::code::of(self.is_transient(), crate::exit::code::CONFIG)
+    }
 }
 
 /// Examples in the synthetic classification set when no `--data_dir` is given.
