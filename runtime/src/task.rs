@@ -237,21 +237,33 @@ async fn start_server(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, bind:
 
 /// The role until it ends or a signal comes. A worker stopped on a signal
 /// is told to leave, and given the time to say so over the connections it
-/// trains on.
+/// trains on; one whose training is over finishes (its final evaluation and
+/// report). A ps stopped once training is over (the job has ended, and
+/// `tfjob run` or the operator stops what still runs) reports and exits 0.
 async fn run_until_signal(ctx: &TaskContext, spec: &WorkloadSpec, ps: Option<Arc<ParameterStore>>, grace: Duration) -> u8 {
     let (leave_tx, leave_rx) = watch::channel(false);
-    let role = run_role(ctx, spec, ps, grace, leave_rx);
+    let started = Instant::now();
+    let role = run_role(ctx, spec, ps.clone(), grace, leave_rx);
     tokio::pin!(role);
     tokio::select! {
         code = &mut role => code,
-        code = termination() => {
-            tracing::warn!("{}: stopping on signal", ctx.cluster.task);
-            if ctx.cluster.role() == Role::Worker {
+        code = termination() => match (ctx.cluster.role(), ps) {
+            (Role::Worker, _) => {
+                tracing::warn!("{}: stopping on signal", ctx.cluster.task);
                 let _ = leave_tx.send(true);
-                let _ = tokio::time::timeout(crate::client::LEAVE_DEADLINE + Duration::from_millis(500), &mut role).await;
+                let deadline = grace.max(crate::client::LEAVE_DEADLINE + Duration::from_millis(500));
+                tokio::time::timeout(deadline, &mut role).await.unwrap_or(code)
             }
-            code
-        }
+            (Role::Ps, Some(store)) if store.progress().done => {
+                tracing::info!("{}: stopped on a signal after training", ctx.cluster.task);
+                print_ps_report(&ctx.cluster, &store, started);
+                0
+            }
+            _ => {
+                tracing::warn!("{}: stopping on signal", ctx.cluster.task);
+                code
+            }
+        },
     }
 }
 
@@ -267,7 +279,7 @@ async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<Para
         return match train::run_evaluator(ctx, &mut workload).await {
             // Its final line is printed before it tells the chief it is done.
             Ok(_) => 0,
-            Err(e) => exit_code(&ctx.cluster, Err(e)),
+            Err(e) => exit_code(ctx, Err(e)),
         };
     }
     // Resolves once told to leave; never when the sender is gone without a word.
@@ -276,23 +288,31 @@ async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<Para
             std::future::pending::<()>().await;
         }
     };
-    exit_code(&ctx.cluster, crate::worker::run_worker(ctx, &mut workload, told_to_leave).await)
+    exit_code(ctx, crate::worker::run_worker(ctx, &mut workload, told_to_leave).await)
 }
 
-/// A worker's or an evaluator's end: its report, or why it stopped.
-fn exit_code(cluster: &ClusterConfig, result: Result<train::FinalReport, TrainError>) -> u8 {
+/// A worker's or an evaluator's end: its report, or why it stopped. A
+/// worker stopped on a signal reports its figures of that moment, so that
+/// every task's log ends with its JSON line.
+fn exit_code(ctx: &TaskContext, result: Result<train::FinalReport, TrainError>) -> u8 {
+    let cluster = &ctx.cluster;
     match result {
         Ok(report) => {
             print_report(&report);
             0
         }
-        Err(TrainError::Stopped { ps_heard, ps_total }) if ps_heard == ps_total => {
-            tracing::info!("{}: left the job", cluster.task);
-            143
-        }
         Err(TrainError::Stopped { ps_heard, ps_total }) => {
-            tracing::warn!("{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)", cluster.task, ps_total - ps_heard);
-            143
+            if ps_heard == ps_total {
+                tracing::info!("{}: left the job", cluster.task);
+            } else {
+                tracing::warn!(
+                    "{}: stopping; {} of {ps_total} ps task(s) did not hear it leave (gone, or training is over)",
+                    cluster.task,
+                    ps_total - ps_heard
+                );
+            }
+            print_report(&train::FinalReport::stopped(&cluster.task.to_string(), cluster.is_chief(), &ctx.metrics, crate::process_age()));
+            crate::exit::code::TERMINATED
         }
         Err(e) => fail(e.exit_code(), format_args!("{}: {e}", cluster.task)),
     }
@@ -318,10 +338,16 @@ async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: &Ta
     if !pending.is_empty() {
         tracing::warn!("{task}: exiting after {grace:?} without word from {}", pending.join(", "));
     }
+    tracing::info!("{task}: training over at step {}; exiting", store.progress().step);
+    print_ps_report(cluster, &store, started);
+    0
+}
+
+/// A ps's final figures, as one JSON line.
+fn print_ps_report(cluster: &ClusterConfig, store: &ParameterStore, started: Instant) {
     let stats = store.stats();
-    tracing::info!("{task}: training over at step {}; exiting", stats.step);
     print_report(&serde_json::json!({
-        "task": task.to_string(),
+        "task": cluster.task.to_string(),
         "role": "ps",
         "global_step": stats.step,
         "pushes_applied": stats.pushes_applied,
@@ -332,7 +358,6 @@ async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: &Ta
         "variables": stats.variables.iter().map(|v| v.name.clone()).collect::<Vec<_>>(),
         "elapsed_secs": started.elapsed().as_secs_f64(),
     }));
-    0
 }
 
 /// Training in this process, without a cluster.

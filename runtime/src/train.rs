@@ -180,9 +180,31 @@ pub struct FinalReport {
     pub examples_trained: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards_redone: Option<u64>,
+    /// Why the task stopped before its training was over (a signal: a
+    /// scale-down, a deleted pod, the job's end); its figures are those of
+    /// the moment it stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 impl FinalReport {
+    /// The figures of a task stopped on a signal while it trained.
+    pub fn stopped(task: &str, chief: bool, metrics: &TrainingMetrics, elapsed: Duration) -> FinalReport {
+        let local_steps = metrics.local_steps.load(Ordering::Relaxed);
+        FinalReport {
+            task: task.into(),
+            role: "worker".into(),
+            chief,
+            global_step: metrics.global_step.load(Ordering::Relaxed) as i64,
+            local_steps,
+            loss: Some(metrics.last_loss.get() as f32).filter(|l| l.is_finite()),
+            elapsed_secs: elapsed.as_secs_f64(),
+            steps_per_sec: local_steps as f64 / elapsed.as_secs_f64().max(1e-9),
+            stopped: Some("on a signal, before training was over".into()),
+            ..Default::default()
+        }
+    }
+
     /// Adds the dispatcher's figures.
     pub fn with_data(mut self, p: &crate::dispatch::DispatchProgress) -> Self {
         self.epochs_completed = Some(p.epochs_completed);

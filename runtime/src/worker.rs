@@ -525,7 +525,11 @@ impl<'a> Trainer<'a> {
             Some(b) => self.evaluate(b).await,
             None => None,
         };
-        let data = feed.close(&self.ps).await;
+        // Bounded: at the job's end the ps tasks may be gone already.
+        let data = match tokio::time::timeout(crate::client::LEAVE_DEADLINE, feed.close(&self.ps)).await {
+            Ok(data) => data,
+            Err(_) => feed.progress,
+        };
         if self.is_chief {
             if let Some(mut c) = checkpointer
                 && global_step > c.last_step
@@ -616,29 +620,44 @@ impl Trainer<'_> {
 /// shards and trains them until `--train_steps` global steps or
 /// `--num_epochs` epochs; survives ps restarts (it rejoins and goes on from
 /// the ps's step), keeps its lease by heartbeat; the chief writes
-/// checkpoints and TensorBoard summaries.
+/// checkpoints and TensorBoard summaries. `stop` ends the training (the task
+/// leaves at once), not its end: once training is over the final
+/// evaluation, the chief's last checkpoint and the report are made whatever
+/// comes.
 pub async fn run_worker(ctx: &TaskContext, workload: &mut Workload, stop: impl std::future::Future<Output = ()>) -> Result<FinalReport, TrainError> {
     let settings = &ctx.settings;
     let trainer = Trainer::new(ctx, workload.model.as_ref())?;
     let mut feed = ShardFeed::new(workload, settings)?;
     let ps = trainer.ps.clone();
-    tokio::select! {
-        report = train_until_done(trainer, workload, &mut feed, settings) => report,
+    let trained = tokio::select! {
+        trained = train_until_done(trainer, &mut feed, settings) => trained?,
         () = stop => {
             // Stopped on purpose (a scale-down, a deleted pod, SIGTERM):
             // the step in flight is dropped and the task deregisters at once.
             let ps_heard = ps.leave("stopping on a signal").await;
-            Err(TrainError::Stopped { ps_heard, ps_total: ps.num_ps() })
+            return Err(TrainError::Stopped { ps_heard, ps_total: ps.num_ps() });
         }
-    }
+    };
+    let Trained { trainer, checkpointer, summaries, train_secs, _lease } = trained;
+    trainer.finish(workload, &mut feed, checkpointer, summaries, train_secs).await
 }
 
-/// The loop of [`run_worker`], from joining the job to the final report.
-async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &mut ShardFeed, settings: &TrainSettings) -> Result<FinalReport, TrainError> {
+/// A trainer whose training is over, with what its end needs.
+struct Trained<'a> {
+    trainer: Trainer<'a>,
+    checkpointer: Option<Checkpointer>,
+    summaries: Summaries,
+    train_secs: f64,
+    /// Heartbeats go on until the end (the chief may wait for the evaluator).
+    _lease: AbortOnDropHandle<()>,
+}
+
+/// The loop of [`run_worker`], from joining the job to the end of training.
+async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, settings: &TrainSettings) -> Result<Trained<'a>, TrainError> {
     trainer.log_start();
     trainer.status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     trainer.join().await?;
-    let _lease = trainer.keep_lease();
+    let lease = trainer.keep_lease();
     let mut checkpointer = if trainer.is_chief { Checkpointer::new(&settings.checkpoints, trainer.pulled.steps[0]) } else { None };
     let mut summaries = Summaries::new(if trainer.is_chief { settings.log_dir.as_ref() } else { None }, ".chief");
     let loop_start = Instant::now();
@@ -658,6 +677,5 @@ async fn train_until_done(mut trainer: Trainer<'_>, workload: &Workload, feed: &
             trainer.checkpoint_if_due(c).await?;
         }
     }
-    let train_secs = loop_start.elapsed().as_secs_f64();
-    trainer.finish(workload, feed, checkpointer, summaries, train_secs).await
+    Ok(Trained { trainer, checkpointer, summaries, train_secs: loop_start.elapsed().as_secs_f64(), _lease: lease })
 }

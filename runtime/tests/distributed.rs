@@ -11,20 +11,10 @@ use common::*;
 /// 1 ps + 2 workers on the classic linear regression, with the classic flags.
 fn linear(sync: bool) {
     let ports = free_ports(3);
-    let (ps_hosts, worker_hosts) = (hosts(&ports[..1]), hosts(&ports[1..]));
     let mut job = Job::new();
     let common = |job: &str, i: u32| {
-        let mut a = vec![
-            format!("--ps_hosts={ps_hosts}"),
-            format!("--worker_hosts={worker_hosts}"),
-            format!("--job_name={job}"),
-            format!("--task_index={i}"),
-            "--bind=127.0.0.1".into(),
-            "--model=linear".into(),
-            "--learning_rate=0.01".into(),
-            "--train_steps=4000".into(),
-            "--log_every_steps=1000".into(),
-        ];
+        let mut a = classic_flags(&ports[..1], &ports[1..], job, i);
+        a.extend(["--model=linear", "--learning_rate=0.01", "--train_steps=4000", "--log_every_steps=1000"].map(String::from));
         if sync {
             a.push("--sync_replicas".into());
         }

@@ -1,7 +1,8 @@
 //! How `tfjob-runtime` ends when it fails, under the `ExitCode` restart
 //! policy's contract: 1-127 for a failure a restart would meet again (a bad
 //! flag, bad data, missing credentials), 128 and above for one a restart
-//! may cure (a peer out of reach). Every run is an OS process.
+//! may cure (a peer out of reach); and a task stopped once the job has
+//! ended still says how it ended. Every run is an OS process.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{BIN, free_ports};
+use common::{BIN, Job, classic_flags, free_ports, tail};
 
 /// `tfjob-runtime args` with no cloud credentials in its environment, and
 /// `metadata` as the instance metadata service (where the object stores
@@ -90,4 +91,32 @@ fn a_parameter_server_out_of_reach_is_transient() {
     let out = runtime_without_credentials(&args, "http://127.0.0.1:9");
     let code = out.status.code().unwrap_or_default();
     assert!((128..=255).contains(&code), "a lost peer wants a retryable code (>= 128): {}", said(&out));
+}
+
+/// `tfjob run` and the operator stop what still runs when a job has
+/// succeeded: a ps stopped while it waits for a worker's goodbye still
+/// prints its final line, and exits 0 (training is over).
+#[test]
+fn a_ps_stopped_after_training_prints_its_final_line_and_exits_0() {
+    let ports = free_ports(3);
+    let args = |job: &str, i: u32| -> Vec<String> {
+        let mut a = classic_flags(&ports[..1], &ports[1..], job, i);
+        a.extend(["--model=linear", "--train_steps=20000", "--log_every_steps=10"].map(String::from));
+        a
+    };
+    let mut job = Job::new();
+    for (name, job_name, i) in [("ps-0", "ps", 0), ("worker-0", "worker", 0), ("worker-1", "worker", 1)] {
+        job.spawn(name, &args(job_name, i), &[]);
+    }
+    job.wait_until(Duration::from_secs(60), "worker-1 training", |j| j.logged_global_step("worker-1") > 0);
+    // worker-1 freezes (a node under pressure): once the chief has ended
+    // training, the ps waits for its goodbye (until its lease expires).
+    job.signal("worker-1", libc::SIGSTOP);
+    assert!(!job.stderr("worker-0").contains("told every ps to finish"), "the chief was done before worker-1 froze: train longer");
+    job.wait_until(Duration::from_secs(60), "the chief's end", |j| j.stderr("worker-0").contains("told every ps to finish"));
+    job.terminate("ps-0");
+    let ps = job.finished("ps-0");
+    assert_eq!(ps.code, Some(0), "{}", tail(&ps.stderr, 3000));
+    assert!(ps.report()["global_step"].as_i64() >= Some(20000), "{}", ps.stdout);
+    job.signal("worker-1", libc::SIGCONT);
 }

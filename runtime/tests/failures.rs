@@ -13,21 +13,11 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(240);
 
 fn linear_args(ports: &[u16], extra: &[&str]) -> impl Fn(&str, u32) -> Vec<String> + use<> {
-    let ps_hosts = hosts(&ports[..1]);
-    let worker_hosts = hosts(&ports[1..]);
+    let ports = ports.to_vec();
     let extra = strings(extra);
     move |job: &str, i: u32| {
-        let mut a = vec![
-            format!("--ps_hosts={ps_hosts}"),
-            format!("--worker_hosts={worker_hosts}"),
-            format!("--job_name={job}"),
-            format!("--task_index={i}"),
-            "--bind=127.0.0.1".into(),
-            "--model=linear".into(),
-            "--learning_rate=0.01".into(),
-            "--log_every_steps=50".into(),
-            "--connect_timeout_secs=60".into(),
-        ];
+        let mut a = classic_flags(&ports[..1], &ports[1..], job, i);
+        a.extend(["--model=linear", "--learning_rate=0.01", "--log_every_steps=50", "--connect_timeout_secs=60"].map(String::from));
         a.extend(extra.iter().cloned());
         a
     }
@@ -273,6 +263,11 @@ fn every_epoch_is_trained_once_while_workers_come_and_go() {
     // worker1 is stopped on purpose: it leaves at once.
     job.terminate("worker1");
     assert!(job.stderr("worker1").contains("left the job"), "{}", tail(&job.stderr("worker1"), 2000));
+    // Its log ends with its figures of the moment it stopped, as every task's does.
+    let stopped = job.finished("worker1");
+    let report = stopped.report();
+    assert_eq!(stopped.code, Some(143), "SIGTERM: a retryable code");
+    assert!(report["stopped"].is_string() && report["local_steps"].as_u64() > Some(0), "{report}");
     let ps_log = job.stderr("ps0");
     assert!(ps_log.contains("worker:1 left"), "{}", tail(&ps_log, 2000));
     // worker2 dies: its lease runs out and its shard is handed out again.

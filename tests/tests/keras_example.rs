@@ -29,5 +29,9 @@ fn keras_example_trains_under_tfjob_run() -> Result<()> {
     // 10 classes: chance is 0.1; the example's README says about 0.7.
     let accuracy = report["accuracy"].as_f64().unwrap_or(0.0);
     ensure!(accuracy > 0.5, "held-out accuracy {accuracy}: {report}");
+    // Every replica's log ends with its JSON line, worker-1's too when the job's end stops it.
+    for replica in ["worker-1", "ps-0", "ps-1"] {
+        final_report(&std::fs::read_to_string(run_dir.path().join(format!("{replica}.log")))?, replica)?;
+    }
     Ok(())
 }

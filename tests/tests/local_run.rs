@@ -89,7 +89,13 @@ fn every_example_succeeds() -> Result<()> {
         for log in std::fs::read_dir(&run_dir)?.map(|e| e.map(|e| e.path())) {
             let log = log?;
             if log.extension().is_some_and(|e| e == "log") {
-                assert!(!std::fs::read_to_string(&log)?.contains('\u{1b}'), "escape codes in {}", log.display());
+                let text = std::fs::read_to_string(&log)?;
+                assert!(!text.contains('\u{1b}'), "escape codes in {}", log.display());
+                // Every replica ends with its JSON line, those stopped at the job's end too.
+                let replica = log.file_stem().unwrap_or_default().to_string_lossy().to_string();
+                if let Err(e) = final_report(&text, &replica) {
+                    panic!("{name}: {e:#}");
+                }
             }
         }
         let status = status_yaml(&run_dir);

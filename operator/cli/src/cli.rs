@@ -128,7 +128,7 @@ pub struct RunArgs {
     pub file: PathBuf,
     /// Directory for the replicas' logs and the job's status.yaml (default: a new directory
     /// under the system temp dir).
-    #[arg(long = "run-dir")]
+    #[arg(long = "run-dir", value_hint = clap::ValueHint::DirPath)]
     pub run_dir: Option<PathBuf>,
     /// Do not show the replicas' logs (they are still saved).
     #[arg(long, short = 'q')]
@@ -137,16 +137,19 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "quiet")]
     pub follow: Option<String>,
     /// Where replicas run: `process` (default) or `container` (alias `docker`).
-    #[arg(long, default_value = "process", value_parser = parse_backend)]
+    #[arg(long, default_value = "process", value_parser = backend_parser())]
     pub backend: crate::local::BackendKind,
 }
 
-fn parse_backend(s: &str) -> Result<crate::local::BackendKind, String> {
-    match s {
-        "process" | "local" => Ok(crate::local::BackendKind::Process),
-        "container" | "docker" | "podman" => Ok(crate::local::BackendKind::Container),
-        other => Err(format!("unknown backend {other:?} (process, container)")),
-    }
+/// `--backend`'s values, named to clap so that errors list them and shell
+/// completion offers them (not file names).
+fn backend_parser() -> impl clap::builder::TypedValueParser<Value = crate::local::BackendKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = [PossibleValue::new("process").alias("local"), PossibleValue::new("container").aliases(["docker", "podman"])];
+    PossibleValuesParser::new(values).map(|name| match name.as_str() {
+        "process" => crate::local::BackendKind::Process,
+        _ => crate::local::BackendKind::Container,
+    })
 }
 
 /// Arguments of `tfjob validate`.

@@ -242,6 +242,15 @@ fn completions_for_bash_zsh_and_fish() {
     }
     let out = tfjob().args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+
+    // `tfjob run --backend <TAB>` offers the backends, not file names.
+    let out = tfjob().args(["completions", "bash"]).output().unwrap();
+    let script = String::from_utf8_lossy(&out.stdout);
+    let backend = script.split("--backend)").nth(1).and_then(|rest| rest.split(";;").next()).expect("a case for --backend");
+    assert!(backend.contains("compgen -W \"process container\""), "--backend completes with {backend}");
+    let out = tfjob().args(["run", "--backend", "vm", "job.yaml"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && stderr.contains("[possible values: process, container]"), "{stderr}");
 }
 
 /// `-o json|yaml`: the same data in either format, parsed back here.

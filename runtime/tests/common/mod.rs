@@ -23,6 +23,18 @@ pub fn hosts(ports: &[u16]) -> String {
     ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
 }
 
+/// The classic TF 1.x flags of task `job:i` of a cluster on 127.0.0.1
+/// (`ps` and `workers` its ports), bound to 127.0.0.1.
+pub fn classic_flags(ps: &[u16], workers: &[u16], job: &str, i: u32) -> Vec<String> {
+    vec![
+        format!("--ps_hosts={}", hosts(ps)),
+        format!("--worker_hosts={}", hosts(workers)),
+        format!("--job_name={job}"),
+        format!("--task_index={i}"),
+        "--bind=127.0.0.1".into(),
+    ]
+}
+
 pub fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -137,6 +149,22 @@ impl Job {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Sends `signal` to a running task (SIGSTOP freezes it, SIGCONT thaws it).
+    pub fn signal(&mut self, name: &str, signal: i32) {
+        if let Some(c) = self.running.get(name) {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe {
+                libc::kill(c.id() as i32, signal);
+            }
+        }
+    }
+
+    /// How a task that has exited ended, with its output so far.
+    pub fn finished(&self, name: &str) -> Finished {
+        assert!(!self.running.contains_key(name), "{name} is still running");
+        Finished { name: name.to_string(), code: self.ended.get(name).copied().flatten(), stdout: self.stdout(name), stderr: self.stderr(name) }
     }
 
     /// Starts a killed task again, with the same arguments.

@@ -62,6 +62,18 @@ type Readers = Mutex<BTreeMap<String, Vec<std::thread::JoinHandle<()>>>>;
 /// reported.
 fn drain_output(readers: &Readers, short: &str) {
     let readers = readers.lock().unwrap_or_else(|p| p.into_inner()).remove(short).unwrap_or_default();
+    wait_for_readers(&readers);
+}
+
+/// Waits (half a second at most) for the output of every stopped replica
+/// to be read to its end: a replica stopped at the job's end prints its
+/// final line as it goes, and `tfjob run` may exit right after.
+fn drain_all_output(readers: &Readers) {
+    let readers: Vec<_> = std::mem::take(&mut *readers.lock().unwrap_or_else(|p| p.into_inner())).into_values().flatten().collect();
+    wait_for_readers(&readers);
+}
+
+fn wait_for_readers(readers: &[std::thread::JoinHandle<()>]) {
     let deadline = Instant::now() + Duration::from_millis(500);
     while readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
@@ -259,6 +271,7 @@ impl Backend for ProcessBackend {
             && let Some(c) = r.child.take()
         {
             Self::stop_children(vec![c], Duration::from_secs(3));
+            drain_output(&self.readers, &short_name(&self.job, name));
         }
     }
 
@@ -322,6 +335,7 @@ impl Backend for ProcessBackend {
         let children: Vec<Child> = self.replicas.values_mut().filter_map(|r| r.child.take()).collect();
         self.replicas.clear();
         Self::stop_children(children, Duration::from_secs(3));
+        drain_all_output(&self.readers);
     }
 }
 
