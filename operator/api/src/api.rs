@@ -157,11 +157,17 @@ fn cel_rule(rule: &str, message: &str, field_path: Option<&str>) -> serde_json::
 
 /// The rules on `spec.tfReplicaSpecs` (`self` is the map of replica sets).
 fn replica_type_rules() -> serde_json::Value {
-    // No message expression names the unknown keys: map keys have no length bound, and the
-    // API server estimates the cost of joining them far over its budget.
     let known = format!("self.all(k, k.lowerAscii() in {CEL_TYPES})");
+    // The message names the first unknown key (`unknown replica type "Foo"`). Not all of them:
+    // map keys have no length bound, and the API server estimates the cost of joining them far
+    // over its budget; one key, concatenated once, is within it.
+    let unknown = format!(
+        "'unknown replica type \"' + self.filter(k, !(k.lowerAscii() in {CEL_TYPES}))[0] + '\": the keys must be PS, Worker, Chief, Master or Evaluator (any case)'"
+    );
+    let mut known_rule = cel_rule(&known, "unknown replica type: the keys must be PS, Worker, Chief, Master or Evaluator (any case)", None);
+    known_rule["messageExpression"] = unknown.into();
     serde_json::json!([
-        cel_rule(&known, "unknown replica type: the keys must be PS, Worker, Chief, Master or Evaluator (any case)", None,),
+        known_rule,
         cel_rule(
             "self.all(k, self.filter(j, j.lowerAscii() == k.lowerAscii()).size() == 1)",
             "each replica type may appear once (PS and ps are the same type)",
