@@ -108,22 +108,33 @@ fn padded_range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64
     (if from_zero && lo >= 0.0 { lo } else { lo - margin }, hi + margin)
 }
 
-/// A number as a tick label: short, without noise digits.
-pub fn tick_label(v: f64) -> String {
-    let a = v.abs();
-    if a == 0.0 {
-        "0".into()
-    } else if a >= 1e6 {
-        format!("{:.1}M", v / 1e6).replace(".0M", "M")
-    } else if a >= 1e4 {
-        format!("{:.0}k", v / 1e3)
-    } else if a >= 100.0 {
-        format!("{v:.0}")
-    } else if a >= 1.0 {
-        format!("{v:.1}").trim_end_matches(".0").to_string()
-    } else {
-        format!("{v:.3}").trim_end_matches('0').to_string()
-    }
+/// The tick labels of an axis over `range`: each with as many decimals as the spacing of the
+/// ticks (about a tenth of the range) needs, so that no two ticks read the same, even over the
+/// narrow range around a single point.
+fn tick_format(range: (f64, f64)) -> impl Fn(&f64) -> String {
+    let step = (range.1 - range.0).abs() / 10.0;
+    move |v| tick_label(*v, step)
+}
+
+/// `v` as a tick label on an axis whose ticks are about `step` apart: short (`27k`, `2.5M`),
+/// without noise digits, and precise enough to tell a tick from the next.
+pub fn tick_label(v: f64, step: f64) -> String {
+    // The decimals of the step's first digit, one more for a tick that needs it (0.125 on
+    // ticks 0.025 apart).
+    let in_unit = |unit: f64| {
+        let d = (-(step / unit).log10().floor()).clamp(0.0, 12.0) as usize;
+        let x = v / unit;
+        let exact = |d: usize| (format!("{x:.d$}").parse::<f64>().unwrap_or(x) - x).abs() <= step / unit * 1e-6;
+        let d = if exact(d) || !exact(d + 1) { d } else { d + 1 };
+        format!("{x:.d$}")
+    };
+    let (number, suffix) = match v.abs() {
+        a if a >= 1e6 && step >= 1e5 => (in_unit(1e6), "M"),
+        a if a >= 1e4 && step >= 1e2 => (in_unit(1e3), "k"),
+        _ => (in_unit(1.0), ""),
+    };
+    let number = if number.contains('.') { number.trim_end_matches('0').trim_end_matches('.') } else { &number };
+    if number == "-0" { "0".into() } else { format!("{number}{suffix}") }
 }
 
 /// Draws `figure` as a PNG of `size` pixels.
@@ -165,8 +176,8 @@ fn draw_lines<DB: DrawingBackend>(chart: &Chart, series: &[Series], area: &Drawi
     c.configure_mesh()
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
-        .x_label_formatter(&|v| tick_label(*v))
-        .y_label_formatter(&|v| tick_label(*v))
+        .x_label_formatter(&tick_format(xs))
+        .y_label_formatter(&tick_format(ys))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .light_line_style(RGBColor(235, 235, 235))
@@ -228,7 +239,7 @@ fn draw_bars<DB: DrawingBackend>(
             let i = v.floor();
             if (v - i - 0.5).abs() < 1e-6 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
         })
-        .y_label_formatter(&|v| tick_label(*v))
+        .y_label_formatter(&tick_format((0.0, top)))
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 16))
         .light_line_style(RGBColor(235, 235, 235))
@@ -287,20 +298,38 @@ mod tests {
     #[test]
     fn tick_labels_are_short() {
         let cases = [
-            (0.0, "0"),
-            (0.25, "0.25"),
-            (0.5, "0.5"),
-            (3.0, "3"),
-            (2.5, "2.5"),
-            (150.0, "150"),
-            (4200.0, "4200"),
-            (27_000.0, "27k"),
-            (2_500_000.0, "2.5M"),
-            (3_000_000.0, "3M"),
-            (-0.125, "-0.125"),
+            (0.0, 0.1, "0"),
+            (0.25, 0.05, "0.25"),
+            (0.5, 0.1, "0.5"),
+            (3.0, 0.5, "3"),
+            (2.5, 0.5, "2.5"),
+            (150.0, 50.0, "150"),
+            (4200.0, 500.0, "4200"),
+            (27_000.0, 5000.0, "27k"),
+            (18_400.0, 400.0, "18.4k"),
+            (2_500_000.0, 500_000.0, "2.5M"),
+            (3_000_000.0, 500_000.0, "3M"),
+            (-0.125, 0.025, "-0.125"),
+            (-0.0001, 0.1, "0"),
+            (0.000_012, 0.000_001, "0.000012"),
         ];
-        for (v, want) in cases {
-            assert_eq!(tick_label(v), want, "{v}");
+        for (v, step, want) in cases {
+            assert_eq!(tick_label(v, step), want, "{v} (ticks {step} apart)");
+        }
+    }
+
+    /// Plotters' own ticks over the range of one point (a panel with a single value: one
+    /// evaluation, one step) read as different numbers, whatever the point's size.
+    #[test]
+    fn ticks_around_a_single_point_read_differently() {
+        use plotters::coord::ranged1d::Ranged;
+        use plotters::coord::types::RangedCoordf64;
+        for point in [0.0, 1e-5, 0.732, 1.0, 600.0, 20_000.0, 123_456.0, 4_000_000.0, -3.5] {
+            let range = padded_range([point].into_iter(), false);
+            let ticks = RangedCoordf64::from(range.0..range.1).key_points(10);
+            let labels: Vec<String> = ticks.iter().map(tick_format(range)).collect();
+            let distinct: std::collections::BTreeSet<&String> = labels.iter().collect();
+            assert!(ticks.len() >= 3 && distinct.len() == labels.len(), "{point}: {labels:?}");
         }
     }
 
