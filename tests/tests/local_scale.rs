@@ -139,13 +139,15 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
     }
     ensure!(!run_dir.join("control.sock").exists(), "control.sock left behind");
     for target in [run_dir.to_string_lossy().to_string(), "linreg-async".to_string()] {
-        let out = scale(tmp, &target, "Worker=2")?;
+        // By name it waits for a run that may be starting: a second here.
+        let out = Command::new(tfjob()?).args(["scale", &target, "Worker=2", "--wait=1"]).env("TMPDIR", tmp).stdin(Stdio::null()).output()?;
         assert_eq!(out.status.code(), Some(1), "{}", says(&out));
         ensure!(String::from_utf8_lossy(&out.stderr).contains("has ended"), "{target}: {}", says(&out));
     }
-    let out = scale(tmp, "no-such-job", "Worker=2")?;
+    let out = Command::new(tfjob()?).args(["scale", "no-such-job", "Worker=2", "--wait=1"]).env("TMPDIR", tmp).stdin(Stdio::null()).output()?;
     assert_eq!(out.status.code(), Some(1), "{}", says(&out));
     ensure!(String::from_utf8_lossy(&out.stderr).contains("no run of TFJob no-such-job"), "{}", says(&out));
+    ensure!(String::from_utf8_lossy(&out.stderr).contains("waiting up to 1s for a run that is starting"), "{}", says(&out));
     let out = scale(tmp, &tmp.join("nowhere").to_string_lossy(), "Worker=2")?;
     ensure!(String::from_utf8_lossy(&out.stderr).contains("no run directory"), "{}", says(&out));
     eventually("no replica left", Duration::from_secs(5), || Ok(marked_replicas(&marker).is_empty().then_some(())))?;

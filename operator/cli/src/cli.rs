@@ -119,6 +119,10 @@ pub struct ScaleArgs {
     /// The new number of workers, `Worker=N` (only Worker can be scaled).
     #[arg(value_name = "Worker=N", value_parser = crate::local::control::parse_scale)]
     pub replicas: crate::local::control::ScaleRequest,
+    /// Given a job name, how long to wait for a run of it that is starting (`tfjob run job.yaml &`
+    /// then `tfjob scale`, pasted at once), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::local::control::START_WAIT.as_secs())]
+    pub wait: u64,
 }
 
 /// Arguments of `tfjob run`.
@@ -328,7 +332,8 @@ fn with_kind(mut v: serde_json::Value, api_version: &str, kind: &str) -> serde_j
 fn scale(args: &ScaleArgs) -> ExitCode {
     use crate::local::control;
     let request = control::Request::Scale(args.replicas.clone());
-    let reply = control::resolve_run_dir(&args.run, &control::runs_root()).and_then(|dir| control::send(&dir, &request));
+    let waiting = |e: &control::ClientError| eprintln!("tfjob scale: {e}; waiting up to {}s for a run that is starting", args.wait);
+    let reply = control::send_to_run(&args.run, &control::runs_root(), &request, std::time::Duration::from_secs(args.wait), waiting);
     match reply {
         Ok(control::Reply { ok: true, message, .. }) => {
             println!("{}", message.unwrap_or_default());

@@ -239,6 +239,39 @@ pub fn send(run_dir: &Path, request: &Request) -> Result<Reply, ClientError> {
     serde_json::from_str(answer.trim()).map_err(|_| ClientError::BadReply { dir, answer })
 }
 
+/// How long `tfjob scale JOB` waits for a run of JOB that is starting
+/// (`tfjob run job.yaml & tfjob scale job Worker=4`, pasted at once).
+pub const START_WAIT: Duration = Duration::from_secs(10);
+
+impl ClientError {
+    /// Whether a run that is starting would end the error: no run of the
+    /// job yet, or the latest one ended (a new one not yet recorded), or its
+    /// socket not yet listening.
+    fn may_be_starting(&self) -> bool {
+        matches!(self, ClientError::NoRunOfJob { .. } | ClientError::LatestGone { .. } | ClientError::Ended { .. } | ClientError::NotRunning { .. })
+    }
+}
+
+/// Sends `request` to the run `arg` names (see [`resolve_run_dir`]). Given a
+/// job name, waits up to `wait` for a run of it that is starting, saying so
+/// once through `waiting`; given a run directory, asks it once.
+pub fn send_to_run(arg: &str, root: &Path, request: &Request, wait: Duration, waiting: impl FnOnce(&ClientError)) -> Result<Reply, ClientError> {
+    let deadline = std::time::Instant::now() + wait;
+    let by_name = !Path::new(arg).is_dir();
+    let mut waiting = Some(waiting);
+    loop {
+        match resolve_run_dir(arg, root).and_then(|dir| send(&dir, request)) {
+            Err(e) if by_name && e.may_be_starting() && std::time::Instant::now() < deadline => {
+                if let Some(say) = waiting.take() {
+                    say(&e);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            result => return result,
+        }
+    }
+}
+
 /// A request read from the socket, waiting for the driver's reply.
 pub struct Pending {
     pub request: Request,
@@ -445,6 +478,44 @@ mod tests {
         let e = resolve_run_dir("/no/such/run", &root).unwrap_err();
         assert_eq!(e.to_string(), "no run directory /no/such/run");
         assert!(matches!(resolve_run_dir("Not_A_Job", &root), Err(ClientError::NoRunDir(_))));
+    }
+
+    /// `tfjob run job.yaml & tfjob scale job Worker=3` pasted at once: the scale waits for
+    /// the run that is starting; a run directory given (or no run within the wait) is asked once.
+    #[test]
+    fn scaling_a_job_by_name_waits_for_its_run_to_start() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("lin-1");
+        let request = Request::Scale(ScaleRequest { replica_type: "Worker".into(), replicas: 3 });
+        let starting = {
+            let (root, run_dir) = (root.path().to_path_buf(), run_dir.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::create_dir(&run_dir).unwrap();
+                let server = ControlServer::start(&run_dir).unwrap();
+                record_latest(&root, "lin", &run_dir).unwrap();
+                loop {
+                    if let Some(p) = server.next_request() {
+                        p.answer(Reply::ok("Worker 2 \u{2192} 3"));
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let mut said = None;
+        let reply = send_to_run("lin", root.path(), &request, Duration::from_secs(10), |e| said = Some(e.to_string()));
+        starting.join().unwrap();
+        assert_eq!(reply.unwrap(), Reply::ok("Worker 2 \u{2192} 3"));
+        assert!(said.is_some_and(|s| s.contains("no run of TFJob lin")), "it said why it waits");
+        // Nothing starts: the error, after the wait.
+        let started = std::time::Instant::now();
+        let e = send_to_run("other", root.path(), &request, Duration::from_millis(300), |_| {}).unwrap_err();
+        assert!(matches!(e, ClientError::NoRunOfJob { .. }) && started.elapsed() >= Duration::from_millis(300), "{e}");
+        // A run directory is asked once: it has ended.
+        let started = std::time::Instant::now();
+        let e = send_to_run(&run_dir.display().to_string(), root.path(), &request, Duration::from_secs(10), |_| {}).unwrap_err();
+        assert!(matches!(e, ClientError::Ended { .. }) && started.elapsed() < Duration::from_secs(1), "{e}");
     }
 
     #[test]
