@@ -22,6 +22,7 @@ pub mod events;
 pub mod exit;
 pub mod hash;
 pub mod init;
+pub mod layout;
 pub mod le;
 pub mod lookup;
 pub mod metrics;

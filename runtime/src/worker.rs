@@ -547,10 +547,15 @@ impl<'a> Trainer<'a> {
             self.ps.leave("training done").await;
         }
         summaries.close();
+        let data = data.filter(|_| self.is_chief);
+        Ok(self.final_report(eval, data, global_step, train_secs))
+    }
+
+    /// The report of a task whose training is over (the chief's with the
+    /// dispatcher's figures), logged as one line too.
+    fn final_report(&self, eval: Option<crate::model::Metrics>, data: Option<proto::DispatchProgress>, global_step: i64, train_secs: f64) -> FinalReport {
         let mut r = train::report(&self.task, "worker", self.is_chief, self.model, &self.params, eval);
-        if self.is_chief
-            && let Some(d) = data
-        {
+        if let Some(d) = data {
             r = r.with_data(&(&d).into());
         }
         if r.loss.is_none() {
@@ -570,7 +575,7 @@ impl<'a> Trainer<'a> {
             r.accuracy.map(|a| format!(" accuracy={a:.4}")).unwrap_or_default() + &r.auc.map(|a| format!(" auc={a:.4}")).unwrap_or_default(),
             summary_line(self.model, &self.params)
         );
-        Ok(r)
+        r
     }
 }
 

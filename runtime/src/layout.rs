@@ -1,0 +1,245 @@
+//! Where a job's state lives over its ps tasks, as a versioned layout, and what must move when the
+//! number of ps tasks changes (issue 26, elastic parameter servers: this is its pure core; no
+//! task uses it yet).
+//!
+//! - Embedding rows: a row's owner is the jump consistent hash (Lamping and Veach, "A Fast,
+//!   Minimal Memory, Consistent Hash Algorithm", 2014) of its id over the ps count. Going from N to
+//!   N+1 ps moves about 1/(N+1) of the rows, all of them to the new ps; going from N+1 to N moves
+//!   only the rows of the removed ps (the highest index, as a scale-down removes). `id % N` would
+//!   move about N/(N+1) of them. Written here rather than taken from a crate: it is ten lines, and
+//!   the answer must never change under us (a checkpoint records which rows a ps holds).
+//! - Dense variables (and partitions): each stays where it is while its ps exists; those of a
+//!   removed ps go to the least-loaded ones, largest first; a new ps takes variables from the
+//!   most-loaded ones while that lowers the largest load. Balance comes within one variable of
+//!   ideal, moving little more than the ideal number of bytes.
+//!
+//! Every task computes the same answer from the same inputs: nothing depends on iteration order
+//! beyond names, which are sorted.
+
+use std::collections::BTreeMap;
+
+use crate::hash::derive_seed;
+
+/// The owner (ps index, `0..num_ps`) of embedding row `id` under jump consistent hashing.
+pub fn row_owner(id: u64, num_ps: usize) -> usize {
+    if num_ps <= 1 {
+        return 0;
+    }
+    // The row id is mixed first: ids are often small and consecutive.
+    let mut key = derive_seed(id, 0x4c41_594f_5554, 0);
+    let (mut b, mut j): (i64, i64) = (-1, 0);
+    while j < num_ps as i64 {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
+/// A dense variable (or one partition of one) and its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenseItem {
+    pub name: String,
+    pub bytes: usize,
+}
+
+/// Where every dense item lives, for one ps count; the version goes up with every change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub version: u64,
+    pub num_ps: usize,
+    /// Item name → ps index.
+    pub dense: BTreeMap<String, usize>,
+}
+
+/// What changing the layout moves.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Moves {
+    /// (item, from ps, to ps), sorted by item name.
+    pub dense: Vec<(String, usize, usize)>,
+    pub dense_bytes: usize,
+}
+
+impl Layout {
+    /// The first layout: items placed largest first on the least-loaded ps (ties: the lower
+    /// index), as the byte-balancing placement does.
+    pub fn initial(items: &[DenseItem], num_ps: usize) -> Layout {
+        let mut layout = Layout { version: 1, num_ps: num_ps.max(1), dense: BTreeMap::new() };
+        let mut loads = vec![0usize; layout.num_ps];
+        for item in largest_first(items) {
+            let ps = least_loaded(&loads, None);
+            loads[ps] += item.bytes;
+            layout.dense.insert(item.name.clone(), ps);
+        }
+        layout
+    }
+
+    /// The bytes of `items` on each ps under this layout (items it does not place count nowhere).
+    pub fn loads(&self, items: &[DenseItem]) -> Vec<usize> {
+        let mut loads = vec![0usize; self.num_ps];
+        for item in items {
+            if let Some(&ps) = self.dense.get(&item.name) {
+                loads[ps] += item.bytes;
+            }
+        }
+        loads
+    }
+
+    /// The layout for `num_ps` ps tasks (the highest indices removed, or new ones added), moving
+    /// as little as keeps the loads balanced; items this layout does not place yet are placed.
+    pub fn resized(&self, items: &[DenseItem], num_ps: usize) -> Layout {
+        let num_ps = num_ps.max(1);
+        let mut next = Layout { version: self.version + 1, num_ps, dense: BTreeMap::new() };
+        let mut loads = vec![0usize; num_ps];
+        let mut homeless = Vec::new();
+        for item in largest_first(items) {
+            match self.dense.get(&item.name) {
+                Some(&ps) if ps < num_ps => {
+                    loads[ps] += item.bytes;
+                    next.dense.insert(item.name.clone(), ps);
+                }
+                _ => homeless.push(item),
+            }
+        }
+        for item in homeless {
+            let ps = least_loaded(&loads, None);
+            loads[ps] += item.bytes;
+            next.dense.insert(item.name.clone(), ps);
+        }
+        if num_ps > self.num_ps {
+            next.fill_new(items, &mut loads, self.num_ps);
+        }
+        next
+    }
+
+    /// New ps tasks (`first_new..`) take items from the most-loaded ones, smallest useful first,
+    /// while that lowers the larger of the two loads.
+    fn fill_new(&mut self, items: &[DenseItem], loads: &mut [usize], first_new: usize) {
+        let by_name: BTreeMap<&str, usize> = items.iter().map(|i| (i.name.as_str(), i.bytes)).collect();
+        loop {
+            let to = least_loaded(loads, Some(first_new));
+            let from = (0..loads.len()).max_by_key(|&p| (loads[p], std::cmp::Reverse(p))).unwrap_or(0);
+            // The item of `from` whose move leaves the pair most even, if it lowers the larger load.
+            let best = self
+                .dense
+                .iter()
+                .filter(|&(_, &ps)| ps == from)
+                .map(|(name, _)| (name.clone(), by_name[name.as_str()]))
+                .filter(|(_, bytes)| loads[to] + bytes < loads[from])
+                .min_by_key(|(name, bytes)| ((loads[from] - bytes).abs_diff(loads[to] + bytes), name.clone()));
+            let Some((name, bytes)) = best else { break };
+            loads[from] -= bytes;
+            loads[to] += bytes;
+            self.dense.insert(name, to);
+        }
+    }
+
+    /// The dense items that move from this layout to `next`.
+    pub fn moves_to(&self, next: &Layout, items: &[DenseItem]) -> Moves {
+        let mut moves = Moves::default();
+        for item in items {
+            if let (Some(&from), Some(&to)) = (self.dense.get(&item.name), next.dense.get(&item.name))
+                && from != to
+            {
+                moves.dense.push((item.name.clone(), from, to));
+                moves.dense_bytes += item.bytes;
+            }
+        }
+        moves.dense.sort();
+        moves
+    }
+}
+
+fn largest_first(items: &[DenseItem]) -> Vec<&DenseItem> {
+    let mut sorted: Vec<&DenseItem> = items.iter().collect();
+    sorted.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    sorted
+}
+
+/// The least-loaded ps (the lowest index on ties), among those from `from` on when given.
+fn least_loaded(loads: &[usize], from: Option<usize>) -> usize {
+    (from.unwrap_or(0)..loads.len()).min_by_key(|&p| (loads[p], p)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// N → N±1 moves about the ideal fraction of rows: 1/(N+1) up, 1/(N+1) of the N+1 down, and
+    /// every moved row goes to (up) or comes from (down) the ps that changed.
+    #[test]
+    fn rows_move_about_the_ideal_fraction() {
+        let rows = 200_000u64;
+        for n in 1..8usize {
+            let moved: Vec<(usize, usize)> = (0..rows).map(|id| (row_owner(id, n), row_owner(id, n + 1))).filter(|(a, b)| a != b).collect();
+            let fraction = moved.len() as f64 / rows as f64;
+            let ideal = 1.0 / (n + 1) as f64;
+            assert!((fraction - ideal).abs() < 0.01, "{n} -> {}: {fraction:.4} of the rows moved, ideal {ideal:.4}", n + 1);
+            assert!(moved.iter().all(|&(_, to)| to == n), "{n} -> {}: a row moved between old ps tasks", n + 1);
+            // Balance: each ps of n + 1 holds about 1/(n + 1) of the rows.
+            let mut counts = vec![0u64; n + 1];
+            (0..rows).for_each(|id| counts[row_owner(id, n + 1)] += 1);
+            let want = rows as f64 / (n + 1) as f64;
+            assert!(counts.iter().all(|&c| (c as f64 - want).abs() / want < 0.03), "{} ps: {counts:?}", n + 1);
+        }
+        assert_eq!(row_owner(12345, 0), 0);
+        assert_eq!(row_owner(12345, 1), 0);
+        // `id % n` for comparison: 1 -> 2 moves half, 3 -> 4 three quarters.
+        let modulo = (0..rows).filter(|id| id % 3 != id % 4).count() as f64 / rows as f64;
+        assert!(modulo > 0.7, "{modulo}");
+    }
+
+    fn items(sizes: &[usize]) -> Vec<DenseItem> {
+        sizes.iter().enumerate().map(|(i, &bytes)| DenseItem { name: format!("v{i:02}"), bytes }).collect()
+    }
+
+    /// Growing and shrinking keep the loads within one item of ideal and move little more than
+    /// the ideal bytes; items stay put where they can; versions go up.
+    #[test]
+    fn dense_items_rebalance_moving_little() {
+        let cases: [(&[usize], usize, usize); 6] = [
+            (&[100; 12], 2, 3),
+            (&[100; 12], 3, 2),
+            (&[400, 300, 200, 100, 100, 100, 50, 50, 25, 25], 1, 2),
+            (&[400, 300, 200, 100, 100, 100, 50, 50, 25, 25], 4, 3),
+            (&[1000, 10, 10, 10], 2, 4),
+            (&[64; 40], 1, 5),
+        ];
+        for (sizes, from, to) in cases {
+            let items = items(sizes);
+            let before = Layout::initial(&items, from);
+            let after = before.resized(&items, to);
+            assert_eq!((after.version, after.num_ps), (before.version + 1, to));
+            assert_eq!(after.dense.len(), items.len(), "every item placed");
+            let total: usize = sizes.iter().sum();
+            let largest = *sizes.iter().max().unwrap();
+            let loads = after.loads(&items);
+            let ideal = total.div_ceil(to);
+            assert!(loads.iter().all(|&l| l <= ideal.max(largest) + largest), "{sizes:?} {from} -> {to}: loads {loads:?}, ideal {ideal}");
+            let moves = before.moves_to(&after, &items);
+            // The ideal: what the removed ps held (down), or what the new ones must hold (up).
+            let ideal_moved = if to < from { before.loads(&items)[to..].iter().sum::<usize>() } else { total * (to - from) / to };
+            assert!(moves.dense_bytes <= ideal_moved + largest, "{sizes:?} {from} -> {to}: moved {} bytes, ideal {ideal_moved}", moves.dense_bytes);
+            // Up: nothing moves between old ps tasks; down: only the removed ones' items move.
+            for (name, f, t) in &moves.dense {
+                assert!(if to > from { *t >= from } else { *f >= to }, "{sizes:?} {from} -> {to}: {name} moved {f} -> {t}");
+            }
+            // And back again: the same count gives balanced loads again.
+            let back = after.resized(&items, from);
+            let back_loads = back.loads(&items);
+            assert!(back_loads.iter().all(|&l| l <= total.div_ceil(from).max(largest) + largest), "{sizes:?} back to {from}: {back_loads:?}");
+        }
+    }
+
+    #[test]
+    fn a_layout_is_the_same_wherever_it_is_computed() {
+        let mut items = items(&[400, 300, 200, 100, 100, 100]);
+        let a = Layout::initial(&items, 3).resized(&items, 4);
+        items.reverse();
+        let b = Layout::initial(&items, 3).resized(&items, 4);
+        assert_eq!(a, b);
+        let new_item = DenseItem { name: "w_new".into(), bytes: 50 };
+        let with_new = a.resized(&[items.clone(), vec![new_item]].concat(), 4);
+        assert!(with_new.dense.contains_key("w_new"), "an item the layout did not place is placed");
+    }
+}
