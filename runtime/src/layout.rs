@@ -43,8 +43,9 @@ pub struct DenseItem {
     pub bytes: usize,
 }
 
-/// Where every dense item lives, for one ps count; the version goes up with every change.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where every dense item lives, for one ps count; the version goes up with every change. It
+/// serialises as JSON, for a checkpoint to carry it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
     pub version: u64,
     pub num_ps: usize,
@@ -150,6 +151,29 @@ impl Layout {
     }
 }
 
+/// The embedding rows ps `me` holds (`ids`) that belong elsewhere once the ps count goes from
+/// `old_ps` to `new_ps`, by new owner. Growing, rows leave only for the new ps tasks; shrinking,
+/// only a removed ps (`me >= new_ps`) gives any away.
+pub fn rows_to_move(ids: &[i64], me: usize, old_ps: usize, new_ps: usize) -> BTreeMap<usize, Vec<i64>> {
+    let mut out: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
+    if old_ps == new_ps {
+        return out;
+    }
+    for &id in ids {
+        let owner = row_owner(id as u64, new_ps);
+        if owner != me {
+            out.entry(owner).or_default().push(id);
+        }
+    }
+    out
+}
+
+/// `ids` cut into runs of at most `max_bytes` of rows `row_bytes` wide (one row at least per
+/// run): a move is streamed in messages of bounded size, never one huge one.
+pub fn chunks(ids: &[i64], row_bytes: usize, max_bytes: usize) -> impl Iterator<Item = &[i64]> {
+    ids.chunks((max_bytes / row_bytes.max(1)).max(1))
+}
+
 fn largest_first(items: &[DenseItem]) -> Vec<&DenseItem> {
     let mut sorted: Vec<&DenseItem> = items.iter().collect();
     sorted.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
@@ -231,6 +255,30 @@ mod tests {
         }
     }
 
+    /// A ps's rows after a change: what it keeps plus what it sends is what it had; each row
+    /// sent goes to its new owner, and only where it must.
+    #[test]
+    fn a_ps_sends_exactly_the_rows_it_no_longer_owns() {
+        let cases = [(2usize, 3usize), (3, 2), (1, 4), (4, 1), (3, 3)];
+        for (old_ps, new_ps) in cases {
+            for me in 0..old_ps {
+                let held: Vec<i64> = (0..20_000i64).filter(|&id| row_owner(id as u64, old_ps) == me).collect();
+                let moves = rows_to_move(&held, me, old_ps, new_ps);
+                let sent: usize = moves.values().map(Vec::len).sum();
+                let kept = held.iter().filter(|&&id| row_owner(id as u64, new_ps) == me).count();
+                assert_eq!(kept + sent, held.len(), "{old_ps} -> {new_ps}, ps {me}");
+                for (&to, ids) in &moves {
+                    assert!(ids.iter().all(|&id| row_owner(id as u64, new_ps) == to), "{old_ps} -> {new_ps}: ps {me} sends to the wrong ps");
+                    assert!(if new_ps > old_ps { to >= old_ps } else { me >= new_ps }, "{old_ps} -> {new_ps}: ps {me} sends to {to}");
+                }
+            }
+        }
+        let ids: Vec<i64> = (0..10).collect();
+        let runs: Vec<usize> = chunks(&ids, 64, 256).map(<[i64]>::len).collect();
+        assert_eq!(runs, [4, 4, 2]);
+        assert_eq!(chunks(&ids, 1024, 256).count(), 10, "one row per message at least");
+    }
+
     #[test]
     fn a_layout_is_the_same_wherever_it_is_computed() {
         let mut items = items(&[400, 300, 200, 100, 100, 100]);
@@ -241,5 +289,7 @@ mod tests {
         let new_item = DenseItem { name: "w_new".into(), bytes: 50 };
         let with_new = a.resized(&[items.clone(), vec![new_item]].concat(), 4);
         assert!(with_new.dense.contains_key("w_new"), "an item the layout did not place is placed");
+        let json = serde_json::to_string(&with_new).unwrap();
+        assert_eq!(serde_json::from_str::<Layout>(&json).unwrap(), with_new, "{json}");
     }
 }
