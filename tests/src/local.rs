@@ -55,6 +55,22 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
+/// A new marker and the `env:` list (YAML flow) that puts it in a replica's environment.
+pub fn marker_env() -> (String, String) {
+    let marker = unique("TFJOB_TEST_MARK");
+    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    (marker, env)
+}
+
+/// Waits (5 s at most) until no process with `marker` is left; panics naming those left behind.
+pub fn eventually_none_left(marker: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !marked_replicas(marker).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "left behind: {:?}", marked_replicas(marker));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The processes running now with `TFJOB_TEST_MARK=<marker>` in their environment, by (type,
 /// index) of their `TF_CONFIG` (("", -1) for a process without one): pid and `TF_CONFIG`.
 pub fn marked_replicas(marker: &str) -> BTreeMap<(String, i64), (u32, Value)> {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use tfjob_tests::local::{job, kill_9, marked_replicas, replica, tfjob, unique, write};
+use tfjob_tests::local::{eventually_none_left, job, kill_9, marked_replicas, marker_env, replica, tfjob, write};
 use tfjob_tests::operator::repo_root;
 use tfjob_tests::report::{ensure_linear, final_report, final_step_of_ps};
 
@@ -206,8 +206,7 @@ fn kubelet_expansion_reaches_the_process() -> Result<()> {
 #[test]
 fn killed_worker_is_restarted_under_on_failure() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let marker = unique("TFJOB_TEST_MARK");
-    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let (marker, env) = marker_env();
     let args = r#"["--model=linear", "--sync_replicas", "--train_steps=20000", "--log_every_steps=1000"]"#;
     let cmd = r#"["tfjob-runtime"]"#;
     let manifest = write(
@@ -302,8 +301,7 @@ fn deadline_fails_a_long_job() -> Result<()> {
 #[test]
 fn ctrl_c_leaves_no_process_and_an_interrupted_status() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let marker = unique("TFJOB_TEST_MARK");
-    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let (marker, env) = marker_env();
     let args = r#"["--model=linear", "--train_steps=100000000", "--log_every_steps=1000"]"#;
     let cmd = r#"["tfjob-runtime"]"#;
     let manifest =
@@ -328,11 +326,7 @@ fn ctrl_c_leaves_no_process_and_an_interrupted_status() -> Result<()> {
     let out = child.wait_with_output()?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !marked_replicas(&marker).is_empty() {
-        assert!(Instant::now() < deadline, "left behind: {:?}", marked_replicas(&marker));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually_none_left(&marker);
     let status: serde_json::Value = serde_saphyr::from_str(&status_yaml(&run_dir))?;
     let conditions = status["status"]["conditions"].as_array().cloned().unwrap_or_default();
     let last = conditions.last().cloned().unwrap_or_default();
@@ -352,8 +346,7 @@ fn ctrl_c_leaves_no_process_and_an_interrupted_status() -> Result<()> {
 #[test]
 fn a_failing_replica_says_why_and_backoff_limit_ends_the_restarts() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let marker = unique("TFJOB_TEST_MARK");
-    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let (marker, env) = marker_env();
     let cmd = r#"["tfjob-runtime"]"#;
     let ok = r#"["--model=linear", "--train_steps=100000000"]"#;
     let bad = r#"["--model=linear", "--batch_size=0"]"#;
@@ -386,14 +379,6 @@ fn a_failing_replica_says_why_and_backoff_limit_ends_the_restarts() -> Result<()
     Ok(())
 }
 
-fn eventually_none_left(marker: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !marked_replicas(marker).is_empty() {
-        assert!(Instant::now() < deadline, "left behind: {:?}", marked_replicas(marker));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// `tfjob run -` reads the manifest from standard input, as `kubectl apply -f -` does.
 #[test]
 fn the_manifest_can_come_on_standard_input() -> Result<()> {
@@ -422,8 +407,7 @@ fn the_manifest_can_come_on_standard_input() -> Result<()> {
 #[test]
 fn bad_input_starts_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let marker = unique("TFJOB_TEST_MARK");
-    let env = format!("[{{name: TFJOB_TEST_MARK, value: \"{marker}\"}}]");
+    let (marker, env) = marker_env();
     let ok_args = r#"["--model=linear"]"#;
     let cases: Vec<(PathBuf, &str)> = vec![
         (dir.path().join("missing.yaml"), "cannot read"),
