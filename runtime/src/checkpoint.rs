@@ -124,6 +124,16 @@ impl ShardData {
         self.embeddings.push((name.to_string(), part));
     }
 
+    /// Adds everything of another ps's shard (the first dispatcher state found stays).
+    pub fn merge(&mut self, s: ShardData) {
+        self.variables.extend(s.variables);
+        self.slots.extend(s.slots);
+        self.updates.extend(s.updates);
+        self.row_ids.extend(s.row_ids);
+        self.embeddings.extend(s.embeddings);
+        self.dispatcher = self.dispatcher.take().or(s.dispatcher);
+    }
+
     fn push_slots(&mut self, name: &str, shape: &[usize], slots: [&[f32]; 2], updates: u64) {
         for (k, slot) in slots.into_iter().enumerate() {
             if !slot.is_empty() {
@@ -203,10 +213,6 @@ pub enum CheckpointError {
     Incomplete { path: Location, reason: String },
     #[error("checkpoint file {path} is damaged: {reason}")]
     Damaged { path: Location, reason: String },
-    #[error(
-        "checkpoint {path} was written by {found} ps tasks but this job has {expected}; restore needs the same number of ps tasks (or move the checkpoint away to start afresh)"
-    )]
-    NumPsMismatch { path: Location, found: usize, expected: usize },
     #[error("checkpoint {path} is already complete; refusing to overwrite its shards")]
     AlreadyComplete { path: Location },
 }
@@ -786,20 +792,14 @@ pub fn list(dir: &Location) -> Result<Vec<CheckpointListing>, CheckpointError> {
         .collect())
 }
 
-/// The newest complete checkpoint in `dir`, if any, for a job of `num_ps` ps
-/// tasks (0: any number). Newer incomplete or damaged ones are skipped with a
-/// warning naming what is wrong. If the newest complete one was written by a
-/// different number of ps tasks, that is an error rather than a silent
-/// fall-back to an older one.
-pub fn latest_complete(dir: &Location, num_ps: usize) -> Result<Option<Checkpoint>, CheckpointError> {
+/// The newest complete checkpoint in `dir`, if any, whatever its number of
+/// ps tasks (a ps cuts its part out of one written by another number,
+/// [`crate::ps::recut`]). Newer incomplete or damaged ones are skipped with
+/// a warning naming what is wrong.
+pub fn latest_complete(dir: &Location) -> Result<Option<Checkpoint>, CheckpointError> {
     for (step, path) in checkpoint_dirs(dir)?.into_iter().rev() {
         match verify(&path, step) {
-            CheckpointStatus::Complete(c) if num_ps == 0 || c.num_ps == num_ps => {
-                return Ok(Some(c));
-            }
-            CheckpointStatus::Complete(c) => {
-                return Err(CheckpointError::NumPsMismatch { path, found: c.num_ps, expected: num_ps });
-            }
+            CheckpointStatus::Complete(c) => return Ok(Some(c)),
             CheckpointStatus::Incomplete(reason) => {
                 tracing::warn!(checkpoint = %path, step, %reason, "skipping incomplete checkpoint");
             }
@@ -827,12 +827,7 @@ pub fn read_shard(ckpt: &Checkpoint, ps_index: usize) -> Result<ShardData, Check
 pub fn read_all(ckpt: &Checkpoint) -> Result<ShardData, CheckpointError> {
     let mut all = ShardData::default();
     for info in &ckpt.shards {
-        let s = load_shard(ckpt, info)?;
-        all.variables.extend(s.variables);
-        all.slots.extend(s.slots);
-        all.updates.extend(s.updates);
-        all.row_ids.extend(s.row_ids);
-        all.embeddings.extend(s.embeddings);
+        all.merge(load_shard(ckpt, info)?);
     }
     Ok(all)
 }

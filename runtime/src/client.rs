@@ -678,6 +678,19 @@ impl PsSet {
         (dense, tables)
     }
 
+    /// Where each dense piece of ps `ps` sits in its variable.
+    fn dense_pieces_on(&self, ps: usize) -> Vec<proto::DensePiece> {
+        self.shards[ps]
+            .iter()
+            .map(|(var, s)| proto::DensePiece {
+                name: s.stored_name.clone(),
+                variable: s.variable.clone(),
+                row_offset: s.rows.start as u64,
+                variable_rows: self.variables[*var].shape.first().map_or(1, |&r| r as u64),
+            })
+            .collect()
+    }
+
     /// Presents this task's view to every ps. `observer` for evaluators.
     pub async fn handshake(&self, observer: bool) -> Result<Vec<proto::HandshakeReply>, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
@@ -690,6 +703,7 @@ impl PsSet {
                 placement_fingerprint: self.placement.fingerprint(),
                 num_ps: self.num_ps() as u32,
                 observer,
+                dense_pieces: self.dense_pieces_on(ps),
             };
             let client = self.clients[ps].clone();
             with_retry(ps, &self.addresses[ps], "handshake with", self.patience, move || {

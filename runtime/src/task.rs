@@ -168,19 +168,34 @@ fn start_ps(ctx: &TaskContext, lease_secs: f64) -> Result<Arc<ParameterStore>, (
     Ok(store)
 }
 
-/// Restores a ps from the latest complete checkpoint, if there is one.
+/// Restores a ps from the latest complete checkpoint, if there is one. One
+/// written by another number of ps tasks (the job was restarted with more
+/// or fewer) is read whole and kept until the first handshake says which
+/// pieces this ps holds now.
 fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> Result<(), (u8, String)> {
     use crate::checkpoint;
-    // 0 when this ps does not know how many ps tasks there are: the
-    // checkpoint's count is then taken.
+    // 0 when this ps does not know how many ps tasks there are (a sparse
+    // TF_CONFIG): it cuts its part out at the first handshake too.
     let num_ps = store.num_ps();
     // Storage that cannot be reached may come back: a transient exit code.
     let code = |e: &checkpoint::CheckpointError| crate::exit::code::of(e.is_transient(), crate::exit::code::CONFIG);
-    let latest = checkpoint::latest_complete(dir, num_ps).map_err(|e| (code(&e), e.to_string()))?;
+    let latest = checkpoint::latest_complete(dir).map_err(|e| (code(&e), e.to_string()))?;
     let Some(ckpt) = latest else {
         tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
         return Ok(());
     };
+    if ckpt.num_ps != num_ps {
+        let merged = checkpoint::read_all(&ckpt).map_err(|e| (code(&e), e.to_string()))?;
+        let seen = if num_ps == 0 { "an unknown number".to_string() } else { num_ps.to_string() };
+        tracing::info!(
+            "{}: {} was written by {} ps task(s), this job has {seen}: this ps takes its part of it at the first handshake",
+            cluster.task,
+            ckpt.path,
+            ckpt.num_ps
+        );
+        let pending = crate::ps::recut::PendingRecut { merged, step: ckpt.global_step, written_by: ckpt.num_ps, path: ckpt.path.to_string() };
+        return store.restore_recut(pending).map_err(|e| (2, e.to_string()));
+    }
     let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
     tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);

@@ -3,7 +3,8 @@
 //! under the lock and written outside it; and back, before serving.
 
 use super::error::StoreError;
-use super::state::{Agreement, StoredVar, Variables};
+use super::recut::{DensePiece, PendingRecut, RowsPiece, recut};
+use super::state::{Agreement, State, StoredVar, Variables, check_spec};
 use super::store::ParameterStore;
 use crate::checkpoint::{self, ShardData};
 use crate::cluster::TaskId;
@@ -99,12 +100,52 @@ impl ParameterStore {
     pub fn restore(&self, data: &ShardData, step: i64, num_ps: usize) -> Result<(), StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        if state.training.progress.initialized {
-            return Err(StoreError::FailedPrecondition("already initialised".into()));
-        }
+        check_fresh(state)?;
         if state.training.num_ps == 0 {
             state.training.num_ps = num_ps;
         }
+        self.install_restored(state, data, step)
+    }
+
+    /// Restores this ps from a checkpoint written by another number of ps
+    /// tasks (`merged`: every shard of it): kept until the first handshake,
+    /// which says which pieces this ps holds under the job's placement now;
+    /// they are cut out of it then ([`super::recut`]). Until then the ps is
+    /// not initialised, so nothing trains on a half-restored job.
+    pub fn restore_recut(&self, pending: PendingRecut) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        check_fresh(&state)?;
+        state.pending_recut = Some(pending);
+        Ok(())
+    }
+
+    /// At a handshake: the pending checkpoint of another ps count cut for
+    /// this ps with the caller's placement, and restored. A caller whose
+    /// view does not fit the checkpoint is refused and the checkpoint kept.
+    pub(super) fn recut_pending(&self, state: &mut State, req: &proto::HandshakeRequest) -> Result<(), StoreError> {
+        let Some(pending) = &state.pending_recut else { return Ok(()) };
+        let (dense, rows) = pieces_of(req)?;
+        let data = recut(&pending.merged, &dense, &rows, self.config.ps_index == 0)
+            .map_err(|e| StoreError::FailedPrecondition(format!("checkpoint {} (written by {} ps task(s)): {e}", pending.path, pending.written_by)))?;
+        let Some(pending) = state.pending_recut.take() else { return Ok(()) };
+        let materialised: usize = data.row_ids.iter().map(|(_, ids)| ids.len()).sum();
+        let bytes: usize = data.variables.iter().chain(&data.slots).map(|t| t.2.len() * 4).sum();
+        self.install_restored(state, &data, pending.step)?;
+        tracing::info!(
+            "ps:{}: restored {} variable(s) ({materialised} embedding rows, {:.1} MB with slots) cut out of {} written by {} ps task(s), for {} now (global_step={})",
+            self.config.ps_index,
+            data.variables.len(),
+            bytes as f64 / 1e6,
+            pending.path,
+            pending.written_by,
+            state.training.num_ps,
+            pending.step
+        );
+        Ok(())
+    }
+
+    /// Puts a checkpoint shard's variables and dispatcher state in place, at `step`.
+    fn install_restored(&self, state: &mut State, data: &ShardData, step: i64) -> Result<(), StoreError> {
         let vars = restored_variables(data)?;
         let variables = vars.iter().map(StoredVar::spec).collect();
         if let Some(json) = &data.dispatcher {
@@ -118,4 +159,38 @@ impl ParameterStore {
         self.publish(state.training.progress);
         Ok(())
     }
+}
+
+fn check_fresh(state: &State) -> Result<(), StoreError> {
+    if state.training.progress.initialized || state.pending_recut.is_some() {
+        return Err(StoreError::FailedPrecondition("already initialised".into()));
+    }
+    Ok(())
+}
+
+/// The pieces a handshake says this ps holds: dense ones with where they
+/// sit in their variables, embedding partitions.
+fn pieces_of(req: &proto::HandshakeRequest) -> Result<(Vec<DensePiece>, Vec<RowsPiece>), StoreError> {
+    let (mut dense, mut rows) = (Vec::new(), Vec::new());
+    for v in &req.variables {
+        match check_spec(v)? {
+            Some(part) => rows.push(RowsPiece { stored_name: v.name.clone(), part }),
+            None => {
+                let p = req.dense_pieces.iter().find(|p| p.name == v.name).ok_or_else(|| {
+                    StoreError::FailedPrecondition(format!(
+                        "dense_pieces: the caller does not say where {:?} sits in its variable (a worker older than this ps?)",
+                        v.name
+                    ))
+                })?;
+                dense.push(DensePiece {
+                    stored_name: v.name.clone(),
+                    variable: p.variable.clone(),
+                    row_offset: p.row_offset as usize,
+                    variable_rows: p.variable_rows as usize,
+                    shape: v.shape.iter().map(|&d| d as usize).collect(),
+                });
+            }
+        }
+    }
+    Ok((dense, rows))
 }

@@ -25,7 +25,8 @@
 //! and [`ParameterStore::expire_leases`], ends in one `forget_task`),
 //! `training.rs` (handshake, initialisation, pushes, abstentions,
 //! shutdown), `dispatching.rs`, `checkpointing.rs` (a ps's checkpoint shard,
-//! written and restored). `service.rs` is the gRPC service and the tensor
+//! written and restored; `recut.rs` cuts a checkpoint of another ps count
+//! for this ps). `service.rs` is the gRPC service and the tensor
 //! channel's entry; `error.rs` the refusals. This file only declares and
 //! re-exports.
 
@@ -33,6 +34,7 @@ mod checkpointing;
 mod dispatching;
 mod error;
 mod membership;
+pub mod recut;
 mod service;
 mod state;
 mod store;

@@ -21,4 +21,7 @@ pub(super) struct State {
     pub(super) members: Membership,
     pub(super) training: Training,
     pub(super) dispatch: Dispatching,
+    /// A checkpoint of another ps count, kept until the first handshake
+    /// says which pieces this ps holds now.
+    pub(super) pending_recut: Option<super::recut::PendingRecut>,
 }

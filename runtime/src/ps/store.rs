@@ -42,8 +42,13 @@ pub struct ParameterStore {
 impl ParameterStore {
     pub fn new(config: PsConfig) -> Self {
         let (progress, _) = watch::channel(Progress::default());
-        let state =
-            State { vars: Default::default(), members: Membership::new(config.lease), training: Training::new(config.num_ps), dispatch: Dispatching::new() };
+        let state = State {
+            vars: Default::default(),
+            members: Membership::new(config.lease),
+            training: Training::new(config.num_ps),
+            dispatch: Dispatching::new(),
+            pending_recut: None,
+        };
         ParameterStore { config, state: Mutex::new(state), progress }
     }
 

@@ -211,6 +211,7 @@ fn handshake_checks_the_view() {
         placement_fingerprint: 7,
         num_ps: 1,
         observer: false,
+        dense_pieces: vec![],
     };
     let r = s.handshake(&good).unwrap();
     assert!(r.initialized);
@@ -279,6 +280,7 @@ fn elastic_sync_follows_live_workers() {
         placement_fingerprint: 7,
         num_ps: 1,
         observer: false,
+        dense_pieces: vec![],
     };
     for i in 0..3 {
         s.handshake(&hs(i)).unwrap();
@@ -431,6 +433,7 @@ fn followers_take_the_chief_s_aggregation() {
         placement_fingerprint: 7,
         num_ps: 1,
         observer: false,
+        dense_pieces: vec![],
     };
     // A worker with a view of 4 shakes hands before the chief (view: 2) initialises.
     s.handshake(&hs(3, follow(4))).unwrap();
@@ -480,7 +483,7 @@ fn the_dispatcher_is_checkpointed() {
     let info: checkpoint::ShardInfo = serde_json::from_str(&s.save_checkpoint(&TaskId::new("worker", 0), &req).unwrap().shard_info_json).unwrap();
     let location = crate::storage::Location::local(dir.path()).unwrap();
     checkpoint::write_index(&location, 0, 1, &[info]).unwrap();
-    let ckpt = checkpoint::latest_complete(&location, 1).unwrap().unwrap();
+    let ckpt = checkpoint::latest_complete(&location).unwrap().unwrap();
     let restored = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
     restored.restore(&checkpoint::read_shard(&ckpt, 0).unwrap(), 0, 1).unwrap();
     let p = restored.stats().dispatch.unwrap();
@@ -609,6 +612,7 @@ fn bad_rows_are_refused_and_change_nothing() {
         placement_fingerprint: 7,
         num_ps: 2,
         observer: false,
+        dense_pieces: vec![],
     };
     assert!(s.handshake(&hs).unwrap_err().to_string().contains("partition: 2 is not in 0..2"));
 }
@@ -660,7 +664,7 @@ fn embedding_rows_are_checkpointed_and_restored() {
     let at = crate::storage::Location::local(dir.path()).unwrap();
     let empty = checkpoint::write_shard(&at, 1, 0, 2, &checkpoint::ShardData::default()).unwrap();
     checkpoint::write_index(&at, 1, 2, &[empty, info]).unwrap();
-    let ckpt = checkpoint::latest_complete(&at, 2).unwrap().unwrap();
+    let ckpt = checkpoint::latest_complete(&at).unwrap().unwrap();
     let text = checkpoint::inspect(&at).unwrap();
     assert!(text.contains("row ids   emb/part_1:ids  2 row(s) materialised"), "{text}");
     let restored = ParameterStore::new(PsConfig::new(1, 2, Some(TaskId::new("worker", 0))));
@@ -674,6 +678,7 @@ fn embedding_rows_are_checkpointed_and_restored() {
         placement_fingerprint: 7,
         num_ps: 2,
         observer: false,
+        dense_pieces: vec![],
     };
     restored.handshake(&hs).unwrap();
     // Both go on identically (FTRL's row-wise n and z came back).
@@ -713,4 +718,38 @@ proptest::proptest! {
             proptest::prop_assert_eq!(s.progress().step, 0);
         }
     }
+}
+
+/// A checkpoint of another ps count waits for the first handshake: a view
+/// that does not fit it (or does not say where its dense pieces sit) is
+/// refused and the checkpoint kept; a fitting one restores this ps's part.
+#[test]
+fn a_checkpoint_of_another_ps_count_is_cut_at_the_first_fitting_handshake() {
+    let mut merged = checkpoint::ShardData::default();
+    // Written by 2 ps: `w` cut in two parts of 2 rows.
+    merged.push_dense("w/part_0", &[2, 2], &[1.0, 2.0, 3.0, 4.0], [&[], &[]], 0);
+    merged.push_dense("w/part_1", &[2, 2], &[5.0, 6.0, 7.0, 8.0], [&[], &[]], 0);
+    let s = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
+    let pending = super::recut::PendingRecut { merged, step: 40, written_by: 2, path: "ckpt-40".into() };
+    s.restore_recut(pending).unwrap();
+    assert!(!s.progress().initialized, "nothing trains on a half-restored ps");
+    let spec = proto::VariableSpec { name: "w".into(), dtype: DataType::DtFloat as i32, shape: vec![4, 2], embedding: None };
+    let piece = |rows| proto::DensePiece { name: "w".into(), variable: "w".into(), row_offset: 0, variable_rows: rows };
+    let hs = |pieces: Vec<proto::DensePiece>| proto::HandshakeRequest {
+        task: tid("worker", 0),
+        config: Some(config(UpdateMode::Sync, 1)),
+        variables: vec![spec.clone()],
+        placement_fingerprint: 9,
+        num_ps: 1,
+        observer: false,
+        dense_pieces: pieces,
+    };
+    let err = s.handshake(&hs(vec![])).unwrap_err().to_string();
+    assert!(err.contains("does not say where \"w\" sits"), "{err}");
+    let err = s.handshake(&hs(vec![piece(5)])).unwrap_err().to_string();
+    assert!(err.contains("ckpt-40 (written by 2 ps task(s))") && err.contains("4 rows in the checkpoint, 5 in the model"), "{err}");
+    assert!(!s.progress().initialized);
+    let r = s.handshake(&hs(vec![piece(4)])).unwrap();
+    assert!(r.initialized && r.step == 40, "{r:?}");
+    assert_eq!(s.lock().vars.values("w").unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
 }

@@ -31,6 +31,7 @@ impl ParameterStore {
         let mut guard = self.lock();
         let state = &mut *guard;
         state.training.check_num_ps(self.config.ps_index, req.num_ps)?;
+        self.recut_pending(state, req)?;
         state.training.agree(Agreement { fingerprint: req.placement_fingerprint, variables, config }, req.observer)?;
         state.training.configure_if_restored(&mut state.vars, state.members.live())?;
         if Some(&task) != self.config.chief.as_ref() && !state.training.progress.done {
