@@ -1,16 +1,18 @@
-//! A checkpoint written by M ps tasks, cut for one ps of a job that now has
-//! N: the pieces this ps holds under the job's current placement, cut out of
-//! the checkpoint's merged shards (every shard of it, read once).
+//! The state of a job re-cut for another placement: which fragments of the
+//! pieces a ps holds under the new placement each holder of the old one
+//! supplies ([`fragments`]), and the new pieces put together from them
+//! ([`assemble`]). A checkpoint written by M ps tasks restored into a job of
+//! N ([`recut`]) is the case where one source holds every old piece.
 //!
-//! Pure: merged shard data and the pieces in, this ps's shard data out, in
-//! the form [`super::checkpointing`] restores from. A dense variable's
-//! stored parts (`<name>/part_<k>`, or the whole) are joined along the first
-//! axis and the new piece's rows sliced out, slots alike; an embedding's
-//! materialised rows, from every old partition, go to the new partition the
-//! new strategy gives them, with their slots. Update counts (Adam's `t`)
-//! take the largest of the old parts'. Nothing is made up: a piece whose
-//! variable the checkpoint does not hold, or holds with another shape, is an
-//! error naming it (the model changed since the checkpoint was written).
+//! Pure: shard data and pieces in, shard data out, in the form
+//! [`super::checkpointing`] restores from. A dense piece is the rows
+//! `row_offset ..` of its variable: a source supplies the rows its own
+//! pieces and the target share, slots alike. An embedding's materialised
+//! rows go to the partition the target's strategy gives them, with their
+//! slots. Update counts (Adam's `t`) take the largest of the sources'.
+//! Nothing is made up: a target piece whose variable no source holds, or
+//! holds with another shape, or whose rows are not all supplied exactly
+//! once, is an error naming it.
 
 use std::collections::BTreeMap;
 
@@ -63,16 +65,110 @@ fn mismatch(variable: &str, reason: impl Into<String>) -> RecutError {
 /// The pieces of this ps cut out of `merged` (every shard of a checkpoint).
 /// `dispatcher`: whether this ps keeps the shard dispatcher's state (ps 0).
 pub fn recut(merged: &ShardData, dense: &[DensePiece], rows: &[RowsPiece], dispatcher: bool) -> Result<ShardData, RecutError> {
-    let stored = StoredPieces::of(merged);
-    let mut out = ShardData::default();
-    for piece in dense {
-        cut_dense(&stored, piece, &mut out)?;
-    }
-    for piece in rows {
-        cut_rows(&stored, piece, &mut out)?;
-    }
+    let supplied = fragments(merged, &stored_dense_pieces(merged), dense, rows)?;
+    let mut out = assemble(dense, rows, vec![supplied])?;
     if dispatcher {
         out.dispatcher = merged.dispatcher.clone();
+    }
+    Ok(out)
+}
+
+/// Where the dense pieces of merged checkpoint shards sit: a variable
+/// stored whole, or as `<name>/part_0..` in row order.
+fn stored_dense_pieces(merged: &ShardData) -> Vec<DensePiece> {
+    let is_rows = |n: &str| merged.row_ids.iter().any(|(r, _)| r == n);
+    let mut by_variable: BTreeMap<&str, BTreeMap<usize, &NamedTensor>> = BTreeMap::new();
+    for t in merged.variables.iter().filter(|t| !is_rows(&t.0)) {
+        let (variable, k) = match t.0.rsplit_once("/part_").and_then(|(v, k)| Some((v, k.parse().ok()?))) {
+            Some((v, k)) => (v, k),
+            None => (t.0.as_str(), 0),
+        };
+        by_variable.entry(variable).or_default().insert(k, t);
+    }
+    let mut pieces = Vec::new();
+    for (variable, parts) in by_variable {
+        let variable_rows = parts.values().map(|t| rows_of(&t.1)).sum();
+        let mut row_offset = 0;
+        for t in parts.values() {
+            pieces.push(DensePiece { stored_name: t.0.clone(), variable: variable.to_string(), row_offset, variable_rows, shape: t.1.clone() });
+            row_offset += rows_of(&t.1);
+        }
+    }
+    pieces
+}
+
+/// Rows along the first axis (a scalar is one row).
+fn rows_of(shape: &[usize]) -> usize {
+    shape.first().copied().unwrap_or(1)
+}
+
+/// Elements of one row.
+fn row_len(shape: &[usize]) -> usize {
+    shape.get(1..).unwrap_or(&[]).iter().product()
+}
+
+/// Rows `row_offset .. row_offset + rows` of target piece `piece`'s
+/// variable, with their slots, from one source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseFragment {
+    pub piece: String,
+    pub row_offset: usize,
+    pub rows: usize,
+    pub values: Vec<f32>,
+    /// Empty where the optimizer keeps no such slot.
+    pub slots: [Vec<f32>; 2],
+    pub updates: u64,
+}
+
+/// Materialised rows of target partition `piece`, with their slots, from one source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowsFragment {
+    pub piece: String,
+    /// The partition of the source, of how many: every one of them must
+    /// supply its fragment (empty if none of its rows go there), or rows
+    /// would silently fall back to their initial values.
+    pub source: (u64, u64),
+    pub ids: Vec<i64>,
+    pub values: Vec<f32>,
+    pub slots: [Vec<f32>; 2],
+    pub updates: u64,
+}
+
+/// What one source supplies.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Fragments {
+    pub dense: Vec<DenseFragment>,
+    pub rows: Vec<RowsFragment>,
+}
+
+impl Fragments {
+    /// Bytes of values and slots.
+    pub fn bytes(&self) -> usize {
+        let dense = self.dense.iter().map(|f| f.values.len() + f.slots[0].len() + f.slots[1].len());
+        let rows = self.rows.iter().map(|f| f.values.len() + f.slots[0].len() + f.slots[1].len());
+        (dense.sum::<usize>() + rows.sum::<usize>()) * 4
+    }
+
+    /// Embedding rows.
+    pub fn rows(&self) -> usize {
+        self.rows.iter().map(|f| f.ids.len()).sum()
+    }
+}
+
+/// What a source holding `own` (its dense pieces at `own_dense`) supplies
+/// of the target pieces `dense` and `rows`.
+pub fn fragments(own: &ShardData, own_dense: &[DensePiece], dense: &[DensePiece], rows: &[RowsPiece]) -> Result<Fragments, RecutError> {
+    let stored = StoredPieces::of(own);
+    let mut out = Fragments::default();
+    for target in dense {
+        for have in own_dense.iter().filter(|h| h.variable == target.variable) {
+            out.dense.extend(dense_fragment(&stored, have, target)?);
+        }
+    }
+    for target in rows {
+        for (name, part) in stored.embeddings.iter().filter(|(_, p)| p.variable == target.part.variable) {
+            out.rows.push(rows_fragment(&stored, name, part, target)?);
+        }
     }
     Ok(out)
 }
@@ -98,113 +194,151 @@ impl<'a> StoredPieces<'a> {
         }
     }
 
-    /// The stored parts of dense variable `variable` in row order: the
-    /// whole, or `<variable>/part_0..`.
-    fn dense_parts(&self, variable: &str) -> Result<Vec<&'a NamedTensor>, RecutError> {
-        if let Some(whole) = self.variables.get(variable).filter(|_| !self.row_ids.contains_key(variable)) {
-            return Ok(vec![whole]);
-        }
-        let mut parts = Vec::new();
-        while let Some(p) = self.variables.get(format!("{variable}/part_{}", parts.len()).as_str()) {
-            if self.row_ids.contains_key(p.0.as_str()) {
-                return Err(mismatch(variable, "the checkpoint holds it as an embedding's rows, the model as a dense variable"));
-            }
-            parts.push(*p);
-        }
-        if parts.is_empty() {
-            return Err(RecutError::Missing(variable.to_string()));
-        }
-        Ok(parts)
-    }
-
-    fn slot(&self, name: &str, k: usize) -> Option<&'a NamedTensor> {
-        self.slots.get(format!("{name}:slot{k}").as_str()).copied()
+    fn slot(&self, name: &str, k: usize) -> &'a [f32] {
+        self.slots.get(format!("{name}:slot{k}").as_str()).map(|t| t.2.as_slice()).unwrap_or_default()
     }
 }
 
-/// The values of `parts` (whole or a slot, by `pick`) joined along the
-/// first axis; `None` when no part has that tensor.
-fn joined<'a>(variable: &str, parts: &[&'a NamedTensor], pick: impl Fn(&'a NamedTensor) -> Option<&'a NamedTensor>) -> Result<Option<Vec<f32>>, RecutError> {
-    let picked: Vec<Option<&NamedTensor>> = parts.iter().map(|p| pick(p)).collect();
-    match picked.iter().filter(|p| p.is_some()).count() {
-        0 => Ok(None),
-        n if n < picked.len() => Err(mismatch(variable, "an optimizer slot is stored for some of its parts only")),
-        _ => Ok(Some(picked.into_iter().flatten().flat_map(|t| t.2.iter().copied()).collect())),
+/// The rows source piece `have` and target piece `target` share, if any.
+fn dense_fragment(stored: &StoredPieces<'_>, have: &DensePiece, target: &DensePiece) -> Result<Option<DenseFragment>, RecutError> {
+    let var = target.variable.as_str();
+    let values = stored.variables.get(have.stored_name.as_str()).ok_or_else(|| RecutError::Missing(have.stored_name.clone()))?;
+    if have.variable_rows != target.variable_rows {
+        return Err(mismatch(var, format!("{} rows stored, {} in the model", have.variable_rows, target.variable_rows)));
     }
+    if values.1.get(1..).unwrap_or(&[]) != target.shape.get(1..).unwrap_or(&[]) {
+        return Err(mismatch(var, format!("stored as {:?}, rows of {:?} in the model", values.1, target.shape.get(1..).unwrap_or(&[]))));
+    }
+    let start = have.row_offset.max(target.row_offset);
+    let end = (have.row_offset + rows_of(&have.shape)).min(target.row_offset + rows_of(&target.shape));
+    if start >= end {
+        return Ok(None);
+    }
+    let len = row_len(&target.shape);
+    let cut = |all: &[f32]| if all.is_empty() { Vec::new() } else { all[(start - have.row_offset) * len..(end - have.row_offset) * len].to_vec() };
+    Ok(Some(DenseFragment {
+        piece: target.stored_name.clone(),
+        row_offset: start,
+        rows: end - start,
+        values: cut(&values.2),
+        slots: [cut(stored.slot(&have.stored_name, 0)), cut(stored.slot(&have.stored_name, 1))],
+        updates: stored.updates.get(have.stored_name.as_str()).copied().unwrap_or(0),
+    }))
 }
 
-/// Adds dense piece `piece`, cut out of its variable's stored parts.
-fn cut_dense(stored: &StoredPieces<'_>, piece: &DensePiece, out: &mut ShardData) -> Result<(), RecutError> {
-    let var = piece.variable.as_str();
-    let parts = stored.dense_parts(var)?;
-    let row_shape = piece.shape.get(1..).unwrap_or(&[]);
-    let row_len: usize = row_shape.iter().product();
-    let rows: usize = parts.iter().map(|p| p.1.first().copied().unwrap_or(1)).sum();
-    if let Some(p) = parts.iter().find(|p| p.1.get(1..).unwrap_or(&[]) != row_shape) {
-        return Err(mismatch(var, format!("stored as {:?} in the checkpoint, rows of {row_shape:?} in the model", p.1)));
+/// The rows of source partition `name` that target partition `target` holds.
+fn rows_fragment(stored: &StoredPieces<'_>, name: &str, have: &EmbeddingPart, target: &RowsPiece) -> Result<RowsFragment, RecutError> {
+    let new = &target.part;
+    if have.rows != new.rows || have.dim != new.dim {
+        return Err(mismatch(&new.variable, format!("{}x{} stored, {}x{} in the model", have.rows, have.dim, new.rows, new.dim)));
     }
-    if rows != piece.variable_rows {
-        return Err(mismatch(var, format!("{rows} rows in the checkpoint, {} in the model", piece.variable_rows)));
-    }
-    let n = piece.shape.first().copied().unwrap_or(1);
-    if piece.row_offset + n > rows {
-        return Err(mismatch(var, format!("piece {:?} asks rows {}..{} of {rows}", piece.stored_name, piece.row_offset, piece.row_offset + n)));
-    }
-    let cut = |all: Vec<f32>| all[piece.row_offset * row_len..(piece.row_offset + n) * row_len].to_vec();
-    let values = cut(joined(var, &parts, Some)?.unwrap_or_default());
-    let slot = |k| Ok::<_, RecutError>(joined(var, &parts, |p| stored.slot(&p.0, k))?.map(cut).unwrap_or_default());
-    let slots = [slot(0)?, slot(1)?];
-    let updates = parts.iter().filter_map(|p| stored.updates.get(p.0.as_str())).copied().max().unwrap_or(0);
-    out.push_dense(&piece.stored_name, &piece.shape, &values, [&slots[0], &slots[1]], updates);
-    Ok(())
-}
-
-/// One materialised row: id, values, the two slots' rows.
-type Row = (i64, Vec<f32>, [Vec<f32>; 2]);
-
-/// Adds embedding partition `piece`: the rows of every old partition of its
-/// variable that the new partition holds, in id order.
-fn cut_rows(stored: &StoredPieces<'_>, piece: &RowsPiece, out: &mut ShardData) -> Result<(), RecutError> {
-    let new = &piece.part;
-    let old: Vec<&(&str, EmbeddingPart)> = stored.embeddings.iter().filter(|(_, p)| p.variable == new.variable).collect();
-    if old.is_empty() {
-        return Err(RecutError::Missing(new.variable.clone()));
-    }
-    let mut rows: Vec<Row> = Vec::new();
-    let mut updates = 0;
-    for (name, part) in old {
-        if part.rows != new.rows || part.dim != new.dim {
-            return Err(mismatch(&new.variable, format!("{}x{} in the checkpoint, {}x{} in the model", part.rows, part.dim, new.rows, new.dim)));
-        }
-        updates = updates.max(stored.updates.get(name).copied().unwrap_or(0));
-        rows.extend(
-            old_rows(stored, name, new.dim)?
-                .into_iter()
-                .filter(|(id, _, _)| new.strategy.partition_of(new.rows, new.num_partitions, *id as u64) == new.partition),
-        );
-    }
-    rows.sort_by_key(|r| r.0);
-    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    let values: Vec<f32> = rows.iter().flat_map(|r| r.1.iter().copied()).collect();
-    let slot = |k: usize| -> Vec<f32> { rows.iter().flat_map(|r| r.2[k].iter().copied()).collect() };
-    let slots = [slot(0), slot(1)];
-    let json = serde_json::to_string(new).map_err(|e| mismatch(&new.variable, e.to_string()))?;
-    out.push_rows(&piece.stored_name, new.dim, (&ids, &values, [&slots[0], &slots[1]], updates), json);
-    Ok(())
-}
-
-/// The rows an old partition `name` materialised, each with its slots.
-fn old_rows(stored: &StoredPieces<'_>, name: &str, dim: usize) -> Result<Vec<Row>, RecutError> {
     let ids = stored.row_ids.get(name).copied().unwrap_or_default();
     let values = stored.variables.get(name).map(|t| t.2.as_slice()).unwrap_or_default();
-    let slot = |k: usize| stored.slot(name, k).map(|t| t.2.as_slice());
-    let slots = [slot(0), slot(1)];
+    let slots = [stored.slot(name, 0), stored.slot(name, 1)];
+    let dim = new.dim;
     let fits = |v: &[f32]| v.len() == ids.len() * dim;
-    if !fits(values) || slots.iter().flatten().any(|s| !fits(s)) {
+    if !fits(values) || slots.iter().any(|s| !s.is_empty() && !fits(s)) {
         return Err(mismatch(name, format!("{} row ids but {} values (or slot values) of dim {dim}", ids.len(), values.len())));
     }
-    let row = |v: Option<&[f32]>, i: usize| v.map(|v| v[i * dim..(i + 1) * dim].to_vec()).unwrap_or_default();
-    Ok(ids.iter().enumerate().map(|(i, &id)| (id, row(Some(values), i), [row(slots[0], i), row(slots[1], i)])).collect())
+    let source = (have.partition, have.num_partitions);
+    let mut out = RowsFragment { piece: target.stored_name.clone(), source, ids: Vec::new(), values: Vec::new(), slots: Default::default(), updates: 0 };
+    out.updates = stored.updates.get(name).copied().unwrap_or(0);
+    for (i, &id) in ids.iter().enumerate() {
+        if new.strategy.partition_of(new.rows, new.num_partitions, id as u64) != new.partition {
+            continue;
+        }
+        out.ids.push(id);
+        out.values.extend_from_slice(&values[i * dim..(i + 1) * dim]);
+        for (k, slot) in slots.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+            out.slots[k].extend_from_slice(&slot[i * dim..(i + 1) * dim]);
+        }
+    }
+    Ok(out)
+}
+
+/// The target pieces put together from what every source supplied: each
+/// dense row exactly once, embedding rows in id order, none twice.
+pub fn assemble(dense: &[DensePiece], rows: &[RowsPiece], supplied: Vec<Fragments>) -> Result<ShardData, RecutError> {
+    let mut dense_by_piece: BTreeMap<String, Vec<DenseFragment>> = BTreeMap::new();
+    let mut rows_by_piece: BTreeMap<String, Vec<RowsFragment>> = BTreeMap::new();
+    for f in supplied {
+        for d in f.dense {
+            dense_by_piece.entry(d.piece.clone()).or_default().push(d);
+        }
+        for r in f.rows {
+            rows_by_piece.entry(r.piece.clone()).or_default().push(r);
+        }
+    }
+    let mut out = ShardData::default();
+    for target in dense {
+        assemble_dense(target, dense_by_piece.remove(&target.stored_name).unwrap_or_default(), &mut out)?;
+    }
+    for target in rows {
+        let Some(fragments) = rows_by_piece.remove(&target.stored_name) else {
+            return Err(RecutError::Missing(target.part.variable.clone()));
+        };
+        assemble_rows(target, fragments, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn assemble_dense(target: &DensePiece, fragments: Vec<DenseFragment>, out: &mut ShardData) -> Result<(), RecutError> {
+    let var = target.variable.as_str();
+    if fragments.is_empty() {
+        return Err(RecutError::Missing(var.to_string()));
+    }
+    let (n, len) = (rows_of(&target.shape), row_len(&target.shape));
+    let mut covered = vec![0u8; n];
+    let mut values = vec![0f32; n * len];
+    let has_slot = |k: usize| fragments.iter().any(|f| !f.slots[k].is_empty());
+    let mut slots = [if has_slot(0) { vec![0f32; n * len] } else { Vec::new() }, if has_slot(1) { vec![0f32; n * len] } else { Vec::new() }];
+    for f in &fragments {
+        let at = (f.row_offset - target.row_offset) * len..(f.row_offset - target.row_offset + f.rows) * len;
+        for c in &mut covered[f.row_offset - target.row_offset..][..f.rows] {
+            *c += 1;
+        }
+        values[at.clone()].copy_from_slice(&f.values);
+        for (k, slot) in slots.iter_mut().enumerate().filter(|(_, s)| !s.is_empty()) {
+            if f.slots[k].len() != f.values.len() {
+                return Err(mismatch(var, "an optimizer slot is stored for some of its parts only"));
+            }
+            slot[at.clone()].copy_from_slice(&f.slots[k]);
+        }
+    }
+    if let Some(row) = covered.iter().position(|&c| c != 1) {
+        let how = if covered[row] == 0 { "came from no ps" } else { "came twice" };
+        return Err(mismatch(var, format!("row {} of piece {:?} {how}", target.row_offset + row, target.stored_name)));
+    }
+    let updates = fragments.iter().map(|f| f.updates).max().unwrap_or(0);
+    out.push_dense(&target.stored_name, &target.shape, &values, [&slots[0], &slots[1]], updates);
+    Ok(())
+}
+
+fn assemble_rows(target: &RowsPiece, fragments: Vec<RowsFragment>, out: &mut ShardData) -> Result<(), RecutError> {
+    let dim = target.part.dim;
+    let mut sources: Vec<(u64, u64)> = fragments.iter().map(|f| f.source).collect();
+    sources.sort_unstable();
+    let count = sources[0].1;
+    if let Some(k) = (0..count).find(|&k| sources.binary_search(&(k, count)).is_err()) {
+        return Err(mismatch(&target.part.variable, format!("the rows of its partition {k} of {count} came from no ps")));
+    }
+    if sources.len() as u64 != count || sources.iter().any(|s| s.1 != count) {
+        return Err(mismatch(&target.part.variable, format!("rows came twice (from partitions {sources:?})")));
+    }
+    let mut rows: Vec<(i64, &RowsFragment, usize)> = fragments.iter().flat_map(|f| f.ids.iter().enumerate().map(move |(i, &id)| (id, f, i))).collect();
+    rows.sort_by_key(|r| r.0);
+    if let Some(w) = rows.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(mismatch(&target.part.variable, format!("row {} came twice", w[0].0)));
+    }
+    let row = |v: &[f32], i: usize| v.get(i * dim..(i + 1) * dim).unwrap_or_default().to_vec();
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let values: Vec<f32> = rows.iter().flat_map(|(_, f, i)| row(&f.values, *i)).collect();
+    let slot = |k: usize| -> Vec<f32> { rows.iter().flat_map(|(_, f, i)| row(&f.slots[k], *i)).collect() };
+    let slots = [slot(0), slot(1)];
+    let updates = fragments.iter().map(|f| f.updates).max().unwrap_or(0);
+    let json = serde_json::to_string(&target.part).map_err(|e| mismatch(&target.part.variable, e.to_string()))?;
+    out.push_rows(&target.stored_name, dim, (&ids, &values, [&slots[0], &slots[1]], updates), json);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -747,7 +747,7 @@ fn a_checkpoint_of_another_ps_count_is_cut_at_the_first_fitting_handshake() {
     let err = s.handshake(&hs(vec![])).unwrap_err().to_string();
     assert!(err.contains("does not say where \"w\" sits"), "{err}");
     let err = s.handshake(&hs(vec![piece(5)])).unwrap_err().to_string();
-    assert!(err.contains("ckpt-40 (written by 2 ps task(s))") && err.contains("4 rows in the checkpoint, 5 in the model"), "{err}");
+    assert!(err.contains("ckpt-40 (written by 2 ps task(s))") && err.contains("4 rows stored, 5 in the model"), "{err}");
     assert!(!s.progress().initialized);
     let r = s.handshake(&hs(vec![piece(4)])).unwrap();
     assert!(r.initialized && r.step == 40, "{r:?}");

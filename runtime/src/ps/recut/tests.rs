@@ -161,16 +161,15 @@ fn every_value_slot_and_row_survives_a_change_of_ps_count() {
         }
         assert_eq!(content(&merged(after.clone())), content(&before), "{what}: the same values, slots and rows");
         // Every new piece of `hidden/w` takes the largest update count of
-        // the old ones (7 + the index of the ps that wrote it).
-        let updates: Vec<u64> = after.iter().flat_map(|s| s.updates.iter().filter(|(n, _)| n.starts_with("hidden/w")).map(|u| u.1)).collect();
-        assert!(!updates.is_empty() && updates.iter().all(|&u| u == 7 + last_ps_of_hidden_w(&inputs, from)), "{what}: {updates:?}");
+        // the old ones it overlaps (7 + the index of the ps that wrote it).
+        let (old, new) = (place(&inputs, from, 256).unwrap(), place(&inputs, to, 256).unwrap());
+        for piece in &new.variables["hidden/w"] {
+            let overlapping = old.variables["hidden/w"].iter().filter(|o| o.rows.start < piece.rows.end && piece.rows.start < o.rows.end);
+            let want = overlapping.map(|o| 7 + o.ps as u64).max().unwrap();
+            let got = after[piece.ps].updates.iter().find(|(n, _)| *n == piece.stored_name).unwrap().1;
+            assert_eq!(got, want, "{what}: {}", piece.stored_name);
+        }
     }
-}
-
-/// The largest index of a ps holding a piece of `hidden/w` under `num_ps`.
-fn last_ps_of_hidden_w(inputs: &[PlacementInput], num_ps: usize) -> u64 {
-    let placement = place(inputs, num_ps, 256).unwrap();
-    placement.variables["hidden/w"].iter().map(|s| s.ps as u64).max().unwrap()
 }
 
 #[test]
@@ -184,11 +183,46 @@ fn a_checkpoint_of_another_model_is_refused_by_name() {
     narrower.part.dim = 3;
     let cases: Vec<(Vec<DensePiece>, Vec<RowsPiece>, &str)> = vec![
         (vec![renamed], vec![], "no variable \"hidden/v\""),
-        (vec![wider], vec![], "40 rows in the checkpoint, 41 in the model"),
-        (vec![], vec![narrower], "1000x4 in the checkpoint, 1000x3 in the model"),
+        (vec![wider], vec![], "40 rows stored, 41 in the model"),
+        (vec![], vec![narrower], "1000x4 stored, 1000x3 in the model"),
     ];
     for (dense, rows, want) in cases {
         let err = recut(&before, &dense, &rows, false).unwrap_err().to_string();
         assert!(err.contains(want), "{err} (wanted {want:?})");
+    }
+}
+
+/// The live case: every old ps supplies fragments from its own shard only,
+/// every new ps assembles its pieces from all of them; what a ps keeps is
+/// supplied by itself (it does not move). A source missing or counted
+/// twice is an error naming the row.
+#[test]
+fn every_ps_supplies_its_own_fragments_and_the_new_pieces_are_whole() {
+    use PartitionStrategy::{Div, Mod};
+    for (strategy, from, to) in [(Mod, 1, 3), (Div, 3, 2), (Mod, 2, 4)] {
+        let what = format!("{strategy} {from} -> {to}");
+        let inputs = inputs(strategy);
+        let before: Vec<ShardData> = (0..from).map(|ps| written(&inputs, from, ps)).collect();
+        let mut after = Vec::new();
+        let mut moved = 0;
+        for ps in 0..to {
+            let (dense, rows) = pieces(&inputs, to, ps);
+            let supplied: Vec<Fragments> = (0..from).map(|old| fragments(&before[old], &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
+            moved += supplied.iter().enumerate().filter(|(old, _)| *old != ps).map(|(_, f)| f.bytes()).sum::<usize>();
+            after.push(assemble(&dense, &rows, supplied).unwrap_or_else(|e| panic!("{what}: ps {ps}: {e}")));
+        }
+        assert_eq!(content(&merged(after)), content(&merged(before.clone())), "{what}");
+        let total: usize = before.iter().map(|s| s.variables.iter().chain(&s.slots).map(|t| t.2.len() * 4).sum::<usize>()).sum();
+        assert!(moved > 0 && moved <= total, "{what}: moved {moved} of {total} bytes");
+        // A lost source: the rows it held come from no ps.
+        let (dense, rows) = pieces(&inputs, to, 0);
+        let one: Vec<Fragments> = (0..from).map(|old| fragments(&before[old], &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
+        if from > 1 {
+            let err = assemble(&dense, &rows, one[..from - 1].to_vec()).unwrap_err().to_string();
+            assert!(err.contains("came from no ps") || err.contains("no variable"), "{what}: {err}");
+        }
+        let twice = [one.clone(), one].concat();
+        let err = assemble(&dense, &rows, twice).unwrap_err().to_string();
+        assert!(err.contains("came twice"), "{what}: {err}");
     }
 }
