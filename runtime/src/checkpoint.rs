@@ -173,6 +173,15 @@ pub struct ShardInfo {
     pub row_ids: Vec<TensorEntry>,
 }
 
+/// The job's layout when a checkpoint was written (elastic parameter
+/// servers): its version and every ps task's address, so that ps tasks
+/// restarted with an older `TF_CONFIG` serve the layout the job had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutRecord {
+    pub version: u64,
+    pub ps_addresses: Vec<String>,
+}
+
 /// A complete checkpoint (every shard verified when it was found).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -183,6 +192,8 @@ pub struct Checkpoint {
     pub created_unix_secs: u64,
     /// One per ps, in ps order.
     pub shards: Vec<ShardInfo>,
+    /// Absent in checkpoints written before layouts had versions (version 1).
+    pub layout: Option<LayoutRecord>,
 }
 
 /// State of one `ckpt-*` directory.
@@ -259,6 +270,8 @@ struct IndexFile {
     created: String,
     checksum: String,
     shards: Vec<ShardInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    layout: Option<LayoutRecord>,
 }
 
 /// `DIR/ckpt-<step zero-padded to 10 digits>`.
@@ -489,6 +502,11 @@ fn shards_by_ps<'a>(ckpt: &Location, step: i64, num_ps: usize, shards: &'a [Shar
 /// variable on two ps tasks, and every shard file must be present with its size.
 /// (Their checksums are verified on restore, not here.) Returns the index path.
 pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo]) -> Result<Location, CheckpointError> {
+    write_index_of(dir, step, num_ps, shards, None)
+}
+
+/// [`write_index`] recording the job's layout too.
+pub fn write_index_of(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo], layout: Option<LayoutRecord>) -> Result<Location, CheckpointError> {
     let ckpt = checkpoint_path(dir, step);
     if step < 0 {
         return Err(invalid(&ckpt, format!("global step {step} is negative")));
@@ -519,6 +537,7 @@ pub fn write_index(dir: &Location, step: i64, num_ps: usize, shards: &[ShardInfo
         created: format_utc(created_unix_secs),
         checksum: CHECKSUM_ALGORITHM.to_string(),
         shards: by_ps.into_values().cloned().collect(),
+        layout,
     };
     let mut json = serde_json::to_vec_pretty(&index).map_err(|e| invalid(&ckpt, format!("cannot encode index: {e}")))?;
     json.push(b'\n');
@@ -558,7 +577,14 @@ fn read_index(ckpt: &Location, step: i64) -> Result<Checkpoint, CheckpointError>
             ));
         }
     }
-    Ok(Checkpoint { path: ckpt.clone(), global_step: step, num_ps: index.num_ps, created_unix_secs: index.created_unix_secs, shards: index.shards })
+    Ok(Checkpoint {
+        path: ckpt.clone(),
+        global_step: step,
+        num_ps: index.num_ps,
+        created_unix_secs: index.created_unix_secs,
+        shards: index.shards,
+        layout: index.layout,
+    })
 }
 
 /// Final shard file names present in `ckpt` (temporary files excluded).

@@ -22,6 +22,8 @@ use crate::placement::{Placement, Shard};
 use crate::proto::{self, RowsPart, TensorPart, parameter_server_client::ParameterServerClient};
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
+pub mod mover;
+
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
 
 /// Deadline of a call that does not wait on purpose (handshake, push, ...).
@@ -269,6 +271,10 @@ pub struct PsSet {
     channels: Vec<ChannelClient>,
     use_channel: bool,
     tls: bool,
+    /// The layout version the placement is for: every push and pull says it.
+    layout_version: u64,
+    /// To reach ps tasks outside this set (a move's).
+    credentials: Credentials,
 }
 
 /// What one ps answered on the tensor channel.
@@ -452,7 +458,19 @@ impl PsSet {
             channels: addresses.iter().map(|a| ChannelClient::new(a, credentials.token.as_deref(), Duration::from_secs(5))).collect(),
             use_channel: credentials.tls.is_none(),
             tls: credentials.tls.is_some(),
+            layout_version: 1,
+            credentials: credentials.clone(),
         })
+    }
+
+    /// The placement is the one of layout `version` (ps 0 told it).
+    pub fn with_layout_version(mut self, version: u64) -> Self {
+        self.layout_version = version;
+        self
+    }
+
+    pub fn layout_version(&self) -> u64 {
+        self.layout_version
     }
 
     /// Pulls and pushes over the tensor channel (the default without TLS)
@@ -490,7 +508,13 @@ impl PsSet {
         let calls = destinations.into_iter().enumerate().map(|(ps, mut destinations)| {
             let push_here = push.filter(|p| p.push_to[ps]);
             let request = proto::TensorChannelRequest {
-                push: push_here.map(|p| proto::PushGradientsRequest { task: self.task_proto(), step: p.steps[ps], push_id: p.push_id, ..Default::default() }),
+                push: push_here.map(|p| proto::PushGradientsRequest {
+                    task: self.task_proto(),
+                    step: p.steps[ps],
+                    push_id: p.push_id,
+                    layout_version: self.layout_version,
+                    ..Default::default()
+                }),
                 push_parts: Vec::new(),
                 pull: pull_args.map(|(min_steps, wait_initialized, wait)| proto::PullVariablesRequest {
                     rows: self.rows_requests(ps, pull_rows),
@@ -753,6 +777,7 @@ impl PsSet {
             wait_initialized,
             wait_timeout_ms: wait.as_millis().min(u32::MAX as u128) as u32,
             rows: vec![],
+            layout_version: self.layout_version,
         }
     }
 
@@ -845,9 +870,10 @@ impl PsSet {
     /// parts and its partitions' rows, tagged with the step and the push id.
     fn push_messages(&self, ps: usize, step: i64, push_id: u64, gradients: &[ArrayD<f32>], rows: Rows<'_>) -> Vec<proto::PushGradientsRequest> {
         let mut messages = Vec::new();
+        let layout_version = self.layout_version;
         let message = |messages: &Vec<proto::PushGradientsRequest>, part, rows| {
             let task = if messages.is_empty() { self.task_proto() } else { None };
-            proto::PushGradientsRequest { task, step, push_id, part, abstain: false, rows }
+            proto::PushGradientsRequest { task, step, push_id, part, abstain: false, rows, layout_version }
         };
         for (vi, s) in &self.shards[ps] {
             let all = gradients[*vi].as_slice().expect("standard layout");
@@ -1002,7 +1028,13 @@ impl PsSet {
     /// step does not wait for its gradient.
     pub async fn abstain(&self, steps: &[i64]) -> Result<Vec<proto::PushGradientsReply>, ClientError> {
         let calls = (0..self.num_ps()).map(|ps| {
-            let message = proto::PushGradientsRequest { task: self.task_proto(), step: steps[ps], abstain: true, ..Default::default() };
+            let message = proto::PushGradientsRequest {
+                task: self.task_proto(),
+                step: steps[ps],
+                abstain: true,
+                layout_version: self.layout_version,
+                ..Default::default()
+            };
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "abstain on", move || {
                 let mut c = client.clone();

@@ -136,6 +136,10 @@ async fn run_cluster_task(ctx: &TaskContext, spec: &WorkloadSpec, ends: &Ends) -
         Ok(s) => s,
         Err(code) => return code,
     };
+    let mut background = background;
+    if ps.is_some() {
+        background.extend(propose_own_layout(ctx));
+    }
     let code = run_until_signal(ctx, spec, ps, ends.shutdown_grace).await;
     for h in background {
         h.abort();
@@ -145,6 +149,27 @@ async fn run_cluster_task(ctx: &TaskContext, spec: &WorkloadSpec, ends: &Ends) -
         let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
     }
     code
+}
+
+/// A ps other than ps 0, serving: when the job already trains under
+/// another ps set than its `TF_CONFIG`'s (it was started by a scale-up), it
+/// proposes its own to ps 0, and the chief moves the state at its next step.
+fn propose_own_layout(ctx: &TaskContext) -> Option<JoinHandle<()>> {
+    let cluster = &ctx.cluster;
+    if cluster.task.index == 0 || cluster.cluster.is_sparse("ps") {
+        return None;
+    }
+    let (task, addresses, credentials, patience) =
+        (cluster.task.clone(), cluster.cluster.addresses("ps"), ctx.credentials.clone(), ctx.settings.connect_timeout);
+    Some(tokio::spawn(async move {
+        match crate::client::mover::propose_if_new(&task, &addresses, &credentials, patience).await {
+            Ok(layout) if layout.ps_addresses != addresses => {
+                tracing::info!("{task}: the job trains with {} ps task(s); proposed its {} to ps 0", layout.ps_addresses.len(), addresses.len());
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("{task}: could not reach ps 0 to compare layouts: {e}"),
+        }
+    }))
 }
 
 /// A ps's store: the tasks it waits for at the end, and the latest complete
@@ -157,6 +182,9 @@ fn start_ps(ctx: &TaskContext, lease_secs: f64) -> Result<Arc<ParameterStore>, (
     let num_ps = if cluster.cluster.is_sparse("ps") { 0 } else { cluster.cluster.num_tasks("ps") };
     let mut config = PsConfig::new(cluster.task.index as usize, num_ps, cluster.cluster.chief());
     config.lease = Duration::from_secs_f64(lease_secs.max(0.1));
+    if num_ps > 0 {
+        config.ps_addresses = cluster.cluster.addresses("ps");
+    }
     let store = Arc::new(ParameterStore::new(config));
     // The evaluators too: each evaluates the final variables before it leaves.
     let mut expected = cluster.cluster.training_tasks();
@@ -183,6 +211,16 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     let Some(ckpt) = latest else {
         tracing::info!("{}: no complete checkpoint in {dir}: starting fresh", cluster.task);
         return Ok(());
+    };
+    // A job whose ps set changed while it trained: the checkpoint's layout,
+    // not this task's TF_CONFIG, is the job's.
+    let num_ps = match &ckpt.layout {
+        Some(layout) if layout.version > 1 && (cluster.task.index as usize) < layout.ps_addresses.len() => {
+            tracing::info!("{}: the job's layout is version {} ({} ps task(s)), from {}", cluster.task, layout.version, layout.ps_addresses.len(), ckpt.path);
+            store.adopt_layout(layout.version, layout.ps_addresses.clone());
+            layout.ps_addresses.len()
+        }
+        _ => num_ps,
     };
     if ckpt.num_ps != num_ps {
         let merged = checkpoint::read_all(&ckpt).map_err(|e| (code(&e), e.to_string()))?;
@@ -236,7 +274,8 @@ async fn start_server(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, bind:
     };
     let worker = WorkerService::new(ctx.status.clone(), None);
     let addr = SocketAddr::new(bind, port);
-    let service = ps.map(|store| PsService::new(store.clone()));
+    let sources = Arc::new(crate::client::mover::GrpcFragmentSource { credentials: ctx.credentials.clone(), patience: ctx.settings.connect_timeout });
+    let service = ps.map(|store| PsService::new(store.clone()).with_fragment_source(sources));
     match server::serve(addr, service, worker, &ctx.credentials, async {
         let _ = stop.await;
     })

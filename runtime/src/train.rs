@@ -236,6 +236,10 @@ pub enum TrainError {
     CheckpointFile(#[from] checkpoint::CheckpointError),
     #[error("the parameter servers restarted {0} times; giving up")]
     TooManyRecoveries(u32),
+    /// The job's layout changed under a step (a ps added or removed): the
+    /// task follows it and takes the step again.
+    #[error("the job's layout changed: {0}")]
+    LayoutChanged(ClientError),
     /// Stopped on purpose (a signal) after telling the ps tasks it leaves.
     #[error("stopped on a signal; {ps_heard} of {ps_total} ps task(s) heard it leave")]
     Stopped { ps_heard: usize, ps_total: usize },
@@ -254,7 +258,9 @@ impl TrainError {
                 Some(Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied | Code::Unauthenticated) => code::REFUSED,
                 _ => code::TRANSIENT,
             },
-            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) => code::TRANSIENT,
+            TrainError::InitTimeout { .. } | TrainError::StepTimeout { .. } | TrainError::TooManyRecoveries(_) | TrainError::LayoutChanged(_) => {
+                code::TRANSIENT
+            }
             TrainError::Checkpoint(_) => code::CHECKPOINT,
             TrainError::CheckpointFile(e) => code::of(e.is_transient(), code::CHECKPOINT),
             TrainError::Stopped { .. } => code::TERMINATED,
@@ -474,22 +480,47 @@ pub fn training_config(cluster: &ClusterConfig, settings: &TrainSettings) -> Res
 }
 
 pub(crate) fn ps_set(ctx: &TaskContext, model: &dyn Model) -> Result<PsSet, TrainError> {
+    ps_set_over(ctx, model, &ctx.cluster.cluster.addresses("ps"), 1)
+}
+
+/// The ps tasks at `ps_addresses` under layout `version` (ps 0 says which
+/// are the job's now; the `TF_CONFIG` a task started with is version 1).
+pub(crate) fn ps_set_over(ctx: &TaskContext, model: &dyn Model, ps_addresses: &[String], version: u64) -> Result<PsSet, TrainError> {
     let TaskContext { cluster, settings, credentials, .. } = ctx;
     let specs = model.variables();
     let inputs: Vec<PlacementInput> = specs
         .iter()
         .map(|v| PlacementInput { name: v.name.clone(), shape: v.shape.clone(), embedding: v.embedding.filter(|e| e.sparse).map(|e| e.partition) })
         .collect();
-    let ps_addresses = cluster.cluster.addresses("ps");
     let placement = placement::place(&inputs, ps_addresses.len(), settings.partition_threshold_bytes)?;
     let variables = specs
         .iter()
         .map(|v| ModelVariable { name: v.name.clone(), shape: v.shape.clone(), rows: v.is_sparse().then(|| (v.init.clone(), settings.seed)) })
         .collect();
     let mut ps =
-        PsSet::new(cluster.task.clone(), &ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?;
+        PsSet::new(cluster.task.clone(), ps_addresses, credentials, variables, placement, training_config(cluster, settings)?, settings.connect_timeout)?
+            .with_layout_version(version);
     ps.set_tensor_channel(settings.tensor_channel);
     Ok(ps)
+}
+
+/// The ps tasks of the job's current layout, when it is another than
+/// `ps`'s (a move waited for until ps 0 says it is over, up to
+/// `--connect_timeout_secs`); `None` when it is the same.
+pub(crate) async fn current_ps_set(ctx: &TaskContext, model: &dyn Model, ps: &PsSet) -> Result<Option<PsSet>, TrainError> {
+    let start = Instant::now();
+    let layout = loop {
+        let layout = ps.layout().await?;
+        if !layout.moving || start.elapsed() > ctx.settings.connect_timeout {
+            break layout;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if layout.version == ps.layout_version() || layout.ps_addresses.is_empty() {
+        return Ok(None);
+    }
+    tracing::info!("{}: following the job's layout version {}: {} ps task(s)", ctx.cluster.task, layout.version, layout.ps_addresses.len());
+    Ok(Some(ps_set_over(ctx, model, &layout.ps_addresses, layout.version)?))
 }
 
 /// Waits until the chief has initialised the variables, logging while it
@@ -523,6 +554,12 @@ pub(crate) async fn wait_for_variables(
 
 /// Is this error a ps that lost or changed its state (restarted, restored
 /// from a checkpoint) rather than a problem with this task?
+/// The job's layout changed under the request: ask ps 0 for the current
+/// one and cut it again.
+pub(crate) fn layout_changed(e: &ClientError) -> bool {
+    e.code() == Some(Code::Aborted) && e.to_string().contains("layout changed")
+}
+
 pub(crate) fn needs_recovery(e: &ClientError) -> bool {
     matches!(e, ClientError::Interrupted { .. }) || e.code() == Some(Code::FailedPrecondition)
 }
@@ -568,8 +605,9 @@ impl Checkpointer {
         let directory = self.directory.clone();
         let num_ps = ps.num_ps();
         let keep = self.keep;
+        let layout = crate::checkpoint::LayoutRecord { version: ps.layout_version(), ps_addresses: ps.addresses().to_vec() };
         let written = tokio::task::spawn_blocking(move || -> Result<crate::storage::Location, crate::checkpoint::CheckpointError> {
-            let path = crate::checkpoint::write_index(&directory, step, num_ps, &infos)?;
+            let path = crate::checkpoint::write_index_of(&directory, step, num_ps, &infos, Some(layout))?;
             crate::checkpoint::prune(&directory, keep)?;
             Ok(path)
         })
@@ -642,10 +680,13 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
     let TaskContext { cluster, settings, status, .. } = ctx;
     let start = Instant::now();
     let model = workload.model.as_ref();
-    let ps = ps_set(ctx, model)?;
+    let mut ps = ps_set(ctx, model)?;
     let task = cluster.task.to_string();
     let chief = cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();
     let eval = workload.eval.take().ok_or_else(|| TrainError::Config("the evaluator needs held-out data".into()))?;
+    if let Some(current) = current_ps_set(ctx, model, &ps).await? {
+        ps = current;
+    }
     status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     ps.handshake(true).await?;
     let mut params = zeros_like(model);
@@ -669,7 +710,7 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
             break;
         }
         tokio::time::sleep(settings.eval_interval).await;
-        if let Some(p) = next_values(ctx, &ps, &mut params, &eval_rows, &pulled.steps).await? {
+        if let Some(p) = next_values(ctx, model, &mut ps, &mut params, &eval_rows, &pulled.steps).await? {
             pulled = p;
         }
     }
@@ -707,13 +748,23 @@ fn note_evaluation(ctx: &TaskContext, model: &dyn Model, params: &[ArrayD<f32>],
 /// The evaluator's next values: a long poll that returns as soon as the
 /// step moved on past `steps` or training ended (`None`: it did not within
 /// the wait; evaluate again); after a ps restart, once they are back.
-async fn next_values(ctx: &TaskContext, ps: &PsSet, params: &mut [ArrayD<f32>], rows: &[Vec<i64>], steps: &[i64]) -> Result<Option<Pulled>, TrainError> {
+async fn next_values(
+    ctx: &TaskContext,
+    model: &dyn Model,
+    ps: &mut PsSet,
+    params: &mut [ArrayD<f32>],
+    rows: &[Vec<i64>],
+    steps: &[i64],
+) -> Result<Option<Pulled>, TrainError> {
     let settings = &ctx.settings;
     let next: Vec<i64> = steps.iter().map(|s| s + 1).collect();
     match ps.pull(params, rows, &next, false, settings.step_timeout.max(settings.eval_interval)).await {
         Ok(p) => Ok(Some(p)),
         Err(e) if e.code() == Some(Code::DeadlineExceeded) => Ok(None),
-        Err(e) if needs_recovery(&e) => {
+        Err(e) if needs_recovery(&e) || layout_changed(&e) => {
+            if let Some(current) = current_ps_set(ctx, model, ps).await? {
+                *ps = current;
+            }
             tracing::warn!("{}: {e}; waiting for the parameter servers", ctx.cluster.task);
             ps.handshake(true).await?;
             let chief = ctx.cluster.cluster.chief().map(|c| c.to_string()).unwrap_or_default();

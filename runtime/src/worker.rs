@@ -28,12 +28,18 @@ use crate::model::Model;
 use crate::proto::{self, TaskState, next_shard_reply::Outcome};
 use crate::status::TaskStatus;
 use crate::train::{
-    self, Aggregate, Checkpointer, FinalReport, Summaries, TaskContext, TrainError, TrainSettings, Workload, needs_recovery, summary_line, wait_for_variables,
-    zeros_like,
+    self, Aggregate, Checkpointer, FinalReport, Summaries, TaskContext, TrainError, TrainSettings, Workload, layout_changed, needs_recovery, summary_line,
+    wait_for_variables, zeros_like,
 };
 
 /// How long a task with nothing to train waits before it asks again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
+
+/// How often the chief asks ps 0 whether a ps set was proposed.
+const LAYOUT_POLL: Duration = Duration::from_millis(500);
+
+/// Layout changes one step may follow before the task gives up.
+const MAX_FOLLOWS: u32 = 20;
 
 /// What the feed gives the loop next.
 enum Fed {
@@ -156,7 +162,12 @@ fn protocol(message: &str) -> TrainError {
 /// it counted.
 struct Trainer<'a> {
     task: String,
+    ctx: &'a TaskContext,
     ps: Arc<PsSet>,
+    /// The ps set the heartbeats go to (follows `ps` across moves).
+    lease_target: Arc<std::sync::RwLock<Arc<PsSet>>>,
+    /// When the chief last asked ps 0 whether a move is proposed.
+    layout_checked: Instant,
     model: &'a dyn Model,
     settings: &'a TrainSettings,
     status: Arc<TaskStatus>,
@@ -189,6 +200,9 @@ impl<'a> Trainer<'a> {
         let cluster = &ctx.cluster;
         Ok(Trainer {
             task: cluster.task.to_string(),
+            ctx,
+            lease_target: Arc::new(std::sync::RwLock::new(ps.clone())),
+            layout_checked: Instant::now(),
             ps,
             model,
             settings: &ctx.settings,
@@ -298,13 +312,74 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// Keeps this task's lease on every ps while it lives.
+    /// Keeps this task's lease on every ps of the job's layout while it lives.
     fn keep_lease(&self) -> AbortOnDropHandle<()> {
-        let ps = self.ps.clone();
+        let target = self.lease_target.clone();
         AbortOnDropHandle::new(crate::metrics::every(self.settings.heartbeat, move || {
-            let ps = ps.clone();
+            let ps = target.read().map(|p| p.clone()).unwrap_or_else(|p| p.into_inner().clone());
             async move { ps.heartbeat().await }
         }))
+    }
+
+    /// Uses the ps tasks of `ps` from now on (heartbeats included).
+    fn use_ps(&mut self, ps: PsSet) {
+        self.ps = Arc::new(ps);
+        match self.lease_target.write() {
+            Ok(mut t) => *t = self.ps.clone(),
+            Err(p) => *p.into_inner() = self.ps.clone(),
+        }
+    }
+
+    /// The job's layout changed under a step: take the ps set ps 0 says is
+    /// the job's now and join it (the shard in hand is kept: the step is
+    /// taken again on the values the move kept).
+    async fn follow_layout(&mut self, e: &ClientError) -> Result<(), TrainError> {
+        tracing::info!("{}: {e}", self.task);
+        if let Some(current) = train::current_ps_set(self.ctx, self.model, &self.ps).await? {
+            self.use_ps(current);
+        }
+        self.join().await
+    }
+
+    /// The chief, between two steps: when ps 0 holds a proposed ps set (a ps
+    /// started into the job), the state moves to it now. A move that fails
+    /// leaves the layout as it was (tried again later).
+    async fn move_if_proposed(&mut self) -> Result<(), TrainError> {
+        if self.layout_checked.elapsed() < LAYOUT_POLL {
+            return Ok(());
+        }
+        self.layout_checked = Instant::now();
+        let layout = self.ps.layout().await?;
+        let steps = &self.pulled.steps;
+        if layout.proposed.is_empty() || layout.moving || steps.iter().any(|&s| s != steps[0]) {
+            return Ok(());
+        }
+        let version = layout.version + 1;
+        let next = train::ps_set_over(self.ctx, self.model, &layout.proposed, version)?;
+        let at_step = if self.settings.sync_replicas { steps[0] } else { -1 };
+        match next.take_over(&self.ps, version, at_step).await {
+            Ok(moved) => {
+                tracing::info!("{}: {moved}", self.task);
+                self.use_ps(next);
+                self.join().await
+            }
+            Err(e) => {
+                tracing::warn!("{}: could not move the job's state to {} ps task(s) ({e}); trying again later", self.task, layout.proposed.len());
+                Ok(())
+            }
+        }
+    }
+
+    /// [`train_on`](Self::train_on), following the job's layout when it
+    /// changed under the step (then the step is taken again).
+    async fn train_following(&mut self, batch: &Batch, feed: &mut ShardFeed, summaries: &mut Summaries) -> Result<bool, TrainError> {
+        for _ in 0..MAX_FOLLOWS {
+            match self.train_on(batch, feed, summaries).await {
+                Err(TrainError::LayoutChanged(e)) => self.follow_layout(&e).await?,
+                other => return other,
+            }
+        }
+        Err(TrainError::TooManyRecoveries(MAX_FOLLOWS))
     }
 
     /// Has every ps (sync) or ps 0 (async) reached `--train_steps`?
@@ -356,6 +431,7 @@ impl<'a> Trainer<'a> {
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 return Err(TrainError::StepTimeout { step: min_steps[0], waited: self.settings.step_timeout });
             }
+            Err(e) if layout_changed(&e) => return Err(TrainError::LayoutChanged(e)),
             Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
             Err(e) => return Err(e.into()),
         };
@@ -378,6 +454,7 @@ impl<'a> Trainer<'a> {
                 self.held_rows = rows.to_vec();
                 Ok(true)
             }
+            Err(e) if layout_changed(&e) => Err(TrainError::LayoutChanged(e)),
             Err(e) if needs_recovery(&e) => self.recover(&e, feed).await.map(|()| false),
             Err(e) => Err(e.into()),
         }
@@ -463,6 +540,9 @@ impl<'a> Trainer<'a> {
             for _ in 0..3 {
                 let replies = match self.ps.abstain(&steps).await {
                     Ok(r) => r,
+                    Err(e) if layout_changed(&e) => {
+                        return self.follow_layout(&e).await.map(|()| false);
+                    }
                     Err(e) if needs_recovery(&e) => {
                         return self.recover(&e, feed).await.map(|()| false);
                     }
@@ -540,6 +620,7 @@ impl<'a> Trainer<'a> {
                 summaries.add(global_step, &train::eval_scalars(m));
             }
             let reason = if data.is_some_and(|d| d.finished) { "every epoch trained" } else { "train_steps reached" };
+            self.ps.shutdown_proposed(reason, global_step).await;
             self.ps.shutdown(reason, global_step).await?;
             tracing::info!("{}: training done at global_step={global_step} ({reason}); told every ps to finish", self.task);
             self.wait_for_final_evaluation().await;
@@ -661,6 +742,11 @@ struct Trained<'a> {
 async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, settings: &TrainSettings) -> Result<Trained<'a>, TrainError> {
     trainer.log_start();
     trainer.status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
+    // A task (re)started with the TF_CONFIG of an older ps set joins the
+    // job's current one.
+    if let Some(current) = train::current_ps_set(trainer.ctx, trainer.model, &trainer.ps).await? {
+        trainer.use_ps(current);
+    }
     trainer.join().await?;
     let lease = trainer.keep_lease();
     let mut checkpointer = if trainer.is_chief { Checkpointer::new(&settings.checkpoints, trainer.pulled.steps[0]) } else { None };
@@ -668,7 +754,7 @@ async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, se
     let loop_start = Instant::now();
     while !(trainer.pulled.done || trainer.steps_done()) {
         let over = match feed.next(&trainer.ps).await? {
-            Fed::Batch(batch) => trainer.train_on(&batch, feed, &mut summaries).await?,
+            Fed::Batch(batch) => trainer.train_following(&batch, feed, &mut summaries).await?,
             Fed::Wait => trainer.idle(feed).await?,
             Fed::Finished => {
                 tracing::info!("{}: every shard of every epoch is done", trainer.task);
@@ -680,6 +766,9 @@ async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, se
         }
         if let Some(c) = &mut checkpointer {
             trainer.checkpoint_if_due(c).await?;
+        }
+        if trainer.is_chief {
+            trainer.move_if_proposed().await?;
         }
     }
     Ok(Trained { trainer, checkpointer, summaries, train_secs: loop_start.elapsed().as_secs_f64(), _lease: lease })

@@ -239,7 +239,15 @@ fn b_part(values: &[f32], offset: u64) -> TensorPart {
 
 fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
     let task = Some(proto::TaskId { job: "worker".into(), index: 1 });
-    let msg = |part: TensorPart, step: i64| proto::PushGradientsRequest { task: task.clone(), step, push_id: 0, part: Some(part), abstain: false, rows: None };
+    let msg = |part: TensorPart, step: i64| proto::PushGradientsRequest {
+        task: task.clone(),
+        step,
+        push_id: 0,
+        part: Some(part),
+        abstain: false,
+        rows: None,
+        layout_version: 0,
+    };
     let good = b_part(&[1.0, 1.0, 1.0], 0);
     match d {
         Defect::UnknownName(n) => vec![msg(TensorPart { name: n.clone(), ..good }, 0)],
@@ -250,7 +258,9 @@ fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
         Defect::FutureStep(s) => vec![msg(good, *s)],
         Defect::NegativeStep(s) => vec![msg(good, *s)],
         Defect::Partial => vec![msg(b_part(&[1.0, 1.0], 0), 0)],
-        Defect::NoTask => vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good), abstain: false, rows: None }],
+        Defect::NoTask => {
+            vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good), abstain: false, rows: None, layout_version: 0 }]
+        }
         Defect::Overlap => vec![msg(b_part(&[1.0, 1.0], 0), 0), msg(b_part(&[1.0, 1.0], 1), 0)],
     }
 }
@@ -390,7 +400,15 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
         }
         let first = &messages[0];
         let request = proto::TensorChannelRequest {
-            push: Some(proto::PushGradientsRequest { task: first.task.clone(), step: first.step, push_id: 0, part: None, abstain: false, rows: None }),
+            push: Some(proto::PushGradientsRequest {
+                task: first.task.clone(),
+                step: first.step,
+                push_id: 0,
+                part: None,
+                abstain: false,
+                rows: None,
+                layout_version: 0,
+            }),
             push_parts: headers,
             pull: None,
             push_rows: vec![],
@@ -413,6 +431,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
             part: None,
             abstain: false,
             rows: None,
+            layout_version: 0,
         }),
         push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
         pull: None,

@@ -124,3 +124,75 @@ fn a_job_restarted_with_another_ps_count_goes_on_exactly() {
     assert_eq!(moved.rows.len(), fixed.rows.len());
     assert!(moved.rows == fixed.rows, "embedding rows differ");
 }
+
+/// The flags of one task of a wide_deep job trained while ps tasks are added.
+fn elastic_args(ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> Vec<String> {
+    let mut args = classic_flags(ps, workers, role, i);
+    args.extend(strings(&[
+        "--model=wide_deep",
+        "--hidden_units=16",
+        "--embedding_dim=4",
+        "--hash_buckets=65536",
+        "--optimizer=adagrad",
+        "--learning_rate=0.2",
+        "--eval_examples=5000",
+        "--num_epochs=3",
+        "--log_every_steps=20",
+        "--connect_timeout_secs=60",
+        "--partition_threshold_bytes=256",
+        "--replicas_to_aggregate=auto",
+    ]));
+    if mode == "sync" {
+        args.push("--sync_replicas".into());
+    }
+    args
+}
+
+/// Runs a wide_deep job of 2 workers from 1 ps; with `grow`, ps 1 and 2 are
+/// started (their TF_CONFIG lists 3) once it trains. Returns the chief's
+/// report and the chief's log.
+fn wide_deep_run(mode: &str, grow: bool) -> (serde_json::Value, String, Vec<Finished>) {
+    let ports = free_ports(5);
+    let (ps3, workers) = (&ports[..3], &ports[3..]);
+    let mut job = Job::new();
+    job.spawn("ps0", &elastic_args(&ps3[..1], workers, "ps", 0, mode), &[]);
+    for i in 0..2 {
+        job.spawn(&format!("worker{i}"), &elastic_args(&ps3[..1], workers, "worker", i, mode), &[]);
+    }
+    if grow {
+        job.wait_until(LIMIT, "global step 60", |j| j.logged_global_step("worker0") >= 60);
+        for i in 1..3 {
+            job.spawn(&format!("ps{i}"), &elastic_args(ps3, workers, "ps", i, mode), &[]);
+        }
+    }
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap();
+    (chief.report(), chief.stderr.clone(), results)
+}
+
+/// ps tasks added to a training job (1 -> 3), sync and async: the chief
+/// moves the state to them at a step boundary and the job goes on; every
+/// epoch is trained once and the AUC is that of the same job on 1 ps.
+#[test]
+fn ps_tasks_added_while_a_job_trains_take_their_part() {
+    for mode in ["sync", "async"] {
+        let (fixed, _, _) = wide_deep_run(mode, false);
+        let (grown, log, results) = wide_deep_run(mode, true);
+        let moved = log
+            .lines()
+            .find(|l| l.contains("moved the job's state from 1 to 3 ps task(s)"))
+            .unwrap_or_else(|| panic!("{mode}: no move:\n{}", tail(&log, 4000)));
+        eprintln!("{mode}: {moved}");
+        for key in ["epochs_completed", "examples_trained"] {
+            assert_eq!(grown[key], fixed[key], "{mode}: {key}: {grown} vs {fixed}");
+        }
+        let (a, b) = (grown["auc"].as_f64().unwrap(), fixed["auc"].as_f64().unwrap());
+        assert!((a - b).abs() < 0.01, "{mode}: AUC {a:.4} with ps added, {b:.4} on 1 ps");
+        for ps in ["ps1", "ps2"] {
+            let r = results.iter().find(|r| r.name == ps).unwrap();
+            assert!(r.stderr.contains("staged layout version 2"), "{mode}: {ps} staged nothing:\n{}", tail(&r.stderr, 3000));
+            assert!(r.report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{mode}: {ps} holds nothing: {}", r.report());
+        }
+    }
+}

@@ -50,6 +50,18 @@ fn scale(tmp: &Path, target: &str, arg: &str) -> Result<Output> {
     Command::new(tfjob()?).args(["scale", target, arg]).env("TMPDIR", tmp).stdin(Stdio::null()).output().context("running tfjob scale")
 }
 
+/// `tfjob run EXAMPLE` from the repository's root, in the background, its output in `tmp`.
+fn run_example(tmp: &Path, example: &str) -> Result<std::process::Child> {
+    Ok(Command::new(tfjob()?)
+        .args(["run", example])
+        .current_dir(repo_root())
+        .env("TMPDIR", tmp)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(tmp.join("run.stdout"))?)
+        .stderr(std::fs::File::create(tmp.join("run.stderr"))?)
+        .spawn()?)
+}
+
 fn says(out: &Output) -> String {
     format!("exit {:?}, stdout {:?}, stderr {:?}", out.status.code(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
@@ -107,7 +119,8 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
         // Refusals: a type that cannot be scaled and a count below the chief (exit 1), a count
         // that is no count (exit 2, usage); nothing changes.
         for (arg, code, why) in [
-            ("PS=2", 1, "PS cannot be scaled"),
+            ("PS=0", 1, "can be added, not removed yet"),
+            ("Chief=1", 1, "only Worker and PS can be scaled"),
             ("Worker=0", 1, "worker 0 is the chief"),
             ("Worker=abc", 2, "is not a whole number"),
             ("Worker=-1", 2, "must be 0 or more"),
@@ -133,7 +146,7 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
         "tfjob scale: Worker 2 \u{2192} 4",
         "event Scaled: Worker 2 \u{2192} 4",
         "event Scaled: Worker 4 \u{2192} 1",
-        "tfjob scale refused: PS cannot be scaled",
+        "tfjob scale refused: PS=0: a running job's ps tasks can be added, not removed yet",
     ] {
         ensure!(log.contains(line), "{line:?} not in the run's output:\n{log}");
     }
@@ -177,14 +190,7 @@ fn the_readmes_scaling_demo_scales_the_example_as_it_is() -> Result<()> {
     let example = std::fs::read_to_string(repo_root().join("examples/elastic-workers.yaml"))?;
     let epochs = num_epochs(&example)?;
     let started = std::time::Instant::now();
-    let mut run = Command::new(tfjob()?)
-        .args(["run", "examples/elastic-workers.yaml"])
-        .current_dir(repo_root())
-        .env("TMPDIR", tmp)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(tmp.join("run.stdout"))?)
-        .stderr(std::fs::File::create(tmp.join("run.stderr"))?)
-        .spawn()?;
+    let mut run = run_example(tmp, "examples/elastic-workers.yaml")?;
     let result = (|| -> Result<std::time::Duration> {
         // A person pastes the next line once the run has started.
         let out = eventually("tfjob scale Worker=4 accepted", Duration::from_secs(60), || {
@@ -215,5 +221,45 @@ fn the_readmes_scaling_demo_scales_the_example_as_it_is() -> Result<()> {
     let total = started.elapsed();
     eprintln!("scaled 2 -> 4 -> 1 within {scaled_after:?}; the job ended by itself after {total:?}");
     ensure!(total >= scaled_after + Duration::from_secs(10), "the example ended {:?} after the last scale: too short to scale by hand", total - scaled_after);
+    Ok(())
+}
+
+/// README's parameter-server demo as a person pastes it: examples/ctr-wide-deep.yaml (2 ps, 2
+/// sync workers) run in the background and scaled to PS=3 by job name while it trains: ps-2
+/// starts, the chief moves the state to 3 ps tasks at a step boundary, the job ends by itself with
+/// every example of every epoch trained once and the AUC of the example; PS=2 afterwards is
+/// refused, saying why.
+#[test]
+fn tfjob_scale_adds_a_ps_to_a_training_job() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let tmp = tmp.path();
+    let mut run = run_example(tmp, "examples/ctr-wide-deep.yaml")?;
+    let result = (|| -> Result<()> {
+        let out = eventually("tfjob scale PS=3 accepted", Duration::from_secs(60), || {
+            let out = scale(tmp, "ctr-wide-deep", "PS=3")?;
+            Ok(out.status.success().then_some(out))
+        })?;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "PS 2 \u{2192} 3\n");
+        let run_dir = std::fs::read_link(tmp.join("tfjob-runs/ctr-wide-deep.latest"))?;
+        let chief_log = || std::fs::read_to_string(run_dir.join("worker-0.log")).unwrap_or_default();
+        eventually("the chief moved the state", Duration::from_secs(60), || {
+            Ok(chief_log().contains("moved the job's state from 2 to 3 ps task(s)").then_some(()))
+        })?;
+        let out = scale(tmp, "ctr-wide-deep", "PS=2")?;
+        ensure!(!out.status.success() && says(&out).contains("can be added, not removed yet"), "{}", says(&out));
+        let status = run.wait()?;
+        ensure!(status.success(), "tfjob run: {status}");
+        let report = tfjob_tests::report::final_report(&chief_log(), "worker-0")?;
+        assert_eq!(report["epochs_completed"].as_u64(), Some(4), "{report}");
+        ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
+        let ps2 = std::fs::read_to_string(run_dir.join("ps-2.log"))?;
+        ensure!(ps2.contains("staged layout version 2"), "ps-2 took no part:\n{ps2}");
+        Ok(())
+    })();
+    let _ = run.kill();
+    let _ = run.wait();
+    let log = std::fs::read_to_string(tmp.join("run.stderr")).unwrap_or_default();
+    result.map_err(|e| anyhow!("{e:#}\ntfjob run said:\n{log}"))?;
+    ensure!(log.contains("event Scaled: PS 2 \u{2192} 3"), "no Scaled event in the run's output:\n{log}");
     Ok(())
 }

@@ -38,7 +38,7 @@ pub enum Command {
     /// Run a TFJob on this machine: every replica a process on 127.0.0.1 (or a container with
     /// `--backend container`), driven by the same planning and status code as the operator.
     Run(RunArgs),
-    /// Scale the workers of a running `tfjob run`: `tfjob scale RUN_DIR_OR_JOB_NAME Worker=N`.
+    /// Scale a running `tfjob run`: `tfjob scale RUN_DIR_OR_JOB_NAME Worker=N` (or `PS=N` to add ps tasks).
     Scale(ScaleArgs),
     /// Print the status of a `tfjob run` (its run directory, or a job's latest run).
     Status(StatusArgs),
@@ -116,8 +116,9 @@ pub struct ScaleArgs {
     /// The run: its run directory, or the name of its TFJob for the latest run of that job.
     #[arg(value_name = "RUN_DIR_OR_JOB_NAME")]
     pub run: String,
-    /// The new number of workers, `Worker=N` (only Worker can be scaled).
-    #[arg(value_name = "Worker=N", value_parser = crate::local::control::parse_scale)]
+    /// The new number of workers, `Worker=N`, or of parameter servers, `PS=N` (ps tasks can be
+    /// added to a running job, not removed yet).
+    #[arg(value_name = "Worker=N|PS=N", value_parser = crate::local::control::parse_scale)]
     pub replicas: crate::local::control::ScaleRequest,
     /// Given a job name, how long to wait for a run of it that is starting (`tfjob run job.yaml &`
     /// then `tfjob scale`, pasted at once), in seconds.

@@ -210,7 +210,7 @@ fn a_flipped_byte_in_tensor_data_is_caught_by_the_checksum() {
     }
     assert_eq!(latest_complete(dir).unwrap().unwrap().global_step, 100);
     // Reading the damaged checkpoint directly also refuses, naming the file.
-    let ckpt = Checkpoint { path: at(&checkpoint_path(dir, 200)), global_step: 200, num_ps: 2, created_unix_secs: 0, shards: infos };
+    let ckpt = Checkpoint { path: at(&checkpoint_path(dir, 200)), global_step: 200, num_ps: 2, created_unix_secs: 0, shards: infos, layout: None };
     let err = read_shard(&ckpt, 0).unwrap_err();
     assert!(matches!(err, CheckpointError::Damaged { .. }), "{err}");
     assert!(err.to_string().contains(path.to_str().unwrap()), "{err}");

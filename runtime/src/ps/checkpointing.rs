@@ -3,8 +3,8 @@
 //! under the lock and written outside it; and back, before serving.
 
 use super::error::StoreError;
-use super::recut::{DensePiece, PendingRecut, RowsPiece, recut};
-use super::state::{Agreement, State, StoredVar, Variables, check_spec};
+use super::recut::{PendingRecut, recut};
+use super::state::{Agreement, State, StoredVar, Variables, pieces_of};
 use super::store::ParameterStore;
 use crate::checkpoint::{self, ShardData};
 use crate::cluster::TaskId;
@@ -21,7 +21,7 @@ fn save_rows(data: &mut ShardData, t: &RowTable) -> Result<(), serde_json::Error
 }
 
 /// Every variable's values, slots and update count, in a checkpoint shard.
-fn save_variables(data: &mut ShardData, vars: &Variables) -> Result<(), StoreError> {
+pub(super) fn save_variables(data: &mut ShardData, vars: &Variables) -> Result<(), StoreError> {
     for v in vars.all() {
         match &v.table {
             Some(t) => save_rows(data, t).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?,
@@ -47,7 +47,7 @@ fn restored_rows(data: &ShardData, name: &str, ids: &[i64], values: &[f32], slot
 }
 
 /// The variables of a checkpoint shard, sorted by name.
-fn restored_variables(data: &ShardData) -> Result<Vec<StoredVar>, StoreError> {
+pub(super) fn restored_variables(data: &ShardData) -> Result<Vec<StoredVar>, StoreError> {
     let mut vars = Vec::new();
     for (name, shape, values) in &data.variables {
         if shape.iter().product::<usize>() != values.len() {
@@ -124,7 +124,7 @@ impl ParameterStore {
     /// view does not fit the checkpoint is refused and the checkpoint kept.
     pub(super) fn recut_pending(&self, state: &mut State, req: &proto::HandshakeRequest) -> Result<(), StoreError> {
         let Some(pending) = &state.pending_recut else { return Ok(()) };
-        let (dense, rows) = pieces_of(req)?;
+        let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
         let data = recut(&pending.merged, &dense, &rows, self.config.ps_index == 0)
             .map_err(|e| StoreError::FailedPrecondition(format!("checkpoint {} (written by {} ps task(s)): {e}", pending.path, pending.written_by)))?;
         let Some(pending) = state.pending_recut.take() else { return Ok(()) };
@@ -166,31 +166,4 @@ fn check_fresh(state: &State) -> Result<(), StoreError> {
         return Err(StoreError::FailedPrecondition("already initialised".into()));
     }
     Ok(())
-}
-
-/// The pieces a handshake says this ps holds: dense ones with where they
-/// sit in their variables, embedding partitions.
-fn pieces_of(req: &proto::HandshakeRequest) -> Result<(Vec<DensePiece>, Vec<RowsPiece>), StoreError> {
-    let (mut dense, mut rows) = (Vec::new(), Vec::new());
-    for v in &req.variables {
-        match check_spec(v)? {
-            Some(part) => rows.push(RowsPiece { stored_name: v.name.clone(), part }),
-            None => {
-                let p = req.dense_pieces.iter().find(|p| p.name == v.name).ok_or_else(|| {
-                    StoreError::FailedPrecondition(format!(
-                        "dense_pieces: the caller does not say where {:?} sits in its variable (a worker older than this ps?)",
-                        v.name
-                    ))
-                })?;
-                dense.push(DensePiece {
-                    stored_name: v.name.clone(),
-                    variable: p.variable.clone(),
-                    row_offset: p.row_offset as usize,
-                    variable_rows: p.variable_rows as usize,
-                    shape: v.shape.iter().map(|&d| d as usize).collect(),
-                });
-            }
-        }
-    }
-    Ok((dense, rows))
 }

@@ -20,6 +20,10 @@ pub enum StoreError {
     /// Storage (a checkpoint's) out of reach for now: the caller may retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The job's layout changed (or is changing): the caller asks ps 0 for
+    /// the current one and cuts its request again.
+    #[error("layout changed: {0}")]
+    LayoutChanged(String),
 }
 
 static BAD_REQUESTS: crate::auth::RefusalLog = crate::auth::RefusalLog::new("invalid");
@@ -35,6 +39,7 @@ impl From<StoreError> for Status {
             StoreError::FailedPrecondition(m) => Status::failed_precondition(m),
             StoreError::PermissionDenied(m) => Status::permission_denied(m),
             StoreError::Unavailable(m) => Status::unavailable(m),
+            e @ StoreError::LayoutChanged(_) => Status::aborted(e.to_string()),
         }
     }
 }

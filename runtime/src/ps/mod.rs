@@ -34,6 +34,7 @@ mod checkpointing;
 mod dispatching;
 mod error;
 mod membership;
+mod moving;
 pub mod recut;
 mod service;
 mod state;
@@ -45,6 +46,6 @@ mod variables;
 mod tests;
 
 pub use error::StoreError;
-pub use service::{PsService, Pulled};
+pub use service::{FragmentSource, PsService, Pulled};
 pub use state::{Counters, GrpcPull, MAX_PUSH_ROWS_BYTES, Progress, PulledRows, SharedPull, SharedVariable, check_training_config};
 pub use store::{ParameterStore, PsConfig};

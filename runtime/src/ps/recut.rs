@@ -141,6 +141,16 @@ pub struct Fragments {
     pub rows: Vec<RowsFragment>,
 }
 
+/// Bytes for a log line: `812 B`, `41.3 kB`, `77.0 MB`, `1.2 GB`.
+pub fn bytes_text(bytes: u64) -> String {
+    match bytes {
+        b if b < 1_000 => format!("{b} B"),
+        b if b < 1_000_000 => format!("{:.1} kB", b as f64 / 1e3),
+        b if b < 1_000_000_000 => format!("{:.1} MB", b as f64 / 1e6),
+        b => format!("{:.1} GB", b as f64 / 1e9),
+    }
+}
+
 impl Fragments {
     /// Bytes of values and slots.
     pub fn bytes(&self) -> usize {
@@ -343,3 +353,14 @@ fn assemble_rows(target: &RowsPiece, fragments: Vec<RowsFragment>, out: &mut Sha
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod bytes_tests {
+    #[test]
+    fn bytes_for_people() {
+        let cases = [(0, "0 B"), (812, "812 B"), (41_300, "41.3 kB"), (77_000_000, "77.0 MB"), (1_200_000_000, "1.2 GB")];
+        for (b, want) in cases {
+            assert_eq!(super::bytes_text(b), want);
+        }
+    }
+}

@@ -15,6 +15,16 @@ use crate::cluster::TaskId;
 use crate::proto::{self, RowsPart, TensorPart, parameter_server_server::ParameterServer};
 use crate::tensor;
 
+/// Where a ps staging a move fetches the fragments of another ps (the
+/// gRPC client is above this module: it is handed in).
+#[tonic::async_trait]
+pub trait FragmentSource: Send + Sync {
+    async fn fetch(&self, address: &str, req: proto::FetchFragmentsRequest) -> Result<Vec<proto::FragmentsReply>, Status>;
+}
+
+/// The largest message of a move's stream.
+const MOVE_MESSAGE_BYTES: usize = 4 << 20;
+
 /// The gRPC service over a [`ParameterStore`].
 #[derive(Clone)]
 pub struct PsService {
@@ -22,11 +32,56 @@ pub struct PsService {
     /// How long a pull waits for its step when the caller gives no limit.
     pub default_wait: Duration,
     pub part_bytes: usize,
+    sources: Option<Arc<dyn FragmentSource>>,
 }
 
 impl PsService {
     pub fn new(store: Arc<ParameterStore>) -> Self {
-        PsService { store, default_wait: Duration::from_secs(30), part_bytes: tensor::DEFAULT_PART_BYTES }
+        PsService { store, default_wait: Duration::from_secs(30), part_bytes: tensor::DEFAULT_PART_BYTES, sources: None }
+    }
+
+    /// Lets this ps fetch fragments from the others when it stages a move.
+    pub fn with_fragment_source(mut self, sources: Arc<dyn FragmentSource>) -> Self {
+        self.sources = Some(sources);
+        self
+    }
+
+    /// Fetches what every source supplies of this ps's pieces under the
+    /// next layout (this ps's own part from itself), puts them together and
+    /// stages them for the commit.
+    async fn stage(&self, req: &proto::StageMoveRequest) -> Result<proto::StageMoveReply, Status> {
+        self.store.check_chief(&task_of(&req.task, "task")?, "move the job's state")?;
+        let own = self.store.config().ps_index;
+        let start = std::time::Instant::now();
+        let fetch = proto::FetchFragmentsRequest {
+            task: req.task.clone(),
+            version: req.version,
+            variables: req.variables.clone(),
+            dense_pieces: req.dense_pieces.clone(),
+        };
+        let calls = req.sources.iter().enumerate().map(|(i, address)| {
+            let fetch = fetch.clone();
+            async move {
+                if i == own {
+                    return Ok::<_, Status>(self.store.fragments_for(&fetch)?);
+                }
+                let source = self.sources.as_ref().ok_or_else(|| Status::failed_precondition("this ps cannot reach the others (no fragment source)"))?;
+                Ok(super::moving::from_messages(source.fetch(address, fetch).await?))
+            }
+        });
+        let supplied = futures::future::try_join_all(calls).await?;
+        let moved: usize = supplied.iter().enumerate().filter(|(i, _)| *i != own).map(|(_, f)| f.bytes()).sum();
+        let (bytes, rows): (usize, usize) = (supplied.iter().map(|f| f.bytes()).sum(), supplied.iter().map(|f| f.rows()).sum());
+        let staged = super::moving::staged(req, supplied)?;
+        self.store.stage(staged);
+        tracing::info!(
+            "ps:{own}: staged layout version {}: {rows} embedding rows, {} with slots ({} from other ps tasks) in {:.2}s",
+            req.version,
+            super::recut::bytes_text(bytes as u64),
+            super::recut::bytes_text(moved as u64),
+            start.elapsed().as_secs_f64()
+        );
+        Ok(proto::StageMoveReply { rows: rows as u64, bytes: bytes as u64, moved_bytes: moved as u64 })
     }
 
     /// Waits until `ready(progress)` or training is over, up to `limit`.
@@ -108,9 +163,9 @@ impl PsService {
             if !parts.is_empty() || !rows.is_empty() {
                 return Err(StoreError::InvalidArgument("abstain: an abstention carries no gradient, but the push has parts".into()).into());
             }
-            self.store.abstain(&task, header.step)?
+            self.store.abstain_for_layout(header.layout_version, &task, header.step)?
         } else {
-            self.store.push_with_rows(&task, header.step, header.push_id, parts, rows)?
+            self.store.push_for_layout(header.layout_version, &task, header.step, header.push_id, parts, rows)?
         };
         if reply.done {
             self.store.release(&task);
@@ -188,12 +243,16 @@ impl PsService {
             0 => self.default_wait,
             ms => Duration::from_millis(ms as u64),
         };
+        self.store.check_read_layout(req.layout_version)?;
         if let Some(t) = task {
             self.store.touch(t);
         }
         let wait_start = std::time::Instant::now();
         if req.wait_initialized || req.min_step > 0 {
-            self.wait_for(limit, |p| p.initialized && p.step >= req.min_step).await?;
+            let p = self.wait_for(limit, |p| (p.initialized && p.step >= req.min_step) || p.frozen).await?;
+            if p.frozen && p.step < req.min_step {
+                return Err(StoreError::LayoutChanged(format!("this ps is frozen at step {} for a move", p.step)).into());
+            }
         }
         let waited_micros = wait_start.elapsed().as_micros() as u64;
         let progress = self.store.progress();
@@ -282,6 +341,36 @@ impl ParameterServer for PsService {
     async fn heartbeat(&self, request: Request<proto::HeartbeatRequest>) -> Result<Response<proto::HeartbeatReply>, Status> {
         let task = task_of(&request.get_ref().task, "task")?;
         Ok(Response::new(self.store.heartbeat(&task)))
+    }
+
+    async fn get_layout(&self, _request: Request<proto::GetLayoutRequest>) -> Result<Response<proto::LayoutReply>, Status> {
+        Ok(Response::new(self.store.get_layout()))
+    }
+
+    async fn propose_layout(&self, request: Request<proto::ProposeLayoutRequest>) -> Result<Response<proto::LayoutReply>, Status> {
+        Ok(Response::new(self.store.propose_layout(request.get_ref())?))
+    }
+
+    async fn freeze_for_move(&self, request: Request<proto::FreezeRequest>) -> Result<Response<proto::FreezeReply>, Status> {
+        Ok(Response::new(self.store.freeze(request.get_ref())?))
+    }
+
+    async fn stage_move(&self, request: Request<proto::StageMoveRequest>) -> Result<Response<proto::StageMoveReply>, Status> {
+        Ok(Response::new(self.stage(request.get_ref()).await?))
+    }
+
+    type FetchFragmentsStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<proto::FragmentsReply, Status>> + Send>>;
+
+    async fn fetch_fragments(&self, request: Request<proto::FetchFragmentsRequest>) -> Result<Response<Self::FetchFragmentsStream>, Status> {
+        let store = self.store.clone();
+        let req = request.into_inner();
+        let fragments = tokio::task::spawn_blocking(move || store.fragments_for(&req)).await.map_err(|e| Status::internal(e.to_string()))??;
+        let messages = super::moving::to_messages(fragments, MOVE_MESSAGE_BYTES);
+        Ok(Response::new(Box::pin(futures::stream::iter(messages.into_iter().map(Ok)))))
+    }
+
+    async fn commit_move(&self, request: Request<proto::CommitMoveRequest>) -> Result<Response<proto::CommitMoveReply>, Status> {
+        Ok(Response::new(self.store.commit(request.get_ref())?))
     }
 
     async fn next_shard(&self, request: Request<proto::NextShardRequest>) -> Result<Response<proto::NextShardReply>, Status> {

@@ -3,16 +3,18 @@
 //! ([`super::ParameterStore`] composes them).
 
 mod dispatching;
+mod layout;
 mod membership;
 mod training;
 mod variables;
 
 pub(super) use dispatching::Dispatching;
+pub(super) use layout::{LayoutState, Staged};
 pub(super) use membership::Membership;
 pub(super) use training::{Agreement, Training};
 pub use training::{Progress, check_training_config};
 pub use variables::{Counters, GrpcPull, MAX_PUSH_ROWS_BYTES, PulledRows, SharedPull, SharedVariable};
-pub(super) use variables::{StoredVar, Variables, assemble, check_spec};
+pub(super) use variables::{StoredVar, Variables, assemble, check_spec, pieces_of};
 
 /// Everything the lock guards, by owner.
 #[derive(Debug)]
@@ -24,4 +26,5 @@ pub(super) struct State {
     /// A checkpoint of another ps count, kept until the first handshake
     /// says which pieces this ps holds now.
     pub(super) pending_recut: Option<super::recut::PendingRecut>,
+    pub(super) layout: LayoutState,
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::error::StoreError;
-use super::state::{Dispatching, Membership, Progress, State, Training};
+use super::state::{Dispatching, LayoutState, Membership, Progress, State, Training};
 use crate::cluster::TaskId;
 use crate::proto;
 
@@ -24,12 +24,15 @@ pub struct PsConfig {
     pub chief: Option<TaskId>,
     /// How long a training task's lease lasts without a call or heartbeat.
     pub lease: Duration,
+    /// Every ps task's address as this ps started (ps 0 starts the job's
+    /// layout from it; empty where not known).
+    pub ps_addresses: Vec<String>,
 }
 
 impl PsConfig {
     /// A ps of `num_ps` with the default lease (10 s).
     pub fn new(ps_index: usize, num_ps: usize, chief: Option<TaskId>) -> Self {
-        PsConfig { ps_index, num_ps, chief, lease: Duration::from_secs(10) }
+        PsConfig { ps_index, num_ps, chief, lease: Duration::from_secs(10), ps_addresses: Vec::new() }
     }
 }
 
@@ -48,6 +51,7 @@ impl ParameterStore {
             training: Training::new(config.num_ps),
             dispatch: Dispatching::new(),
             pending_recut: None,
+            layout: LayoutState::new(config.ps_addresses.clone()),
         };
         ParameterStore { config, state: Mutex::new(state), progress }
     }

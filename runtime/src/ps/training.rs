@@ -9,6 +9,11 @@ use crate::proto::{self, RowsPart, TensorPart};
 use crate::sync::StepCheck;
 
 impl ParameterStore {
+    /// Refuses a read cut for another layout than this ps serves.
+    pub fn check_read_layout(&self, layout: u64) -> Result<(), StoreError> {
+        self.lock().layout.check_read(layout)
+    }
+
     /// The number of ps tasks (0 while unknown).
     pub fn num_ps(&self) -> usize {
         self.lock().training.num_ps
@@ -34,6 +39,7 @@ impl ParameterStore {
         self.recut_pending(state, req)?;
         state.training.agree(Agreement { fingerprint: req.placement_fingerprint, variables, config }, req.observer)?;
         state.training.configure_if_restored(&mut state.vars, state.members.live())?;
+        self.note_own_pieces(state, req);
         if Some(&task) != self.config.chief.as_ref() && !state.training.progress.done {
             state.members.wait_for(&task);
         }
@@ -115,8 +121,23 @@ impl ParameterStore {
         parts: &[TensorPart],
         rows: &[RowsPart],
     ) -> Result<proto::PushGradientsReply, StoreError> {
+        self.push_for_layout(0, task, step, push_id, parts, rows)
+    }
+
+    /// [`push_with_rows`](Self::push_with_rows) of a push cut for layout
+    /// `layout`: refused unless this ps serves it and is not frozen for a move.
+    pub fn push_for_layout(
+        &self,
+        layout: u64,
+        task: &TaskId,
+        step: i64,
+        push_id: u64,
+        parts: &[TensorPart],
+        rows: &[RowsPart],
+    ) -> Result<proto::PushGradientsReply, StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
+        state.layout.check(layout)?;
         state.members.renew(task);
         if !state.training.check_push_step(step)? {
             return Ok(proto::PushGradientsReply { accepted: false, stale: false, step: state.training.progress.step, done: true });
@@ -141,8 +162,14 @@ impl ParameterStore {
     /// shard of the data): it counts towards the step without a gradient.
     /// Does nothing in async training or for a step already completed.
     pub fn abstain(&self, task: &TaskId, step: i64) -> Result<proto::PushGradientsReply, StoreError> {
+        self.abstain_for_layout(0, task, step)
+    }
+
+    /// [`abstain`](Self::abstain) for layout `layout`.
+    pub fn abstain_for_layout(&self, layout: u64, task: &TaskId, step: i64) -> Result<proto::PushGradientsReply, StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
+        state.layout.check(layout)?;
         state.members.renew(task);
         let training = &mut state.training;
         let mut reply = proto::PushGradientsReply { step: training.progress.step, done: training.progress.done, ..Default::default() };

@@ -85,7 +85,7 @@ impl Reply {
 pub enum ScaleArgError {
     #[error("expected TYPE=COUNT (e.g. Worker=4), got {0:?}")]
     Shape(String),
-    #[error("{arg:?}: unknown replica type {rtype:?}; expected Worker (the one type that can be scaled)")]
+    #[error("{arg:?}: unknown replica type {rtype:?}; expected Worker or PS (the types that can be scaled)")]
     UnknownType { arg: String, rtype: String },
     #[error("{arg:?}: the count {count:?} is not a whole number")]
     NotANumber { arg: String, count: String },
@@ -114,51 +114,52 @@ pub fn parse_scale(arg: &str) -> Result<ScaleRequest, ScaleArgError> {
 /// Why a running job refused a scale.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ScaleError {
-    #[error("unknown replica type {0:?}; only Worker can be scaled")]
+    #[error("unknown replica type {0:?}; only Worker and PS can be scaled")]
     UnknownType(String),
-    #[error("{0} cannot be scaled: {reason}; only Worker can be scaled", reason = fixed_reason(.0))]
+    #[error("{0} cannot be scaled: {reason}; only Worker and PS can be scaled", reason = fixed_reason(.0))]
     Fixed(ReplicaType),
-    #[error("TFJob {0} has no Worker replica set to scale")]
-    NoWorkers(String),
-    #[error("Worker={replicas} would make TFJob {job} invalid: {errors}")]
-    Invalid { job: String, replicas: i32, errors: ValidationErrors },
+    #[error("TFJob {job} has no {rtype} replica set to scale")]
+    NoReplicaSet { job: String, rtype: ReplicaType },
+    #[error("PS={to}: a running job's ps tasks can be added, not removed yet (the state of a removed ps has nowhere to go); PS stays at {from}")]
+    PsShrink { from: i32, to: i32 },
+    #[error("{rtype}={replicas} would make TFJob {job} invalid: {errors}")]
+    Invalid { job: String, rtype: ReplicaType, replicas: i32, errors: ValidationErrors },
 }
 
 fn fixed_reason(rtype: &ReplicaType) -> &'static str {
     match rtype {
-        ReplicaType::PS => "the variables are placed over the ps tasks when the job starts, so their number is fixed for the job's life",
+        ReplicaType::PS | ReplicaType::Worker => "",
         ReplicaType::Chief | ReplicaType::Master => "a job has at most one, for its whole life",
         ReplicaType::Evaluator => "the evaluator is not part of the training cluster and is fixed for the job's life",
-        ReplicaType::Worker => "",
     }
 }
 
 /// Applies a scale to the spec of a running job, validated as a manifest
 /// is: on success the job has the new count (the next reconcile creates or
 /// deletes the difference) and the message says what changed
-/// (`Worker 2 → 4`); on error the job is unchanged.
+/// (`Worker 2 → 4`); on error the job is unchanged. Workers come and go;
+/// ps tasks can be added (the new ones propose the larger set to ps 0 and
+/// the chief moves their part of the state to them), not removed yet.
 pub fn apply_scale(job: &mut TFJob, request: &ScaleRequest) -> Result<String, ScaleError> {
     let rtype = ReplicaType::parse(&request.replica_type).ok_or_else(|| ScaleError::UnknownType(request.replica_type.clone()))?;
-    if rtype != ReplicaType::Worker {
+    if !matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
         return Err(ScaleError::Fixed(rtype));
     }
-    let key = job
-        .spec
-        .tf_replica_specs
-        .keys()
-        .find(|k| ReplicaType::parse(k) == Some(ReplicaType::Worker))
-        .cloned()
-        .ok_or_else(|| ScaleError::NoWorkers(job.name().to_string()))?;
+    let missing = || ScaleError::NoReplicaSet { job: job.name().to_string(), rtype };
+    let key = job.spec.tf_replica_specs.keys().find(|k| ReplicaType::parse(k) == Some(rtype)).cloned().ok_or_else(missing)?;
     let mut scaled = job.clone();
-    let rs = scaled.spec.tf_replica_specs.get_mut(&key).ok_or_else(|| ScaleError::NoWorkers(job.name().to_string()))?;
+    let rs = scaled.spec.tf_replica_specs.get_mut(&key).ok_or_else(missing)?;
     let before = rs.replicas;
+    if rtype == ReplicaType::PS && request.replicas < before {
+        return Err(ScaleError::PsShrink { from: before, to: request.replicas });
+    }
     rs.replicas = request.replicas;
     let errors = api::validate(&scaled);
     if !errors.is_empty() {
-        return Err(ScaleError::Invalid { job: job.name().to_string(), replicas: request.replicas, errors: ValidationErrors(errors) });
+        return Err(ScaleError::Invalid { job: job.name().to_string(), rtype, replicas: request.replicas, errors: ValidationErrors(errors) });
     }
     *job = scaled;
-    Ok(if before == request.replicas { format!("Worker stays at {before}") } else { format!("Worker {before} \u{2192} {}", request.replicas) })
+    Ok(if before == request.replicas { format!("{rtype} stays at {before}") } else { format!("{rtype} {before} \u{2192} {}", request.replicas) })
 }
 
 /// Where `tfjob run` keeps its runs by default, and the `<job>.latest` pointers.
@@ -427,16 +428,20 @@ mod tests {
                 ),
                 2,
             ),
+            ("PS=1,Worker=2", scale("PS", 3), Ok("PS 1 \u{2192} 3"), 2),
             (
-                "PS=1,Worker=2",
-                scale("PS", 2),
-                Err(
-                    "PS cannot be scaled: the variables are placed over the ps tasks when the job starts, so their number is fixed for the job's life; only Worker can be scaled",
-                ),
+                "PS=3,Worker=2",
+                scale("ps", 1),
+                Err("PS=1: a running job's ps tasks can be added, not removed yet (the state of a removed ps has nowhere to go); PS stays at 3"),
                 2,
             ),
-            ("Chief=1,Worker=2", scale("Chief", 0), Err("Chief cannot be scaled: a job has at most one, for its whole life; only Worker can be scaled"), 2),
-            ("PS=1,Worker=2", scale("Launcher", 2), Err("unknown replica type \"Launcher\"; only Worker can be scaled"), 2),
+            (
+                "Chief=1,Worker=2",
+                scale("Chief", 0),
+                Err("Chief cannot be scaled: a job has at most one, for its whole life; only Worker and PS can be scaled"),
+                2,
+            ),
+            ("PS=1,Worker=2", scale("Launcher", 2), Err("unknown replica type \"Launcher\"; only Worker and PS can be scaled"), 2),
             ("PS=1,Worker=2", scale("Worker", -3), Err("Worker=-3 would make TFJob lin invalid: spec.tfReplicaSpecs.Worker.replicas: must be >= 0, got -3"), 2),
         ];
         for (types, request, want, after) in cases {
@@ -446,7 +451,7 @@ mod tests {
             assert_eq!(workers(&j), after, "{types} {request:?}");
         }
         let mut chief_only = job("Chief=1");
-        assert_eq!(apply_scale(&mut chief_only, &scale("Worker", 2)).unwrap_err(), ScaleError::NoWorkers("lin".into()));
+        assert_eq!(apply_scale(&mut chief_only, &scale("Worker", 2)).unwrap_err(), ScaleError::NoReplicaSet { job: "lin".into(), rtype: ReplicaType::Worker });
     }
 
     #[test]

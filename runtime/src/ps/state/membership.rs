@@ -26,6 +26,13 @@ impl Membership {
     }
 
     /// Renews the lease of a training task (an evaluator holds none).
+    /// Renews the leases of tasks named `job:index` (a move's hand-over).
+    pub(in crate::ps) fn renew_named(&mut self, names: &[String]) {
+        for name in names.iter().filter(|n| !n.starts_with("evaluator:")) {
+            self.leases.insert(name.clone(), Instant::now() + self.lease);
+        }
+    }
+
     pub(in crate::ps) fn renew(&mut self, task: &TaskId) {
         if task.job != "evaluator" {
             self.leases.insert(task.to_string(), Instant::now() + self.lease);

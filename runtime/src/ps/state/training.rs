@@ -18,6 +18,9 @@ pub struct Progress {
     pub step: i64,
     pub initialized: bool,
     pub done: bool,
+    /// Frozen for a move of the job's layout: a pull waiting for a later
+    /// step is answered "layout changed".
+    pub frozen: bool,
 }
 
 /// The view that workers and the chief must agree on.
@@ -117,6 +120,19 @@ impl Training {
     /// Nothing agreed yet; `num_ps` ps tasks (0: unknown).
     pub(in crate::ps) fn new(num_ps: usize) -> Self {
         Training { num_ps, ..Default::default() }
+    }
+
+    /// Takes the state a move staged: the new view at `step`, with the
+    /// optimizer and the sync accumulator set up again from the agreed
+    /// configuration (at the next handshake when there is none yet).
+    pub(in crate::ps) fn take_over(&mut self, agreement: Agreement, step: i64, num_ps: usize) {
+        self.agreement = Some(agreement);
+        self.optimizer = None;
+        self.mode = None;
+        self.accumulator = None;
+        self.progress.step = step;
+        self.progress.initialized = true;
+        self.num_ps = num_ps;
     }
 
     pub(in crate::ps) fn check_initialized(&self) -> Result<(), StoreError> {

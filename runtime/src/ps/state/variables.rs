@@ -162,6 +162,36 @@ pub(in crate::ps) fn check_spec(v: &proto::VariableSpec) -> Result<Option<Embedd
     v.embedding.as_ref().map(|e| EmbeddingPart::from_proto(&v.name, &v.shape, e).map_err(StoreError::InvalidArgument)).transpose()
 }
 
+/// The pieces a ps holds as a caller declares them: dense ones with where
+/// they sit in their variables, embedding partitions.
+pub(in crate::ps) fn pieces_of(
+    variables: &[proto::VariableSpec],
+    dense_pieces: &[proto::DensePiece],
+) -> Result<(Vec<crate::ps::recut::DensePiece>, Vec<crate::ps::recut::RowsPiece>), StoreError> {
+    let (mut dense, mut rows) = (Vec::new(), Vec::new());
+    for v in variables {
+        match check_spec(v)? {
+            Some(part) => rows.push(crate::ps::recut::RowsPiece { stored_name: v.name.clone(), part }),
+            None => {
+                let p = dense_pieces.iter().find(|p| p.name == v.name).ok_or_else(|| {
+                    StoreError::FailedPrecondition(format!(
+                        "dense_pieces: the caller does not say where {:?} sits in its variable (a worker older than this ps?)",
+                        v.name
+                    ))
+                })?;
+                dense.push(crate::ps::recut::DensePiece {
+                    stored_name: v.name.clone(),
+                    variable: p.variable.clone(),
+                    row_offset: p.row_offset as usize,
+                    variable_rows: p.variable_rows as usize,
+                    shape: v.shape.iter().map(|&d| d as usize).collect(),
+                });
+            }
+        }
+    }
+    Ok((dense, rows))
+}
+
 fn shape_usize(name: &str, shape: &[i64]) -> Result<Vec<usize>, StoreError> {
     tensor::num_elements(name, shape)?;
     Ok(shape.iter().map(|&d| d as usize).collect())

@@ -1,0 +1,254 @@
+//! Elastic parameter servers, what a request does under the lock: the
+//! layout ps 0 keeps (asked, proposed), and a move of the state to the next
+//! layout (freeze, the fragments a source supplies, the pieces a target
+//! stages, the commit). The chief drives a move; the streams and the calls
+//! to other ps tasks are in [`super::service`].
+
+use super::checkpointing::save_variables;
+use super::error::{StoreError, task_of};
+use super::recut::{self, DenseFragment, Fragments, RowsFragment};
+use super::state::{Agreement, Staged, StoredVar, pieces_of};
+use super::store::ParameterStore;
+use crate::checkpoint::ShardData;
+use crate::le;
+use crate::proto;
+
+impl ParameterStore {
+    /// The job's layout as this ps knows it (ps 0 is the authority).
+    pub fn get_layout(&self) -> proto::LayoutReply {
+        let state = self.lock();
+        state.layout.reply(state.training.progress.initialized)
+    }
+
+    /// A ps set proposed for the job (ps 0 only): kept until the chief moves
+    /// the state to it. ps 0 stays ps 0.
+    pub fn propose_layout(&self, req: &proto::ProposeLayoutRequest) -> Result<proto::LayoutReply, StoreError> {
+        let task = task_of(&req.task, "task")?;
+        if self.config.ps_index != 0 {
+            return Err(StoreError::FailedPrecondition("only ps 0 keeps the job's layout".into()));
+        }
+        let mut state = self.lock();
+        let current = &state.layout.addresses;
+        let proposed = &req.ps_addresses;
+        if proposed.is_empty() || current.first() != proposed.first() {
+            return Err(StoreError::InvalidArgument(format!("ps_addresses: ps 0 is {:?} and stays; {task} proposed {proposed:?}", current.first())));
+        }
+        if proposed != current && state.layout.proposed.as_ref() != Some(proposed) {
+            tracing::info!("ps:0: {task} proposes {} ps task(s) (now {}): {proposed:?}", proposed.len(), current.len());
+            state.layout.proposed = Some(proposed.clone());
+        }
+        Ok(state.layout.reply(state.training.progress.initialized))
+    }
+
+    /// Freezes this ps for the move to `req.version`: no push is taken, and
+    /// pulls waiting for a later step are told the layout changed. Sync
+    /// (`at_step` >= 0): only at that step (a ps past it refuses).
+    pub fn freeze(&self, req: &proto::FreezeRequest) -> Result<proto::FreezeReply, StoreError> {
+        self.check_chief(&task_of(&req.task, "task")?, "move the job's state")?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        state.training.check_initialized()?;
+        let step = state.training.progress.step;
+        if req.at_step >= 0 && step != req.at_step {
+            return Err(StoreError::FailedPrecondition(format!("this ps is at step {step}, not {}: not a step boundary", req.at_step)));
+        }
+        if req.version <= state.layout.version {
+            return Err(StoreError::InvalidArgument(format!("version: {} is not after {}", req.version, state.layout.version)));
+        }
+        state.layout.frozen = Some(req.version);
+        state.training.progress.frozen = true;
+        self.publish(state.training.progress);
+        Ok(proto::FreezeReply { step, live_tasks: state.members.live_tasks() })
+    }
+
+    /// What this ps supplies of the pieces another ps holds under the next
+    /// layout (only while frozen for it: its state no longer changes).
+    pub fn fragments_for(&self, req: &proto::FetchFragmentsRequest) -> Result<Fragments, StoreError> {
+        let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
+        let (own, own_dense) = {
+            let state = self.lock();
+            if state.layout.frozen != Some(req.version) {
+                return Err(StoreError::FailedPrecondition(format!("not frozen for the move to version {}", req.version)));
+            }
+            let mut own = ShardData::default();
+            save_variables(&mut own, &state.vars)?;
+            (own, state.layout.own_dense.clone())
+        };
+        recut::fragments(&own, &own_dense, &dense, &rows).map_err(|e| StoreError::FailedPrecondition(e.to_string()))
+    }
+
+    /// Serves layout `version` of `ps_addresses` (restored from a checkpoint).
+    pub fn adopt_layout(&self, version: u64, ps_addresses: Vec<String>) {
+        let mut state = self.lock();
+        state.training.num_ps = ps_addresses.len();
+        state.layout.version = version;
+        state.layout.addresses = ps_addresses;
+    }
+
+    /// Keeps the pieces of the next layout until the commit.
+    pub(super) fn stage(&self, staged: Staged) {
+        self.lock().layout.staged = Some(staged);
+    }
+
+    /// Ends a move on this ps: the staged pieces (if any) become its state
+    /// and the layout is `req.version`; a ps left out of the new set retires.
+    /// Aborted: the freeze is undone and the staged pieces dropped.
+    pub fn commit(&self, req: &proto::CommitMoveRequest) -> Result<proto::CommitMoveReply, StoreError> {
+        self.check_chief(&task_of(&req.task, "task")?, "move the job's state")?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let staged = state.layout.staged.take();
+        state.layout.frozen = None;
+        state.training.progress.frozen = false;
+        if req.abort {
+            self.publish(state.training.progress);
+            return Ok(proto::CommitMoveReply {});
+        }
+        if let Some(staged) = staged.filter(|s| s.version == req.version) {
+            let vars = super::checkpointing::restored_variables(&staged.data)?;
+            let config = state.training.agreement.as_ref().and_then(|a| a.config);
+            state.vars.install(vars);
+            state.training.take_over(Agreement { fingerprint: staged.fingerprint, variables: staged.variables, config }, staged.step, staged.num_ps);
+            state.training.configure_if_restored(&mut state.vars, state.members.live())?;
+            state.layout.own_dense = staged.dense;
+            state.members.renew_named(&staged.live_tasks);
+            state.pending_recut = None;
+        } else if self.config.ps_index >= req.ps_addresses.len() {
+            state.layout.retired = true;
+        }
+        state.layout.version = req.version;
+        state.layout.addresses = req.ps_addresses.clone();
+        if state.layout.proposed.as_ref() == Some(&req.ps_addresses) {
+            state.layout.proposed = None;
+        }
+        self.publish(state.training.progress);
+        Ok(proto::CommitMoveReply {})
+    }
+
+    /// Remembers where this ps's dense pieces sit (from a handshake that agreed).
+    pub(super) fn note_own_pieces(&self, state: &mut super::state::State, req: &proto::HandshakeRequest) {
+        if let Ok((dense, _)) = pieces_of(&req.variables, &req.dense_pieces)
+            && !req.observer
+        {
+            state.layout.own_dense = dense;
+        }
+    }
+}
+
+/// The staged state of a target from the fragments every source supplied.
+pub(super) fn staged(req: &proto::StageMoveRequest, supplied: Vec<Fragments>) -> Result<Staged, StoreError> {
+    let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
+    let data = recut::assemble(&dense, &rows, supplied).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
+    let mut variables = req.variables.clone();
+    variables.sort_by(|a, b| a.name.cmp(&b.name));
+    // The specs as the store will hold them: what a handshake compares.
+    let variables = {
+        let vars = super::checkpointing::restored_variables(&data)?;
+        let held: Vec<proto::VariableSpec> = vars.iter().map(StoredVar::spec).collect();
+        if held.len() != variables.len() { variables } else { held }
+    };
+    Ok(Staged {
+        version: req.version,
+        data,
+        step: req.step,
+        fingerprint: req.placement_fingerprint,
+        variables,
+        dense,
+        num_ps: req.num_ps as usize,
+        live_tasks: req.live_tasks.clone(),
+    })
+}
+
+/// Fragments as stream messages of about `max_bytes` each (a large piece's
+/// rows cut over several).
+pub(super) fn to_messages(f: Fragments, max_bytes: usize) -> Vec<proto::FragmentsReply> {
+    let mut out = vec![proto::FragmentsReply::default()];
+    let mut size = 0;
+    let mut push = |out: &mut Vec<proto::FragmentsReply>, bytes: usize| {
+        if size + bytes > max_bytes && size > 0 {
+            out.push(proto::FragmentsReply::default());
+            size = 0;
+        }
+        size += bytes;
+    };
+    for d in f.dense {
+        let row = d.values.len() / d.rows.max(1);
+        let per = (max_bytes / (row.max(1) * 12)).max(1);
+        for start in (0..d.rows).step_by(per) {
+            let n = per.min(d.rows - start);
+            let cut = |v: &[f32]| -> bytes::Bytes { if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[start * row..(start + n) * row]).into() } };
+            let m = proto::DenseFragment {
+                piece: d.piece.clone(),
+                row_offset: (d.row_offset + start) as u64,
+                rows: n as u64,
+                values: cut(&d.values),
+                slot0: cut(&d.slots[0]),
+                slot1: cut(&d.slots[1]),
+                updates: d.updates,
+            };
+            push(&mut out, m.values.len() * 3);
+            out.last_mut().expect("one message at least").dense.push(m);
+        }
+    }
+    for r in f.rows {
+        let dim = r.values.len() / r.ids.len().max(1);
+        let per = (max_bytes / (dim.max(1) * 12 + 8)).max(1);
+        let chunks = r.ids.len().div_ceil(per).max(1);
+        for c in 0..chunks {
+            let (a, b) = (c * per, ((c + 1) * per).min(r.ids.len()));
+            let cut = |v: &[f32]| -> bytes::Bytes { if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[a * dim..b * dim]).into() } };
+            let m = proto::RowsFragment {
+                piece: r.piece.clone(),
+                source_partition: r.source.0 as u32,
+                source_partitions: r.source.1 as u32,
+                ids: r.ids[a..b].to_vec(),
+                values: cut(&r.values),
+                slot0: cut(&r.slots[0]),
+                slot1: cut(&r.slots[1]),
+                updates: r.updates,
+            };
+            push(&mut out, m.values.len() * 3 + m.ids.len() * 8);
+            out.last_mut().expect("one message at least").rows.push(m);
+        }
+    }
+    out
+}
+
+/// The fragments of one source back from its messages (a partition's rows
+/// cut over several messages joined again).
+pub(super) fn from_messages(messages: Vec<proto::FragmentsReply>) -> Fragments {
+    let mut f = Fragments::default();
+    for m in messages {
+        f.dense.extend(m.dense.into_iter().map(|d| DenseFragment {
+            piece: d.piece,
+            row_offset: d.row_offset as usize,
+            rows: d.rows as usize,
+            values: le::f32s(&d.values),
+            slots: [le::f32s(&d.slot0), le::f32s(&d.slot1)],
+            updates: d.updates,
+        }));
+        for r in m.rows {
+            let source = (u64::from(r.source_partition), u64::from(r.source_partitions));
+            let at = match f.rows.iter().position(|x| x.piece == r.piece && x.source == source) {
+                Some(i) => i,
+                None => {
+                    f.rows.push(RowsFragment {
+                        piece: r.piece.clone(),
+                        source,
+                        ids: Vec::new(),
+                        values: Vec::new(),
+                        slots: Default::default(),
+                        updates: r.updates,
+                    });
+                    f.rows.len() - 1
+                }
+            };
+            let x = &mut f.rows[at];
+            x.ids.extend(r.ids);
+            x.values.extend(le::f32s(&r.values));
+            x.slots[0].extend(le::f32s(&r.slot0));
+            x.slots[1].extend(le::f32s(&r.slot1));
+        }
+    }
+    f
+}
