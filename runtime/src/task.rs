@@ -215,7 +215,7 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     // A job whose ps set changed while it trained: the checkpoint's layout,
     // not this task's TF_CONFIG, is the job's.
     let num_ps = match &ckpt.layout {
-        Some(layout) if layout.version > 1 && (cluster.task.index as usize) < layout.ps_addresses.len() => {
+        Some(layout) if started_before(layout, &cluster.cluster.addresses("ps")) && (cluster.task.index as usize) < layout.ps_addresses.len() => {
             tracing::info!("{}: the job's layout is version {} ({} ps task(s)), from {}", cluster.task, layout.version, layout.ps_addresses.len(), ckpt.path);
             store.adopt_layout(layout.version, layout.ps_addresses.clone());
             layout.ps_addresses.len()
@@ -238,6 +238,25 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
     tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
     Ok(())
+}
+
+/// Whether this task's `TF_CONFIG` (its ps set `ours`) is older than the job's layout `layout`
+/// (ps tasks were added while it trained, and this task restarted with the `TF_CONFIG` it
+/// started with): ours is a strict prefix of the layout's and the ps tasks added then still
+/// answer. A job stopped and started again with fewer ps tasks has none of them running: its
+/// `TF_CONFIG` is the job's.
+fn started_before(layout: &crate::checkpoint::LayoutRecord, ours: &[String]) -> bool {
+    let (all, ours_n) = (&layout.ps_addresses, ours.len());
+    if layout.version <= 1 || ours_n == 0 || ours_n >= all.len() || all[..ours_n] != *ours {
+        return false;
+    }
+    all[ours_n..].iter().all(|a| reachable(a, Duration::from_secs(2)))
+}
+
+/// A TCP connection to `address` (`host:port`) opens within `timeout`.
+fn reachable(address: &str, timeout: Duration) -> bool {
+    use std::net::ToSocketAddrs;
+    address.to_socket_addrs().ok().and_then(|mut a| a.next()).is_some_and(|a| std::net::TcpStream::connect_timeout(&a, timeout).is_ok())
 }
 
 /// A ps's lease expiry, and the metrics server when `--metrics_port` asks.
@@ -441,5 +460,36 @@ async fn run_single_process(spec: &WorkloadSpec, settings: &TrainSettings) -> u8
             0
         }
         Err(e) => fail(e.exit_code(), format_args!("local: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::LayoutRecord;
+
+    /// A checkpoint's layout is the job's only for a task whose TF_CONFIG is older (a strict
+    /// prefix of it) and while the ps tasks added since still answer.
+    #[test]
+    fn an_older_tf_config_takes_the_checkpoints_layout() {
+        let alive = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let alive = alive.local_addr().unwrap().to_string();
+        let dead = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let layout = |version, a: Vec<String>| LayoutRecord { version, ps_addresses: a };
+        let cases = [
+            ("grown, the added ps runs", layout(2, s(&["ps0:1", &alive])), s(&["ps0:1"]), true),
+            ("grown, then stopped and started with fewer", layout(2, s(&["ps0:1", &dead])), s(&["ps0:1"]), false),
+            ("never grown", layout(1, s(&["ps0:1", &alive])), s(&["ps0:1"]), false),
+            ("started with as many", layout(2, s(&["ps0:1", &alive])), s(&["ps0:1", &alive]), false),
+            ("started with more", layout(2, s(&["ps0:1"])), s(&["ps0:1", &alive]), false),
+            ("another ps 0", layout(2, s(&["ps9:1", &alive])), s(&["ps0:1"]), false),
+        ];
+        for (what, layout, ours, want) in cases {
+            assert_eq!(started_before(&layout, &ours), want, "{what}");
+        }
     }
 }

@@ -647,6 +647,30 @@ fn scaling_table() {
     }
 }
 
+/// Lowering PS of a running job removes no ps pod: the count stays at the ps tasks running, with
+/// a warning about the highest one; once none runs (a suspended job), the lower count is taken.
+#[test]
+fn running_ps_tasks_are_not_scaled_away() {
+    let with = |ps: i32| spec(&[(PS, ps, OnFailure), (Worker, 2, OnFailure)]);
+    let pods = running_all(&[(PS, 3), (Worker, 2)]);
+    let first = run(&with(3), &TFJobStatus::default(), &pods, t0());
+    let o = run(&with(1), &first.status, &pods, at(5));
+    assert_eq!(non_events(&o), vec![], "no ps pod deleted");
+    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(3));
+    let warning = o.actions.iter().find_map(|a| match a {
+        Action::Event { reason, message, pod, .. } if reason == "ScaleLimited" => Some((message.clone(), pod.clone())),
+        _ => None,
+    });
+    let (message, pod) = warning.expect("a ScaleLimited warning");
+    assert!(message.starts_with("PS replicas is 1, kept at 3: the ps tasks of a running job can be added, not removed yet"), "{message}");
+    assert_eq!(pod.as_deref(), Some("job-ps-2"));
+    // No ps running (the job was suspended): PS 1 is planned, no warning.
+    let workers_only: Vec<ObservedReplica> = pods.iter().filter(|p| p.replica_type != PS).cloned().collect();
+    let o = run(&with(1), &first.status, &workers_only, at(6));
+    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(1));
+    assert!(!events(&o).contains(&"ScaleLimited".to_string()), "{:?}", events(&o));
+}
+
 fn deletes_of(o: &Outcome) -> Vec<String> {
     o.actions
         .iter()
