@@ -60,12 +60,37 @@ pub fn dropout_seed(seed: u64, n: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The owner (ps index, `0..num_ps`) of embedding row `id` under jump consistent hashing (the
+/// `consistent` partition strategy; see `layout.rs`). It decides which ps holds a row, so a
+/// checkpoint's rows are read back where they were written: pinned by the tests below.
+pub fn row_owner(id: u64, num_ps: usize) -> usize {
+    if num_ps <= 1 {
+        return 0;
+    }
+    // The row id is mixed first: ids are often small and consecutive.
+    let mut key = derive_seed(id, 0x4c41_594f_5554, 0);
+    let (mut b, mut j): (i64, i64) = (-1, 0);
+    while j < num_ps as i64 {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
 /// Pinned outputs: they decide the initial values in checkpoints, the
 /// generated data and the data order, so moving or renaming these functions
 /// must not change a bit.
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_owners_keep_their_values() {
+        let owners: Vec<usize> = (0..16u64).map(|id| row_owner(id, 3)).collect();
+        let of_big: Vec<usize> = [1u64 << 40, 123_456_789, u64::MAX].iter().map(|&id| row_owner(id, 7)).collect();
+        assert_eq!((owners, of_big), (vec![2, 0, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1], vec![5, 4, 0]));
+    }
 
     #[test]
     fn seed_functions_keep_their_values() {

@@ -1,9 +1,11 @@
 //! Where a job's state lives over its ps tasks, as a versioned layout, and what must move when the
-//! number of ps tasks changes (issue 26, elastic parameter servers: this is its pure core; no
-//! task uses it yet).
+//! number of ps tasks changes (issue 26, elastic parameter servers). `row_owner` is the
+//! `consistent` partition strategy of embeddings; the dense re-placement (`Layout::resized`) is
+//! not used by a move yet (a move re-runs the byte-balancing placement over the new ps count).
 //!
 //! - Embedding rows: a row's owner is the jump consistent hash (Lamping and Veach, "A Fast,
-//!   Minimal Memory, Consistent Hash Algorithm", 2014) of its id over the ps count. Going from N to
+//!   Minimal Memory, Consistent Hash Algorithm", 2014) of its id over the ps count
+//!   ([`crate::hash::row_owner`]). Going from N to
 //!   N+1 ps moves about 1/(N+1) of the rows, all of them to the new ps; going from N+1 to N moves
 //!   only the rows of the removed ps (the highest index, as a scale-down removes). `id % N` would
 //!   move about N/(N+1) of them. Written here rather than taken from a crate: it is ten lines, and
@@ -18,23 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::hash::derive_seed;
-
-/// The owner (ps index, `0..num_ps`) of embedding row `id` under jump consistent hashing.
-pub fn row_owner(id: u64, num_ps: usize) -> usize {
-    if num_ps <= 1 {
-        return 0;
-    }
-    // The row id is mixed first: ids are often small and consecutive.
-    let mut key = derive_seed(id, 0x4c41_594f_5554, 0);
-    let (mut b, mut j): (i64, i64) = (-1, 0);
-    while j < num_ps as i64 {
-        b = j;
-        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
-        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
-    }
-    b as usize
-}
+pub use crate::hash::row_owner;
 
 /// A dense variable (or one partition of one) and its size.
 #[derive(Debug, Clone, PartialEq, Eq)]

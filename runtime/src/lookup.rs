@@ -132,7 +132,7 @@ mod tests {
     fn rows_go_to_their_partition_and_come_back_in_place() {
         let ids = vec![0i64, 3, 4, 5, 8, 9];
         let grads: Vec<f32> = (0..12).map(|x| x as f32).collect();
-        for strategy in [PartitionStrategy::Mod, PartitionStrategy::Div] {
+        for strategy in [PartitionStrategy::Mod, PartitionStrategy::Div, PartitionStrategy::Consistent] {
             let parts = [table(0, strategy, 0), table(0, strategy, 1)];
             let positions: Vec<Vec<usize>> = parts.iter().map(|p| p.positions(&ids)).collect();
             let mut all: Vec<usize> = positions.concat();
@@ -141,6 +141,10 @@ mod tests {
             let want = match strategy {
                 PartitionStrategy::Mod => vec![vec![0, 2, 4], vec![1, 3, 5]],
                 PartitionStrategy::Div => vec![vec![0, 1, 2], vec![3, 4, 5]],
+                PartitionStrategy::Consistent => {
+                    let of = |k: usize| (0..ids.len()).filter(|&i| crate::hash::row_owner(ids[i] as u64, 2) == k).collect::<Vec<_>>();
+                    vec![of(0), of(1)]
+                }
             };
             assert_eq!(positions, want, "{strategy}");
             // The ps answers with the content a push would carry: ids then rows.

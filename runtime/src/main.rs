@@ -312,8 +312,9 @@ struct ModelArgs {
     /// sparse_lr, wide_deep: rows of the tables; a feature's row is hash(feature) % hash_buckets.
     #[arg(long = "hash_buckets", visible_alias = "hash-buckets", default_value_t = 1 << 20)]
     hash_buckets: usize,
-    /// How embedding rows are cut over the ps tasks: mod (row id % ps) or div (contiguous runs).
-    #[arg(long = "partition_strategy", visible_alias = "partition-strategy", default_value = "mod")]
+    /// How embedding rows are cut over the ps tasks: consistent (jump consistent hash of the row id:
+    /// adding or removing a ps moves only its share), mod (row id % ps) or div (contiguous runs).
+    #[arg(long = "partition_strategy", visible_alias = "partition-strategy", default_value = "consistent")]
     partition_strategy: String,
     /// Pull and push the embeddings whole, as dense variables (the baseline of sparse training).
     #[arg(long = "dense_embeddings", visible_alias = "dense-embeddings")]

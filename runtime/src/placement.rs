@@ -22,6 +22,10 @@ pub enum PartitionStrategy {
     /// Contiguous runs: the first `rows % parts` partitions hold one row
     /// more than the others.
     Div,
+    /// Jump consistent hashing ([`crate::hash::row_owner`]): a ps added
+    /// to a running job takes about 1/(N+1) of the rows, a ps removed gives
+    /// up only its own (`mod` and `div` move most rows).
+    Consistent,
 }
 
 impl PartitionStrategy {
@@ -29,6 +33,7 @@ impl PartitionStrategy {
         match self {
             PartitionStrategy::Mod => "mod",
             PartitionStrategy::Div => "div",
+            PartitionStrategy::Consistent => "consistent",
         }
     }
 
@@ -36,6 +41,7 @@ impl PartitionStrategy {
         match self {
             PartitionStrategy::Mod => proto::PartitionStrategy::PartitionMod,
             PartitionStrategy::Div => proto::PartitionStrategy::PartitionDiv,
+            PartitionStrategy::Consistent => proto::PartitionStrategy::PartitionConsistent,
         }
     }
 
@@ -43,6 +49,7 @@ impl PartitionStrategy {
         match proto::PartitionStrategy::try_from(v).ok()? {
             proto::PartitionStrategy::PartitionMod => Some(PartitionStrategy::Mod),
             proto::PartitionStrategy::PartitionDiv => Some(PartitionStrategy::Div),
+            proto::PartitionStrategy::PartitionConsistent => Some(PartitionStrategy::Consistent),
             proto::PartitionStrategy::PartitionUnspecified => None,
         }
     }
@@ -56,15 +63,19 @@ impl PartitionStrategy {
                 let big = extra * (base + 1);
                 if id < big { id / (base + 1) } else { extra + (id - big) / base.max(1) }
             }
+            PartitionStrategy::Consistent => crate::hash::row_owner(id, parts as usize) as u64,
         }
     }
 
-    /// Rows held by partition `k`.
+    /// Rows held by partition `k`: exact for `mod` and `div`; for
+    /// `consistent` the even share (`rows / parts`, the first `rows % parts`
+    /// one more), which the hash holds to within a fraction of a percent on
+    /// large tables. It is the nominal first dimension of the stored piece
+    /// (rows are materialised when first updated, so nothing is allocated
+    /// by it); counting the hash's exact share would cost a pass over every
+    /// row of a 2^24-row table at every placement.
     pub fn partition_rows(self, rows: u64, parts: u64, k: u64) -> u64 {
-        match self {
-            PartitionStrategy::Mod => rows / parts + u64::from(k < rows % parts),
-            PartitionStrategy::Div => rows / parts + u64::from(k < rows % parts),
-        }
+        rows / parts + u64::from(k < rows % parts)
     }
 }
 
@@ -80,7 +91,8 @@ impl std::str::FromStr for PartitionStrategy {
         match s.trim().to_ascii_lowercase().as_str() {
             "mod" => Ok(PartitionStrategy::Mod),
             "div" => Ok(PartitionStrategy::Div),
-            _ => Err(format!("unknown partition strategy {s:?} (mod, div)")),
+            "consistent" => Ok(PartitionStrategy::Consistent),
+            _ => Err(format!("unknown partition strategy {s:?} (consistent, mod, div)")),
         }
     }
 }
@@ -312,6 +324,52 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Changing the partition count by one under each strategy: the share of
+    /// a table's rows that change partition (consistent: about 1/(N+1), all
+    /// to or from the last partition; mod and div: most rows).
+    #[test]
+    fn rows_moved_by_one_partition_more_or_less() {
+        use PartitionStrategy::{Consistent, Div, Mod};
+        let rows = 200_000u64;
+        // (strategy, from, to, lowest share moved, highest)
+        let cases = [
+            (Consistent, 1, 2, 0.49, 0.51),
+            (Consistent, 2, 3, 0.32, 0.35),
+            (Consistent, 3, 2, 0.32, 0.35),
+            (Consistent, 4, 5, 0.19, 0.21),
+            (Consistent, 8, 7, 0.115, 0.135),
+            (Mod, 2, 3, 0.6, 0.7),
+            (Mod, 4, 5, 0.75, 0.85),
+            (Div, 2, 3, 0.45, 0.55),
+            (Div, 4, 5, 0.45, 0.55),
+        ];
+        for (s, from, to, low, high) in cases {
+            let mut moved = 0u64;
+            for id in 0..rows {
+                let (a, b) = (s.partition_of(rows, from, id), s.partition_of(rows, to, id));
+                if a != b {
+                    moved += 1;
+                    if s == Consistent {
+                        assert_eq!(a.max(b), from.max(to) - 1, "{s} {from}->{to}: row {id} moved between old partitions");
+                    }
+                }
+            }
+            let share = moved as f64 / rows as f64;
+            assert!((low..=high).contains(&share), "{s} {from}->{to}: {share:.3} of the rows moved, want {low}..{high}");
+        }
+        // Its partitions hold about the even share partition_rows names.
+        let mut held = [0u64; 3];
+        for id in 0..rows {
+            held[Consistent.partition_of(rows, 3, id) as usize] += 1;
+        }
+        for (k, n) in held.iter().enumerate() {
+            let nominal = Consistent.partition_rows(rows, 3, k as u64) as f64;
+            assert!((*n as f64 - nominal).abs() / nominal < 0.02, "partition {k}: {n} rows, nominal {nominal}");
+        }
+        assert_eq!("consistent".parse::<PartitionStrategy>(), Ok(Consistent));
+        assert_eq!(PartitionStrategy::from_proto(Consistent.to_proto() as i32), Some(Consistent));
+    }
 
     /// TensorFlow's partition strategies: which partition holds each row,
     /// and how many rows each holds.

@@ -332,12 +332,64 @@ async fn run_until_signal(ctx: &TaskContext, spec: &WorkloadSpec, ps: Option<Arc
                 print_ps_report(&ctx.cluster, &store, started);
                 0
             }
+            (Role::Ps, Some(store)) if ctx.cluster.task.index > 0 && store.progress().initialized => {
+                let code = hand_over(ctx, &store, grace, code).await;
+                if code == 0 {
+                    print_ps_report(&ctx.cluster, &store, started);
+                }
+                code
+            }
             _ => {
                 tracing::warn!("{}: stopping on signal", ctx.cluster.task);
                 code
             }
         },
     }
+}
+
+/// A ps (not ps 0) stopped on purpose while the job trains: it asks ps 0
+/// to let it leave and serves on until the chief has moved its state to the
+/// ps tasks that stay (exit 0), or `grace` runs out (exit `code`, as a ps
+/// lost: the job recovers from its checkpoint). Only the highest ps tasks
+/// can leave; one below a ps that stays waits in vain and says so.
+async fn hand_over(ctx: &TaskContext, store: &ParameterStore, grace: Duration, code: u8) -> u8 {
+    let task = &ctx.cluster.task;
+    if ctx.cluster.cluster.is_sparse("ps") {
+        tracing::warn!("{task}: stopping on signal; listed alone (sparse TF_CONFIG), it cannot reach ps 0 to hand its state over");
+        return code;
+    }
+    let ps0 = ctx.cluster.cluster.addresses("ps").first().cloned().unwrap_or_default();
+    let reply = match crate::client::mover::ask_to_leave(task, &ps0, &ctx.credentials, Duration::from_secs(5)).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            tracing::warn!("{task}: stopping on signal; could not ask ps 0 to let it leave ({e}): its state is lost");
+            return code;
+        }
+    };
+    if task.index as usize >= reply.ps_addresses.len() {
+        tracing::info!("{task}: stopped on a signal; it held none of the job's state (not in its layout yet)");
+        return 0;
+    }
+    if reply.proposed.len() > task.index as usize || reply.proposed.is_empty() {
+        tracing::warn!("{task}: stopped on a signal; a ps above it stays in the job, so it cannot leave (only the highest can): waiting {grace:?}");
+    } else {
+        tracing::info!("{task}: stopped on a signal; handing its state over to the {} ps task(s) that stay", reply.proposed.len());
+    }
+    let start = Instant::now();
+    // Short of the grace period: the exit must come before the kill.
+    let deadline = grace.saturating_sub(Duration::from_secs(1)).max(Duration::from_secs(1));
+    while start.elapsed() < deadline {
+        if store.retired() {
+            tracing::info!("{task}: handed its state over in {:.2}s; exiting", start.elapsed().as_secs_f64());
+            return 0;
+        }
+        if store.progress().done {
+            return 0;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!("{task}: its state was not moved within {deadline:?}; stopping (the job recovers from its checkpoint)");
+    code
 }
 
 async fn run_role(ctx: &TaskContext, spec: &WorkloadSpec, store: Option<Arc<ParameterStore>>, grace: Duration, mut leave: watch::Receiver<bool>) -> u8 {

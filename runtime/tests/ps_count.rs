@@ -137,6 +137,8 @@ fn elastic_args(ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> 
         "--learning_rate=0.2",
         "--eval_examples=5000",
         "--num_epochs=3",
+        // Long enough (about 2,000 async steps) for both moves to happen while it trains.
+        "--generated_examples=60000",
         "--log_every_steps=20",
         "--connect_timeout_secs=60",
         "--partition_threshold_bytes=256",
@@ -148,10 +150,13 @@ fn elastic_args(ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> 
     args
 }
 
-/// Runs a wide_deep job of 2 workers from 1 ps; with `grow`, ps 1 and 2 are
-/// started (their TF_CONFIG lists 3) once it trains. Returns the chief's
-/// report and the chief's log.
-fn wide_deep_run(mode: &str, grow: bool) -> (serde_json::Value, String, Vec<Finished>) {
+/// Runs a wide_deep job of 2 workers from 1 ps; with `scale`, ps 1 and 2 are
+/// started (their TF_CONFIG lists 3) once it trains, and once the state has
+/// moved to them ps 2 is stopped (SIGTERM, as a scale-down deletes its pod)
+/// and hands its part over to ps 0 and 1; worker 1 is killed (-9) when the
+/// first move is proposed and started again after it. Returns the chief's report and
+/// log, and every task's end.
+fn wide_deep_run(mode: &str, scale: bool) -> (serde_json::Value, String, Vec<Finished>) {
     let ports = free_ports(5);
     let (ps3, workers) = (&ports[..3], &ports[3..]);
     let mut job = Job::new();
@@ -159,11 +164,20 @@ fn wide_deep_run(mode: &str, grow: bool) -> (serde_json::Value, String, Vec<Fini
     for i in 0..2 {
         job.spawn(&format!("worker{i}"), &elastic_args(&ps3[..1], workers, "worker", i, mode), &[]);
     }
-    if grow {
+    if scale {
         job.wait_until(LIMIT, "global step 60", |j| j.logged_global_step("worker0") >= 60);
         for i in 1..3 {
             job.spawn(&format!("ps{i}"), &elastic_args(ps3, workers, "ps", i, mode), &[]);
         }
+        // Worker 1 is lost as the move begins (the new ps tasks propose
+        // within a second), and comes back after it.
+        job.wait_until(LIMIT, "the proposal", |j| j.stderr("ps0").contains("proposes 3 ps task(s)"));
+        job.kill("worker1");
+        job.wait_until(LIMIT, "the move to 3 ps tasks", |j| j.stderr("worker0").contains("from 1 to 3 ps task(s)"));
+        job.restart("worker1");
+        let at = job.logged_global_step("worker0");
+        job.wait_until(LIMIT, "30 steps on 3 ps tasks", |j| j.logged_global_step("worker0") >= at + 30);
+        job.terminate("ps2");
     }
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);
@@ -171,28 +185,31 @@ fn wide_deep_run(mode: &str, grow: bool) -> (serde_json::Value, String, Vec<Fini
     (chief.report(), chief.stderr.clone(), results)
 }
 
-/// ps tasks added to a training job (1 -> 3), sync and async: the chief
-/// moves the state to them at a step boundary and the job goes on; every
+/// ps tasks added to a training job and one removed (1 -> 3 -> 2), sync and
+/// async: the chief moves the state at a step boundary each time and the
+/// job goes on; the removed ps hands its part over before it exits; every
 /// epoch is trained once and the AUC is that of the same job on 1 ps.
 #[test]
-fn ps_tasks_added_while_a_job_trains_take_their_part() {
+fn ps_tasks_added_and_removed_while_a_job_trains() {
     for mode in ["sync", "async"] {
         let (fixed, _, _) = wide_deep_run(mode, false);
-        let (grown, log, results) = wide_deep_run(mode, true);
-        let moved = log
-            .lines()
-            .find(|l| l.contains("moved the job's state from 1 to 3 ps task(s)"))
-            .unwrap_or_else(|| panic!("{mode}: no move:\n{}", tail(&log, 4000)));
-        eprintln!("{mode}: {moved}");
+        let (scaled, log, results) = wide_deep_run(mode, true);
+        for (from, to) in [(1, 3), (3, 2)] {
+            let moved = log
+                .lines()
+                .find(|l| l.contains(&format!("moved the job's state from {from} to {to} ps task(s)")))
+                .unwrap_or_else(|| panic!("{mode}: no move from {from} to {to}:\n{}", tail(&log, 4000)));
+            eprintln!("{mode}: {moved}");
+        }
         for key in ["epochs_completed", "examples_trained"] {
-            assert_eq!(grown[key], fixed[key], "{mode}: {key}: {grown} vs {fixed}");
+            assert_eq!(scaled[key], fixed[key], "{mode}: {key}: {scaled} vs {fixed}");
         }
-        let (a, b) = (grown["auc"].as_f64().unwrap(), fixed["auc"].as_f64().unwrap());
-        assert!((a - b).abs() < 0.01, "{mode}: AUC {a:.4} with ps added, {b:.4} on 1 ps");
-        for ps in ["ps1", "ps2"] {
-            let r = results.iter().find(|r| r.name == ps).unwrap();
-            assert!(r.stderr.contains("staged layout version 2"), "{mode}: {ps} staged nothing:\n{}", tail(&r.stderr, 3000));
-            assert!(r.report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{mode}: {ps} holds nothing: {}", r.report());
-        }
+        let (a, b) = (scaled["auc"].as_f64().unwrap(), fixed["auc"].as_f64().unwrap());
+        assert!((a - b).abs() < 0.01, "{mode}: AUC {a:.4} with ps added and removed, {b:.4} on 1 ps");
+        let of = |name: &str| results.iter().find(|r| r.name == name).unwrap();
+        assert!(of("ps1").stderr.contains("staged layout version 3"), "{mode}: ps1 staged nothing:\n{}", tail(&of("ps1").stderr, 3000));
+        assert!(of("ps1").report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{mode}: ps1 holds nothing: {}", of("ps1").report());
+        let ps2 = &of("ps2").stderr;
+        assert!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "{mode}: ps2:\n{}", tail(ps2, 3000));
     }
 }

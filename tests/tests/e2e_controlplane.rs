@@ -238,7 +238,8 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     // Every example, one after the other, but those that need what this control plane lacks:
     // shared-volume a ReadWriteMany volume (no storage provisioner, the node agent mounts no
     // claim), s3-checkpoints an S3 endpoint. `tfjob run` runs both (local_run.rs, object_storage.rs).
-    for (name, manifest) in examples()?.into_iter().filter(|(name, _)| !matches!(name.as_str(), "shared-volume" | "s3-checkpoints")) {
+    // elastic-ps runs below, its PS count patched while it trains.
+    for (name, manifest) in examples()?.into_iter().filter(|(name, _)| !matches!(name.as_str(), "shared-volume" | "s3-checkpoints" | "elastic-ps")) {
         let (mut tl, end) = scene.run_job(&name, &manifest, |_, _| Ok(true))?;
         ensure!(
             end == "Succeeded",
@@ -291,6 +292,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     tl.print();
 
     scale_a_training_job(&scene)?;
+    scale_the_ps_of_a_training_job(&scene)?;
 
     // ExitCode policy, exit code 1: permanent, the job fails with the message.
     let (mut tl, end) = scene.run_job("exitcode-failure", &manifest(EXIT_ONE_JOB)?, |_, _| Ok(true))?;
@@ -421,6 +423,82 @@ fn scale_a_training_job(scene: &Scene) -> Result<()> {
     let chief = scene.report(&pod(0))?;
     ensure!(chief["epochs_completed"].as_u64() == Some(EPOCHS) && chief["examples_trained"].as_u64() == Some(EPOCHS * 101), "{chief}");
     ensure_linear(&chief, JOB)?;
+    scene.delete_job(JOB, &mut tl)?;
+    tl.print();
+    Ok(())
+}
+
+/// When each step of [`scale_the_ps_of_a_training_job`] was seen.
+#[derive(Debug, Default)]
+struct PsScaling {
+    grown: Option<Instant>,
+    /// UIDs of the pods there before the first patch: they must stay the same pods.
+    before: Vec<(String, String)>,
+    moved_up: Option<Instant>,
+    shrunk: Option<Instant>,
+    moved_down: Option<Instant>,
+    deleted: Option<Instant>,
+}
+
+/// `kubectl patch` of the PS count of examples/elastic-ps.yaml while it trains: 1 → 2 once the
+/// chief pushed its first gradient (only ps-1 is created, and the chief moves its part of the
+/// state to it), then 2 → 1 once it did (ps-1 hands its part back to ps-0 before its pod goes);
+/// no other pod is replaced, each patch is a `Scaled` event, and the job trains every example
+/// once per epoch to `Succeeded`.
+fn scale_the_ps_of_a_training_job(scene: &Scene) -> Result<()> {
+    const JOB: &str = "elastic-ps";
+    let (chief, ps1) = (format!("{JOB}-worker-0"), format!("{JOB}-ps-1"));
+    let patch = |s: &Scene, n: u32| {
+        let body = format!(r#"{{"spec":{{"tfReplicaSpecs":{{"PS":{{"replicas":{n}}}}}}}}}"#);
+        s.kubectl(&["patch", "tfjob", JOB, "--type=merge", "-p", &body]).map(drop)
+    };
+    let unchanged = |s: &Scene, before: &[(String, String)]| -> Result<()> {
+        let now = s.pod_uids(JOB)?;
+        for (name, uid) in before {
+            ensure!(now.iter().any(|(n, u)| n == name && u == uid), "{name} was replaced by a PS patch: {before:?} → {now:?}");
+        }
+        Ok(())
+    };
+    let mut at = PsScaling::default();
+    let (mut tl, end) = scene.run_job(JOB, &manifest("examples/elastic-ps.yaml")?, |s, pods| {
+        let log = s.agent.pod_log(&s.ns, &chief);
+        if at.grown.is_none() && log.contains("first gradient accepted") {
+            at.before = s.pod_uids(JOB)?;
+            patch(s, 2)?;
+            at.grown = Some(Instant::now());
+        }
+        if at.grown.is_some() && at.moved_up.is_none() && log.contains("moved the job's state from 1 to 2 ps task(s)") {
+            at.moved_up = Some(Instant::now());
+            unchanged(s, &at.before)?;
+            patch(s, 1)?;
+            at.shrunk = Some(Instant::now());
+        }
+        if at.shrunk.is_some() && at.moved_down.is_none() && log.contains("moved the job's state from 2 to 1 ps task(s)") {
+            at.moved_down = Some(Instant::now());
+        }
+        if at.moved_down.is_some() && at.deleted.is_none() && !pods.iter().any(|(n, _, _)| *n == ps1) {
+            unchanged(s, &at.before)?;
+            at.deleted = Some(Instant::now());
+        }
+        Ok(at.deleted.is_some())
+    })?;
+    for (what, when) in
+        [("PS 1→2", at.grown), ("moved to 2 ps", at.moved_up), ("PS 2→1", at.shrunk), ("moved to 1 ps", at.moved_down), ("ps-1 deleted", at.deleted)]
+    {
+        let when = when.with_context(|| format!("{JOB}: never {what} ({end}): {at:?}; pods {:?}", scene.job_pods(JOB)))?;
+        tl.mark_at(what, when);
+    }
+    ensure!(end == "Succeeded", "{JOB}: {end}: {:?}", scene.condition(JOB, "Failed")?);
+    let events =
+        scene.kubectl(&["get", "events", "--field-selector", &format!("involvedObject.name={JOB},reason=Scaled"), "-o", "jsonpath={.items[*].message}"])?;
+    for shown in ["PS 1 → 2", "PS 2 → 1"] {
+        ensure!(events.contains(shown), "no Scaled event {shown:?}: {events}");
+    }
+    let ps0 = scene.agent.pod_log(&scene.ns, &format!("{JOB}-ps-0"));
+    ensure!(ps0.contains("ps:1 leaves"), "ps-1 did not ask to leave when its pod was deleted; ps-0:\n{ps0}");
+    let report = scene.report(&chief)?;
+    ensure!(report["epochs_completed"].as_u64() == Some(4) && report["examples_trained"].as_u64() == Some(1_000_000), "{report}");
+    ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
     scene.delete_job(JOB, &mut tl)?;
     tl.print();
     Ok(())

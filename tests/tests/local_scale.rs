@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::Value;
@@ -119,7 +119,7 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
         // Refusals: a type that cannot be scaled and a count below the chief (exit 1), a count
         // that is no count (exit 2, usage); nothing changes.
         for (arg, code, why) in [
-            ("PS=0", 1, "can be added, not removed yet"),
+            ("PS=0", 1, "ps 0 keeps the job's layout and is never removed"),
             ("Chief=1", 1, "only Worker and PS can be scaled"),
             ("Worker=0", 1, "worker 0 is the chief"),
             ("Worker=abc", 2, "is not a whole number"),
@@ -146,7 +146,7 @@ fn tfjob_scale_adds_and_removes_workers_of_a_running_job() -> Result<()> {
         "tfjob scale: Worker 2 \u{2192} 4",
         "event Scaled: Worker 2 \u{2192} 4",
         "event Scaled: Worker 4 \u{2192} 1",
-        "tfjob scale refused: PS=0: a running job's ps tasks can be added, not removed yet",
+        "tfjob scale refused: PS=0: ps 0 keeps the job's layout and is never removed",
     ] {
         ensure!(log.contains(line), "{line:?} not in the run's output:\n{log}");
     }
@@ -224,42 +224,53 @@ fn the_readmes_scaling_demo_scales_the_example_as_it_is() -> Result<()> {
     Ok(())
 }
 
-/// README's parameter-server demo as a person pastes it: examples/ctr-wide-deep.yaml (2 ps, 2
-/// sync workers) run in the background and scaled to PS=3 by job name while it trains: ps-2
-/// starts, the chief moves the state to 3 ps tasks at a step boundary, the job ends by itself with
-/// every example of every epoch trained once and the AUC of the example; PS=2 afterwards is
-/// refused, saying why.
+/// README's parameter-server demo as a person pastes it: examples/elastic-ps.yaml (1 ps, 2 sync
+/// workers) run in the background and scaled to PS=3 by job name while it trains: ps-1 and ps-2
+/// start, the chief moves the state to 3 ps tasks at a step boundary; then PS=2: ps-2 hands its
+/// part back before it exits; PS=0 is refused, saying why; the job ends by itself with every
+/// example of every epoch trained once and the AUC of the example, long enough after the last
+/// scale for a person to have typed it.
 #[test]
-fn tfjob_scale_adds_a_ps_to_a_training_job() -> Result<()> {
+fn tfjob_scale_adds_and_removes_a_ps_of_a_training_job() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let tmp = tmp.path();
-    let mut run = run_example(tmp, "examples/ctr-wide-deep.yaml")?;
+    let mut run = run_example(tmp, "examples/elastic-ps.yaml")?;
     let result = (|| -> Result<()> {
         let out = eventually("tfjob scale PS=3 accepted", Duration::from_secs(60), || {
-            let out = scale(tmp, "ctr-wide-deep", "PS=3")?;
+            let out = scale(tmp, "elastic-ps", "PS=3")?;
             Ok(out.status.success().then_some(out))
         })?;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "PS 2 \u{2192} 3\n");
-        let run_dir = std::fs::read_link(tmp.join("tfjob-runs/ctr-wide-deep.latest"))?;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "PS 1 \u{2192} 3\n");
+        let run_dir = std::fs::read_link(tmp.join("tfjob-runs/elastic-ps.latest"))?;
         let chief_log = || std::fs::read_to_string(run_dir.join("worker-0.log")).unwrap_or_default();
         eventually("the chief moved the state", Duration::from_secs(60), || {
-            Ok(chief_log().contains("moved the job's state from 2 to 3 ps task(s)").then_some(()))
+            Ok(chief_log().contains("moved the job's state from 1 to 3 ps task(s)").then_some(()))
         })?;
-        let out = scale(tmp, "ctr-wide-deep", "PS=2")?;
-        ensure!(!out.status.success() && says(&out).contains("can be added, not removed yet"), "{}", says(&out));
+        let out = scale(tmp, "elastic-ps", "PS=2")?;
+        ensure!(out.status.success(), "{}", says(&out));
+        let scaled_at = Instant::now();
+        eventually("ps-2 handed its part over", Duration::from_secs(60), || {
+            Ok(chief_log().contains("moved the job's state from 3 to 2 ps task(s)").then_some(()))
+        })?;
+        let out = scale(tmp, "elastic-ps", "PS=0")?;
+        ensure!(!out.status.success() && says(&out).contains("ps 0 keeps the job's layout and is never removed"), "{}", says(&out));
         let status = run.wait()?;
         ensure!(status.success(), "tfjob run: {status}");
+        let after = scaled_at.elapsed();
+        ensure!(after >= Duration::from_secs(8), "the example ended {after:?} after the last scale: too short to scale by hand");
         let report = tfjob_tests::report::final_report(&chief_log(), "worker-0")?;
         assert_eq!(report["epochs_completed"].as_u64(), Some(4), "{report}");
         ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
         let ps2 = std::fs::read_to_string(run_dir.join("ps-2.log"))?;
-        ensure!(ps2.contains("staged layout version 2"), "ps-2 took no part:\n{ps2}");
+        ensure!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "ps-2:\n{ps2}");
         Ok(())
     })();
     let _ = run.kill();
     let _ = run.wait();
     let log = std::fs::read_to_string(tmp.join("run.stderr")).unwrap_or_default();
     result.map_err(|e| anyhow!("{e:#}\ntfjob run said:\n{log}"))?;
-    ensure!(log.contains("event Scaled: PS 2 \u{2192} 3"), "no Scaled event in the run's output:\n{log}");
+    for scaled in ["PS 1 \u{2192} 3", "PS 3 \u{2192} 2"] {
+        ensure!(log.contains(&format!("event Scaled: {scaled}")), "no Scaled event {scaled} in the run's output:\n{log}");
+    }
     Ok(())
 }

@@ -591,7 +591,7 @@ impl<'a> Machine<'a> {
         let mut tally = Tally::default();
         let mut replica_statuses: BTreeMap<String, ReplicaStatus> = BTreeMap::new();
         for (&rtype, &rs) in &self.specs.clone() {
-            let planned = self.keep_running_ps(rtype, api::planned_replicas(obs.spec, rtype, rs));
+            let planned = self.keep_ps0(rtype, api::planned_replicas(obs.spec, rtype, rs));
             let prev = self.status.replica_statuses.get(rtype.as_str());
             let mut st = ReplicaStatus {
                 selector: Some(plan::replica_selector(obs.name, rtype)),
@@ -618,23 +618,23 @@ impl<'a> Machine<'a> {
         tally
     }
 
-    /// The planned count of `rtype`, except that ps tasks that run are not removed: the state
-    /// they hold has nowhere to go yet (ps tasks can be added to a running job, not removed). A
-    /// warning says so, about the highest ps pod (so repeats fold into one series).
-    fn keep_running_ps(&mut self, rtype: ReplicaType, planned: i32) -> i32 {
-        if rtype != ReplicaType::PS {
+    /// The planned count of `rtype`, except that ps 0 of a running job is not removed: it keeps
+    /// the job's layout (the other ps tasks hand their state over to those that stay when a
+    /// scale-down removes them, the highest first). A warning says so, about ps 0's pod (so
+    /// repeats fold into one series).
+    fn keep_ps0(&mut self, rtype: ReplicaType, planned: i32) -> i32 {
+        if rtype != ReplicaType::PS || planned >= 1 {
             return planned;
         }
-        let running = self.obs.replicas.iter().filter(|r| r.replica_type == rtype && !r.terminating).map(|r| r.index + 1).max().unwrap_or(0);
-        if running <= planned {
+        if !self.obs.replicas.iter().any(|r| r.replica_type == rtype && r.index == 0 && !r.terminating) {
             return planned;
         }
         let msg = format!(
-            "PS replicas is {planned}, kept at {running}: the ps tasks of a running job can be added, not removed yet \
-             (their state would be lost); to run with fewer, suspend the job, change PS and resume it (it restores from its checkpoint)"
+            "PS replicas is {planned}, kept at 1: ps 0 keeps the job's layout and is never removed from a running job \
+             (to run without ps tasks, suspend the job first)"
         );
-        self.actions.push(event(EventKind::Warning, "ScaleLimited", &msg, Some(plan::pod_name(self.obs.name, rtype, running - 1))));
-        running
+        self.actions.push(event(EventKind::Warning, "ScaleLimited", &msg, Some(plan::pod_name(self.obs.name, rtype, 0))));
+        1
     }
 
     /// A `Scaled` event when the planned count of a type changed since it was last planned (not

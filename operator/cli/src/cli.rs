@@ -116,8 +116,8 @@ pub struct ScaleArgs {
     /// The run: its run directory, or the name of its TFJob for the latest run of that job.
     #[arg(value_name = "RUN_DIR_OR_JOB_NAME")]
     pub run: String,
-    /// The new number of workers, `Worker=N`, or of parameter servers, `PS=N` (ps tasks can be
-    /// added to a running job, not removed yet).
+    /// The new number of workers, `Worker=N`, or of parameter servers, `PS=N` (a removed ps hands
+    /// its state to those that stay; ps 0 is never removed).
     #[arg(value_name = "Worker=N|PS=N", value_parser = crate::local::control::parse_scale)]
     pub replicas: crate::local::control::ScaleRequest,
     /// Given a job name, how long to wait for a run of it that is starting (`tfjob run job.yaml &`

@@ -216,7 +216,7 @@ pub async fn propose_if_new(
             return Ok(layout);
         }
         if layout.initialized {
-            let (c, propose) = (client.clone(), proto::ProposeLayoutRequest { task: who.clone(), ps_addresses: ps_addresses.to_vec() });
+            let (c, propose) = (client.clone(), proto::ProposeLayoutRequest { task: who.clone(), ps_addresses: ps_addresses.to_vec(), leave: false });
             return with_retry(0, &ps_addresses[0], "propose a layout to", patience, move || {
                 let (mut c, req) = (c.clone(), propose.clone());
                 async move { c.propose_layout(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
@@ -225,6 +225,24 @@ pub async fn propose_if_new(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A ps stopped on purpose asks ps 0 (at `ps0_address`) to let it leave
+/// the job; the layout ps 0 answered (its proposal without this ps when the
+/// ps tasks above it leave too).
+pub async fn ask_to_leave(
+    task: &crate::cluster::TaskId,
+    ps0_address: &str,
+    credentials: &Credentials,
+    patience: Duration,
+) -> Result<proto::LayoutReply, ClientError> {
+    let client = ps_client(ps0_address, credentials, Duration::from_secs(5))?;
+    let req = proto::ProposeLayoutRequest { task: Some(proto::TaskId::from(task)), ps_addresses: Vec::new(), leave: true };
+    with_retry(0, ps0_address, "ask to leave", patience, move || {
+        let (mut c, req) = (client.clone(), req.clone());
+        async move { c.propose_layout(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
+    })
+    .await
 }
 
 /// Fetches a source's fragments for a ps staging a move, over gRPC.

@@ -7,7 +7,7 @@
 use super::checkpointing::save_variables;
 use super::error::{StoreError, task_of};
 use super::recut::{self, DenseFragment, Fragments, RowsFragment};
-use super::state::{Agreement, Staged, StoredVar, pieces_of};
+use super::state::{Agreement, LEAVE_REMEMBERED, Staged, StoredVar, pieces_of, staying};
 use super::store::ParameterStore;
 use crate::checkpoint::ShardData;
 use crate::le;
@@ -28,6 +28,9 @@ impl ParameterStore {
             return Err(StoreError::FailedPrecondition("only ps 0 keeps the job's layout".into()));
         }
         let mut state = self.lock();
+        if req.leave {
+            return leave(&mut state, &task);
+        }
         let current = &state.layout.addresses;
         let proposed = &req.ps_addresses;
         if proposed.is_empty() || current.first() != proposed.first() {
@@ -38,6 +41,11 @@ impl ParameterStore {
             state.layout.proposed = Some(proposed.clone());
         }
         Ok(state.layout.reply(state.training.progress.initialized))
+    }
+
+    /// Has a move left this ps out of the job's layout (its state handed over)?
+    pub fn retired(&self) -> bool {
+        self.lock().layout.retired
     }
 
     /// Freezes this ps for the move to `req.version`: no push is taken, and
@@ -105,7 +113,7 @@ impl ParameterStore {
             return Ok(proto::CommitMoveReply {});
         }
         if let Some(staged) = staged.filter(|s| s.version == req.version) {
-            let vars = super::checkpointing::restored_variables(&staged.data)?;
+            let vars = staged.vars;
             let config = state.training.agreement.as_ref().and_then(|a| a.config);
             state.vars.install(vars);
             state.training.take_over(Agreement { fingerprint: staged.fingerprint, variables: staged.variables, config }, staged.step, staged.num_ps);
@@ -113,6 +121,7 @@ impl ParameterStore {
             state.layout.own_dense = staged.dense;
             state.members.renew_named(&staged.live_tasks);
             state.pending_recut = None;
+            state.layout.leaving.clear();
         } else if self.config.ps_index >= req.ps_addresses.len() {
             state.layout.retired = true;
         }
@@ -135,21 +144,53 @@ impl ParameterStore {
     }
 }
 
+/// ps 0 hears that ps `task` is stopped on purpose (a scale-down): the set
+/// without the highest ps tasks that asked to leave is proposed (a ps
+/// below one that stays waits, and is forgotten after a while). A ps only
+/// proposed (never moved to) is dropped from the proposal.
+fn leave(state: &mut super::state::State, task: &crate::cluster::TaskId) -> Result<proto::LayoutReply, StoreError> {
+    if task.job != "ps" || task.index == 0 {
+        return Err(StoreError::InvalidArgument(format!("{task} asked to leave: only a ps other than ps 0 can (ps 0 keeps the layout)")));
+    }
+    let layout = &mut state.layout;
+    let now = std::time::Instant::now();
+    layout.leaving.retain(|_, asked| now.duration_since(*asked) < LEAVE_REMEMBERED);
+    layout.leaving.insert(task.index, now);
+    if let Some(proposed) = layout.proposed.as_mut() {
+        proposed.truncate(staying(proposed.len(), |k| layout.leaving.contains_key(&k)));
+    }
+    let keep = staying(layout.addresses.len(), |k| layout.leaving.contains_key(&k));
+    if keep < layout.addresses.len() {
+        let next = layout.addresses[..keep].to_vec();
+        tracing::info!("ps:0: {task} leaves; the job goes on with {keep} ps task(s) at the chief's next step");
+        layout.proposed = Some(next);
+    } else if (task.index as usize) < layout.addresses.len() {
+        tracing::info!("ps:0: {task} asks to leave; it waits for the ps tasks above it (only the highest can leave)");
+    }
+    if layout.proposed.as_ref().is_some_and(|p| *p == layout.addresses) {
+        layout.proposed = None;
+    }
+    Ok(layout.reply(state.training.progress.initialized))
+}
+
 /// The staged state of a target from the fragments every source supplied.
 pub(super) fn staged(req: &proto::StageMoveRequest, supplied: Vec<Fragments>) -> Result<Staged, StoreError> {
     let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
     let data = recut::assemble(&dense, &rows, supplied).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
-    let mut variables = req.variables.clone();
-    variables.sort_by(|a, b| a.name.cmp(&b.name));
-    // The specs as the store will hold them: what a handshake compares.
-    let variables = {
-        let vars = super::checkpointing::restored_variables(&data)?;
-        let held: Vec<proto::VariableSpec> = vars.iter().map(StoredVar::spec).collect();
-        if held.len() != variables.len() { variables } else { held }
-    };
+    let vars = super::checkpointing::restored_variables(&data)?;
+    if vars.len() != req.variables.len() {
+        let names = |v: Vec<&str>| v.join(", ");
+        return Err(StoreError::FailedPrecondition(format!(
+            "the move put together [{}], the next layout places [{}] here",
+            names(vars.iter().map(|v| v.name.as_str()).collect()),
+            names(req.variables.iter().map(|v| v.name.as_str()).collect())
+        )));
+    }
+    // The specs as the store holds them: what a handshake compares.
+    let variables = vars.iter().map(StoredVar::spec).collect();
     Ok(Staged {
         version: req.version,
-        data,
+        vars,
         step: req.step,
         fingerprint: req.placement_fingerprint,
         variables,

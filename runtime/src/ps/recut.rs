@@ -335,16 +335,37 @@ fn assemble_rows(target: &RowsPiece, fragments: Vec<RowsFragment>, out: &mut Sha
     if sources.len() as u64 != count || sources.iter().any(|s| s.1 != count) {
         return Err(mismatch(&target.part.variable, format!("rows came twice (from partitions {sources:?})")));
     }
-    let mut rows: Vec<(i64, &RowsFragment, usize)> = fragments.iter().flat_map(|f| f.ids.iter().enumerate().map(move |(i, &id)| (id, f, i))).collect();
-    rows.sort_by_key(|r| r.0);
+    let mut rows: Vec<(i64, u32, u32)> =
+        fragments.iter().enumerate().flat_map(|(k, f)| f.ids.iter().enumerate().map(move |(i, &id)| (id, k as u32, i as u32))).collect();
+    rows.sort_unstable_by_key(|r| r.0);
     if let Some(w) = rows.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(mismatch(&target.part.variable, format!("row {} came twice", w[0].0)));
     }
-    let row = |v: &[f32], i: usize| v.get(i * dim..(i + 1) * dim).unwrap_or_default().to_vec();
+    // Each of values and slots: held for every row (of every fragment that has rows) or for none.
+    let held = |of: &dyn Fn(&RowsFragment) -> &[f32]| -> Result<bool, RecutError> {
+        let with_rows = || fragments.iter().filter(|f| !f.ids.is_empty());
+        if with_rows().all(|f| of(f).is_empty()) {
+            return Ok(false);
+        }
+        if with_rows().any(|f| of(f).len() != f.ids.len() * dim) {
+            return Err(mismatch(&target.part.variable, "values or an optimizer slot are stored for some of its rows only"));
+        }
+        Ok(true)
+    };
+    let gather = |of: &dyn Fn(&RowsFragment) -> &[f32]| -> Result<Vec<f32>, RecutError> {
+        if !held(of)? {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(rows.len() * dim);
+        for &(_, k, i) in &rows {
+            let i = i as usize;
+            out.extend_from_slice(&of(&fragments[k as usize])[i * dim..(i + 1) * dim]);
+        }
+        Ok(out)
+    };
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    let values: Vec<f32> = rows.iter().flat_map(|(_, f, i)| row(&f.values, *i)).collect();
-    let slot = |k: usize| -> Vec<f32> { rows.iter().flat_map(|(_, f, i)| row(&f.slots[k], *i)).collect() };
-    let slots = [slot(0), slot(1)];
+    let values = gather(&|f| &f.values)?;
+    let slots = [gather(&|f| &f.slots[0])?, gather(&|f| &f.slots[1])?];
     let updates = fragments.iter().map(|f| f.updates).max().unwrap_or(0);
     let json = serde_json::to_string(&target.part).map_err(|e| mismatch(&target.part.variable, e.to_string()))?;
     out.push_rows(&target.stored_name, dim, (&ids, &values, [&slots[0], &slots[1]], updates), json);

@@ -63,19 +63,24 @@ impl PsService {
             let fetch = fetch.clone();
             async move {
                 if i == own {
-                    return Ok::<_, Status>(self.store.fragments_for(&fetch)?);
+                    let store = self.store.clone();
+                    return Ok::<_, Status>(
+                        tokio::task::spawn_blocking(move || store.fragments_for(&fetch)).await.map_err(|e| Status::internal(e.to_string()))??,
+                    );
                 }
                 let source = self.sources.as_ref().ok_or_else(|| Status::failed_precondition("this ps cannot reach the others (no fragment source)"))?;
                 Ok(super::moving::from_messages(source.fetch(address, fetch).await?))
             }
         });
         let supplied = futures::future::try_join_all(calls).await?;
+        let fetched = start.elapsed().as_secs_f64();
         let moved: usize = supplied.iter().enumerate().filter(|(i, _)| *i != own).map(|(_, f)| f.bytes()).sum();
         let (bytes, rows): (usize, usize) = (supplied.iter().map(|f| f.bytes()).sum(), supplied.iter().map(|f| f.rows()).sum());
-        let staged = super::moving::staged(req, supplied)?;
+        let req_owned = req.clone();
+        let staged = tokio::task::spawn_blocking(move || super::moving::staged(&req_owned, supplied)).await.map_err(|e| Status::internal(e.to_string()))??;
         self.store.stage(staged);
         tracing::info!(
-            "ps:{own}: staged layout version {}: {rows} embedding rows, {} with slots ({} from other ps tasks) in {:.2}s",
+            "ps:{own}: staged layout version {}: {rows} embedding rows, {} with slots ({} from other ps tasks) in {:.2}s (fetched in {fetched:.2}s)",
             req.version,
             super::recut::bytes_text(bytes as u64),
             super::recut::bytes_text(moved as u64),

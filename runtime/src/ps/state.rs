@@ -9,7 +9,7 @@ mod training;
 mod variables;
 
 pub(super) use dispatching::Dispatching;
-pub(super) use layout::{LayoutState, Staged};
+pub(super) use layout::{LEAVE_REMEMBERED, LayoutState, Staged, staying};
 pub(super) use membership::Membership;
 pub(super) use training::{Agreement, Training};
 pub use training::{Progress, check_training_config};

@@ -115,7 +115,7 @@ impl Default for SparseOptions {
             skip_bad_lines: false,
             embedding_dim: 8,
             hash_buckets: 1 << 20,
-            partition: PartitionStrategy::Mod,
+            partition: PartitionStrategy::Consistent,
             dense_embeddings: false,
             generated_examples: 20_000,
         }

@@ -647,27 +647,31 @@ fn scaling_table() {
     }
 }
 
-/// Lowering PS of a running job removes no ps pod: the count stays at the ps tasks running, with
-/// a warning about the highest one; once none runs (a suspended job), the lower count is taken.
+/// Lowering PS of a running job deletes the highest ps pods (each hands its state over to the ps
+/// tasks that stay before it exits) with a `Scaled` event; ps 0 stays, with a warning, when PS
+/// is lowered to 0; once no ps runs (a suspended job), 0 is taken.
 #[test]
-fn running_ps_tasks_are_not_scaled_away() {
+fn ps_tasks_are_scaled_down_from_the_highest_and_ps0_stays() {
     let with = |ps: i32| spec(&[(PS, ps, OnFailure), (Worker, 2, OnFailure)]);
     let pods = running_all(&[(PS, 3), (Worker, 2)]);
     let first = run(&with(3), &TFJobStatus::default(), &pods, t0());
     let o = run(&with(1), &first.status, &pods, at(5));
-    assert_eq!(non_events(&o), vec![], "no ps pod deleted");
-    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(3));
+    assert_eq!(deletes_of(&o), vec!["job-ps-1".to_string(), "job-ps-2".to_string()]);
+    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(1));
+    assert_eq!(event_texts(&o), vec![ev("Scaled", "PS 3 \u{2192} 1")]);
+    let o = run(&with(0), &first.status, &pods, at(6));
+    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(1));
     let warning = o.actions.iter().find_map(|a| match a {
         Action::Event { reason, message, pod, .. } if reason == "ScaleLimited" => Some((message.clone(), pod.clone())),
         _ => None,
     });
     let (message, pod) = warning.expect("a ScaleLimited warning");
-    assert!(message.starts_with("PS replicas is 1, kept at 3: the ps tasks of a running job can be added, not removed yet"), "{message}");
-    assert_eq!(pod.as_deref(), Some("job-ps-2"));
-    // No ps running (the job was suspended): PS 1 is planned, no warning.
+    assert!(message.starts_with("PS replicas is 0, kept at 1: ps 0 keeps the job's layout"), "{message}");
+    assert_eq!(pod.as_deref(), Some("job-ps-0"));
+    // No ps running (the job was suspended): PS 0 is planned, no warning.
     let workers_only: Vec<ObservedReplica> = pods.iter().filter(|p| p.replica_type != PS).cloned().collect();
-    let o = run(&with(1), &first.status, &workers_only, at(6));
-    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(1));
+    let o = run(&with(0), &first.status, &workers_only, at(7));
+    assert_eq!(o.status.replica_statuses["PS"].replicas, Some(0));
     assert!(!events(&o).contains(&"ScaleLimited".to_string()), "{:?}", events(&o));
 }
 

@@ -51,6 +51,15 @@ pub trait Backend {
     fn shutdown(&mut self);
 }
 
+/// How long a deleted replica is given between SIGTERM and SIGKILL: a ps
+/// removed by a scale-down hands its state over to the ps tasks that stay
+/// before it exits (within its own `--shutdown_grace_secs`, 30 s by
+/// default, as a pod's `terminationGracePeriodSeconds`); other replicas
+/// stop at once.
+pub fn stop_grace(rtype: ReplicaType) -> std::time::Duration {
+    std::time::Duration::from_secs(if rtype == ReplicaType::PS { 30 } else { 3 })
+}
+
 /// The kubelet's decision when the container of a pod with this restart
 /// policy (`Always`, `OnFailure`, `Never`) exits with `code`: restart it in
 /// place (`Always`, or `OnFailure` on a non-zero code), or let the pod end.

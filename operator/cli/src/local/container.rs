@@ -695,7 +695,8 @@ impl Backend for ContainerBackend {
     }
 
     fn delete(&mut self, name: &str) {
-        self.kubelet.delete_pod(name, 3);
+        let grace = self.planned.get(name).map_or(3, |r| super::backend::stop_grace(r.replica_type).as_secs() as i32);
+        self.kubelet.delete_pod(name, grace);
         self.planned.remove(name);
     }
 

@@ -120,8 +120,8 @@ pub enum ScaleError {
     Fixed(ReplicaType),
     #[error("TFJob {job} has no {rtype} replica set to scale")]
     NoReplicaSet { job: String, rtype: ReplicaType },
-    #[error("PS={to}: a running job's ps tasks can be added, not removed yet (the state of a removed ps has nowhere to go); PS stays at {from}")]
-    PsShrink { from: i32, to: i32 },
+    #[error("PS=0: ps 0 keeps the job's layout and is never removed (PS=1 leaves it alone); PS stays at {from}")]
+    PsZero { from: i32 },
     #[error("{rtype}={replicas} would make TFJob {job} invalid: {errors}")]
     Invalid { job: String, rtype: ReplicaType, replicas: i32, errors: ValidationErrors },
 }
@@ -138,8 +138,9 @@ fn fixed_reason(rtype: &ReplicaType) -> &'static str {
 /// is: on success the job has the new count (the next reconcile creates or
 /// deletes the difference) and the message says what changed
 /// (`Worker 2 → 4`); on error the job is unchanged. Workers come and go;
-/// ps tasks can be added (the new ones propose the larger set to ps 0 and
-/// the chief moves their part of the state to them), not removed yet.
+/// so do ps tasks other than ps 0: a new one proposes the larger set to
+/// ps 0, a removed one (the highest first) asks to leave, and the chief
+/// moves the state to the ps tasks of the new set at a step boundary.
 pub fn apply_scale(job: &mut TFJob, request: &ScaleRequest) -> Result<String, ScaleError> {
     let rtype = ReplicaType::parse(&request.replica_type).ok_or_else(|| ScaleError::UnknownType(request.replica_type.clone()))?;
     if !matches!(rtype, ReplicaType::Worker | ReplicaType::PS) {
@@ -150,8 +151,8 @@ pub fn apply_scale(job: &mut TFJob, request: &ScaleRequest) -> Result<String, Sc
     let mut scaled = job.clone();
     let rs = scaled.spec.tf_replica_specs.get_mut(&key).ok_or_else(missing)?;
     let before = rs.replicas;
-    if rtype == ReplicaType::PS && request.replicas < before {
-        return Err(ScaleError::PsShrink { from: before, to: request.replicas });
+    if rtype == ReplicaType::PS && request.replicas == 0 && before > 0 {
+        return Err(ScaleError::PsZero { from: before });
     }
     rs.replicas = request.replicas;
     let errors = api::validate(&scaled);
@@ -429,12 +430,8 @@ mod tests {
                 2,
             ),
             ("PS=1,Worker=2", scale("PS", 3), Ok("PS 1 \u{2192} 3"), 2),
-            (
-                "PS=3,Worker=2",
-                scale("ps", 1),
-                Err("PS=1: a running job's ps tasks can be added, not removed yet (the state of a removed ps has nowhere to go); PS stays at 3"),
-                2,
-            ),
+            ("PS=3,Worker=2", scale("ps", 1), Ok("PS 3 \u{2192} 1"), 2),
+            ("PS=3,Worker=2", scale("PS", 0), Err("PS=0: ps 0 keeps the job's layout and is never removed (PS=1 leaves it alone); PS stays at 3"), 2),
             (
                 "Chief=1,Worker=2",
                 scale("Chief", 0),

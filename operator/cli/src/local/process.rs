@@ -270,7 +270,7 @@ impl Backend for ProcessBackend {
         if let Some(mut r) = self.replicas.remove(name)
             && let Some(c) = r.child.take()
         {
-            Self::stop_children(vec![c], Duration::from_secs(3));
+            Self::stop_children(vec![c], super::backend::stop_grace(r.planned.replica_type));
             drain_output(&self.readers, &short_name(&self.job, name));
         }
     }

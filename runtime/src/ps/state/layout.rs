@@ -1,17 +1,21 @@
 //! The layout this ps serves (its version; on ps 0 also the ps set and a
 //! set proposed), and a move in progress: frozen, staged, committed.
 
-use crate::checkpoint::ShardData;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
 use crate::proto;
 use crate::ps::error::StoreError;
 use crate::ps::recut::DensePiece;
+use crate::ps::state::StoredVar;
 
 /// The pieces a ps holds under the next layout, put together and waiting
 /// for the commit.
 #[derive(Debug)]
 pub(in crate::ps) struct Staged {
     pub(in crate::ps) version: u64,
-    pub(in crate::ps) data: ShardData,
+    /// The variables as the store will hold them at the commit.
+    pub(in crate::ps) vars: Vec<StoredVar>,
     pub(in crate::ps) step: i64,
     pub(in crate::ps) fingerprint: u64,
     pub(in crate::ps) variables: Vec<proto::VariableSpec>,
@@ -35,11 +39,29 @@ pub(in crate::ps) struct LayoutState {
     /// Where this ps's dense pieces sit in their variables (from the
     /// handshake that agreed, or the move that staged them).
     pub(in crate::ps) own_dense: Vec<DensePiece>,
+    /// ps 0: the ps tasks (by index) that asked to leave, and when; cleared
+    /// by a move, forgotten after [`LEAVE_REMEMBERED`].
+    pub(in crate::ps) leaving: BTreeMap<u32, Instant>,
+}
+
+/// How long ps 0 remembers a ps's wish to leave: longer than any grace
+/// period a leaving ps waits in, short enough that a ps that gave up and
+/// was started again is not removed by a later scale-down.
+pub(in crate::ps) const LEAVE_REMEMBERED: Duration = Duration::from_secs(300);
+
+/// How many of `ps_count` ps tasks stay when those in `leaving` go: only
+/// the highest can (a ps's index is its place in the layout), ps 0 never.
+pub(in crate::ps) fn staying(ps_count: usize, leaving: impl Fn(u32) -> bool) -> usize {
+    let mut keep = ps_count;
+    while keep > 1 && leaving(keep as u32 - 1) {
+        keep -= 1;
+    }
+    keep
 }
 
 impl LayoutState {
     pub(in crate::ps) fn new(addresses: Vec<String>) -> Self {
-        LayoutState { version: 1, addresses, proposed: None, frozen: None, staged: None, retired: false, own_dense: Vec::new() }
+        LayoutState { version: 1, addresses, proposed: None, frozen: None, staged: None, retired: false, own_dense: Vec::new(), leaving: BTreeMap::new() }
     }
 
     /// A request cut for layout `theirs` (0: the first): refused when this
