@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "operator", "sparse"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -181,7 +181,11 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("sparse") { Some(runtime_binary()?) } else { None };
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") {
+        Some(runtime_binary()?)
+    } else {
+        None
+    };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -193,6 +197,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("elastic") {
         elastic(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("elastic-ps") {
+        elastic_ps(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     if want("operator") {
         operator(&opts, &mut report)?;
@@ -589,6 +596,229 @@ async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usi
     }
     drop(stop);
     Ok((median(times), bytes))
+}
+
+// ---------------------------------------------------------------- elastic ps
+
+/// What adding a ps to a job whose embedding table lives on one ps measured.
+#[derive(Debug)]
+struct PsScale {
+    /// ps 1 started → the first step on the 2-ps layout.
+    start_to_first_step: f64,
+    /// The longest time between two steps of the chief around the move.
+    pause: f64,
+    moved: tfjob_runtime::client::mover::Moved,
+    rss_before: f64,
+    rss_after: [f64; 2],
+    steps_before: f64,
+    steps_after: f64,
+}
+
+/// `--only elastic-ps`: a 2^22 x 16 embedding (every row materialised: 256 MiB of values) on one
+/// ps process; the bench plays the chief of an async job pushing 4,096-row batches; ps 1 is
+/// started with a 2-ps TF_CONFIG, proposes it, and the chief moves the state as a worker does.
+/// Compared with a static job of 2 ps processes holding the same table.
+fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    let (rows, dim) = if opts.quick { (1usize << 16, 16usize) } else { (1 << 22, 16) };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let logs = opts.out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let scaled = rt.block_on(ps_scale_run(bin, &logs, rows, dim))?;
+    let static2 = rt.block_on(static_ps_run(bin, &logs, rows, dim))?;
+    let m = &scaled.moved;
+    let table_mib = (rows * dim * 4) as f64 / (1 << 20) as f64;
+    println!(
+        "elastic-ps: {rows} x {dim} table; {m}; pause {:.2}s; ps 0 RSS {:.0} -> {:.0} MiB, ps 1 {:.0} MiB",
+        scaled.pause, scaled.rss_before, scaled.rss_after[0], scaled.rss_after[1]
+    );
+    let row = |report: &mut Report, metric: &str, v: f64, unit: &str, base: Option<(&str, f64)>, target: &str, met: Option<bool>| {
+        report.row("elastic-ps", metric, v, unit, base, None, target, met)
+    };
+    row(report, "pause seen by the chief (PS 1 -> 2)", scaled.pause, "s", None, "< 2", Some(scaled.pause < 2.0));
+    row(report, "ps 1 started -> first step on 2 ps", scaled.start_to_first_step, "s", None, "", None);
+    row(report, "move itself (freeze, stage, commit)", m.seconds, "s", None, "", None);
+    let ideal = m.bytes as f64 / 2.0;
+    row(report, "bytes moved between ps tasks", m.moved_bytes as f64 / 1e6, "MB", Some(("ideal: half the state", ideal / 1e6)), "~1.0x", None);
+    row(report, "ps 0 RSS after the move", scaled.rss_after[0], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
+    row(report, "ps 1 RSS after the move", scaled.rss_after[1], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
+    row(report, "steps/s on 1 ps before the move", scaled.steps_before, "steps/s", None, "", None);
+    row(report, "steps/s on 2 ps after the move", scaled.steps_after, "steps/s", Some(("static 2-ps job", static2)), "~1.0x", None);
+    report.details.insert(
+        "elastic_ps".into(),
+        json!({"rows": rows, "dim": dim, "table_mib": table_mib, "moved_rows": m.rows, "bytes": m.bytes, "moved_bytes": m.moved_bytes,
+               "move_secs": m.seconds, "pause_secs": scaled.pause, "start_to_first_step_secs": scaled.start_to_first_step,
+               "rss_before_mib": scaled.rss_before, "rss_after_mib": scaled.rss_after, "steps_before": scaled.steps_before,
+               "steps_after": scaled.steps_after, "static_2ps_steps": static2}),
+    );
+    Ok(())
+}
+
+/// The resident memory of a process, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// A ps process of a bench job (`hosts` its TF_CONFIG's ps set) whose chief is `worker`.
+fn spawn_bench_ps(bin: &Path, logs: &Path, name: &str, hosts: &[String], worker: &str, index: usize) -> Result<Proc> {
+    let args = vec![
+        format!("--ps_hosts={}", hosts.join(",")),
+        format!("--worker_hosts={worker}"),
+        "--job_name=ps".into(),
+        format!("--task_index={index}"),
+        "--lease_secs=60".into(),
+    ];
+    spawn_task(bin, name, &args, logs.join(format!("{name}.log")), None)
+}
+
+/// The bench's chief: an async job of one embedding variable over `addresses`.
+struct BenchChief {
+    ps: tfjob_runtime::client::PsSet,
+    steps: Vec<i64>,
+    rows: usize,
+    dim: usize,
+    batch: usize,
+    /// How far the next batch starts from this one's start.
+    stride: usize,
+    next_start: usize,
+}
+
+impl BenchChief {
+    fn ps_set(addresses: &[String], rows: usize, dim: usize, version: u64) -> Result<tfjob_runtime::client::PsSet> {
+        use tfjob_runtime::client::{ModelVariable, PsSet};
+        use tfjob_runtime::cluster::TaskId;
+        use tfjob_runtime::init::Init;
+        use tfjob_runtime::optimizer::Optimizer;
+        use tfjob_runtime::placement::{self, PartitionStrategy, PlacementInput};
+        use tfjob_runtime::proto::{self, UpdateMode};
+        let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: Some((Init::Uniform { limit: 0.05 }, 1)) };
+        let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: Some(PartitionStrategy::Consistent) };
+        let placement = placement::place(&[input], addresses.len(), usize::MAX)?;
+        let config = proto::TrainingConfig { mode: UpdateMode::Async as i32, optimizer: Some(Optimizer::sgd(1e-3).to_proto()), ..Default::default() };
+        let credentials = tfjob_runtime::auth::Credentials { token: None, tls: None };
+        Ok(PsSet::new(TaskId::new("worker", 0), addresses, &credentials, vec![var], placement, config, Duration::from_secs(30))?.with_layout_version(version))
+    }
+
+    /// Joins the ps tasks, initialises the table and updates every row once (65,536 at a time),
+    /// so that each is materialised as in a job that trained long.
+    async fn start(addresses: &[String], rows: usize, dim: usize) -> Result<Self> {
+        let ps = Self::ps_set(addresses, rows, dim, 1)?;
+        ps.handshake(false).await?;
+        ps.init(&[ndarray::ArrayD::zeros(vec![0, dim])], 0).await?;
+        let batch = 65_536.min(rows);
+        let mut chief = BenchChief { steps: vec![0; addresses.len()], ps, rows, dim, batch, stride: batch, next_start: 0 };
+        chief.refresh_steps().await?;
+        for _ in 0..rows / chief.batch {
+            chief.step().await?;
+        }
+        // Then batches of 4,096 rows spread over the table.
+        chief.batch = 4_096.min(rows);
+        chief.stride = chief.batch * 7 + 1;
+        Ok(chief)
+    }
+
+    async fn refresh_steps(&mut self) -> Result<()> {
+        let mut params = vec![ndarray::ArrayD::zeros(vec![0, self.dim])];
+        let min = vec![0; self.ps.num_ps()];
+        self.steps = self.ps.pull(&mut params, &[vec![]], &min, false, Duration::from_secs(30)).await?.steps;
+        Ok(())
+    }
+
+    /// One async step: the gradient of `batch` distinct rows pushed, the next batch's rows pulled.
+    async fn step(&mut self) -> Result<()> {
+        use tfjob_runtime::client::StepRequest;
+        let ids: Vec<i64> = (0..self.batch).map(|k| ((self.next_start + k) % self.rows) as i64).collect();
+        self.next_start = (self.next_start + self.stride) % self.rows;
+        let grads = vec![ndarray::ArrayD::from_elem(vec![self.batch, self.dim], 0.01f32)];
+        let mut params = vec![ndarray::ArrayD::zeros(vec![0, self.dim])];
+        let (rows, push_to, min) = (vec![ids], vec![true; self.ps.num_ps()], vec![0; self.ps.num_ps()]);
+        let step = StepRequest { steps: &self.steps, push_to: &push_to, gradients: &grads, pushed_rows: &rows, pulled_rows: &rows };
+        self.steps = self.ps.push_pull(step, &mut params, &min, Duration::from_secs(30)).await?.pulled.steps;
+        Ok(())
+    }
+
+    /// Steps for `secs`; steps per second.
+    async fn train_for(&mut self, secs: f64) -> Result<f64> {
+        let (start, mut n) = (Instant::now(), 0u64);
+        while start.elapsed().as_secs_f64() < secs {
+            self.step().await?;
+            n += 1;
+        }
+        Ok(n as f64 / start.elapsed().as_secs_f64())
+    }
+}
+
+async fn ps_scale_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Result<PsScale> {
+    let ports = free_ports(3)?;
+    let hosts: Vec<String> = ports[..2].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let worker = format!("127.0.0.1:{}", ports[2]);
+    let mut ps0 = spawn_bench_ps(bin, logs, "elastic-ps-ps0", &hosts[..1], &worker, 0)?;
+    let mut chief = BenchChief::start(&hosts[..1], rows, dim).await?;
+    let steps_before = chief.train_for(3.0).await?;
+    let rss_before = rss_mib(ps0.child.id());
+    let started = Instant::now();
+    let mut ps1 = spawn_bench_ps(bin, logs, "elastic-ps-ps1", &hosts, &worker, 1)?;
+    let (mut pause, mut last_step, mut checked) = (0f64, Instant::now(), Instant::now());
+    let moved = loop {
+        chief.step().await?;
+        pause = pause.max(last_step.elapsed().as_secs_f64());
+        last_step = Instant::now();
+        if checked.elapsed() < Duration::from_millis(100) {
+            continue;
+        }
+        checked = Instant::now();
+        ensure_running(&mut ps1)?;
+        let layout = chief.ps.layout().await?;
+        if layout.proposed.is_empty() {
+            continue;
+        }
+        let next = BenchChief::ps_set(&layout.proposed, rows, dim, layout.version + 1)?;
+        let moved = next.take_over(&chief.ps, layout.version + 1, -1).await?;
+        next.handshake(false).await?;
+        chief.ps = next;
+        chief.refresh_steps().await?;
+        break moved;
+    };
+    chief.step().await?;
+    let start_to_first_step = started.elapsed().as_secs_f64();
+    pause = pause.max(last_step.elapsed().as_secs_f64());
+    let steps_after = chief.train_for(3.0).await?;
+    let rss_after = [rss_mib(ps0.child.id()), rss_mib(ps1.child.id())];
+    for p in [&mut ps0, &mut ps1] {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    Ok(PsScale { start_to_first_step, pause, moved, rss_before, rss_after, steps_before, steps_after })
+}
+
+fn ensure_running(p: &mut Proc) -> Result<()> {
+    if let Some(status) = p.child.try_wait()? {
+        bail!("{} exited with {status}", p.name);
+    }
+    Ok(())
+}
+
+/// Steps/s of the same job on 2 ps processes from the start.
+async fn static_ps_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Result<f64> {
+    let ports = free_ports(3)?;
+    let hosts: Vec<String> = ports[..2].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let worker = format!("127.0.0.1:{}", ports[2]);
+    let mut procs = vec![];
+    for i in 0..2 {
+        procs.push(spawn_bench_ps(bin, logs, &format!("elastic-ps-static{i}"), &hosts, &worker, i)?);
+    }
+    let result = async {
+        let mut chief = BenchChief::start(&hosts, rows, dim).await?;
+        chief.train_for(3.0).await
+    }
+    .await;
+    for p in &mut procs {
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+    result
 }
 
 // ---------------------------------------------------------------- runtime processes
