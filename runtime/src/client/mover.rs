@@ -216,12 +216,8 @@ pub async fn propose_if_new(
             return Ok(layout);
         }
         if layout.initialized {
-            let (c, propose) = (client.clone(), proto::ProposeLayoutRequest { task: who.clone(), ps_addresses: ps_addresses.to_vec(), leave: false });
-            return with_retry(0, &ps_addresses[0], "propose a layout to", patience, move || {
-                let (mut c, req) = (c.clone(), propose.clone());
-                async move { c.propose_layout(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
-            })
-            .await;
+            let req = proto::ProposeLayoutRequest { task: who.clone(), ps_addresses: ps_addresses.to_vec(), leave: false };
+            return propose(client.clone(), &ps_addresses[0], req, "propose a layout to", patience).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -238,7 +234,18 @@ pub async fn ask_to_leave(
 ) -> Result<proto::LayoutReply, ClientError> {
     let client = ps_client(ps0_address, credentials, Duration::from_secs(5))?;
     let req = proto::ProposeLayoutRequest { task: Some(proto::TaskId::from(task)), ps_addresses: Vec::new(), leave: true };
-    with_retry(0, ps0_address, "ask to leave", patience, move || {
+    propose(client, ps0_address, req, "ask to leave", patience).await
+}
+
+/// One `ProposeLayout` call to ps 0, retried while it is unreachable.
+async fn propose(
+    client: PsGrpc,
+    ps0_address: &str,
+    req: proto::ProposeLayoutRequest,
+    what: &'static str,
+    patience: Duration,
+) -> Result<proto::LayoutReply, ClientError> {
+    with_retry(0, ps0_address, what, patience, move || {
         let (mut c, req) = (client.clone(), req.clone());
         async move { c.propose_layout(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
     })

@@ -98,3 +98,16 @@ impl LayoutState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// How many ps tasks stay: only the highest that asked leave, ps 0 never.
+    #[test]
+    fn only_the_highest_ps_tasks_leave() {
+        // (ps count, indices that asked to leave, ps tasks that stay)
+        let cases: [(usize, &[u32], usize); 7] = [(3, &[], 3), (3, &[2], 2), (3, &[1, 2], 1), (3, &[1], 3), (3, &[0, 1, 2], 1), (1, &[0], 1), (4, &[1, 3], 3)];
+        for (count, leaving, want) in cases {
+            assert_eq!(super::staying(count, |k| leaving.contains(&k)), want, "{count} ps, {leaving:?} leaving");
+        }
+    }
+}
