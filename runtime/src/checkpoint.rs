@@ -104,11 +104,19 @@ pub struct ShardData {
 /// (`[ids, dim]`, row after row), the optimizer's two slots, update count.
 pub type SavedRows<'a> = (&'a [i64], &'a [f32], [&'a [f32]; 2], u64);
 
+/// The same, owned: what a move puts together is taken as it is, not copied.
+pub type OwnedRows = (Vec<i64>, Vec<f32>, [Vec<f32>; 2], u64);
+
 impl ShardData {
     /// Adds a dense variable with its optimizer slots (`<name>:slot0`,
     /// `<name>:slot1`, those it has) and its update count.
     pub fn push_dense(&mut self, name: &str, shape: &[usize], values: &[f32], slots: [&[f32]; 2], updates: u64) {
-        self.variables.push((name.to_string(), shape.to_vec(), values.to_vec()));
+        self.push_dense_owned(name, shape, values.to_vec(), slots.map(<[f32]>::to_vec), updates);
+    }
+
+    /// [`push_dense`](Self::push_dense) of vectors it takes.
+    pub fn push_dense_owned(&mut self, name: &str, shape: &[usize], values: Vec<f32>, slots: [Vec<f32>; 2], updates: u64) {
+        self.variables.push((name.to_string(), shape.to_vec(), values));
         self.push_slots(name, shape, slots, updates);
     }
 
@@ -117,10 +125,15 @@ impl ShardData {
     /// `<name>:ids`, and the partition's description (`part`, JSON of
     /// [`crate::embedding::EmbeddingPart`]).
     pub fn push_rows(&mut self, name: &str, dim: usize, (ids, values, slots, updates): SavedRows<'_>, part: String) {
+        self.push_rows_owned(name, dim, (ids.to_vec(), values.to_vec(), slots.map(<[f32]>::to_vec), updates), part);
+    }
+
+    /// [`push_rows`](Self::push_rows) of vectors it takes.
+    pub fn push_rows_owned(&mut self, name: &str, dim: usize, (ids, values, slots, updates): OwnedRows, part: String) {
         let shape = [ids.len(), dim];
-        self.variables.push((name.to_string(), shape.to_vec(), values.to_vec()));
+        self.variables.push((name.to_string(), shape.to_vec(), values));
         self.push_slots(name, &shape, slots, updates);
-        self.row_ids.push((name.to_string(), ids.to_vec()));
+        self.row_ids.push((name.to_string(), ids));
         self.embeddings.push((name.to_string(), part));
     }
 
@@ -134,10 +147,10 @@ impl ShardData {
         self.dispatcher = self.dispatcher.take().or(s.dispatcher);
     }
 
-    fn push_slots(&mut self, name: &str, shape: &[usize], slots: [&[f32]; 2], updates: u64) {
+    fn push_slots(&mut self, name: &str, shape: &[usize], slots: [Vec<f32>; 2], updates: u64) {
         for (k, slot) in slots.into_iter().enumerate() {
             if !slot.is_empty() {
-                self.slots.push((format!("{name}:slot{k}"), shape.to_vec(), slot.to_vec()));
+                self.slots.push((format!("{name}:slot{k}"), shape.to_vec(), slot));
             }
         }
         self.updates.push((name.to_string(), updates));

@@ -235,8 +235,9 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
         return store.restore_recut(pending).map_err(|e| (2, e.to_string()));
     }
     let data = checkpoint::read_shard(&ckpt, cluster.task.index as usize).map_err(|e| (code(&e), e.to_string()))?;
-    store.restore(&data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
-    tracing::info!("{}: restored {} variable(s) from {} (global_step={})", cluster.task, data.variables.len(), ckpt.path, ckpt.global_step);
+    let restored = data.variables.len();
+    store.restore(data, ckpt.global_step, ckpt.num_ps).map_err(|e| (2, e.to_string()))?;
+    tracing::info!("{}: restored {restored} variable(s) from {} (global_step={})", cluster.task, ckpt.path, ckpt.global_step);
     Ok(())
 }
 

@@ -260,17 +260,17 @@ pub struct GrpcFragmentSource {
 
 #[tonic::async_trait]
 impl crate::ps::FragmentSource for GrpcFragmentSource {
-    async fn fetch(&self, address: &str, req: proto::FetchFragmentsRequest) -> Result<Vec<proto::FragmentsReply>, Status> {
+    async fn fetch(&self, address: &str, req: proto::FetchFragmentsRequest) -> Result<crate::ps::recut::Fragments, Status> {
         let client = ps_client(address, &self.credentials, Duration::from_secs(5)).map_err(|e| Status::unavailable(e.to_string()))?;
         let result = with_retry(0, address, "fetch fragments from", self.patience, move || {
             let (mut c, req) = (client.clone(), req.clone());
             async move {
                 let mut stream = c.fetch_fragments(deadline(req, STAGE_DEADLINE)).await?.into_inner();
-                let mut messages = Vec::new();
+                let mut fragments = crate::ps::recut::Fragments::default();
                 while let Some(m) = stream.message().await? {
-                    messages.push(m);
+                    crate::ps::add_message(&mut fragments, m);
                 }
-                Ok(messages)
+                Ok(fragments)
             }
         })
         .await;

@@ -2,11 +2,13 @@
 //! rows of its embedding partitions and the shard dispatcher's state, copied
 //! under the lock and written outside it; and back, before serving.
 
+use std::collections::HashMap;
+
 use super::error::StoreError;
 use super::recut::{PendingRecut, recut};
 use super::state::{Agreement, State, StoredVar, Variables, pieces_of};
 use super::store::ParameterStore;
-use crate::checkpoint::{self, ShardData};
+use crate::checkpoint::{self, OwnedRows, ShardData};
 use crate::cluster::TaskId;
 use crate::embedding::{EmbeddingPart, RowTable};
 use crate::optimizer::Slots;
@@ -31,33 +33,39 @@ pub(super) fn save_variables(data: &mut ShardData, vars: &Variables) -> Result<(
     Ok(())
 }
 
-/// An embedding partition of a checkpoint shard, with its rows.
-fn restored_rows(data: &ShardData, name: &str, ids: &[i64], values: &[f32], slots: [Vec<f32>; 2], updates: u64) -> Result<StoredVar, StoreError> {
-    let json = data
-        .embeddings
+/// An embedding partition of a checkpoint shard, with its rows (taken, not copied).
+fn restored_rows(embeddings: &[(String, String)], name: String, (ids, values, slots, updates): OwnedRows) -> Result<StoredVar, StoreError> {
+    let json = embeddings
         .iter()
-        .find(|(n, _)| n == name)
+        .find(|(n, _)| *n == name)
         .map(|(_, j)| j.as_str())
         .ok_or_else(|| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?} has rows but no description")))?;
     let part: EmbeddingPart = serde_json::from_str(json).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: embedding partition {name:?}: {e}")))?;
     let stored_shape = vec![part.partition_rows() as usize, part.dim];
-    let mut table = RowTable::new(name, part);
-    table.restore(ids.to_vec(), values.to_vec(), slots, updates).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: {e}")))?;
-    Ok(StoredVar::rows(name.to_string(), stored_shape, table))
+    let mut table = RowTable::new(&name, part);
+    table.restore(ids, values, slots, updates).map_err(|e| StoreError::InvalidArgument(format!("checkpoint: {e}")))?;
+    Ok(StoredVar::rows(name, stored_shape, table))
 }
 
-/// The variables of a checkpoint shard, sorted by name.
-pub(super) fn restored_variables(data: &ShardData) -> Result<Vec<StoredVar>, StoreError> {
+/// The variables of a checkpoint shard, sorted by name. The shard's
+/// vectors become the variables' (a moved partition has millions of rows:
+/// no copy).
+pub(super) fn restored_variables(data: ShardData) -> Result<Vec<StoredVar>, StoreError> {
+    let ShardData { variables, slots, updates, row_ids, embeddings, .. } = data;
+    let mut slots: HashMap<String, Vec<f32>> = slots.into_iter().rev().map(|(n, _, v)| (n, v)).collect();
+    let mut row_ids: HashMap<String, Vec<i64>> = row_ids.into_iter().rev().collect();
+    let updates: HashMap<String, u64> = updates.into_iter().rev().collect();
     let mut vars = Vec::new();
-    for (name, shape, values) in &data.variables {
+    for (name, shape, values) in variables {
         if shape.iter().product::<usize>() != values.len() {
             return Err(StoreError::InvalidArgument(format!("checkpoint variable {name:?}: shape {shape:?} and {} values", values.len())));
         }
-        let slot = |k: usize| data.slots.iter().find(|(n, _, _)| *n == format!("{name}:slot{k}")).map(|(_, _, v)| v.clone()).unwrap_or_default();
-        let updates = data.updates.iter().find(|(n, _)| n == name).map_or(0, |(_, u)| *u);
-        match data.row_ids.iter().find(|(n, _)| n == name) {
-            Some((_, ids)) => vars.push(restored_rows(data, name, ids, values, [slot(0), slot(1)], updates)?),
-            None => vars.push(StoredVar::dense(name.clone(), shape.clone(), values.clone(), Slots { first: slot(0), second: slot(1), updates })),
+        let mut slot = |k: usize| slots.remove(&format!("{name}:slot{k}")).unwrap_or_default();
+        let (first, second) = (slot(0), slot(1));
+        let updates = updates.get(&name).copied().unwrap_or(0);
+        match row_ids.remove(&name) {
+            Some(ids) => vars.push(restored_rows(&embeddings, name, (ids, values, [first, second], updates))?),
+            None => vars.push(StoredVar::dense(name, shape, values, Slots { first, second, updates })),
         }
     }
     vars.sort_by(|a, b| a.name.cmp(&b.name));
@@ -97,7 +105,7 @@ impl ParameterStore {
     /// `num_ps` ps tasks) before serving: the values, the step and the shard
     /// dispatcher's state are back; the training configuration (and so the
     /// optimizer) comes with the first worker's handshake.
-    pub fn restore(&self, data: &ShardData, step: i64, num_ps: usize) -> Result<(), StoreError> {
+    pub fn restore(&self, data: ShardData, step: i64, num_ps: usize) -> Result<(), StoreError> {
         let mut guard = self.lock();
         let state = &mut *guard;
         check_fresh(state)?;
@@ -130,11 +138,11 @@ impl ParameterStore {
         let Some(pending) = state.pending_recut.take() else { return Ok(()) };
         let materialised: usize = data.row_ids.iter().map(|(_, ids)| ids.len()).sum();
         let bytes: usize = data.variables.iter().chain(&data.slots).map(|t| t.2.len() * 4).sum();
-        self.install_restored(state, &data, pending.step)?;
+        let restored = data.variables.len();
+        self.install_restored(state, data, pending.step)?;
         tracing::info!(
-            "ps:{}: restored {} variable(s) ({materialised} embedding rows, {:.1} MB with slots) cut out of {} written by {} ps task(s), for {} now (global_step={})",
+            "ps:{}: restored {restored} variable(s) ({materialised} embedding rows, {:.1} MB with slots) cut out of {} written by {} ps task(s), for {} now (global_step={})",
             self.config.ps_index,
-            data.variables.len(),
             bytes as f64 / 1e6,
             pending.path,
             pending.written_by,
@@ -145,10 +153,11 @@ impl ParameterStore {
     }
 
     /// Puts a checkpoint shard's variables and dispatcher state in place, at `step`.
-    fn install_restored(&self, state: &mut State, data: &ShardData, step: i64) -> Result<(), StoreError> {
+    fn install_restored(&self, state: &mut State, mut data: ShardData, step: i64) -> Result<(), StoreError> {
+        let dispatcher = data.dispatcher.take();
         let vars = restored_variables(data)?;
         let variables = vars.iter().map(StoredVar::spec).collect();
-        if let Some(json) = &data.dispatcher {
+        if let Some(json) = &dispatcher {
             state.dispatch.restore(self.config.ps_index, json)?;
         }
         // Fingerprint 0: adopted from the first handshake whose variables match.

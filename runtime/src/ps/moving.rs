@@ -4,12 +4,10 @@
 //! stages, the commit). The chief drives a move; the streams and the calls
 //! to other ps tasks are in [`super::service`].
 
-use super::checkpointing::save_variables;
 use super::error::{StoreError, task_of};
-use super::recut::{self, DenseFragment, Fragments, RowsFragment};
+use super::recut::{self, DenseFragment, Fragments, RowsFragment, StoredPieces};
 use super::state::{Agreement, LEAVE_REMEMBERED, Staged, StoredVar, pieces_of, staying};
 use super::store::ParameterStore;
-use crate::checkpoint::ShardData;
 use crate::le;
 use crate::proto;
 
@@ -70,19 +68,22 @@ impl ParameterStore {
     }
 
     /// What this ps supplies of the pieces another ps holds under the next
-    /// layout (only while frozen for it: its state no longer changes).
+    /// layout (only while frozen for it: its state no longer changes), cut
+    /// from its live variables under the lock (no copy of the whole state).
     pub fn fragments_for(&self, req: &proto::FetchFragmentsRequest) -> Result<Fragments, StoreError> {
         let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
-        let (own, own_dense) = {
-            let state = self.lock();
-            if state.layout.frozen != Some(req.version) {
-                return Err(StoreError::FailedPrecondition(format!("not frozen for the move to version {}", req.version)));
+        let state = self.lock();
+        if state.layout.frozen != Some(req.version) {
+            return Err(StoreError::FailedPrecondition(format!("not frozen for the move to version {}", req.version)));
+        }
+        let mut stored = StoredPieces::default();
+        for v in state.vars.all() {
+            match &v.table {
+                Some(t) => stored.add_rows(&t.name, t.part.clone(), t.saved()),
+                None => stored.add_dense(&v.name, &v.shape, &v.values, [&v.slots.first, &v.slots.second], v.slots.updates),
             }
-            let mut own = ShardData::default();
-            save_variables(&mut own, &state.vars)?;
-            (own, state.layout.own_dense.clone())
-        };
-        recut::fragments(&own, &own_dense, &dense, &rows).map_err(|e| StoreError::FailedPrecondition(e.to_string()))
+        }
+        recut::fragments(&stored, &state.layout.own_dense, &dense, &rows).map_err(|e| StoreError::FailedPrecondition(e.to_string()))
     }
 
     /// Serves layout `version` of `ps_addresses` (restored from a checkpoint).
@@ -192,7 +193,7 @@ fn leave(state: &mut super::state::State, task: &crate::cluster::TaskId) -> Resu
 pub(super) fn staged(req: &proto::StageMoveRequest, supplied: Vec<Fragments>) -> Result<Staged, StoreError> {
     let (dense, rows) = pieces_of(&req.variables, &req.dense_pieces)?;
     let data = recut::assemble(&dense, &rows, supplied).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
-    let vars = super::checkpointing::restored_variables(&data)?;
+    let vars = super::checkpointing::restored_variables(data)?;
     if vars.len() != req.variables.len() {
         let names = |v: Vec<&str>| v.join(", ");
         return Err(StoreError::FailedPrecondition(format!(
@@ -215,96 +216,118 @@ pub(super) fn staged(req: &proto::StageMoveRequest, supplied: Vec<Fragments>) ->
     })
 }
 
+/// One cut of a fragment: rows `start .. end` of dense fragment or rows
+/// fragment `index`.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Dense { index: usize, start: usize, end: usize },
+    Rows { index: usize, start: usize, end: usize },
+}
+
 /// Fragments as stream messages of about `max_bytes` each (a large piece's
-/// rows cut over several).
-pub(super) fn to_messages(f: Fragments, max_bytes: usize) -> Vec<proto::FragmentsReply> {
-    let mut out = vec![proto::FragmentsReply::default()];
+/// rows cut over several), built one at a time as the stream is read: only
+/// the messages in flight are encoded copies, not the whole move.
+pub(super) fn to_messages(f: Fragments, max_bytes: usize) -> impl Iterator<Item = proto::FragmentsReply> + Send + 'static {
+    let mut messages: Vec<Vec<Cut>> = vec![Vec::new()];
     let mut size = 0;
-    let mut push = |out: &mut Vec<proto::FragmentsReply>, bytes: usize| {
+    let mut add = |cut: Cut, bytes: usize| {
         if size + bytes > max_bytes && size > 0 {
-            out.push(proto::FragmentsReply::default());
+            messages.push(Vec::new());
             size = 0;
         }
         size += bytes;
+        messages.last_mut().expect("one message at least").push(cut);
     };
-    for d in f.dense {
+    for (index, d) in f.dense.iter().enumerate() {
         let row = d.values.len() / d.rows.max(1);
         let per = (max_bytes / (row.max(1) * 12)).max(1);
         for start in (0..d.rows).step_by(per) {
-            let n = per.min(d.rows - start);
-            let cut = |v: &[f32]| -> bytes::Bytes { if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[start * row..(start + n) * row]).into() } };
-            let m = proto::DenseFragment {
-                piece: d.piece.clone(),
-                row_offset: (d.row_offset + start) as u64,
-                rows: n as u64,
-                values: cut(&d.values),
-                slot0: cut(&d.slots[0]),
-                slot1: cut(&d.slots[1]),
-                updates: d.updates,
-            };
-            push(&mut out, m.values.len() * 3);
-            out.last_mut().expect("one message at least").dense.push(m);
+            let end = (start + per).min(d.rows);
+            add(Cut::Dense { index, start, end }, (end - start) * row * 12);
         }
     }
-    for r in f.rows {
+    for (index, r) in f.rows.iter().enumerate() {
         let dim = r.values.len() / r.ids.len().max(1);
         let per = (max_bytes / (dim.max(1) * 12 + 8)).max(1);
-        let chunks = r.ids.len().div_ceil(per).max(1);
-        for c in 0..chunks {
-            let (a, b) = (c * per, ((c + 1) * per).min(r.ids.len()));
-            let cut = |v: &[f32]| -> bytes::Bytes { if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[a * dim..b * dim]).into() } };
-            let m = proto::RowsFragment {
-                piece: r.piece.clone(),
-                source_partition: r.source.0 as u32,
-                source_partitions: r.source.1 as u32,
-                ids: r.ids[a..b].to_vec(),
-                values: cut(&r.values),
-                slot0: cut(&r.slots[0]),
-                slot1: cut(&r.slots[1]),
-                updates: r.updates,
-            };
-            push(&mut out, m.values.len() * 3 + m.ids.len() * 8);
-            out.last_mut().expect("one message at least").rows.push(m);
+        for c in 0..r.ids.len().div_ceil(per).max(1) {
+            let (start, end) = (c * per, ((c + 1) * per).min(r.ids.len()));
+            add(Cut::Rows { index, start, end }, (end - start) * (dim * 12 + 8));
         }
     }
-    out
+    messages.into_iter().map(move |cuts| message(&f, &cuts))
 }
 
-/// The fragments of one source back from its messages (a partition's rows
-/// cut over several messages joined again).
-pub(super) fn from_messages(messages: Vec<proto::FragmentsReply>) -> Fragments {
-    let mut f = Fragments::default();
-    for m in messages {
-        f.dense.extend(m.dense.into_iter().map(|d| DenseFragment {
-            piece: d.piece,
-            row_offset: d.row_offset as usize,
-            rows: d.rows as usize,
-            values: le::f32s(&d.values),
-            slots: [le::f32s(&d.slot0), le::f32s(&d.slot1)],
-            updates: d.updates,
-        }));
-        for r in m.rows {
-            let source = (u64::from(r.source_partition), u64::from(r.source_partitions));
-            let at = match f.rows.iter().position(|x| x.piece == r.piece && x.source == source) {
-                Some(i) => i,
-                None => {
-                    f.rows.push(RowsFragment {
-                        piece: r.piece.clone(),
-                        source,
-                        ids: Vec::new(),
-                        values: Vec::new(),
-                        slots: Default::default(),
-                        updates: r.updates,
-                    });
-                    f.rows.len() - 1
-                }
-            };
-            let x = &mut f.rows[at];
-            x.ids.extend(r.ids);
-            x.values.extend(le::f32s(&r.values));
-            x.slots[0].extend(le::f32s(&r.slot0));
-            x.slots[1].extend(le::f32s(&r.slot1));
+/// The message of `cuts` of `f`.
+fn message(f: &Fragments, cuts: &[Cut]) -> proto::FragmentsReply {
+    let bytes = |v: &[f32], row: usize, start: usize, end: usize| -> bytes::Bytes {
+        if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[start * row..end * row]).into() }
+    };
+    let mut m = proto::FragmentsReply::default();
+    for &cut in cuts {
+        match cut {
+            Cut::Dense { index, start, end } => {
+                let d = &f.dense[index];
+                let row = d.values.len() / d.rows.max(1);
+                m.dense.push(proto::DenseFragment {
+                    piece: d.piece.clone(),
+                    row_offset: (d.row_offset + start) as u64,
+                    rows: (end - start) as u64,
+                    values: bytes(&d.values, row, start, end),
+                    slot0: bytes(&d.slots[0], row, start, end),
+                    slot1: bytes(&d.slots[1], row, start, end),
+                    updates: d.updates,
+                });
+            }
+            Cut::Rows { index, start, end } => {
+                let r = &f.rows[index];
+                let dim = r.values.len() / r.ids.len().max(1);
+                m.rows.push(proto::RowsFragment {
+                    piece: r.piece.clone(),
+                    source_partition: r.source.0 as u32,
+                    source_partitions: r.source.1 as u32,
+                    ids: r.ids[start..end].to_vec(),
+                    values: bytes(&r.values, dim, start, end),
+                    slot0: bytes(&r.slots[0], dim, start, end),
+                    slot1: bytes(&r.slots[1], dim, start, end),
+                    updates: r.updates,
+                });
+            }
         }
     }
-    f
+    m
+}
+
+/// Adds one message of a source's stream to its fragments (a partition's
+/// rows cut over several messages joined again), as the messages arrive.
+pub fn add_message(f: &mut Fragments, m: proto::FragmentsReply) {
+    f.dense.extend(m.dense.into_iter().map(|d| DenseFragment {
+        piece: d.piece,
+        row_offset: d.row_offset as usize,
+        rows: d.rows as usize,
+        values: le::f32s(&d.values),
+        slots: [le::f32s(&d.slot0), le::f32s(&d.slot1)],
+        updates: d.updates,
+    }));
+    for r in m.rows {
+        let source = (u64::from(r.source_partition), u64::from(r.source_partitions));
+        let at = match f.rows.iter().position(|x| x.piece == r.piece && x.source == source) {
+            Some(i) => i,
+            None => {
+                f.rows.push(RowsFragment {
+                    piece: r.piece.clone(),
+                    source,
+                    ids: Vec::new(),
+                    values: Vec::new(),
+                    slots: Default::default(),
+                    updates: r.updates,
+                });
+                f.rows.len() - 1
+            }
+        };
+        let x = &mut f.rows[at];
+        x.ids.extend(r.ids);
+        le::extend_f32s(&mut x.values, &r.values);
+        le::extend_f32s(&mut x.slots[0], &r.slot0);
+        le::extend_f32s(&mut x.slots[1], &r.slot1);
+    }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::checkpoint::{NamedTensor, ShardData};
+use crate::checkpoint::{NamedTensor, SavedRows, ShardData};
 use crate::embedding::EmbeddingPart;
 
 /// A dense piece this ps holds: rows `row_offset ..` of `variable` (as many
@@ -65,7 +65,7 @@ fn mismatch(variable: &str, reason: impl Into<String>) -> RecutError {
 /// The pieces of this ps cut out of `merged` (every shard of a checkpoint).
 /// `dispatcher`: whether this ps keeps the shard dispatcher's state (ps 0).
 pub fn recut(merged: &ShardData, dense: &[DensePiece], rows: &[RowsPiece], dispatcher: bool) -> Result<ShardData, RecutError> {
-    let supplied = fragments(merged, &stored_dense_pieces(merged), dense, rows)?;
+    let supplied = fragments(&StoredPieces::of(merged), &stored_dense_pieces(merged), dense, rows)?;
     let mut out = assemble(dense, rows, vec![supplied])?;
     if dispatcher {
         out.dispatcher = merged.dispatcher.clone();
@@ -165,28 +165,31 @@ impl Fragments {
     }
 }
 
-/// What a source holding `own` (its dense pieces at `own_dense`) supplies
-/// of the target pieces `dense` and `rows`.
-pub fn fragments(own: &ShardData, own_dense: &[DensePiece], dense: &[DensePiece], rows: &[RowsPiece]) -> Result<Fragments, RecutError> {
-    let stored = StoredPieces::of(own);
+/// What a source holding `stored` (its dense pieces at `own_dense`)
+/// supplies of the target pieces `dense` and `rows`.
+pub fn fragments(stored: &StoredPieces<'_>, own_dense: &[DensePiece], dense: &[DensePiece], rows: &[RowsPiece]) -> Result<Fragments, RecutError> {
     let mut out = Fragments::default();
     for target in dense {
         for have in own_dense.iter().filter(|h| h.variable == target.variable) {
-            out.dense.extend(dense_fragment(&stored, have, target)?);
+            out.dense.extend(dense_fragment(stored, have, target)?);
         }
     }
     for target in rows {
         for (name, part) in stored.embeddings.iter().filter(|(_, p)| p.variable == target.part.variable) {
-            out.rows.push(rows_fragment(&stored, name, part, target)?);
+            out.rows.push(rows_fragment(stored, name, part, target)?);
         }
     }
     Ok(out)
 }
 
-/// The checkpoint's tensors by stored name.
-struct StoredPieces<'a> {
-    variables: BTreeMap<&'a str, &'a NamedTensor>,
-    slots: BTreeMap<&'a str, &'a NamedTensor>,
+/// A source's tensors by stored name, borrowed: from a checkpoint's shard
+/// ([`of`](Self::of)) or from a ps's live variables (no copy of its state).
+#[derive(Default)]
+pub struct StoredPieces<'a> {
+    /// Shape and values.
+    variables: BTreeMap<&'a str, (&'a [usize], &'a [f32])>,
+    /// The optimizer's two slots (empty where it keeps none).
+    slots: BTreeMap<&'a str, [&'a [f32]; 2]>,
     updates: BTreeMap<&'a str, u64>,
     row_ids: BTreeMap<&'a str, &'a [i64]>,
     /// Each embedding partition's description (stored name, part).
@@ -194,18 +197,41 @@ struct StoredPieces<'a> {
 }
 
 impl<'a> StoredPieces<'a> {
-    fn of(merged: &'a ShardData) -> Self {
+    pub fn of(merged: &'a ShardData) -> Self {
+        let mut slots: BTreeMap<&'a str, [&'a [f32]; 2]> = BTreeMap::new();
+        for (name, _, values) in &merged.slots {
+            for (k, suffix) in [":slot0", ":slot1"].into_iter().enumerate() {
+                if let Some(var) = name.strip_suffix(suffix) {
+                    slots.entry(var).or_default()[k] = values;
+                }
+            }
+        }
         StoredPieces {
-            variables: merged.variables.iter().map(|t| (t.0.as_str(), t)).collect(),
-            slots: merged.slots.iter().map(|t| (t.0.as_str(), t)).collect(),
+            variables: merged.variables.iter().map(|t| (t.0.as_str(), (t.1.as_slice(), t.2.as_slice()))).collect(),
+            slots,
             updates: merged.updates.iter().map(|(n, u)| (n.as_str(), *u)).collect(),
             row_ids: merged.row_ids.iter().map(|(n, ids)| (n.as_str(), ids.as_slice())).collect(),
             embeddings: merged.embeddings.iter().filter_map(|(n, json)| Some((n.as_str(), serde_json::from_str(json).ok()?))).collect(),
         }
     }
 
+    /// Adds a dense variable (as a checkpoint would hold it).
+    pub fn add_dense(&mut self, name: &'a str, shape: &'a [usize], values: &'a [f32], slots: [&'a [f32]; 2], updates: u64) {
+        self.variables.insert(name, (shape, values));
+        self.slots.insert(name, slots);
+        self.updates.insert(name, updates);
+    }
+
+    /// Adds an embedding partition's materialised rows.
+    pub fn add_rows(&mut self, name: &'a str, part: EmbeddingPart, (ids, values, slots, updates): SavedRows<'a>) {
+        const NO_SHAPE: &[usize] = &[];
+        self.add_dense(name, NO_SHAPE, values, slots, updates);
+        self.row_ids.insert(name, ids);
+        self.embeddings.push((name, part));
+    }
+
     fn slot(&self, name: &str, k: usize) -> &'a [f32] {
-        self.slots.get(format!("{name}:slot{k}").as_str()).map(|t| t.2.as_slice()).unwrap_or_default()
+        self.slots.get(name).map_or(&[], |s| s[k])
     }
 }
 
@@ -216,8 +242,8 @@ fn dense_fragment(stored: &StoredPieces<'_>, have: &DensePiece, target: &DensePi
     if have.variable_rows != target.variable_rows {
         return Err(mismatch(var, format!("{} rows stored, {} in the model", have.variable_rows, target.variable_rows)));
     }
-    if values.1.get(1..).unwrap_or(&[]) != target.shape.get(1..).unwrap_or(&[]) {
-        return Err(mismatch(var, format!("stored as {:?}, rows of {:?} in the model", values.1, target.shape.get(1..).unwrap_or(&[]))));
+    if values.0.get(1..).unwrap_or(&[]) != target.shape.get(1..).unwrap_or(&[]) {
+        return Err(mismatch(var, format!("stored as {:?}, rows of {:?} in the model", values.0, target.shape.get(1..).unwrap_or(&[]))));
     }
     let start = have.row_offset.max(target.row_offset);
     let end = (have.row_offset + rows_of(&have.shape)).min(target.row_offset + rows_of(&target.shape));
@@ -230,7 +256,7 @@ fn dense_fragment(stored: &StoredPieces<'_>, have: &DensePiece, target: &DensePi
         piece: target.stored_name.clone(),
         row_offset: start,
         rows: end - start,
-        values: cut(&values.2),
+        values: cut(values.1),
         slots: [cut(stored.slot(&have.stored_name, 0)), cut(stored.slot(&have.stored_name, 1))],
         updates: stored.updates.get(have.stored_name.as_str()).copied().unwrap_or(0),
     }))
@@ -243,7 +269,7 @@ fn rows_fragment(stored: &StoredPieces<'_>, name: &str, have: &EmbeddingPart, ta
         return Err(mismatch(&new.variable, format!("{}x{} stored, {}x{} in the model", have.rows, have.dim, new.rows, new.dim)));
     }
     let ids = stored.row_ids.get(name).copied().unwrap_or_default();
-    let values = stored.variables.get(name).map(|t| t.2.as_slice()).unwrap_or_default();
+    let values = stored.variables.get(name).map(|t| t.1).unwrap_or_default();
     let slots = [stored.slot(name, 0), stored.slot(name, 1)];
     let dim = new.dim;
     let fits = |v: &[f32]| v.len() == ids.len() * dim;
@@ -320,14 +346,20 @@ fn assemble_dense(target: &DensePiece, fragments: Vec<DenseFragment>, out: &mut 
         return Err(mismatch(var, format!("row {} of piece {:?} {how}", target.row_offset + row, target.stored_name)));
     }
     let updates = fragments.iter().map(|f| f.updates).max().unwrap_or(0);
-    out.push_dense(&target.stored_name, &target.shape, &values, [&slots[0], &slots[1]], updates);
+    out.push_dense_owned(&target.stored_name, &target.shape, values, slots, updates);
     Ok(())
 }
 
-fn assemble_rows(target: &RowsPiece, fragments: Vec<RowsFragment>, out: &mut ShardData) -> Result<(), RecutError> {
+/// A target partition's rows: each source's fragment after the other, in
+/// the order of their partitions, each in the order its source held them
+/// (no sort: a row's place is its index's business, and a moved partition
+/// has millions of rows). A fragment that is the partition's only one is
+/// taken whole. A row supplied twice is found when the partition's index is
+/// built ([`crate::embedding::RowTable::restore`]).
+fn assemble_rows(target: &RowsPiece, mut fragments: Vec<RowsFragment>, out: &mut ShardData) -> Result<(), RecutError> {
     let dim = target.part.dim;
-    let mut sources: Vec<(u64, u64)> = fragments.iter().map(|f| f.source).collect();
-    sources.sort_unstable();
+    fragments.sort_unstable_by_key(|f| f.source);
+    let sources: Vec<(u64, u64)> = fragments.iter().map(|f| f.source).collect();
     let count = sources[0].1;
     if let Some(k) = (0..count).find(|&k| sources.binary_search(&(k, count)).is_err()) {
         return Err(mismatch(&target.part.variable, format!("the rows of its partition {k} of {count} came from no ps")));
@@ -335,40 +367,39 @@ fn assemble_rows(target: &RowsPiece, fragments: Vec<RowsFragment>, out: &mut Sha
     if sources.len() as u64 != count || sources.iter().any(|s| s.1 != count) {
         return Err(mismatch(&target.part.variable, format!("rows came twice (from partitions {sources:?})")));
     }
-    let mut rows: Vec<(i64, u32, u32)> =
-        fragments.iter().enumerate().flat_map(|(k, f)| f.ids.iter().enumerate().map(move |(i, &id)| (id, k as u32, i as u32))).collect();
-    rows.sort_unstable_by_key(|r| r.0);
-    if let Some(w) = rows.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(mismatch(&target.part.variable, format!("row {} came twice", w[0].0)));
-    }
     // Each of values and slots: held for every row (of every fragment that has rows) or for none.
-    let held = |of: &dyn Fn(&RowsFragment) -> &[f32]| -> Result<bool, RecutError> {
-        let with_rows = || fragments.iter().filter(|f| !f.ids.is_empty());
-        if with_rows().all(|f| of(f).is_empty()) {
+    let with_rows: Vec<&RowsFragment> = fragments.iter().filter(|f| !f.ids.is_empty()).collect();
+    let held = |of: fn(&RowsFragment) -> &Vec<f32>| -> Result<bool, RecutError> {
+        if with_rows.iter().all(|f| of(f).is_empty()) {
             return Ok(false);
         }
-        if with_rows().any(|f| of(f).len() != f.ids.len() * dim) {
+        if with_rows.iter().any(|f| of(f).len() != f.ids.len() * dim) {
             return Err(mismatch(&target.part.variable, "values or an optimizer slot are stored for some of its rows only"));
         }
         Ok(true)
     };
-    let gather = |of: &dyn Fn(&RowsFragment) -> &[f32]| -> Result<Vec<f32>, RecutError> {
-        if !held(of)? {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::with_capacity(rows.len() * dim);
-        for &(_, k, i) in &rows {
-            let i = i as usize;
-            out.extend_from_slice(&of(&fragments[k as usize])[i * dim..(i + 1) * dim]);
-        }
-        Ok(out)
-    };
-    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    let values = gather(&|f| &f.values)?;
-    let slots = [gather(&|f| &f.slots[0])?, gather(&|f| &f.slots[1])?];
+    let held = [held(|f| &f.values)?, held(|f| &f.slots[0])?, held(|f| &f.slots[1])?];
     let updates = fragments.iter().map(|f| f.updates).max().unwrap_or(0);
+    fragments.retain(|f| !f.ids.is_empty());
+    let rows = if fragments.len() == 1 {
+        let f = fragments.pop().expect("one fragment");
+        let [first, second] = f.slots;
+        (f.ids, f.values, [first, second], updates)
+    } else {
+        let n: usize = fragments.iter().map(|f| f.ids.len()).sum();
+        let joined = |of: fn(&RowsFragment) -> &Vec<f32>, held: bool| -> Vec<f32> {
+            if !held {
+                return Vec::new();
+            }
+            let mut all = Vec::with_capacity(n * dim);
+            fragments.iter().for_each(|f| all.extend_from_slice(of(f)));
+            all
+        };
+        let ids = fragments.iter().flat_map(|f| f.ids.iter().copied()).collect();
+        (ids, joined(|f| &f.values, held[0]), [joined(|f| &f.slots[0], held[1]), joined(|f| &f.slots[1], held[2])], updates)
+    };
     let json = serde_json::to_string(&target.part).map_err(|e| mismatch(&target.part.variable, e.to_string()))?;
-    out.push_rows(&target.stored_name, dim, (&ids, &values, [&slots[0], &slots[1]], updates), json);
+    out.push_rows_owned(&target.stored_name, dim, rows, json);
     Ok(())
 }
 

@@ -19,7 +19,9 @@ use crate::tensor;
 /// gRPC client is above this module: it is handed in).
 #[tonic::async_trait]
 pub trait FragmentSource: Send + Sync {
-    async fn fetch(&self, address: &str, req: proto::FetchFragmentsRequest) -> Result<Vec<proto::FragmentsReply>, Status>;
+    /// The source's fragments, put together from its stream as the messages
+    /// arrive ([`super::moving::add_message`]).
+    async fn fetch(&self, address: &str, req: proto::FetchFragmentsRequest) -> Result<super::recut::Fragments, Status>;
 }
 
 /// The largest message of a move's stream.
@@ -69,7 +71,7 @@ impl PsService {
                     );
                 }
                 let source = self.sources.as_ref().ok_or_else(|| Status::failed_precondition("this ps cannot reach the others (no fragment source)"))?;
-                Ok(super::moving::from_messages(source.fetch(address, fetch).await?))
+                source.fetch(address, fetch).await
             }
         });
         let supplied = futures::future::try_join_all(calls).await?;
@@ -371,7 +373,7 @@ impl ParameterServer for PsService {
         let req = request.into_inner();
         let fragments = tokio::task::spawn_blocking(move || store.fragments_for(&req)).await.map_err(|e| Status::internal(e.to_string()))??;
         let messages = super::moving::to_messages(fragments, MOVE_MESSAGE_BYTES);
-        Ok(Response::new(Box::pin(futures::stream::iter(messages.into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(futures::stream::iter(messages.map(Ok)))))
     }
 
     async fn commit_move(&self, request: Request<proto::CommitMoveRequest>) -> Result<Response<proto::CommitMoveReply>, Status> {

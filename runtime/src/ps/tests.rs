@@ -485,7 +485,7 @@ fn the_dispatcher_is_checkpointed() {
     checkpoint::write_index(&location, 0, 1, &[info]).unwrap();
     let ckpt = checkpoint::latest_complete(&location).unwrap().unwrap();
     let restored = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
-    restored.restore(&checkpoint::read_shard(&ckpt, 0).unwrap(), 0, 1).unwrap();
+    restored.restore(checkpoint::read_shard(&ckpt, 0).unwrap(), 0, 1).unwrap();
     let p = restored.stats().dispatch.unwrap();
     assert_eq!((p.shards_done, p.examples_trained), (1, 10));
     let redo = assigned(&restored.next_shard(&shard_request(3, None, true)).unwrap());
@@ -668,7 +668,7 @@ fn embedding_rows_are_checkpointed_and_restored() {
     let text = checkpoint::inspect(&at).unwrap();
     assert!(text.contains("row ids   emb/part_1:ids  2 row(s) materialised"), "{text}");
     let restored = ParameterStore::new(PsConfig::new(1, 2, Some(TaskId::new("worker", 0))));
-    restored.restore(&checkpoint::read_shard(&ckpt, 1).unwrap(), 1, 2).unwrap();
+    restored.restore(checkpoint::read_shard(&ckpt, 1).unwrap(), 1, 2).unwrap();
     assert_eq!(restored.rows("emb/part_1", &[1, 3, 9]), s.rows("emb/part_1", &[1, 3, 9]));
     // The first handshake brings the configuration; the specs match the restored ones.
     let hs = proto::HandshakeRequest {
@@ -752,4 +752,47 @@ fn a_checkpoint_of_another_ps_count_is_cut_at_the_first_fitting_handshake() {
     let r = s.handshake(&hs(vec![piece(4)])).unwrap();
     assert!(r.initialized && r.step == 40, "{r:?}");
     assert_eq!(s.lock().vars.values("w").unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+}
+
+/// A move's fragments cut into stream messages of at most `max` bytes (a
+/// fragment over several) come back whole, an empty one included (its
+/// source still says it has nothing).
+#[test]
+fn fragments_come_back_whole_from_their_messages() {
+    use super::moving::{add_message, to_messages};
+    use super::recut::{DenseFragment, Fragments, RowsFragment};
+    let floats = |n: usize, k: f32| (0..n).map(|i| i as f32 * k).collect::<Vec<f32>>();
+    let dense = DenseFragment { piece: "w/part_1".into(), row_offset: 3, rows: 5, values: floats(20, 1.0), slots: [floats(20, -1.0), vec![]], updates: 7 };
+    let rows = RowsFragment {
+        piece: "e/part_0".into(),
+        source: (1, 2),
+        ids: (0..9).map(|i| i * 3).collect(),
+        values: floats(18, 0.5),
+        slots: [vec![], floats(18, 2.0)],
+        updates: 2,
+    };
+    let empty = RowsFragment { piece: "e/part_0".into(), source: (0, 2), ids: vec![], values: vec![], slots: Default::default(), updates: 2 };
+    let f = Fragments { dense: vec![dense], rows: vec![rows, empty] };
+    // Dense rows by (piece, row): what a target assembles.
+    type DenseRow = (String, usize, Vec<f32>, Vec<f32>, u64);
+    let dense_rows = |f: &Fragments| -> Vec<DenseRow> {
+        let mut out = Vec::new();
+        for d in &f.dense {
+            let len = d.values.len() / d.rows;
+            for r in 0..d.rows {
+                let slot = if d.slots[0].is_empty() { vec![] } else { d.slots[0][r * len..(r + 1) * len].to_vec() };
+                out.push((d.piece.clone(), d.row_offset + r, d.values[r * len..(r + 1) * len].to_vec(), slot, d.updates));
+            }
+        }
+        out
+    };
+    // (max bytes, messages at least)
+    for (max, at_least) in [(1, 8), (100, 3), (1 << 20, 1)] {
+        let messages: Vec<_> = to_messages(f.clone(), max).collect();
+        assert!(messages.len() >= at_least, "max {max}: {} messages", messages.len());
+        let mut back = Fragments::default();
+        messages.into_iter().for_each(|m| add_message(&mut back, m));
+        assert_eq!(back.rows, f.rows, "max {max}");
+        assert_eq!(dense_rows(&back), dense_rows(&f), "max {max}");
+    }
 }

@@ -610,6 +610,9 @@ struct PsScale {
     moved: tfjob_runtime::client::mover::Moved,
     rss_before: f64,
     rss_after: [f64; 2],
+    /// ps 0's peak resident memory over its life (during the move: the old state, its own
+    /// new part and ps 1's fragments at once).
+    ps0_peak: f64,
     steps_before: f64,
     steps_after: f64,
 }
@@ -624,7 +627,7 @@ fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
     let logs = opts.out.join("logs");
     std::fs::create_dir_all(&logs)?;
     let scaled = rt.block_on(ps_scale_run(bin, &logs, rows, dim))?;
-    let static2 = rt.block_on(static_ps_run(bin, &logs, rows, dim))?;
+    let (static2, static_rss) = rt.block_on(static_ps_run(bin, &logs, rows, dim))?;
     let m = &scaled.moved;
     let table_mib = (rows * dim * 4) as f64 / (1 << 20) as f64;
     println!(
@@ -641,13 +644,18 @@ fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
     row(report, "bytes moved between ps tasks", m.moved_bytes as f64 / 1e6, "MB", Some(("ideal: half the state", ideal / 1e6)), "~1.0x", None);
     row(report, "ps 0 RSS after the move", scaled.rss_after[0], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
     row(report, "ps 1 RSS after the move", scaled.rss_after[1], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
+    for (k, &rss) in scaled.rss_after.iter().enumerate() {
+        row(report, &format!("ps {k} RSS after the move vs static"), rss, "MiB", Some((&format!("static 2-ps job's ps {k}"), static_rss[k])), "~1.0x", None);
+    }
+    row(report, "ps 0 peak RSS (during the move)", scaled.ps0_peak, "MiB", Some(("ps 0 before", scaled.rss_before)), "", None);
     row(report, "steps/s on 1 ps before the move", scaled.steps_before, "steps/s", None, "", None);
     row(report, "steps/s on 2 ps after the move", scaled.steps_after, "steps/s", Some(("static 2-ps job", static2)), "~1.0x", None);
     report.details.insert(
         "elastic_ps".into(),
         json!({"rows": rows, "dim": dim, "table_mib": table_mib, "moved_rows": m.rows, "bytes": m.bytes, "moved_bytes": m.moved_bytes,
                "move_secs": m.seconds, "pause_secs": scaled.pause, "start_to_first_step_secs": scaled.start_to_first_step,
-               "rss_before_mib": scaled.rss_before, "rss_after_mib": scaled.rss_after, "steps_before": scaled.steps_before,
+               "rss_before_mib": scaled.rss_before, "rss_after_mib": scaled.rss_after, "static_2ps_rss_mib": static_rss,
+               "ps0_peak_rss_mib": scaled.ps0_peak, "steps_before": scaled.steps_before,
                "steps_after": scaled.steps_after, "static_2ps_steps": static2}),
     );
     Ok(())
@@ -655,9 +663,14 @@ fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
 
 /// The resident memory of a process, MiB.
 fn rss_mib(pid: u32) -> f64 {
+    proc_status_mib(pid, "VmRSS:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:` the peak RSS), MiB.
+fn proc_status_mib(pid: u32, key: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
@@ -786,11 +799,12 @@ async fn ps_scale_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Resul
     pause = pause.max(last_step.elapsed().as_secs_f64());
     let steps_after = chief.train_for(3.0).await?;
     let rss_after = [rss_mib(ps0.child.id()), rss_mib(ps1.child.id())];
+    let ps0_peak = proc_status_mib(ps0.child.id(), "VmHWM:");
     for p in [&mut ps0, &mut ps1] {
         let _ = p.child.kill();
         let _ = p.child.wait();
     }
-    Ok(PsScale { start_to_first_step, pause, moved, rss_before, rss_after, steps_before, steps_after })
+    Ok(PsScale { start_to_first_step, pause, moved, rss_before, rss_after, ps0_peak, steps_before, steps_after })
 }
 
 fn ensure_running(p: &mut Proc) -> Result<()> {
@@ -800,8 +814,8 @@ fn ensure_running(p: &mut Proc) -> Result<()> {
     Ok(())
 }
 
-/// Steps/s of the same job on 2 ps processes from the start.
-async fn static_ps_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Result<f64> {
+/// The steps/s of the same job on 2 ps processes from the start and the resident memory of its ps tasks, MiB.
+async fn static_ps_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Result<(f64, [f64; 2])> {
     let ports = free_ports(3)?;
     let hosts: Vec<String> = ports[..2].iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let worker = format!("127.0.0.1:{}", ports[2]);
@@ -811,7 +825,8 @@ async fn static_ps_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Resu
     }
     let result = async {
         let mut chief = BenchChief::start(&hosts, rows, dim).await?;
-        chief.train_for(3.0).await
+        let steps = chief.train_for(3.0).await?;
+        Ok::<_, anyhow::Error>((steps, [rss_mib(procs[0].child.id()), rss_mib(procs[1].child.id())]))
     }
     .await;
     for p in &mut procs {

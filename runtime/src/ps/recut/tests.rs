@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::checkpoint::NamedTensor;
 use crate::init::{Init, RowInit};
 use crate::placement::{PartitionStrategy, PlacementInput, place};
 
@@ -147,7 +148,7 @@ fn every_value_slot_and_row_survives_a_change_of_ps_count() {
             .collect();
         for (ps, shard) in after.iter().enumerate() {
             // Each restores as a ps shard of the new layout would: its
-            // partitions hold only their own rows, in id order.
+            // partitions hold only their own rows, each once.
             for (name, ids) in &shard.row_ids {
                 let (_, json) = shard.embeddings.iter().find(|(n, _)| n == name).unwrap();
                 let part: EmbeddingPart = serde_json::from_str(json).unwrap();
@@ -155,7 +156,6 @@ fn every_value_slot_and_row_survives_a_change_of_ps_count() {
                 let t = |s: &str| shard.slots.iter().find(|x| x.0 == format!("{name}:{s}")).unwrap().2.clone();
                 let values = shard.variables.iter().find(|x| &x.0 == name).unwrap().2.clone();
                 table.restore(ids.clone(), values, [t("slot0"), t("slot1")], 3).unwrap_or_else(|e| panic!("{what}: ps {ps}: {e}"));
-                assert!(ids.windows(2).all(|w| w[0] < w[1]), "{what}: ids in order");
             }
             assert_eq!(shard.dispatcher.is_some(), ps == 0, "{what}: the dispatcher stays on ps 0");
         }
@@ -207,7 +207,8 @@ fn every_ps_supplies_its_own_fragments_and_the_new_pieces_are_whole() {
         let mut moved = 0;
         for ps in 0..to {
             let (dense, rows) = pieces(&inputs, to, ps);
-            let supplied: Vec<Fragments> = (0..from).map(|old| fragments(&before[old], &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
+            let supplied: Vec<Fragments> =
+                (0..from).map(|old| fragments(&StoredPieces::of(&before[old]), &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
             moved += supplied.iter().enumerate().filter(|(old, _)| *old != ps).map(|(_, f)| f.bytes()).sum::<usize>();
             after.push(assemble(&dense, &rows, supplied).unwrap_or_else(|e| panic!("{what}: ps {ps}: {e}")));
         }
@@ -216,7 +217,8 @@ fn every_ps_supplies_its_own_fragments_and_the_new_pieces_are_whole() {
         assert!(moved > 0 && moved <= total, "{what}: moved {moved} of {total} bytes");
         // A lost source: the rows it held come from no ps.
         let (dense, rows) = pieces(&inputs, to, 0);
-        let one: Vec<Fragments> = (0..from).map(|old| fragments(&before[old], &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
+        let one: Vec<Fragments> =
+            (0..from).map(|old| fragments(&StoredPieces::of(&before[old]), &pieces(&inputs, from, old).0, &dense, &rows).unwrap()).collect();
         if from > 1 {
             let err = assemble(&dense, &rows, one[..from - 1].to_vec()).unwrap_err().to_string();
             assert!(err.contains("came from no ps") || err.contains("no variable"), "{what}: {err}");
