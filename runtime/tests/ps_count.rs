@@ -28,27 +28,61 @@ fn run(dir: &Path, num_ps: usize, steps: u64) -> Vec<Finished> {
     let mut job = Job::new();
     let tasks = (0..num_ps).map(|i| ("ps", i)).chain([("worker", 0)]);
     for (role, i) in tasks {
-        let mut args = classic_flags(&ports[..num_ps], &ports[num_ps..], role, i as u32);
-        args.extend(strings(&[
-            "--model=wide_deep",
-            "--hidden_units=16",
-            "--embedding_dim=4",
-            "--hash_buckets=4096",
-            "--optimizer=adagrad",
-            "--learning_rate=0.1",
-            "--sync_replicas",
-            "--eval_examples=2000",
-            "--connect_timeout_secs=60",
-            // Dense variables over 256 bytes are cut over the ps tasks too.
-            "--partition_threshold_bytes=256",
-            "--save_checkpoint_steps=50",
-        ]));
-        args.push(format!("--train_steps={steps}"));
-        args.push(format!("--checkpoint_dir={}", dir.display()));
-        job.spawn(&format!("{role}{i}"), &args, &[]);
+        job.spawn(&format!("{role}{i}"), &exact_args(&ports[..num_ps], &ports[num_ps..], role, i as u32, dir, steps), &[]);
     }
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);
+    results
+}
+
+/// The flags of a task of a deterministic job: wide_deep trained in sync
+/// by one worker to `steps`, checkpointed to `dir`.
+fn exact_args(ps: &[u16], workers: &[u16], role: &str, i: u32, dir: &Path, steps: u64) -> Vec<String> {
+    let mut args = classic_flags(ps, workers, role, i);
+    args.extend(strings(&[
+        "--model=wide_deep",
+        "--hidden_units=16",
+        "--embedding_dim=4",
+        "--hash_buckets=4096",
+        "--optimizer=adagrad",
+        "--learning_rate=0.1",
+        "--sync_replicas",
+        "--eval_examples=2000",
+        "--connect_timeout_secs=60",
+        // Dense variables over 256 bytes are cut over the ps tasks too.
+        "--partition_threshold_bytes=256",
+        "--save_checkpoint_steps=50",
+        "--log_every_steps=10",
+    ]));
+    args.push(format!("--train_steps={steps}"));
+    args.push(format!("--checkpoint_dir={}", dir.display()));
+    args
+}
+
+/// [`run`] on 1 ps, with ps 1 and 2 started while it trains (the chief
+/// moves the state to 3 ps tasks at a step boundary) and ps 2 stopped once
+/// the job trained on 3 for a while (it hands its part over: 2 ps tasks to
+/// the end).
+fn moved_run(dir: &Path, steps: u64) -> Vec<Finished> {
+    let ports = free_ports(4);
+    let (ps3, workers) = (&ports[..3], &ports[3..]);
+    let mut job = Job::new();
+    for role in ["ps", "worker"] {
+        job.spawn(&format!("{role}0"), &exact_args(&ps3[..1], workers, role, 0, dir, steps), &[]);
+    }
+    job.wait_until(LIMIT, "global step 100", |j| j.logged_global_step("worker0") >= 100);
+    for i in 1..3 {
+        job.spawn(&format!("ps{i}"), &exact_args(ps3, workers, "ps", i, dir, steps), &[]);
+    }
+    job.wait_until(LIMIT, "the move to 3 ps tasks", |j| j.stderr("worker0").contains("from 1 to 3 ps task(s)"));
+    let at = job.logged_global_step("worker0");
+    job.wait_until(LIMIT, "100 steps on 3 ps tasks", |j| j.logged_global_step("worker0") >= at + 100);
+    job.terminate("ps2");
+    job.wait_until(LIMIT, "the move to 2 ps tasks", |j| j.stderr("worker0").contains("from 3 to 2 ps task(s)"));
+    let at = job.logged_global_step("worker0");
+    let results = job.wait_all(LIMIT);
+    assert_all_ok(&results);
+    assert!(at + 100 <= steps as i64, "the job must train on after the last move (moved at step {at} of {steps}): make it longer");
     results
 }
 
@@ -125,49 +159,78 @@ fn a_job_restarted_with_another_ps_count_goes_on_exactly() {
     assert!(moved.rows == fixed.rows, "embedding rows differ");
 }
 
-/// The flags of one task of a wide_deep job trained while ps tasks are added.
-fn elastic_args(ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> Vec<String> {
+/// The same deterministic job with ps tasks added and removed while it
+/// trains (1 -> 3 -> 2) and on 1 ps throughout ends with the same values,
+/// slots and rows, bit for bit: a move loses no update and applies none
+/// twice, and re-placing the state changes no arithmetic.
+#[test]
+fn a_job_whose_ps_tasks_change_while_it_trains_ends_exactly_as_one_that_kept_them() {
+    const STEPS: u64 = 3000;
+    let (moved, fixed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let results = moved_run(moved.path(), STEPS);
+    let chief = results.iter().find(|r| r.name == "worker0").unwrap();
+    for (from, to) in [(1, 3), (3, 2)] {
+        let line = chief.stderr.lines().find(|l| l.contains(&format!("from {from} to {to} ps task(s)"))).unwrap();
+        eprintln!("{line}");
+    }
+    run(fixed.path(), 1, STEPS);
+    let (moved, fixed) = (content(moved.path()), content(fixed.path()));
+    assert_eq!((moved.step, fixed.step), (STEPS as i64, STEPS as i64));
+    assert_eq!(moved.dense.keys().collect::<Vec<_>>(), fixed.dense.keys().collect::<Vec<_>>());
+    for (name, value) in &fixed.dense {
+        assert_eq!(&moved.dense[name], value, "{name}: moved 1 -> 3 -> 2 ps while training vs 1 ps");
+    }
+    assert_eq!(moved.rows.len(), fixed.rows.len());
+    assert!(moved.rows == fixed.rows, "embedding rows differ");
+}
+
+/// wide_deep on generated sparse data: about 2,000 async steps, long
+/// enough for both moves to happen while it trains.
+const WIDE_DEEP: &[&str] = &[
+    "--model=wide_deep",
+    "--hidden_units=16",
+    "--embedding_dim=4",
+    "--hash_buckets=65536",
+    "--optimizer=adagrad",
+    "--learning_rate=0.2",
+    "--eval_examples=5000",
+    "--num_epochs=3",
+    "--generated_examples=60000",
+];
+
+/// A dense MLP (784-64-10 on synthetic MNIST-shaped data) whose layers are
+/// cut over the ps tasks: about 6,000 steps.
+const MLP: &[&str] = &["--model=mlp", "--hidden_units=64", "--learning_rate=0.1", "--batch_size=32", "--eval_examples=2000", "--num_epochs=10"];
+
+/// The flags of one task of a job (`model`'s flags) trained while ps tasks are added.
+fn elastic_args(model: &[&str], ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> Vec<String> {
     let mut args = classic_flags(ps, workers, role, i);
-    args.extend(strings(&[
-        "--model=wide_deep",
-        "--hidden_units=16",
-        "--embedding_dim=4",
-        "--hash_buckets=65536",
-        "--optimizer=adagrad",
-        "--learning_rate=0.2",
-        "--eval_examples=5000",
-        "--num_epochs=3",
-        // Long enough (about 2,000 async steps) for both moves to happen while it trains.
-        "--generated_examples=60000",
-        "--log_every_steps=20",
-        "--connect_timeout_secs=60",
-        "--partition_threshold_bytes=256",
-        "--replicas_to_aggregate=auto",
-    ]));
+    args.extend(strings(model));
+    args.extend(strings(&["--log_every_steps=20", "--connect_timeout_secs=60", "--partition_threshold_bytes=256", "--replicas_to_aggregate=auto"]));
     if mode == "sync" {
         args.push("--sync_replicas".into());
     }
     args
 }
 
-/// Runs a wide_deep job of 2 workers from 1 ps; with `scale`, ps 1 and 2 are
+/// Runs a job of `model` with 2 workers from 1 ps; with `scale`, ps 1 and 2 are
 /// started (their TF_CONFIG lists 3) once it trains, and once the state has
 /// moved to them ps 2 is stopped (SIGTERM, as a scale-down deletes its pod)
 /// and hands its part over to ps 0 and 1; worker 1 is killed (-9) when the
 /// first move is proposed and started again after it. Returns the chief's report and
 /// log, and every task's end.
-fn wide_deep_run(mode: &str, scale: bool) -> (serde_json::Value, String, Vec<Finished>) {
+fn elastic_run(model: &[&str], mode: &str, scale: bool) -> (serde_json::Value, String, Vec<Finished>) {
     let ports = free_ports(5);
     let (ps3, workers) = (&ports[..3], &ports[3..]);
     let mut job = Job::new();
-    job.spawn("ps0", &elastic_args(&ps3[..1], workers, "ps", 0, mode), &[]);
+    job.spawn("ps0", &elastic_args(model, &ps3[..1], workers, "ps", 0, mode), &[]);
     for i in 0..2 {
-        job.spawn(&format!("worker{i}"), &elastic_args(&ps3[..1], workers, "worker", i, mode), &[]);
+        job.spawn(&format!("worker{i}"), &elastic_args(model, &ps3[..1], workers, "worker", i, mode), &[]);
     }
     if scale {
         job.wait_until(LIMIT, "global step 60", |j| j.logged_global_step("worker0") >= 60);
         for i in 1..3 {
-            job.spawn(&format!("ps{i}"), &elastic_args(ps3, workers, "ps", i, mode), &[]);
+            job.spawn(&format!("ps{i}"), &elastic_args(model, ps3, workers, "ps", i, mode), &[]);
         }
         // Worker 1 is lost as the move begins (the new ps tasks propose
         // within a second), and comes back after it.
@@ -185,31 +248,35 @@ fn wide_deep_run(mode: &str, scale: bool) -> (serde_json::Value, String, Vec<Fin
     (chief.report(), chief.stderr.clone(), results)
 }
 
-/// ps tasks added to a training job and one removed (1 -> 3 -> 2), sync and
-/// async: the chief moves the state at a step boundary each time and the
-/// job goes on; the removed ps hands its part over before it exits; every
-/// epoch is trained once and the AUC is that of the same job on 1 ps.
+/// ps tasks added to a training job and one removed (1 -> 3 -> 2):
+/// wide_deep sync and async, a dense MLP async. The chief moves the state
+/// at a step boundary each time and the job goes on; the removed ps hands
+/// its part over before it exits; every epoch is trained once and the AUC
+/// (accuracy) is that of the same job on 1 ps.
 #[test]
 fn ps_tasks_added_and_removed_while_a_job_trains() {
-    for mode in ["sync", "async"] {
-        let (fixed, _, _) = wide_deep_run(mode, false);
-        let (scaled, log, results) = wide_deep_run(mode, true);
+    // (model, its flags, mode, the metric, how close)
+    let cases = [("wide_deep", WIDE_DEEP, "sync", "auc", 0.01), ("wide_deep", WIDE_DEEP, "async", "auc", 0.01), ("mlp", MLP, "async", "accuracy", 0.03)];
+    for (name, model, mode, metric, within) in cases {
+        let what = format!("{name} {mode}");
+        let (fixed, _, _) = elastic_run(model, mode, false);
+        let (scaled, log, results) = elastic_run(model, mode, true);
         for (from, to) in [(1, 3), (3, 2)] {
             let moved = log
                 .lines()
                 .find(|l| l.contains(&format!("moved the job's state from {from} to {to} ps task(s)")))
-                .unwrap_or_else(|| panic!("{mode}: no move from {from} to {to}:\n{}", tail(&log, 4000)));
-            eprintln!("{mode}: {moved}");
+                .unwrap_or_else(|| panic!("{what}: no move from {from} to {to}:\n{}", tail(&log, 4000)));
+            eprintln!("{what}: {moved}");
         }
         for key in ["epochs_completed", "examples_trained"] {
-            assert_eq!(scaled[key], fixed[key], "{mode}: {key}: {scaled} vs {fixed}");
+            assert_eq!(scaled[key], fixed[key], "{what}: {key}: {scaled} vs {fixed}");
         }
-        let (a, b) = (scaled["auc"].as_f64().unwrap(), fixed["auc"].as_f64().unwrap());
-        assert!((a - b).abs() < 0.01, "{mode}: AUC {a:.4} with ps added and removed, {b:.4} on 1 ps");
+        let (a, b) = (scaled[metric].as_f64().unwrap(), fixed[metric].as_f64().unwrap());
+        assert!((a - b).abs() < within, "{what}: {metric} {a:.4} with ps added and removed, {b:.4} on 1 ps");
         let of = |name: &str| results.iter().find(|r| r.name == name).unwrap();
-        assert!(of("ps1").stderr.contains("staged layout version 3"), "{mode}: ps1 staged nothing:\n{}", tail(&of("ps1").stderr, 3000));
-        assert!(of("ps1").report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{mode}: ps1 holds nothing: {}", of("ps1").report());
+        assert!(of("ps1").stderr.contains("staged layout version 3"), "{what}: ps1 staged nothing:\n{}", tail(&of("ps1").stderr, 3000));
+        assert!(of("ps1").report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{what}: ps1 holds nothing: {}", of("ps1").report());
         let ps2 = &of("ps2").stderr;
-        assert!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "{mode}: ps2:\n{}", tail(ps2, 3000));
+        assert!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "{what}: ps2:\n{}", tail(ps2, 3000));
     }
 }
