@@ -12,7 +12,9 @@
 #      (exitcode-failure.yaml) fails the job with the operator's message
 #   6. `kubectl scale` a job while it trains (elastic-scale.yaml): 2 → 4 workers (only the
 #      difference is created; the new worker trains at once), then 4 → 1 (workers 1-3 deleted,
-#      the chief stays); Scaled events; every example of every epoch trained once
+#      the chief stays); Scaled events; every example of every epoch trained once. And the ps
+#      set of a training job (examples/elastic-ps.yaml) patched 1 → 2 → 1: only ps-1 is created
+#      and deleted, the state moves each time, ps-1 hands its part over before it exits
 #   7. `kubectl delete tfjob` after each job: no pod, Service or Secret of the job is left
 #   8. `helm uninstall`: no object of the release is left (the CRD stays: the chart marks it
 #      helm.sh/resource-policy: keep)
@@ -68,6 +70,11 @@ SCALE_MANIFEST=$here/elastic-scale.yaml
 # What the chief of elastic-scale.yaml reports: every example of every epoch, once.
 SCALE_EPOCHS=600
 SCALE_EXAMPLES=$((SCALE_EPOCHS * 101))
+# The example whose ps set is patched 1 → 2 → 1 while it trains (run instead of its plain run),
+# and what its chief reports (4 epochs of 250,000 generated examples).
+PS_SCALE_EXAMPLE=elastic-ps
+PS_SCALE_EPOCHS=4
+PS_SCALE_EXAMPLES=1000000
 # The Failed condition's message (operator/api/src/status.rs) for one permanent Worker failure: it names
 # the pod and its exit code (then the kubelet's reason, e.g. "(Error)").
 FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed: pod exitcode-failure-worker-0 exited with code 1'
@@ -390,6 +397,10 @@ delete_job() {
 run_example() {
     local file=$repo/examples/$1.yaml pod
     [[ -f $file ]] || die "no $file"
+    if [[ $1 == "$PS_SCALE_EXAMPLE" ]]; then
+        run_ps_scale "$file"
+        return
+    fi
     apply_job "$file"
     wait_job Succeeded
     pod=$(chief_pod)
@@ -535,6 +546,61 @@ run_elastic_scale() {
         die "$chief: expected epochs_completed=$SCALE_EPOCHS and examples_trained=$SCALE_EXAMPLES: $report"
     log "$chief: $(jq -r '"epochs_completed=\(.epochs_completed) examples_trained=\(.examples_trained) shards_redone=\(.shards_redone)"' <<<"$report")"
     check_linear "$chief"
+    delete_job
+}
+
+# 5d. The ps set of a training job patched 1 → 2 → 1 (spec.tfReplicaSpecs.PS.replicas; the
+#     scale subresource stays on Worker): only ps-1 is created, the chief moves the state to
+#     2 ps tasks at a step boundary; then ps-1's pod is deleted, it asks ps-0 to leave, hands
+#     its part over and exits; every other pod keeps its UID; Scaled events `PS 1 → 2` and
+#     `PS 2 → 1`; every example of every epoch trained once.
+patch_ps() {
+    k patch tfjob -n "$JOB_NAMESPACE" "$JOB" --type=merge -p "{\"spec\":{\"tfReplicaSpecs\":{\"PS\":{\"replicas\":$1}}}}"
+}
+
+ps_1_gone() {
+    ! k get pods -n "$JOB_NAMESPACE" -l "$JOB_SELECTOR" -o name | grep -qE "/$JOB-ps-1\$"
+}
+
+run_ps_scale() {
+    local file=$1 before after missing t chief events report
+    apply_job "$file"
+    wait_until "first gradient of $JOB-worker-0" first_logged "$JOB-worker-0" 'first gradient accepted'
+    before=$(pods_with_uids)
+    chief=$(chief_pod)
+    patch_ps 2
+    mark "patched PS 1 → 2" "$(now)"
+    log "kubectl patch tfjob/$JOB: PS replicas 1 → 2"
+    wait_until "the move to 2 ps tasks" first_logged "$chief" "moved the job's state from 1 to 2 ps task(s)"
+    t=$(first_logged "$chief" "moved the job's state from 1 to 2 ps task(s)")
+    mark "moved to 2 ps ($chief)" "$(epoch_of "$t")"
+    after=$(pods_with_uids)
+    missing=$(comm -23 <(echo "$before") <(echo "$after"))
+    [[ -z $missing ]] || die "the PS patch replaced pods that were there before: $missing"
+    grep -q "^$JOB-ps-1 " <<<"$after" || die "PS 1 → 2 created no $JOB-ps-1: $after"
+    patch_ps 1
+    mark "patched PS 2 → 1" "$(now)"
+    log "kubectl patch tfjob/$JOB: PS replicas 2 → 1"
+    wait_until "the move back to 1 ps task" first_logged "$chief" "moved the job's state from 2 to 1 ps task(s)"
+    t=$(first_logged "$chief" "moved the job's state from 2 to 1 ps task(s)")
+    mark "moved to 1 ps ($chief)" "$(epoch_of "$t")"
+    wait_until "deletion of $JOB-ps-1" ps_1_gone
+    mark "pod deleted ($JOB-ps-1)" "$(now)"
+    after=$(pods_with_uids)
+    missing=$(comm -23 <(echo "$before") <(echo "$after"))
+    [[ -z $missing ]] || die "the PS patches replaced pods that were there before: $missing"
+    k logs -n "$JOB_NAMESPACE" "$JOB-ps-0" | grep -q "ps:1 leaves" ||
+        die "$JOB-ps-1 did not ask ps-0 to leave when its pod was deleted"
+    wait_job Succeeded
+    events=$(k get events -n "$JOB_NAMESPACE" --field-selector "involvedObject.name=$JOB,reason=Scaled" \
+        -o jsonpath='{.items[*].message}')
+    [[ $events == *"PS 1 → 2"* && $events == *"PS 2 → 1"* ]] ||
+        die "TFJob $JOB: expected Scaled events 'PS 1 → 2' and 'PS 2 → 1', got: $events"
+    report=$(k logs -n "$JOB_NAMESPACE" "$chief" | jq -R -c 'fromjson? | objects | select(has("epochs_completed"))' | tail -n 1)
+    jq -e --argjson e "$PS_SCALE_EPOCHS" --argjson n "$PS_SCALE_EXAMPLES" \
+        '.epochs_completed == $e and .examples_trained == $n and .auc > 0.85' <<<"$report" >/dev/null ||
+        die "$chief: expected epochs_completed=$PS_SCALE_EPOCHS, examples_trained=$PS_SCALE_EXAMPLES, auc > 0.85: $report"
+    log "$chief: $(jq -r '"epochs_completed=\(.epochs_completed) examples_trained=\(.examples_trained) auc=\(.auc)"' <<<"$report")"
     delete_job
 }
 
