@@ -23,6 +23,9 @@ use crate::proto::{self, RowsPart, TensorPart, parameter_server_client::Paramete
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
 pub mod mover;
+mod remainder;
+
+pub use remainder::{Owed, owed};
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -48,6 +51,12 @@ pub enum ClientError {
     Protocol(String),
     #[error("invalid ps address {address:?}: {reason}")]
     Address { address: String, reason: String },
+    /// An async push that a move cut in two: the ps tasks marked in
+    /// `applied` had applied it before they froze, the others refused it
+    /// (`cause`: the first refusal, "layout changed"). What they refused is
+    /// still owed ([`PsSet::push_remainder`]).
+    #[error("{cause}")]
+    CutByMove { applied: Vec<bool>, cause: Box<ClientError> },
 }
 
 impl ClientError {
@@ -55,8 +64,15 @@ impl ClientError {
     pub fn code(&self) -> Option<Code> {
         match self {
             ClientError::Rpc { status, .. } | ClientError::Unreachable { status, .. } | ClientError::Interrupted { status, .. } => Some(status.code()),
+            ClientError::CutByMove { cause, .. } => cause.code(),
             _ => None,
         }
+    }
+
+    /// The job's layout changed under the request (a ps frozen for a move,
+    /// or serving a newer layout): ask ps 0 for the current one.
+    pub fn is_layout_change(&self) -> bool {
+        self.code() == Some(Code::Aborted) && self.to_string().contains("layout changed")
     }
 }
 
@@ -533,7 +549,7 @@ impl PsSet {
                 channel_answer(ps, shards, reply, row_bytes, arrived.saturating_duration_since(start), wants_pull)
             }
         });
-        let answers = try_join_all(calls).await;
+        let answers = self.join_step(calls, |a: &ChannelAnswer| a.push.as_ref().is_some_and(|p| p.accepted)).await;
         if let (Some(params), Some(rows_of)) = (params, rows_of.as_mut()) {
             self.put_rows(params, pull_rows, answers.as_deref().unwrap_or_default(), rows_of)?;
         }
@@ -873,7 +889,7 @@ impl PsSet {
         let layout_version = self.layout_version;
         let message = |messages: &Vec<proto::PushGradientsRequest>, part, rows| {
             let task = if messages.is_empty() { self.task_proto() } else { None };
-            proto::PushGradientsRequest { task, step, push_id, part, abstain: false, rows, layout_version }
+            proto::PushGradientsRequest { task, step, push_id, part, abstain: false, rows, layout_version, remainder: false }
         };
         for (vi, s) in &self.shards[ps] {
             let all = gradients[*vi].as_slice().expect("standard layout");
@@ -990,7 +1006,7 @@ impl PsSet {
         let mut pushed = Vec::with_capacity(self.num_ps());
         let mut first_reply = Duration::ZERO;
         let mut per_ps = Vec::with_capacity(self.num_ps());
-        for (p, first, replies) in try_join_all(calls).await? {
+        for (p, first, replies) in self.join_step(calls, |(p, _, _)| p.accepted).await? {
             pushed.push(p);
             first_reply = first_reply.max(first);
             per_ps.push(replies);

@@ -552,14 +552,14 @@ pub(crate) async fn wait_for_variables(
     }
 }
 
-/// Is this error a ps that lost or changed its state (restarted, restored
-/// from a checkpoint) rather than a problem with this task?
 /// The job's layout changed under the request: ask ps 0 for the current
 /// one and cut it again.
 pub(crate) fn layout_changed(e: &ClientError) -> bool {
-    e.code() == Some(Code::Aborted) && e.to_string().contains("layout changed")
+    e.is_layout_change()
 }
 
+/// Is this error a ps that lost or changed its state (restarted, restored
+/// from a checkpoint) rather than a problem with this task?
 pub(crate) fn needs_recovery(e: &ClientError) -> bool {
     matches!(e, ClientError::Interrupted { .. }) || e.code() == Some(Code::FailedPrecondition)
 }

@@ -192,6 +192,17 @@ struct Trainer<'a> {
     first_gradient_seen: bool,
     /// Evaluators of the cluster: the chief waits for their final evaluation.
     evaluators: usize,
+    /// An async push a move cut in two, whose rest is pushed once the new
+    /// layout is joined (the step is not taken again).
+    cut_push: Option<CutPush>,
+}
+
+/// The rest of a push a move cut in two: what the ps tasks that refused it
+/// held, and the step's gradients and rows.
+struct CutPush {
+    owed: crate::client::Owed,
+    gradients: Vec<ArrayD<f32>>,
+    rows: Vec<Vec<i64>>,
 }
 
 impl<'a> Trainer<'a> {
@@ -223,6 +234,7 @@ impl<'a> Trainer<'a> {
             started: Instant::now(),
             first_gradient_seen: false,
             evaluators: cluster.cluster.num_tasks("evaluator"),
+            cut_push: None,
         })
     }
 
@@ -375,11 +387,30 @@ impl<'a> Trainer<'a> {
     async fn train_following(&mut self, batch: &Batch, feed: &mut ShardFeed, summaries: &mut Summaries) -> Result<bool, TrainError> {
         for _ in 0..MAX_FOLLOWS {
             match self.train_on(batch, feed, summaries).await {
-                Err(TrainError::LayoutChanged(e)) => self.follow_layout(&e).await?,
+                Err(TrainError::LayoutChanged(e)) => {
+                    self.follow_layout(&e).await?;
+                    if let Some(cut) = self.cut_push.take() {
+                        return self.push_rest(cut).await.map(|()| false);
+                    }
+                }
                 other => return other,
             }
         }
         Err(TrainError::TooManyRecoveries(MAX_FOLLOWS))
+    }
+
+    /// After a move cut this task's async push in two: the part the ps
+    /// tasks that refused it held goes to their successors under the new
+    /// layout, and the step counts as taken (its batch is not trained
+    /// again: that would apply the part already applied a second time).
+    async fn push_rest(&mut self, cut: CutPush) -> Result<(), TrainError> {
+        if !cut.owed.is_empty() {
+            let bytes = self.ps.push_remainder(&cut.owed, &cut.gradients, &cut.rows).await?;
+            tracing::info!("{}: a move cut a push in two; its rest ({}) went to the ps tasks that hold it now", self.task, crate::ps::recut::bytes_text(bytes));
+        }
+        self.local_steps += 1;
+        self.behind = true;
+        Ok(())
     }
 
     /// Has every ps (sync) or ps 0 (async) reached `--train_steps`?
@@ -431,7 +462,14 @@ impl<'a> Trainer<'a> {
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 return Err(TrainError::StepTimeout { step: min_steps[0], waited: self.settings.step_timeout });
             }
-            Err(e) if layout_changed(&e) => return Err(TrainError::LayoutChanged(e)),
+            Err(e) if layout_changed(&e) => {
+                if let ClientError::CutByMove { applied, .. } = &e {
+                    let refused: Vec<bool> = applied.iter().map(|a| !a).collect();
+                    let owed = crate::client::owed(&self.ps, &refused, &rows);
+                    self.cut_push = Some(CutPush { owed, gradients: lg.gradients, rows });
+                }
+                return Err(TrainError::LayoutChanged(e));
+            }
             Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
             Err(e) => return Err(e.into()),
         };

@@ -247,6 +247,7 @@ fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
         abstain: false,
         rows: None,
         layout_version: 0,
+        remainder: false,
     };
     let good = b_part(&[1.0, 1.0, 1.0], 0);
     match d {
@@ -259,7 +260,16 @@ fn malformed(d: &Defect, junk: &[u8]) -> Vec<proto::PushGradientsRequest> {
         Defect::NegativeStep(s) => vec![msg(good, *s)],
         Defect::Partial => vec![msg(b_part(&[1.0, 1.0], 0), 0)],
         Defect::NoTask => {
-            vec![proto::PushGradientsRequest { task: None, step: 0, push_id: 0, part: Some(good), abstain: false, rows: None, layout_version: 0 }]
+            vec![proto::PushGradientsRequest {
+                task: None,
+                step: 0,
+                push_id: 0,
+                part: Some(good),
+                abstain: false,
+                rows: None,
+                layout_version: 0,
+                remainder: false,
+            }]
         }
         Defect::Overlap => vec![msg(b_part(&[1.0, 1.0], 0), 0), msg(b_part(&[1.0, 1.0], 1), 0)],
     }
@@ -408,6 +418,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
                 abstain: false,
                 rows: None,
                 layout_version: 0,
+                remainder: false,
             }),
             push_parts: headers,
             pull: None,
@@ -432,6 +443,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
             abstain: false,
             rows: None,
             layout_version: 0,
+            remainder: false,
         }),
         push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
         pull: None,

@@ -276,6 +276,9 @@ fn ps_tasks_added_and_removed_while_a_job_trains() {
         let of = |name: &str| results.iter().find(|r| r.name == name).unwrap();
         assert!(of("ps1").stderr.contains("staged layout version 3"), "{what}: ps1 staged nothing:\n{}", tail(&of("ps1").stderr, 3000));
         assert!(of("ps1").report()["variables"].as_array().is_some_and(|v| !v.is_empty()), "{what}: ps1 holds nothing: {}", of("ps1").report());
+        // How many pushes a move cut in two (async: their rest goes to the new layout).
+        let cut: usize = results.iter().filter(|r| r.name.starts_with("worker")).map(|r| r.stderr.matches("a move cut a push in two").count()).sum();
+        eprintln!("{what}: {cut} push(es) cut in two by the moves");
         let ps2 = &of("ps2").stderr;
         assert!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "{what}: ps2:\n{}", tail(ps2, 3000));
     }

@@ -172,7 +172,7 @@ impl PsService {
             }
             self.store.abstain_for_layout(header.layout_version, &task, header.step)?
         } else {
-            self.store.push_for_layout(header.layout_version, &task, header.step, header.push_id, parts, rows)?
+            self.store.push_for_layout(header, &task, parts, rows)?
         };
         if reply.done {
             self.store.release(&task);

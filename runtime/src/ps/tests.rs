@@ -796,3 +796,26 @@ fn fragments_come_back_whole_from_their_messages() {
         assert_eq!(dense_rows(&back), dense_rows(&f), "max {max}");
     }
 }
+
+/// The rest of a push a move cut in two (async): its parts may cover part
+/// of a variable (only those elements change), it is applied, not counted
+/// as a step; overlapping parts and a sync ps refuse it.
+#[test]
+fn a_remainder_updates_only_what_it_covers_and_is_not_a_step() {
+    let s = store(UpdateMode::Async, 1);
+    let rest = proto::PushGradientsRequest { push_id: 9, remainder: true, ..Default::default() };
+    let worker = TaskId::new("worker", 1);
+    let r = s.push_for_layout(&rest, &worker, &[part("w", &[3], 1, &[2.0])], &[]).unwrap();
+    assert!(r.accepted);
+    assert_eq!(s.values("w").unwrap(), vec![1.0, 1.0, 3.0], "only element 1 of w moves (sgd 0.5 x 2)");
+    assert_eq!(s.values("b").unwrap(), vec![0.0], "b is not in the remainder");
+    assert_eq!(s.progress().step, 0, "a remainder is not a step");
+    let overlapping = [part("w", &[3], 0, &[1.0, 1.0]), part("w", &[3], 1, &[1.0])];
+    let err = s.push_for_layout(&proto::PushGradientsRequest { push_id: 10, ..rest.clone() }, &worker, &overlapping, &[]).unwrap_err();
+    assert!(err.to_string().contains("overlap"), "{err}");
+    let whole = s.push_for_layout(&proto::PushGradientsRequest { push_id: 11, remainder: false, ..rest.clone() }, &worker, &[part("w", &[3], 1, &[2.0])], &[]);
+    assert!(whole.unwrap_err().to_string().contains("exactly once"), "a push that is not a remainder still covers every element");
+    let sync = store(UpdateMode::Sync, 1);
+    let err = sync.push_for_layout(&rest, &worker, &[part("w", &[3], 1, &[2.0])], &[]).unwrap_err();
+    assert!(err.to_string().contains("only async"), "{err}");
+}

@@ -121,28 +121,33 @@ impl ParameterStore {
         parts: &[TensorPart],
         rows: &[RowsPart],
     ) -> Result<proto::PushGradientsReply, StoreError> {
-        self.push_for_layout(0, task, step, push_id, parts, rows)
+        let header = proto::PushGradientsRequest { step, push_id, ..Default::default() };
+        self.push_for_layout(&header, task, parts, rows)
     }
 
-    /// [`push_with_rows`](Self::push_with_rows) of a push cut for layout
-    /// `layout`: refused unless this ps serves it and is not frozen for a move.
+    /// [`push_with_rows`](Self::push_with_rows) of a push whose first
+    /// message is `header`: refused unless this ps serves its layout and is
+    /// not frozen for a move. A remainder (async only) may cover part of a
+    /// variable and is not counted as a step.
     pub fn push_for_layout(
         &self,
-        layout: u64,
+        header: &proto::PushGradientsRequest,
         task: &TaskId,
-        step: i64,
-        push_id: u64,
         parts: &[TensorPart],
         rows: &[RowsPart],
     ) -> Result<proto::PushGradientsReply, StoreError> {
+        let (step, push_id) = (header.step, header.push_id);
         let mut guard = self.lock();
         let state = &mut *guard;
-        state.layout.check(layout)?;
+        state.layout.check(header.layout_version)?;
         state.members.renew(task);
         if !state.training.check_push_step(step)? {
             return Ok(proto::PushGradientsReply { accepted: false, stale: false, step: state.training.progress.step, done: true });
         }
-        let groups = state.vars.group_parts(parts)?;
+        if header.remainder && state.training.accumulator.is_some() {
+            return Err(StoreError::InvalidArgument("remainder: only async training takes the rest of a push cut by a move".into()));
+        }
+        let groups = state.vars.group_parts(parts, !header.remainder)?;
         let row_groups = if rows.is_empty() { Vec::new() } else { state.vars.group_rows(rows)? };
         let worker = task.to_string();
         if !state.members.first_push(&worker, push_id) {
@@ -150,7 +155,12 @@ impl ParameterStore {
         }
         state.vars.count_received(parts, rows);
         let optimizer = state.training.optimizer()?;
-        let mut reply = state.training.take_push(&mut state.vars, &optimizer, step, &worker, groups, &row_groups)?;
+        let mut reply = if header.remainder {
+            state.vars.apply(&optimizer, groups, &row_groups);
+            proto::PushGradientsReply { accepted: true, ..Default::default() }
+        } else {
+            state.training.take_push(&mut state.vars, &optimizer, step, &worker, groups, &row_groups)?
+        };
         state.training.finish_ready_step(&mut state.vars, state.members.live());
         reply.step = state.training.progress.step;
         self.publish(state.training.progress);

@@ -363,7 +363,7 @@ impl Variables {
 
     /// Checks every part of a push against the stored variables and groups
     /// them by variable, requiring each variable to be covered exactly once.
-    pub(in crate::ps) fn group_parts<'a>(&self, parts: &'a [TensorPart]) -> Result<DenseGroups<'a>, StoreError> {
+    pub(in crate::ps) fn group_parts<'a>(&self, parts: &'a [TensorPart], whole: bool) -> Result<DenseGroups<'a>, StoreError> {
         let mut groups: BTreeMap<usize, Ranges<'a>> = BTreeMap::new();
         for p in parts {
             let &i = self.by_name.get(&p.name).ok_or_else(|| StoreError::NotFound(format!("variable {:?} is not on this ps", p.name)))?;
@@ -377,11 +377,9 @@ impl Variables {
         for (i, mut g) in groups {
             g.sort_by_key(|(r, _)| r.start);
             let total = self.vars[i].values.len();
-            if !covers_once(&g, total) {
-                return Err(StoreError::InvalidArgument(format!(
-                    "variable {:?}: the gradient's parts do not cover its {total} elements exactly once",
-                    self.vars[i].name
-                )));
+            if !(if whole { covers_once(&g, total) } else { no_overlap(&g) }) {
+                let how = if whole { format!("do not cover its {total} elements exactly once") } else { "overlap".to_string() };
+                return Err(StoreError::InvalidArgument(format!("variable {:?}: the gradient's parts {how}", self.vars[i].name)));
             }
             out.push((i, g));
         }
@@ -469,6 +467,11 @@ impl Variables {
 }
 
 /// Do the sorted ranges `g` cover `0..total`, each element once?
+/// Ranges sorted by start: none overlaps the next.
+fn no_overlap(g: &Ranges<'_>) -> bool {
+    g.windows(2).all(|w| w[0].0.end <= w[1].0.start)
+}
+
 fn covers_once(g: &Ranges<'_>, total: usize) -> bool {
     let mut next = 0;
     for (r, _) in g {
