@@ -215,7 +215,7 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     // A job whose ps set changed while it trained: the checkpoint's layout,
     // not this task's TF_CONFIG, is the job's.
     let num_ps = match &ckpt.layout {
-        Some(layout) if started_before(layout, &cluster.cluster.addresses("ps")) && (cluster.task.index as usize) < layout.ps_addresses.len() => {
+        Some(layout) if layout_is_the_jobs(layout, &cluster.cluster.addresses("ps")) && (cluster.task.index as usize) < layout.ps_addresses.len() => {
             tracing::info!("{}: the job's layout is version {} ({} ps task(s)), from {}", cluster.task, layout.version, layout.ps_addresses.len(), ckpt.path);
             store.adopt_layout(layout.version, layout.ps_addresses.clone());
             layout.ps_addresses.len()
@@ -241,17 +241,25 @@ fn restore(store: &ParameterStore, dir: &Location, cluster: &ClusterConfig) -> R
     Ok(())
 }
 
-/// Whether this task's `TF_CONFIG` (its ps set `ours`) is older than the job's layout `layout`
-/// (ps tasks were added while it trained, and this task restarted with the `TF_CONFIG` it
-/// started with): ours is a strict prefix of the layout's and the ps tasks added then still
-/// answer. A job stopped and started again with fewer ps tasks has none of them running: its
-/// `TF_CONFIG` is the job's.
-fn started_before(layout: &crate::checkpoint::LayoutRecord, ours: &[String]) -> bool {
-    let (all, ours_n) = (&layout.ps_addresses, ours.len());
-    if layout.version <= 1 || ours_n == 0 || ours_n >= all.len() || all[..ours_n] != *ours {
+/// Whether the job's layout `layout` (from its latest checkpoint) is newer than this task's
+/// `TF_CONFIG` (its ps set `ours`) and still the job's: this task restarted with the
+/// `TF_CONFIG` it started with after ps tasks were added or removed while the job trained.
+/// The layout then names the same ps tasks at a later version, or more of them (ours is a
+/// prefix) and those added still answer, or fewer (a prefix of ours) and those removed do not.
+/// A job stopped and started again with another number of ps tasks has a `TF_CONFIG` that is
+/// the job's: the added ps tasks are gone, or the removed ones run again.
+fn layout_is_the_jobs(layout: &crate::checkpoint::LayoutRecord, ours: &[String]) -> bool {
+    let all = &layout.ps_addresses;
+    let common = ours.len().min(all.len());
+    if layout.version <= 1 || ours.is_empty() || all.is_empty() || all[..common] != ours[..common] {
         return false;
     }
-    all[ours_n..].iter().all(|a| reachable(a, Duration::from_secs(2)))
+    let answers = |a: &String| reachable(a, Duration::from_secs(2));
+    match ours.len().cmp(&all.len()) {
+        std::cmp::Ordering::Equal => true,
+        std::cmp::Ordering::Less => all[common..].iter().all(answers),
+        std::cmp::Ordering::Greater => !ours[common..].iter().any(answers),
+    }
 }
 
 /// A TCP connection to `address` (`host:port`) opens within `timeout`.
@@ -521,8 +529,9 @@ mod tests {
     use super::*;
     use crate::checkpoint::LayoutRecord;
 
-    /// A checkpoint's layout is the job's only for a task whose TF_CONFIG is older (a strict
-    /// prefix of it) and while the ps tasks added since still answer.
+    /// A checkpoint's layout is the job's only for a task whose TF_CONFIG is older: the same ps
+    /// tasks at a later version, more of them while those added still answer, fewer while
+    /// those removed do not.
     #[test]
     fn an_older_tf_config_takes_the_checkpoints_layout() {
         let alive = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -536,13 +545,15 @@ mod tests {
         let cases = [
             ("grown, the added ps runs", layout(2, s(&["ps0:1", &alive])), s(&["ps0:1"]), true),
             ("grown, then stopped and started with fewer", layout(2, s(&["ps0:1", &dead])), s(&["ps0:1"]), false),
-            ("never grown", layout(1, s(&["ps0:1", &alive])), s(&["ps0:1"]), false),
-            ("started with as many", layout(2, s(&["ps0:1", &alive])), s(&["ps0:1", &alive]), false),
-            ("started with more", layout(2, s(&["ps0:1"])), s(&["ps0:1", &alive]), false),
+            ("never changed", layout(1, s(&["ps0:1", &alive])), s(&["ps0:1"]), false),
+            ("grown and shrunk back: the same ps tasks, a later version", layout(3, s(&["ps0:1", &alive])), s(&["ps0:1", &alive]), true),
+            ("shrunk, the removed ps is gone", layout(2, s(&["ps0:1"])), s(&["ps0:1", &dead]), true),
+            ("shrunk, then stopped and started with more", layout(2, s(&["ps0:1"])), s(&["ps0:1", &alive]), false),
             ("another ps 0", layout(2, s(&["ps9:1", &alive])), s(&["ps0:1"]), false),
+            ("another ps 1", layout(2, s(&["ps0:1", "ps9:1"])), s(&["ps0:1", &dead]), false),
         ];
         for (what, layout, ours, want) in cases {
-            assert_eq!(started_before(&layout, &ours), want, "{what}");
+            assert_eq!(layout_is_the_jobs(&layout, &ours), want, "{what}");
         }
     }
 }

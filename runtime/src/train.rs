@@ -573,6 +573,9 @@ pub(crate) struct Checkpointer {
     keep: usize,
     pub(crate) last_step: i64,
     last_time: Instant,
+    /// The job's layout changed (a move): the next step is checkpointed,
+    /// so that a ps restarted from it finds the ps set the job has now.
+    after_move: bool,
 }
 
 impl Checkpointer {
@@ -580,7 +583,7 @@ impl Checkpointer {
         let directory = c.directory.clone()?;
         let every_steps = c.every_steps.filter(|&n| n > 0);
         let every = c.every_secs.filter(|&s| s > 0.0).map(Duration::from_secs_f64);
-        Some(Checkpointer { directory, every_steps, every, keep: c.keep.max(1), last_step: start_step, last_time: Instant::now() })
+        Some(Checkpointer { directory, every_steps, every, keep: c.keep.max(1), last_step: start_step, last_time: Instant::now(), after_move: false })
     }
 
     /// Records a checkpoint written at `step` (by the single process).
@@ -589,9 +592,16 @@ impl Checkpointer {
         self.last_time = Instant::now();
     }
 
+    /// The job's state moved to another ps set: checkpoint the next step.
+    pub(crate) fn after_move(&mut self) {
+        self.after_move = true;
+    }
+
     pub(crate) fn due(&self, step: i64) -> bool {
         step > self.last_step
-            && (self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64) || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
+            && (self.after_move
+                || self.every_steps.is_some_and(|n| step / n as i64 > self.last_step / n as i64)
+                || self.every.is_some_and(|d| self.last_time.elapsed() >= d))
     }
 
     pub(crate) async fn save(&mut self, ps: &PsSet, step: i64, metrics: &TrainingMetrics) -> Result<(), TrainError> {
@@ -619,6 +629,7 @@ impl Checkpointer {
         tracing::info!("{}: checkpoint of global_step={step} written to {written} in {secs:.3}s", ps.task);
         self.last_step = step;
         self.last_time = Instant::now();
+        self.after_move = false;
         Ok(())
     }
 }

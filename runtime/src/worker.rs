@@ -355,16 +355,16 @@ impl<'a> Trainer<'a> {
 
     /// The chief, between two steps: when ps 0 holds a proposed ps set (a ps
     /// started into the job), the state moves to it now. A move that fails
-    /// leaves the layout as it was (tried again later).
-    async fn move_if_proposed(&mut self) -> Result<(), TrainError> {
+    /// leaves the layout as it was (tried again later). True when it moved.
+    async fn move_if_proposed(&mut self) -> Result<bool, TrainError> {
         if self.layout_checked.elapsed() < LAYOUT_POLL {
-            return Ok(());
+            return Ok(false);
         }
         self.layout_checked = Instant::now();
         let layout = self.ps.layout().await?;
         let steps = &self.pulled.steps;
         if layout.proposed.is_empty() || layout.moving || steps.iter().any(|&s| s != steps[0]) {
-            return Ok(());
+            return Ok(false);
         }
         let version = layout.version + 1;
         let next = train::ps_set_over(self.ctx, self.model, &layout.proposed, version)?;
@@ -373,11 +373,11 @@ impl<'a> Trainer<'a> {
             Ok(moved) => {
                 tracing::info!("{}: {moved}", self.task);
                 self.use_ps(next);
-                self.join().await
+                self.join().await.map(|()| true)
             }
             Err(e) => {
                 tracing::warn!("{}: could not move the job's state to {} ps task(s) ({e}); trying again later", self.task, layout.proposed.len());
-                Ok(())
+                Ok(false)
             }
         }
     }
@@ -805,8 +805,11 @@ async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, se
         if let Some(c) = &mut checkpointer {
             trainer.checkpoint_if_due(c).await?;
         }
-        if trainer.is_chief {
-            trainer.move_if_proposed().await?;
+        if trainer.is_chief
+            && trainer.move_if_proposed().await?
+            && let Some(c) = &mut checkpointer
+        {
+            c.after_move();
         }
     }
     Ok(Trained { trainer, checkpointer, summaries, train_secs: loop_start.elapsed().as_secs_f64(), _lease: lease })

@@ -203,9 +203,10 @@ const WIDE_DEEP: &[&str] = &[
 const MLP: &[&str] = &["--model=mlp", "--hidden_units=64", "--learning_rate=0.1", "--batch_size=32", "--eval_examples=2000", "--num_epochs=10"];
 
 /// The flags of one task of a job (`model`'s flags) trained while ps tasks are added.
-fn elastic_args(model: &[&str], ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str) -> Vec<String> {
+fn elastic_args(model: &[&str], ps: &[u16], workers: &[u16], role: &str, i: u32, mode: &str, dir: &Path) -> Vec<String> {
     let mut args = classic_flags(ps, workers, role, i);
     args.extend(strings(model));
+    args.extend([format!("--checkpoint_dir={}", dir.display()), "--save_checkpoint_steps=200".into()]);
     args.extend(strings(&["--log_every_steps=20", "--connect_timeout_secs=60", "--partition_threshold_bytes=256", "--replicas_to_aggregate=auto"]));
     if mode == "sync" {
         args.push("--sync_replicas".into());
@@ -217,11 +218,16 @@ fn elastic_args(model: &[&str], ps: &[u16], workers: &[u16], role: &str, i: u32,
 /// started (their TF_CONFIG lists 3) once it trains, and once the state has
 /// moved to them ps 2 is stopped (SIGTERM, as a scale-down deletes its pod)
 /// and hands its part over to ps 0 and 1; worker 1 is killed (-9) when the
-/// first move is proposed and started again after it. Returns the chief's report and
+/// first move is proposed and started again after it; ps 1 is killed (-9)
+/// once the chief checkpointed the 2-ps layout, and started again with its
+/// TF_CONFIG of 3 ps (as a container restarted in place): it must take the
+/// job's 2-ps layout from the checkpoint. Returns the chief's report and
 /// log, and every task's end.
 fn elastic_run(model: &[&str], mode: &str, scale: bool) -> (serde_json::Value, String, Vec<Finished>) {
     let ports = free_ports(5);
     let (ps3, workers) = (&ports[..3], &ports[3..]);
+    let checkpoints = tempfile::tempdir().unwrap();
+    let elastic_args = |model, ps, workers, role, i, mode| elastic_args(model, ps, workers, role, i, mode, checkpoints.path());
     let mut job = Job::new();
     job.spawn("ps0", &elastic_args(model, &ps3[..1], workers, "ps", 0, mode), &[]);
     for i in 0..2 {
@@ -241,6 +247,13 @@ fn elastic_run(model: &[&str], mode: &str, scale: bool) -> (serde_json::Value, S
         let at = job.logged_global_step("worker0");
         job.wait_until(LIMIT, "30 steps on 3 ps tasks", |j| j.logged_global_step("worker0") >= at + 30);
         job.terminate("ps2");
+        job.wait_until(LIMIT, "the move to 2 ps tasks", |j| j.stderr("worker0").contains("from 3 to 2 ps task(s)"));
+        job.wait_until(LIMIT, "a checkpoint of the 2-ps layout", |j| {
+            let log = j.stderr("worker0");
+            log.split("from 3 to 2 ps task(s)").nth(1).is_some_and(|after| after.contains("checkpoint of global_step="))
+        });
+        job.kill("ps1");
+        job.restart("ps1");
     }
     let results = job.wait_all(LIMIT);
     assert_all_ok(&results);
@@ -279,6 +292,8 @@ fn ps_tasks_added_and_removed_while_a_job_trains() {
         // How many pushes a move cut in two (async: their rest goes to the new layout).
         let cut: usize = results.iter().filter(|r| r.name.starts_with("worker")).map(|r| r.stderr.matches("a move cut a push in two").count()).sum();
         eprintln!("{what}: {cut} push(es) cut in two by the moves");
+        let ps1 = &of("ps1").stderr;
+        assert!(ps1.contains("the job's layout is version 3 (2 ps task(s))"), "{what}: ps1 did not take the 2-ps layout when restarted:\n{}", tail(ps1, 3000));
         let ps2 = &of("ps2").stderr;
         assert!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "{what}: ps2:\n{}", tail(ps2, 3000));
     }
