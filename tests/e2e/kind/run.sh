@@ -559,11 +559,13 @@ patch_ps() {
 }
 
 ps_1_gone() {
-    ! k get pods -n "$JOB_NAMESPACE" -l "$JOB_SELECTOR" -o name | grep -qE "/$JOB-ps-1\$"
+    local names
+    names=$(k get pods -n "$JOB_NAMESPACE" -l "$JOB_SELECTOR" -o name)
+    ! grep -qE "/$JOB-ps-1\$" <<<"$names"
 }
 
 run_ps_scale() {
-    local file=$1 before after missing t chief events report
+    local file=$1 before after missing t chief events report ps0_log
     apply_job "$file"
     wait_until "first gradient of $JOB-worker-0" first_logged "$JOB-worker-0" 'first gradient accepted'
     before=$(pods_with_uids)
@@ -589,8 +591,9 @@ run_ps_scale() {
     after=$(pods_with_uids)
     missing=$(comm -23 <(echo "$before") <(echo "$after"))
     [[ -z $missing ]] || die "the PS patches replaced pods that were there before: $missing"
-    k logs -n "$JOB_NAMESPACE" "$JOB-ps-0" | grep -q "ps:1 leaves" ||
-        die "$JOB-ps-1 did not ask ps-0 to leave when its pod was deleted"
+    # The log captured first: `grep -q` closing the pipe early would fail it under pipefail.
+    ps0_log=$(k logs -n "$JOB_NAMESPACE" "$JOB-ps-0")
+    grep -q "ps:1 leaves" <<<"$ps0_log" || die "$JOB-ps-1 did not ask ps-0 to leave when its pod was deleted"
     wait_job Succeeded
     events=$(k get events -n "$JOB_NAMESPACE" --field-selector "involvedObject.name=$JOB,reason=Scaled" \
         -o jsonpath='{.items[*].message}')
