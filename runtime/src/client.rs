@@ -23,9 +23,7 @@ use crate::proto::{self, RowsPart, TensorPart, parameter_server_client::Paramete
 use crate::tensor::{self, MAX_MESSAGE_BYTES};
 
 pub mod mover;
-mod remainder;
-
-pub use remainder::{Owed, owed};
+pub mod remainder;
 
 pub type PsGrpc = ParameterServerClient<InterceptedService<Channel, TokenAttach>>;
 
@@ -54,7 +52,7 @@ pub enum ClientError {
     /// An async push that a move cut in two: the ps tasks marked in
     /// `applied` had applied it before they froze, the others refused it
     /// (`cause`: the first refusal, "layout changed"). What they refused is
-    /// still owed ([`PsSet::push_remainder`]).
+    /// still owed (`remainder::PsSet::push_remainder`).
     #[error("{cause}")]
     CutByMove { applied: Vec<bool>, cause: Box<ClientError> },
 }

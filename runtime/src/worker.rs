@@ -200,7 +200,7 @@ struct Trainer<'a> {
 /// The rest of a push a move cut in two: what the ps tasks that refused it
 /// held, and the step's gradients and rows.
 struct CutPush {
-    owed: crate::client::Owed,
+    owed: crate::client::remainder::Owed,
     gradients: Vec<ArrayD<f32>>,
     rows: Vec<Vec<i64>>,
 }
@@ -465,7 +465,7 @@ impl<'a> Trainer<'a> {
             Err(e) if layout_changed(&e) => {
                 if let ClientError::CutByMove { applied, .. } = &e {
                     let refused: Vec<bool> = applied.iter().map(|a| !a).collect();
-                    let owed = crate::client::owed(&self.ps, &refused, &rows);
+                    let owed = crate::client::remainder::owed(&self.ps, &refused, &rows);
                     self.cut_push = Some(CutPush { owed, gradients: lg.gradients, rows });
                 }
                 return Err(TrainError::LayoutChanged(e));

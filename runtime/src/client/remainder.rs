@@ -6,7 +6,7 @@
 //! pushed as a remainder (`PushGradientsRequest.remainder`): its parts may
 //! cover part of a variable, and it is applied, not counted as a step.
 //!
-//! [`owed`] (which rows and elements) is pure; [`PsSet::join_step`] and
+//! [`owed`] (which rows and elements) is pure; `PsSet::join_step` and
 //! [`PsSet::push_remainder`] wire it.
 
 use std::future::Future;
