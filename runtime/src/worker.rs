@@ -403,10 +403,17 @@ impl<'a> Trainer<'a> {
     /// tasks that refused it held goes to their successors under the new
     /// layout, and the step counts as taken (its batch is not trained
     /// again: that would apply the part already applied a second time).
+    /// A rest that cannot be pushed (another move began, a ps restarted) is
+    /// dropped with a warning: one push's part, not a reason to stop.
     async fn push_rest(&mut self, cut: CutPush) -> Result<(), TrainError> {
         if !cut.owed.is_empty() {
-            let bytes = self.ps.push_remainder(&cut.owed, &cut.gradients, &cut.rows).await?;
-            tracing::info!("{}: a move cut a push in two; its rest ({}) went to the ps tasks that hold it now", self.task, crate::ps::recut::bytes_text(bytes));
+            match self.ps.push_remainder(&cut.owed, &cut.gradients, &cut.rows).await {
+                Ok(bytes) => {
+                    let rest = crate::ps::recut::bytes_text(bytes);
+                    tracing::info!("{}: a move cut a push in two; its rest ({rest}) went to the ps tasks that hold it now", self.task);
+                }
+                Err(e) => tracing::warn!("{}: a move cut a push in two and its rest could not be pushed ({e}); it is dropped", self.task),
+            }
         }
         self.local_steps += 1;
         self.behind = true;
