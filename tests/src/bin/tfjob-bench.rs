@@ -609,6 +609,9 @@ struct PsScale {
     pause: f64,
     moved: tfjob_runtime::client::mover::Moved,
     rss_before: f64,
+    /// Right after the move, before the job trains on 2 ps.
+    rss_moved: [f64; 2],
+    /// After 3 s of training on 2 ps.
     rss_after: [f64; 2],
     /// ps 0's peak resident memory over its life (during the move: the old state, its own
     /// new part and ps 1's fragments at once).
@@ -644,6 +647,9 @@ fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
     row(report, "bytes moved between ps tasks", m.moved_bytes as f64 / 1e6, "MB", Some(("ideal: half the state", ideal / 1e6)), "~1.0x", None);
     row(report, "ps 0 RSS after the move", scaled.rss_after[0], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
     row(report, "ps 1 RSS after the move", scaled.rss_after[1], "MiB", Some(("ps 0 before", scaled.rss_before)), "~0.5x", None);
+    for (k, &rss) in scaled.rss_moved.iter().enumerate() {
+        row(report, &format!("ps {k} RSS right after the move"), rss, "MiB", Some(("ps 0 before", scaled.rss_before)), "", None);
+    }
     for (k, &rss) in scaled.rss_after.iter().enumerate() {
         row(report, &format!("ps {k} RSS after the move vs static"), rss, "MiB", Some((&format!("static 2-ps job's ps {k}"), static_rss[k])), "~1.0x", None);
     }
@@ -654,7 +660,7 @@ fn elastic_ps(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
         "elastic_ps".into(),
         json!({"rows": rows, "dim": dim, "table_mib": table_mib, "moved_rows": m.rows, "bytes": m.bytes, "moved_bytes": m.moved_bytes,
                "move_secs": m.seconds, "pause_secs": scaled.pause, "start_to_first_step_secs": scaled.start_to_first_step,
-               "rss_before_mib": scaled.rss_before, "rss_after_mib": scaled.rss_after, "static_2ps_rss_mib": static_rss,
+               "rss_before_mib": scaled.rss_before, "rss_moved_mib": scaled.rss_moved, "rss_after_mib": scaled.rss_after, "static_2ps_rss_mib": static_rss,
                "ps0_peak_rss_mib": scaled.ps0_peak, "steps_before": scaled.steps_before,
                "steps_after": scaled.steps_after, "static_2ps_steps": static2}),
     );
@@ -794,6 +800,7 @@ async fn ps_scale_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Resul
         chief.refresh_steps().await?;
         break moved;
     };
+    let rss_moved = [rss_mib(ps0.child.id()), rss_mib(ps1.child.id())];
     chief.step().await?;
     let start_to_first_step = started.elapsed().as_secs_f64();
     pause = pause.max(last_step.elapsed().as_secs_f64());
@@ -804,7 +811,7 @@ async fn ps_scale_run(bin: &Path, logs: &Path, rows: usize, dim: usize) -> Resul
         let _ = p.child.kill();
         let _ = p.child.wait();
     }
-    Ok(PsScale { start_to_first_step, pause, moved, rss_before, rss_after, ps0_peak, steps_before, steps_after })
+    Ok(PsScale { start_to_first_step, pause, moved, rss_before, rss_moved, rss_after, ps0_peak, steps_before, steps_after })
 }
 
 fn ensure_running(p: &mut Proc) -> Result<()> {
