@@ -48,9 +48,15 @@ pub mod workload;
 /// thread's arena is trimmed when its top is free: each such buffer then
 /// costs page faults and zeroing on every use, a tenth of a ps's CPU time in
 /// sync MLP training. Here buffers up to 32 MiB come from the heap and up to
-/// 256 MiB of free heap is kept for reuse. Call once, early in `main`
-/// (tfjob-runtime does; so does tfjob-bench before its in-process ps).
-/// Elsewhere than glibc it does nothing.
+/// 256 MiB of free heap is kept for reuse. At most two arenas: each thread
+/// that allocates otherwise gets its own (up to 8 per core), and a ps that
+/// handed half its table over to a new ps kept 60 MB more than a ps of a
+/// static job in the arenas of the threads that had cut and joined the
+/// fragments (`tfjob-bench --only elastic-ps`: ps 0's RSS after the move
+/// 0.68x of before with the default, 0.53x with two arenas; MLP examples/s
+/// unchanged, BENCHMARKS.md). Call once, early in `main` (tfjob-runtime
+/// does; so does tfjob-bench before its in-process ps). Elsewhere than
+/// glibc it does nothing.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes the allocator's own lock and only changes its
@@ -58,6 +64,7 @@ pub fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 
