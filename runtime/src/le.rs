@@ -34,12 +34,6 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(f32_at).collect()
 }
 
-/// Appends every whole f32 of `bytes` to `out`.
-pub fn extend_f32s(out: &mut Vec<f32>, bytes: &[u8]) {
-    out.reserve(bytes.len() / 4);
-    out.extend(bytes.chunks_exact(4).map(f32_at));
-}
-
 /// Every whole i64 of `bytes` (a trailing partial one is left out): row ids.
 pub fn i64s(bytes: &[u8]) -> Vec<i64> {
     bytes.chunks_exact(8).map(i64_at).collect()
@@ -75,9 +69,6 @@ mod tests {
         let bytes = f32_bytes(&values);
         assert_eq!(&bytes[..4], &[0, 0, 0xc0, 0x3f]);
         assert_eq!(f32s(&bytes), values);
-        let mut joined = vec![9.0];
-        extend_f32s(&mut joined, &bytes);
-        assert_eq!(joined[1..], values);
         assert_eq!(f32_at(&bytes[4..]).to_bits(), (-0.0f32).to_bits());
         let raw = [0x78, 0x56, 0x34, 0x12, 0xf0, 0xde, 0xbc, 0x9a, 0xff];
         assert_eq!(u32_at(&raw), 0x1234_5678);

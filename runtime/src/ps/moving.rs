@@ -10,6 +10,7 @@ use super::state::{Agreement, LEAVE_REMEMBERED, Staged, StoredVar, pieces_of, st
 use super::store::ParameterStore;
 use crate::le;
 use crate::proto;
+use crate::tensor;
 
 impl ParameterStore {
     /// The job's layout as this ps knows it (ps 0 is the authority).
@@ -147,11 +148,11 @@ impl ParameterStore {
     }
 }
 
-/// Gives the pages a move freed (the pieces given up, the copies and
-/// messages of the fetches) back to the system. glibc keeps freed blocks
-/// below its mmap threshold (which grows to 32 MiB as large blocks are
-/// freed) in its arenas, so a ps that handed over half its rows would keep
-/// its peak RSS without this.
+/// Gives the pages a move freed (the pieces given up, the fetched
+/// fragments and messages) back to the system. glibc keeps freed blocks
+/// below its mmap threshold (32 MiB: [`crate::tune_allocator`]) in its
+/// arenas and trims a heap only past 256 MiB free, so a ps that handed over
+/// half its rows would keep its peak RSS without this.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system.
@@ -260,7 +261,7 @@ pub(super) fn to_messages(f: Fragments, max_bytes: usize) -> impl Iterator<Item 
 /// The message of `cuts` of `f`.
 fn message(f: &Fragments, cuts: &[Cut]) -> proto::FragmentsReply {
     let bytes = |v: &[f32], row: usize, start: usize, end: usize| -> bytes::Bytes {
-        if v.is_empty() { bytes::Bytes::new() } else { le::f32_bytes(&v[start * row..end * row]).into() }
+        if v.is_empty() { bytes::Bytes::new() } else { tensor::f32_to_bytes(&v[start * row..end * row]) }
     };
     let mut m = proto::FragmentsReply::default();
     for &cut in cuts {
@@ -326,8 +327,16 @@ pub fn add_message(f: &mut Fragments, m: proto::FragmentsReply) {
         };
         let x = &mut f.rows[at];
         x.ids.extend(r.ids);
-        le::extend_f32s(&mut x.values, &r.values);
-        le::extend_f32s(&mut x.slots[0], &r.slot0);
-        le::extend_f32s(&mut x.slots[1], &r.slot1);
+        extend_from_le(&mut x.values, &r.values);
+        extend_from_le(&mut x.slots[0], &r.slot0);
+        extend_from_le(&mut x.slots[1], &r.slot1);
     }
+}
+
+/// Appends the little-endian f32s of `bytes` to `out` (cast without a
+/// per-element decode where the buffer allows: [`tensor::copy_f32_from_le`]).
+fn extend_from_le(out: &mut Vec<f32>, bytes: &[u8]) {
+    let at = out.len();
+    out.resize(at + bytes.len() / 4, 0.0);
+    tensor::copy_f32_from_le(&mut out[at..], &bytes[..bytes.len() / 4 * 4]);
 }

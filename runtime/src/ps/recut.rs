@@ -383,8 +383,7 @@ fn assemble_rows(target: &RowsPiece, mut fragments: Vec<RowsFragment>, out: &mut
     fragments.retain(|f| !f.ids.is_empty());
     let rows = if fragments.len() == 1 {
         let f = fragments.pop().expect("one fragment");
-        let [first, second] = f.slots;
-        (f.ids, f.values, [first, second], updates)
+        (f.ids, f.values, f.slots, updates)
     } else {
         let n: usize = fragments.iter().map(|f| f.ids.len()).sum();
         let joined = |of: fn(&RowsFragment) -> &Vec<f32>, held: bool| -> Vec<f32> {
