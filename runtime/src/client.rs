@@ -1078,12 +1078,15 @@ impl PsSet {
         .await
     }
 
-    /// Keeps this task's lease on every ps; errors are ignored (the next
-    /// call retries, and a ps that is down is noticed by the training calls).
-    pub async fn heartbeat(&self) {
+    /// Keeps this task's lease on every ps (an evaluator holds none) and
+    /// reports the figures of `report` (its `task` is set to this task);
+    /// errors are ignored (the next call retries, and a ps that is down is
+    /// noticed by the training calls).
+    pub async fn heartbeat(&self, report: proto::HeartbeatRequest) {
+        let report = proto::HeartbeatRequest { task: self.task_proto(), ..report };
         let calls = (0..self.num_ps()).map(|ps| {
             let mut c = self.clients[ps].clone();
-            let req = proto::HeartbeatRequest { task: self.task_proto() };
+            let req = report.clone();
             async move {
                 let _ = c.heartbeat(deadline(req, Duration::from_secs(5))).await;
             }

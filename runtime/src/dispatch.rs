@@ -177,6 +177,11 @@ pub struct DispatchProgress {
     pub shards_done: u64,
     pub shards_per_epoch: u64,
     pub finished: bool,
+    /// The plan's epochs to train; 0: as many as training lasts. With
+    /// `examples_per_epoch`, what the progress is measured against.
+    pub num_epochs: u64,
+    /// Examples in the training set (one epoch's).
+    pub examples_per_epoch: u64,
 }
 
 /// What a checkpoint keeps of the dispatcher: shards in flight (doing or
@@ -346,6 +351,8 @@ impl ShardDispatcher {
             shards_done: epoch * per_epoch + pos - self.not_done().count() as u64,
             shards_per_epoch: per_epoch,
             finished: self.is_finished(),
+            num_epochs: plan.num_epochs.unwrap_or(0),
+            examples_per_epoch: plan.examples,
         }
     }
 

@@ -383,8 +383,10 @@ struct TaskArgs {
     /// in the directory itself, the evaluator's in <log_dir>/eval.
     #[arg(long = "log_dir", visible_alias = "log-dir", value_parser = parse_location)]
     log_dir: Option<Location>,
-    /// Serve Prometheus metrics on this port (/metrics).
-    #[arg(long = "metrics_port", visible_alias = "metrics-port")]
+    /// Serve Prometheus metrics on this port (/metrics); also read from TFJOB_METRICS_PORT, which
+    /// the operator can set in every replica's environment (the flag wins). ps 0's endpoint shows
+    /// the whole job's progress: steps, epochs, the training loss and the latest evaluation.
+    #[arg(long = "metrics_port", visible_alias = "metrics-port", env = "TFJOB_METRICS_PORT")]
     metrics_port: Option<u16>,
     /// A training task not heard from for this long no longer counts as live (elastic sync).
     #[arg(long = "lease_secs", visible_alias = "lease-secs", default_value_t = 10.0)]

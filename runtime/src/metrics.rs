@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use crate::proto;
 use crate::ps::ParameterStore;
 
 /// A float kept in an atomic (bits of an f64).
@@ -91,30 +92,66 @@ impl std::fmt::Debug for PsMetrics {
     }
 }
 
+/// One figure of a scrape: kind, name, help, value.
+type Figure = (MetricType, &'static str, &'static str, f64);
+
+/// The ps's own figures: its step, traffic, leases.
+fn ps_figures(s: &proto::StatsReply) -> Vec<Figure> {
+    use MetricType::{Counter, Gauge};
+    let variable_bytes: u64 = s.variables.iter().map(|v| v.bytes).sum();
+    vec![
+        (Gauge, "tfjob_ps_step", "Step of this ps.", s.step as f64),
+        (Counter, "tfjob_ps_updates", "Updates applied (async pushes or sync steps).", s.pushes_applied as f64),
+        (Counter, "tfjob_ps_bytes_received", "Gradient bytes received.", s.bytes_received as f64),
+        (Counter, "tfjob_ps_bytes_sent", "Variable bytes sent.", s.bytes_sent as f64),
+        (Counter, "tfjob_ps_stale_gradients_dropped", "Stale gradients dropped (sync).", s.stale_gradients_dropped as f64),
+        (Counter, "tfjob_ps_duplicate_gradients_dropped", "Retried or duplicate gradients not applied.", s.duplicate_gradients_dropped as f64),
+        (Gauge, "tfjob_ps_workers_live", "Training tasks with a live lease.", s.live_tasks.len() as f64),
+        (Gauge, "tfjob_ps_replicas_to_aggregate", "Gradients a sync step needs now.", s.replicas_to_aggregate as f64),
+        (Gauge, "tfjob_ps_variable_bytes", "Bytes of variables held.", variable_bytes as f64),
+    ]
+}
+
+/// The shard dispatcher's figures (ps 0, once a worker asked for a shard),
+/// with the plan they are measured against.
+fn dispatch_figures(d: &proto::DispatchProgress) -> Vec<Figure> {
+    use MetricType::{Counter, Gauge};
+    vec![
+        (Gauge, "tfjob_ps_epochs_completed", "Epochs whose every shard is done (shard dispatcher).", d.epochs_completed as f64),
+        (Counter, "tfjob_ps_examples_trained", "Examples of the shards reported done.", d.examples_trained as f64),
+        (Counter, "tfjob_ps_shards_done", "Shards reported done.", d.shards_done as f64),
+        (Counter, "tfjob_ps_shards_redone", "Shards handed out again after their worker was lost.", d.shards_redone as f64),
+        (Gauge, "tfjob_ps_num_epochs", "Epochs to train (--num_epochs); 0: unbounded.", d.num_epochs as f64),
+        (Gauge, "tfjob_ps_examples_per_epoch", "Examples in the training set (one epoch).", d.examples_per_epoch as f64),
+    ]
+}
+
+/// What the tasks reported by heartbeat, each once known: the figures that
+/// show a job's progress without scraping every task.
+fn reported_figures(s: &proto::StatsReply) -> Vec<Figure> {
+    use MetricType::Gauge;
+    let mut figures: Vec<Figure> = Vec::new();
+    figures.extend(s.loss.map(|l| (Gauge, "tfjob_ps_loss", "Latest training loss a training task reported.", f64::from(l))));
+    if s.train_steps > 0 {
+        figures.push((Gauge, "tfjob_ps_train_steps", "Global steps to train (the largest --train_steps reported).", s.train_steps as f64));
+    }
+    if let Some(e) = &s.evaluation {
+        figures.extend([
+            (Gauge, "tfjob_ps_eval_step", "Global step of the latest evaluation.", e.step as f64),
+            (Gauge, "tfjob_ps_eval_loss", "Loss on held-out data at the latest evaluation.", f64::from(e.loss)),
+        ]);
+        figures.extend(e.accuracy.map(|a| (Gauge, "tfjob_ps_eval_accuracy", "Accuracy on held-out data at the latest evaluation.", f64::from(a))));
+        figures.extend(e.auc.map(|a| (Gauge, "tfjob_ps_eval_auc", "Area under the ROC curve on held-out data at the latest evaluation.", f64::from(a))));
+    }
+    figures
+}
+
 impl Collector for PsMetrics {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use MetricType::{Counter, Gauge};
         let s = self.0.stats();
-        let variable_bytes: u64 = s.variables.iter().map(|v| v.bytes).sum();
-        let mut figures = vec![
-            (Gauge, "tfjob_ps_step", "Step of this ps.", s.step as f64),
-            (Counter, "tfjob_ps_updates", "Updates applied (async pushes or sync steps).", s.pushes_applied as f64),
-            (Counter, "tfjob_ps_bytes_received", "Gradient bytes received.", s.bytes_received as f64),
-            (Counter, "tfjob_ps_bytes_sent", "Variable bytes sent.", s.bytes_sent as f64),
-            (Counter, "tfjob_ps_stale_gradients_dropped", "Stale gradients dropped (sync).", s.stale_gradients_dropped as f64),
-            (Counter, "tfjob_ps_duplicate_gradients_dropped", "Retried or duplicate gradients not applied.", s.duplicate_gradients_dropped as f64),
-            (Gauge, "tfjob_ps_workers_live", "Training tasks with a live lease.", s.live_tasks.len() as f64),
-            (Gauge, "tfjob_ps_replicas_to_aggregate", "Gradients a sync step needs now.", s.replicas_to_aggregate as f64),
-            (Gauge, "tfjob_ps_variable_bytes", "Bytes of variables held.", variable_bytes as f64),
-        ];
-        if let Some(d) = &s.dispatch {
-            figures.extend([
-                (Gauge, "tfjob_ps_epochs_completed", "Epochs whose every shard is done (shard dispatcher).", d.epochs_completed as f64),
-                (Counter, "tfjob_ps_examples_trained", "Examples of the shards reported done.", d.examples_trained as f64),
-                (Counter, "tfjob_ps_shards_done", "Shards reported done.", d.shards_done as f64),
-                (Counter, "tfjob_ps_shards_redone", "Shards handed out again after their worker was lost.", d.shards_redone as f64),
-            ]);
-        }
+        let mut figures = ps_figures(&s);
+        figures.extend(s.dispatch.as_ref().map(dispatch_figures).unwrap_or_default());
+        figures.extend(reported_figures(&s));
         for (kind, name, help, value) in figures {
             figure(&mut e, kind, name, help, value)?;
         }
@@ -203,5 +240,49 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
+    }
+
+    /// The figures a ps learns from heartbeats and its shard dispatcher
+    /// appear once known, and not before.
+    #[test]
+    fn ps_exposition_shows_the_job_s_progress_once_known() {
+        let store = Arc::new(ParameterStore::new(crate::ps::PsConfig::new(0, 1, None)));
+        let metrics = TaskMetrics::new("ps:0", PsMetrics(store.clone()));
+        let progress = [
+            "tfjob_ps_loss",
+            "tfjob_ps_train_steps",
+            "tfjob_ps_eval_step",
+            "tfjob_ps_eval_loss",
+            "tfjob_ps_eval_accuracy",
+            "tfjob_ps_eval_auc",
+            "tfjob_ps_num_epochs",
+            "tfjob_ps_examples_per_epoch",
+        ];
+        let fresh = metrics.render();
+        for name in progress {
+            assert!(!fresh.contains(name), "{name} before anything was reported:\n{fresh}");
+        }
+        let worker = crate::cluster::TaskId::new("worker", 0);
+        store.heartbeat(&worker, &proto::HeartbeatRequest { loss: Some(0.25), train_steps: 500, ..Default::default() });
+        let evaluation = proto::Evaluation { step: 40, loss: 0.5, accuracy: Some(0.75), auc: None };
+        store.heartbeat(&crate::cluster::TaskId::new("evaluator", 0), &proto::HeartbeatRequest { evaluation: Some(evaluation), ..Default::default() });
+        let plan = proto::DatasetPlan { examples: 25, shard_size: 10, seed: 1, num_epochs: 3 };
+        let ask = proto::NextShardRequest { task: Some((&worker).into()), plan: Some(plan), want: true, ..Default::default() };
+        store.next_shard(&ask).unwrap();
+        let text = metrics.render();
+        for line in [
+            "tfjob_ps_loss{task=\"ps:0\"} 0.25",
+            "tfjob_ps_train_steps{task=\"ps:0\"} 500.0",
+            "tfjob_ps_eval_step{task=\"ps:0\"} 40.0",
+            "tfjob_ps_eval_loss{task=\"ps:0\"} 0.5",
+            "tfjob_ps_eval_accuracy{task=\"ps:0\"} 0.75",
+            "tfjob_ps_num_epochs{task=\"ps:0\"} 3.0",
+            "tfjob_ps_examples_per_epoch{task=\"ps:0\"} 25.0",
+            "tfjob_ps_examples_trained_total{task=\"ps:0\"} 0.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+        }
+        assert!(!text.contains("tfjob_ps_eval_auc"), "no AUC was reported:\n{text}");
+        assert!(text.lines().any(|l| l == "tfjob_ps_workers_live{task=\"ps:0\"} 1.0"), "the evaluator holds no lease:\n{text}");
     }
 }

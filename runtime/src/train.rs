@@ -715,6 +715,7 @@ pub async fn run_evaluator(ctx: &TaskContext, workload: &mut Workload) -> Result
         evaluations += 1;
         last = metrics_now.clone();
         note_evaluation(ctx, model, &params, &metrics_now, pulled.steps[0], evaluations);
+        ps.heartbeat(evaluation_report(&metrics_now, pulled.steps[0])).await;
         summaries.add(pulled.steps[0], &eval_scalars(&metrics_now));
         if pulled.done {
             tracing::info!("{task}: final evaluation at global_step={} (training is over)", pulled.steps[0]);
@@ -754,6 +755,15 @@ fn note_evaluation(ctx: &TaskContext, model: &dyn Model, params: &[ArrayD<f32>],
         m.auc.map(|a| format!(" eval_auc={a:.4}")).unwrap_or_default(),
         summary_line(model, params)
     );
+}
+
+/// What the evaluator's heartbeat after an evaluation reports: the
+/// evaluation, which ps 0 publishes on its metrics endpoint so that one
+/// endpoint shows the whole job. The evaluator heartbeats only then (it
+/// holds no lease), and whether the ps tasks heard it changes nothing here.
+fn evaluation_report(m: &Metrics, step: i64) -> proto::HeartbeatRequest {
+    let evaluation = proto::Evaluation { step, loss: m.loss, accuracy: m.accuracy, auc: m.auc };
+    proto::HeartbeatRequest { evaluation: Some(evaluation), ..Default::default() }
 }
 
 /// The evaluator's next values: a long poll that returns as soon as the

@@ -59,6 +59,8 @@ impl From<&DispatchProgress> for proto::DispatchProgress {
             shards_done: p.shards_done,
             shards_per_epoch: p.shards_per_epoch,
             finished: p.finished,
+            num_epochs: p.num_epochs,
+            examples_per_epoch: p.examples_per_epoch,
         }
     }
 }
@@ -72,6 +74,8 @@ impl From<&proto::DispatchProgress> for DispatchProgress {
             shards_done: p.shards_done,
             shards_per_epoch: p.shards_per_epoch,
             finished: p.finished,
+            num_epochs: p.num_epochs,
+            examples_per_epoch: p.examples_per_epoch,
         }
     }
 }
@@ -94,7 +98,16 @@ mod tests {
         }
         let bad = proto::DatasetPlan { examples: 10, shard_size: 0, seed: 1, num_epochs: 0 };
         assert_eq!(ShardPlan::try_from(bad).unwrap_err().to_string(), "--shard_size: must be at least 1");
-        let p = DispatchProgress { epochs_completed: 1, examples_trained: 2, shards_redone: 3, shards_done: 4, shards_per_epoch: 5, finished: true };
+        let p = DispatchProgress {
+            epochs_completed: 1,
+            examples_trained: 2,
+            shards_redone: 3,
+            shards_done: 4,
+            shards_per_epoch: 5,
+            finished: true,
+            num_epochs: 6,
+            examples_per_epoch: 7,
+        };
         assert_eq!(DispatchProgress::from(&proto::DispatchProgress::from(&p)), p);
     }
 }

@@ -154,6 +154,14 @@ impl ShardFeed {
     }
 }
 
+/// What a training task's heartbeat reports: its latest loss once it took a
+/// step (before, the loss it holds is no loss of the model), and its
+/// `--train_steps` bound (0: none).
+fn training_report(metrics: &TrainingMetrics, train_steps: i64) -> proto::HeartbeatRequest {
+    let stepped = metrics.local_steps.load(Ordering::Relaxed) > 0;
+    proto::HeartbeatRequest { loss: stepped.then(|| metrics.last_loss.get() as f32), train_steps, ..Default::default() }
+}
+
 fn protocol(message: &str) -> TrainError {
     TrainError::Client(ClientError::Protocol(message.to_string()))
 }
@@ -324,12 +332,17 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// Keeps this task's lease on every ps of the job's layout while it lives.
+    /// Keeps this task's lease on every ps of the job's layout while it
+    /// lives, reporting its latest loss and its `--train_steps` (ps 0
+    /// publishes them on its metrics endpoint).
     fn keep_lease(&self) -> AbortOnDropHandle<()> {
         let target = self.lease_target.clone();
+        let metrics = self.metrics.clone();
+        let train_steps = self.settings.train_steps.map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX));
         AbortOnDropHandle::new(crate::metrics::every(self.settings.heartbeat, move || {
             let ps = target.read().map(|p| p.clone()).unwrap_or_else(|p| p.into_inner().clone());
-            async move { ps.heartbeat().await }
+            let report = training_report(&metrics, train_steps);
+            async move { ps.heartbeat(report).await }
         }))
     }
 

@@ -152,11 +152,16 @@ fn damaged_checkpoints_are_skipped() {
 }
 
 fn http_get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    try_http_get(port, path).unwrap()
+}
+
+/// `GET path` on 127.0.0.1:`port`: the whole answer, headers included.
+fn try_http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    s.read_to_string(&mut out)?;
+    Ok(out)
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -304,10 +309,11 @@ fn every_epoch_is_trained_once_while_workers_come_and_go() {
 
 /// TensorBoard event files of the chief and the evaluator parse back with
 /// the expected tags; the worker's metrics endpoint and the gRPC health
-/// service answer.
+/// service answer; ps 0's metrics show the job's progress (the loss and the
+/// evaluation the tasks report by heartbeat, the dispatcher's plan).
 #[test]
 fn event_files_metrics_and_health() {
-    let ports = free_ports(5);
+    let ports = free_ports(6);
     let logs = tempfile::tempdir().unwrap();
     let addr = |p: u16| format!("127.0.0.1:{p}");
     let cluster = serde_json::json!({
@@ -317,17 +323,23 @@ fn event_files_metrics_and_health() {
     });
     let args = vec![
         "--bind=127.0.0.1".to_string(),
-        "--train_steps=3000".into(),
+        "--train_steps=10000".into(),
         "--log_every_steps=100".into(),
         "--eval_interval_secs=0.2".into(),
+        "--heartbeat_secs=0.05".into(),
+        // More epochs than the steps train (about 100 of the linear model's
+        // 101 points): --train_steps ends the job.
+        "--num_epochs=1000".into(),
         format!("--log_dir={}", logs.path().display()),
     ];
     let mut job = Job::new();
     for (name, t, i) in [("ps0", "ps", 0), ("worker0", "worker", 0), ("worker1", "worker", 1), ("evaluator0", "evaluator", 0)] {
         let tf_config = serde_json::json!({"cluster": cluster, "task": {"type": t, "index": i}});
         let mut a = args.clone();
-        if name == "worker1" {
-            a.push(format!("--metrics_port={}", ports[4]));
+        match name {
+            "worker1" => a.push(format!("--metrics_port={}", ports[4])),
+            "ps0" => a.push(format!("--metrics_port={}", ports[5])),
+            _ => {}
         }
         job.spawn(name, &a, &[("TF_CONFIG", tf_config.to_string())]);
     }
@@ -336,6 +348,17 @@ fn event_files_metrics_and_health() {
     for name in ["tfjob_local_steps_total", "tfjob_step_seconds_total{task=\"worker:1\",part=\"compute\"}", "tfjob_bytes_sent_total"] {
         assert!(m.contains(name), "{name} missing from\n{m}");
     }
+    // Heartbeats come every 0.05 s and evaluations every 0.2 s: within a few,
+    // well before the job ends (10000 steps of the linear model last a second or so).
+    let reported = |_: &Job| try_http_get(ports[5], "/metrics").is_ok_and(|m| m.contains("tfjob_ps_loss") && m.contains("tfjob_ps_eval_loss"));
+    job.wait_until(Duration::from_secs(10), "ps 0's metrics with the loss and an evaluation", reported);
+    let m = http_get(ports[5], "/metrics");
+    assert!(metric(&m, "tfjob_ps_loss").is_some_and(f64::is_finite), "{m}");
+    assert!(metric(&m, "tfjob_ps_eval_step").is_some_and(|s| s >= 0.0), "{m}");
+    assert_eq!(metric(&m, "tfjob_ps_train_steps"), Some(10000.0), "{m}");
+    assert_eq!(metric(&m, "tfjob_ps_num_epochs"), Some(1000.0), "{m}");
+    let line_points = tfjob_runtime::data::LINE_POINTS as f64;
+    assert_eq!(metric(&m, "tfjob_ps_examples_per_epoch"), Some(line_points), "the linear model's points: {m}");
     // The standard gRPC health service answers without the job token.
     let health = std::process::Command::new(BIN).args(["client", "--target", &format!("grpc://{}", addr(ports[1])), "--health"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&health.stdout).trim(), "SERVING", "{}", String::from_utf8_lossy(&health.stderr));

@@ -115,6 +115,8 @@ fn workers_take_turns_until_every_epoch_is_done() {
                 shards_done: epochs * p.shards_per_epoch(),
                 shards_per_epoch: p.shards_per_epoch(),
                 finished: true,
+                num_epochs: epochs,
+                examples_per_epoch: examples,
             },
             "{examples}/{size}/{epochs}"
         );

@@ -17,10 +17,13 @@ impl ParameterStore {
         }
     }
 
-    /// A training task is alive (heartbeat).
-    pub fn heartbeat(&self, task: &TaskId) -> proto::HeartbeatReply {
+    /// A task is alive (heartbeat): a training task's lease is renewed (an
+    /// evaluator holds none: its heartbeat only reports), and the figures
+    /// `report` carries are kept for the metrics.
+    pub fn heartbeat(&self, task: &TaskId, report: &proto::HeartbeatRequest) -> proto::HeartbeatReply {
         let mut state = self.lock();
         state.members.renew(task);
+        state.reports.note(report);
         let p = state.training.progress;
         proto::HeartbeatReply { step: p.step, done: p.done, live_tasks: state.members.lease_count() as u32 }
     }

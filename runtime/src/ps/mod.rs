@@ -17,11 +17,14 @@
 //! - `training`: the training agreement (view, configuration, optimizer,
 //!   sync accumulator, step, end of training).
 //! - `dispatching`: the shard dispatcher of ps 0.
+//! - `reports`: what the tasks report of their training by heartbeat (the
+//!   latest loss, `--train_steps`, the latest evaluation), for ps 0's
+//!   metrics; not checkpointed.
 //!
 //! `store.rs` is the [`ParameterStore`] over them: configuration, lock,
 //! published progress. What a request does under the lock is in the file
 //! named after the part it concerns: `variables.rs` (pulls),
-//! `membership.rs` (leases; a task leaving or lost, [`ParameterStore::leave`]
+//! `membership.rs` (leases and heartbeats; a task leaving or lost, [`ParameterStore::leave`]
 //! and [`ParameterStore::expire_leases`], ends in one `forget_task`),
 //! `training.rs` (handshake, initialisation, pushes, abstentions,
 //! shutdown), `dispatching.rs`, `checkpointing.rs` (a ps's checkpoint shard,

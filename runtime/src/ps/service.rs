@@ -347,7 +347,7 @@ impl ParameterServer for PsService {
 
     async fn heartbeat(&self, request: Request<proto::HeartbeatRequest>) -> Result<Response<proto::HeartbeatReply>, Status> {
         let task = task_of(&request.get_ref().task, "task")?;
-        Ok(Response::new(self.store.heartbeat(&task)))
+        Ok(Response::new(self.store.heartbeat(&task, request.get_ref())))
     }
 
     async fn get_layout(&self, _request: Request<proto::GetLayoutRequest>) -> Result<Response<proto::LayoutReply>, Status> {

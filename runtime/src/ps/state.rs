@@ -5,12 +5,14 @@
 mod dispatching;
 mod layout;
 mod membership;
+mod reports;
 mod training;
 mod variables;
 
 pub(super) use dispatching::Dispatching;
 pub(super) use layout::{LEAVE_REMEMBERED, LayoutState, Staged, staying};
 pub(super) use membership::Membership;
+pub(super) use reports::Reports;
 pub(super) use training::{Agreement, Training};
 pub use training::{Progress, check_training_config};
 pub use variables::{Counters, GrpcPull, MAX_PUSH_ROWS_BYTES, PulledRows, SharedPull, SharedVariable};
@@ -27,4 +29,6 @@ pub(super) struct State {
     /// says which pieces this ps holds now.
     pub(super) pending_recut: Option<super::recut::PendingRecut>,
     pub(super) layout: LayoutState,
+    /// What the tasks reported of their training by heartbeat.
+    pub(super) reports: Reports,
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::error::StoreError;
-use super::state::{Dispatching, LayoutState, Membership, Progress, State, Training};
+use super::state::{Dispatching, LayoutState, Membership, Progress, Reports, State, Training};
 use crate::cluster::TaskId;
 use crate::proto;
 
@@ -52,6 +52,7 @@ impl ParameterStore {
             dispatch: Dispatching::new(),
             pending_recut: None,
             layout: LayoutState::new(config.ps_addresses.clone()),
+            reports: Reports::default(),
         };
         ParameterStore { config, state: Mutex::new(state), progress }
     }
@@ -112,6 +113,9 @@ impl ParameterStore {
             replicas_to_aggregate: training.accumulator.as_ref().map_or(0, |a| a.required() as u32),
             dispatch: state.dispatch.progress().map(|p| proto::DispatchProgress::from(&p)),
             pending: state.members.pending(),
+            loss: state.reports.loss,
+            train_steps: state.reports.train_steps,
+            evaluation: state.reports.evaluation,
         }
     }
 }

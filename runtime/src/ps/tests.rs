@@ -311,12 +311,60 @@ fn elastic_sync_follows_live_workers() {
     assert_eq!(s.progress().step, 2);
     // Leases run out for workers 1 and 3; worker 0 alone completes steps.
     std::thread::sleep(Duration::from_millis(60));
-    s.heartbeat(&TaskId::new("worker", 0));
+    s.heartbeat(&TaskId::new("worker", 0), &Default::default());
     let expired = s.expire_leases(Instant::now());
     assert_eq!(expired, vec!["worker:1".to_string(), "worker:3".to_string()]);
     s.push(&TaskId::new("worker", 0), 2, 0, &g).unwrap();
     assert_eq!(s.progress().step, 3);
     assert_eq!(s.live_tasks(), vec!["worker:0".to_string()]);
+}
+
+/// A training task's heartbeat: its latest loss and its `--train_steps`.
+fn trained(loss: Option<f32>, train_steps: i64) -> (TaskId, proto::HeartbeatRequest) {
+    (TaskId::new("worker", 1), proto::HeartbeatRequest { task: tid("worker", 1), loss, train_steps, evaluation: None })
+}
+
+/// The evaluator's heartbeat after an evaluation at `step`.
+fn evaluated(step: i64, loss: f32, accuracy: Option<f32>) -> (TaskId, proto::HeartbeatRequest) {
+    let evaluation = proto::Evaluation { step, loss, accuracy, auc: None };
+    (TaskId::new("evaluator", 0), proto::HeartbeatRequest { task: tid("evaluator", 0), evaluation: Some(evaluation), ..Default::default() })
+}
+
+/// What the store keeps of the figures heartbeats report: the latest
+/// training loss, the largest `--train_steps`, the evaluation of the
+/// highest step; an evaluator's heartbeat reports but holds no lease.
+/// (case, heartbeats in order, loss, train_steps, evaluation kept as (step, loss, accuracy), live tasks)
+#[test]
+fn heartbeats_report_the_training_figures() {
+    type Case = (&'static str, Vec<(TaskId, proto::HeartbeatRequest)>, Option<f32>, i64, Option<(i64, f32, Option<f32>)>, &'static [&'static str]);
+    let cases: Vec<Case> = vec![
+        ("nothing reported", vec![], None, 0, None, &[]),
+        ("before the first step", vec![trained(None, 100)], None, 100, None, &["worker:1"]),
+        ("the latest loss", vec![trained(Some(2.0), 100), trained(Some(3.0), 100)], Some(3.0), 100, None, &["worker:1"]),
+        ("a heartbeat without a loss keeps it", vec![trained(Some(2.0), 0), trained(None, 0)], Some(2.0), 0, None, &["worker:1"]),
+        ("the largest bound", vec![trained(None, 300), trained(None, 100), trained(None, 0)], None, 300, None, &["worker:1"]),
+        ("an evaluation, without a lease", vec![evaluated(5, 1.0, Some(0.5))], None, 0, Some((5, 1.0, Some(0.5))), &[]),
+        (
+            "the evaluation of the highest step (the last of equals)",
+            vec![evaluated(5, 1.0, None), evaluated(9, 0.5, None), evaluated(7, 0.7, Some(0.9)), evaluated(9, 0.4, Some(0.8))],
+            None,
+            0,
+            Some((9, 0.4, Some(0.8))),
+            &[],
+        ),
+        ("both kinds", vec![trained(Some(1.5), 50), evaluated(3, 2.0, None)], Some(1.5), 50, Some((3, 2.0, None)), &["worker:1"]),
+    ];
+    for (case, heartbeats, loss, train_steps, evaluation, live) in cases {
+        let s = ParameterStore::new(PsConfig::new(0, 1, None));
+        for (task, report) in &heartbeats {
+            s.heartbeat(task, report);
+        }
+        let stats = s.stats();
+        assert_eq!(stats.loss, loss, "{case}");
+        assert_eq!(stats.train_steps, train_steps, "{case}");
+        assert_eq!(stats.evaluation.map(|e| (e.step, e.loss, e.accuracy)), evaluation, "{case}");
+        assert_eq!(stats.live_tasks, live.iter().map(|t| t.to_string()).collect::<Vec<_>>(), "{case}");
+    }
 }
 
 fn shard_request(task: u32, finished: Option<(u64, u64, u64)>, want: bool) -> proto::NextShardRequest {
@@ -354,7 +402,7 @@ fn ps_0_dispatches_shards() {
     // worker 2's lease expires: its shard waits for the next asker.
     std::thread::sleep(Duration::from_millis(60));
     for w in [0, 3] {
-        s.heartbeat(&TaskId::new("worker", w));
+        s.heartbeat(&TaskId::new("worker", w), &Default::default());
     }
     s.expire_leases(Instant::now());
     // A report from another generation (before a restart) does not

@@ -25,7 +25,6 @@ impl Membership {
         Membership { lease, pending: BTreeSet::new(), leases: BTreeMap::new(), last_push: BTreeMap::new(), duplicate_pushes: 0 }
     }
 
-    /// Renews the lease of a training task (an evaluator holds none).
     /// Renews the leases of tasks named `job:index` (a move's hand-over).
     pub(in crate::ps) fn renew_named(&mut self, names: &[String]) {
         for name in names.iter().filter(|n| !n.starts_with("evaluator:")) {
@@ -33,6 +32,8 @@ impl Membership {
         }
     }
 
+    /// Renews the lease of a training task (an evaluator holds none: its
+    /// heartbeats only report, and it never counts as live).
     pub(in crate::ps) fn renew(&mut self, task: &TaskId) {
         if task.job != "evaluator" {
             self.leases.insert(task.to_string(), Instant::now() + self.lease);
