@@ -16,7 +16,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::autoscale::{AutoscalerState, ElasticPolicy};
 use crate::field::{DNS_LABEL_MAX, FieldError, ValidationErrors, is_dns1035_label, is_dns1123_label, unsupported};
+use crate::progress::TrainingProgress;
 
 /// API group of the TFJob resource.
 pub const GROUP: &str = "kubeflow.org";
@@ -89,6 +91,30 @@ impl Claim {
         json_path = ".spec.tfReplicaSpecs.Worker.replicas"
     ),
     printcolumn(
+        name = "Step",
+        type_ = "integer",
+        description = "The global step",
+        json_path = ".status.trainingProgress.globalStep"
+    ),
+    printcolumn(
+        name = "Epoch",
+        type_ = "integer",
+        description = "Epochs completed",
+        json_path = ".status.trainingProgress.epochsCompleted"
+    ),
+    printcolumn(
+        name = "Ex/s",
+        type_ = "integer",
+        description = "Examples trained per second over the last minute",
+        json_path = ".status.trainingProgress.examplesPerSecond"
+    ),
+    printcolumn(
+        name = "ETA",
+        type_ = "string",
+        description = "Estimated time left",
+        json_path = ".status.trainingProgress.estimatedRemainingTimeSummary"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -124,6 +150,11 @@ pub struct TFJobSpec {
     /// failed for good is tolerated while the job can still finish.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_dynamic_worker: Option<bool>,
+
+    /// Bounds of the `Worker` replicas and what scales them: a HorizontalPodAutoscaler on
+    /// `metrics`, or the built-in `autoscale: Throughput` policy ([`crate::autoscale`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic_policy: Option<ElasticPolicy>,
 }
 
 /// Why a job without `Chief` or `Master` needs a Worker (the message of the validation error
@@ -526,6 +557,14 @@ pub struct TFJobStatus {
     /// Last time the controller reconciled the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reconcile_time: Option<Time>,
+    /// Where training is, as last read from ps 0's metrics ([`crate::progress`]). Written by
+    /// the controller's progress reader, not by the reconcile. Not in Kubeflow's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_progress: Option<TrainingProgress>,
+    /// The state of the `Throughput` autoscaler ([`crate::autoscale`]). Not in Kubeflow's
+    /// status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<AutoscalerState>,
 }
 
 /// Counts of one replica type.
@@ -821,7 +860,19 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
         errs.push(unsupported("spec.successPolicy", v, &["", "AllWorkers"]));
     }
     check_run_policy(&spec.run_policy, &mut errs);
+    if let Some(policy) = &spec.elastic_policy {
+        let workers = replica_specs(spec).get(&ReplicaType::Worker).map(|rs| (rs.replicas, runtime_args(rs)));
+        crate::autoscale::check_policy(policy, workers.as_ref().map(|(n, a)| (*n, a.as_slice())), &mut errs);
+    }
     errs
+}
+
+/// The command and args of a replica set's `tensorflow` container (where `tfjob-runtime`'s
+/// flags are).
+pub fn runtime_args(rs: &ReplicaSpec) -> Vec<String> {
+    let containers = rs.template.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let c = containers.iter().find(|c| c.name == "tensorflow").or(containers.first());
+    c.map(|c| c.command.iter().chain(c.args.iter()).flatten().cloned().collect()).unwrap_or_default()
 }
 
 /// Path of the replica sets of a spec.
@@ -983,6 +1034,7 @@ enum Kind {
     Bool,
     Str,
     Object,
+    Array,
 }
 
 fn check_object(value: &serde_json::Value, path: &str, fields: &[(&str, Kind)], errs: &mut Vec<FieldError>) {
@@ -1006,6 +1058,7 @@ fn check_object(value: &serde_json::Value, path: &str, fields: &[(&str, Kind)], 
                     Kind::Bool => v.is_boolean() || v.is_null(),
                     Kind::Str => v.is_string() || v.is_null(),
                     Kind::Object => matches!(v, Value::Object(_) | Value::Null),
+                    Kind::Array => matches!(v, Value::Array(_) | Value::Null),
                 };
                 if !ok {
                     let want = match kind {
@@ -1013,6 +1066,7 @@ fn check_object(value: &serde_json::Value, path: &str, fields: &[(&str, Kind)], 
                         Kind::Bool => "a boolean",
                         Kind::Str => "a string",
                         Kind::Object => "an object",
+                        Kind::Array => "a list",
                     };
                     errs.push(FieldError::new(field, format!("must be {want}, got {v}")));
                 }
@@ -1030,7 +1084,24 @@ pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
     let Some(spec) = doc.get("spec") else {
         return errs;
     };
-    check_object(spec, "spec", &[("runPolicy", Object), ("successPolicy", Str), ("tfReplicaSpecs", Object), ("enableDynamicWorker", Bool)], &mut errs);
+    check_object(
+        spec,
+        "spec",
+        &[("runPolicy", Object), ("successPolicy", Str), ("tfReplicaSpecs", Object), ("enableDynamicWorker", Bool), ("elasticPolicy", Object)],
+        &mut errs,
+    );
+    if let Some(ep) = spec.get("elasticPolicy") {
+        check_object(
+            ep,
+            "spec.elasticPolicy",
+            &[("minReplicas", Int), ("maxReplicas", Int), ("metrics", Array), ("autoscale", Str), ("throughput", Object)],
+            &mut errs,
+        );
+        if let Some(t) = ep.get("throughput") {
+            let fields = [("minGainPercent", Int), ("settleSeconds", Int), ("measureSeconds", Int), ("cooldownSeconds", Int)];
+            check_object(t, "spec.elasticPolicy.throughput", &fields, &mut errs);
+        }
+    }
     if let Some(rp) = spec.get("runPolicy") {
         check_object(
             rp,

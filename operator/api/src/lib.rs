@@ -9,6 +9,8 @@
 //!   controller).
 //! - [`status`]: pure state machine: observed replicas in, new status and actions out
 //!   (entry point: [`status::reconcile_status`]).
+//! - [`progress`]: a job's training progress (`status.trainingProgress`) from ps 0's metrics.
+//! - [`autoscale`]: `spec.elasticPolicy` and the built-in throughput autoscaler, pure.
 //! - [`crd`]: the CustomResourceDefinition as this project ships it.
 //!
 //! Everything here is plain data and plain functions: no async runtime, no Kubernetes client,
@@ -57,8 +59,10 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod autoscale;
 pub mod crd;
 pub mod field;
 pub mod plan;
+pub mod progress;
 pub mod status;
 pub mod template;

@@ -23,6 +23,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::autoscaling::v2::{CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
@@ -547,6 +548,8 @@ pub struct DesiredObjects {
     pub pod_group: Option<Value>,
     /// The NetworkPolicy when configured.
     pub network_policy: Option<NetworkPolicy>,
+    /// The HorizontalPodAutoscaler of `elasticPolicy.metrics`.
+    pub autoscaler: Option<HorizontalPodAutoscaler>,
 }
 
 /// Owner reference pointing at the job (controller, blocks owner deletion).
@@ -840,7 +843,54 @@ pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredO
         pods,
         pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
         network_policy: opts.network_policy.then(|| build_network_policy(job)),
+        autoscaler: build_autoscaler(job),
     }
+}
+
+/// The HorizontalPodAutoscaler `<job>` of a job with `elasticPolicy.metrics`: it scales the
+/// `Worker` replicas through the TFJob's scale subresource, within the policy's bounds.
+pub fn build_autoscaler(job: &TFJob) -> Option<HorizontalPodAutoscaler> {
+    let policy = job.spec.elastic_policy.as_ref().filter(|p| !p.metrics.is_empty())?;
+    let workers = api::replica_specs(&job.spec).get(&ReplicaType::Worker).map_or(1, |rs| rs.replicas);
+    let bounds = crate::autoscale::Bounds::of(policy, workers);
+    Some(HorizontalPodAutoscaler {
+        metadata: meta(job, job.name().to_string(), job_labels(job.name())),
+        spec: HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some(format!("{}/{}", api::GROUP, api::VERSION)),
+                kind: api::KIND.to_string(),
+                name: job.name().to_string(),
+            },
+            min_replicas: Some(bounds.min),
+            max_replicas: bounds.max,
+            metrics: Some(policy.metrics.clone()),
+            behavior: None,
+        },
+        status: None,
+    })
+}
+
+/// The replica whose metrics page holds the job's progress, and the port of that page: ps 0
+/// (it sees every step and hands out the data), when its `tensorflow` container serves metrics
+/// (`--metrics_port`).
+pub fn progress_source(job_name: &str, spec: &TFJobSpec) -> Option<(String, u16)> {
+    let ps = api::replica_specs(spec).get(&ReplicaType::PS).copied().filter(|rs| rs.replicas > 0)?;
+    Some((pod_name(job_name, ReplicaType::PS, 0), metrics_port_of(&api::runtime_args(ps))?))
+}
+
+/// The `--metrics_port` (or `--metrics-port`) of `tfjob-runtime` args.
+pub fn metrics_port_of(args: &[String]) -> Option<u16> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        for flag in ["--metrics_port", "--metrics-port"] {
+            match a.strip_prefix(flag) {
+                Some("") => return it.next()?.parse().ok(),
+                Some(v) if v.starts_with('=') => return v[1..].parse().ok(),
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 /// Generates a random job token (64 hex characters).
@@ -1521,5 +1571,46 @@ spec:
         let a = random_token();
         assert_eq!(a.len(), 64);
         assert_ne!(a, random_token());
+    }
+
+    #[test]
+    fn elastic_metrics_make_an_autoscaler_of_the_worker_replicas() {
+        let policy = "  elasticPolicy:\n    minReplicas: 1\n    maxReplicas: 5\n    metrics:\n    - type: Resource\n      resource: {name: cpu, target: {type: Utilization, averageUtilization: 80}}\n";
+        let j = mnist(policy, &[("PS", 1), ("Worker", 2)]);
+        let hpa = build_autoscaler(&j).expect("an autoscaler");
+        assert_eq!(hpa.metadata.name.as_deref(), Some("mnist"));
+        assert_eq!(hpa.metadata.owner_references.as_ref().map(|o| o[0].kind.as_str()), Some("TFJob"));
+        let spec = hpa.spec;
+        assert_eq!(
+            (spec.scale_target_ref.api_version.as_deref(), spec.scale_target_ref.kind.as_str(), spec.scale_target_ref.name.as_str()),
+            (Some("kubeflow.org/v1"), "TFJob", "mnist")
+        );
+        assert_eq!((spec.min_replicas, spec.max_replicas), (Some(1), 5));
+        assert_eq!(spec.metrics.unwrap()[0].resource.as_ref().unwrap().name, "cpu");
+        // Without metrics (or with the built-in policy) no autoscaler object.
+        assert!(build_autoscaler(&mnist("  elasticPolicy: {minReplicas: 1, maxReplicas: 5, autoscale: Throughput}\n", &[("Worker", 2)])).is_none());
+        assert!(build_autoscaler(&mnist("", &[("Worker", 2)])).is_none());
+    }
+
+    #[test]
+    fn progress_comes_from_ps_0_when_it_serves_metrics() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for (a, port) in [
+            (args(&["--metrics_port=9100"]), Some(9100)),
+            (args(&["--model=mlp", "--metrics-port", "9101"]), Some(9101)),
+            (args(&["--metrics_port"]), None),
+            (args(&["--metrics_port=x"]), None),
+            (args(&["--metrics_portal=1"]), None),
+            (args(&[]), None),
+        ] {
+            assert_eq!(metrics_port_of(&a), port, "{a:?}");
+        }
+        let mut j = mnist("", &[("PS", 2), ("Worker", 2)]);
+        assert_eq!(progress_source("mnist", &j.spec), None);
+        for rs in j.spec.tf_replica_specs.values_mut() {
+            rs.template.spec.as_mut().unwrap().containers[0].args.as_mut().unwrap().push("--metrics_port=9200".into());
+        }
+        assert_eq!(progress_source("mnist", &j.spec), Some(("mnist-ps-0".to_string(), 9200)));
+        assert_eq!(progress_source("mnist", &mnist("", &[("Worker", 2)]).spec), None);
     }
 }

@@ -4,6 +4,8 @@
 //!   actions.
 //! - [`leader`]: leader election on a Lease.
 //! - [`metrics`]: the controller's Prometheus metrics and HTTP endpoints.
+//! - [`progress`]: reads each running job's progress from ps 0 into its status, and runs the
+//!   built-in throughput autoscaler.
 //! - [`startup`]: the flags ([`OperatorArgs`]), logging, the CRD check and the run until a
 //!   signal ([`run_operator`]).
 //! - [`api_errors`]: what the API server's error answers mean to a caller.
@@ -15,6 +17,7 @@ pub mod api_errors;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
+pub mod progress;
 pub mod startup;
 
 pub use startup::{OperatorArgs, run_operator};

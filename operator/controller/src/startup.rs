@@ -21,6 +21,7 @@ use crate::api_errors::{NOT_FOUND, is_status};
 use crate::controller::watch::api_in;
 use crate::controller::{Context, build_controller, error_policy, reconcile};
 use crate::leader::{LeaderElector, Leadership, process_identity};
+use crate::progress::ProgressSettings;
 
 /// Flags of `tfjob operator` (each with an environment fallback).
 #[derive(Debug, Clone, clap::Args)]
@@ -63,6 +64,13 @@ pub struct OperatorArgs {
     /// `managedBy`, or with `kubeflow.org/training-operator` or `tfjob-rs.io/operator`).
     #[arg(long, env = "TFJOB_BESIDE_KUBEFLOW", default_value_t = false, action = clap::ArgAction::Set)]
     pub beside_kubeflow: bool,
+    /// Seconds between two reads of a running job's progress (ps 0's metrics page, for
+    /// `status.trainingProgress` and the throughput autoscaler); 0 turns the reads off.
+    #[arg(long, env = "TFJOB_PROGRESS_INTERVAL", default_value_t = 10)]
+    pub progress_interval: u64,
+    /// Progress reads at once, across all jobs.
+    #[arg(long, env = "TFJOB_PROGRESS_CONCURRENCY", default_value_t = 16)]
+    pub progress_concurrency: usize,
 }
 
 /// Whether log lines get terminal colours: only when stderr is a terminal and `NO_COLOR`
@@ -152,9 +160,15 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
         Lead::Leader(leadership, lost) => (Some(leadership), Some(lost)),
     };
     ctx.metrics.watch_jobs(controller.store(), ctx.claim);
+    let progress = (args.progress_interval > 0).then(|| {
+        let settings =
+            ProgressSettings { interval: Duration::from_secs(args.progress_interval), concurrency: args.progress_concurrency, timeout: Duration::from_secs(2) };
+        AbortOnDrop(tokio::spawn(crate::progress::run(ctx.clone(), controller.store(), settings)))
+    });
     ready.store(true, Ordering::SeqCst);
     run_controller(controller, ctx, stop.requested(), lost_leadership(lost)).await;
     ready.store(false, Ordering::SeqCst);
+    drop(progress);
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }
@@ -180,6 +194,15 @@ async fn serve_metrics(addr: &str, ctx: &Context, ready: &Arc<AtomicBool>) -> Re
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OperatorError::Listen { addr: addr.to_string(), source })?;
     tracing::info!(addr = %addr, "serving /metrics, /healthz, /readyz");
     Ok(tokio::spawn(crate::metrics::serve(listener, ctx.metrics.clone(), ready.clone())))
+}
+
+/// A task stopped when this is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Set once SIGTERM or Ctrl-C arrives; any number of tasks wait for it.

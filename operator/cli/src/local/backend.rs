@@ -49,6 +49,11 @@ pub trait Backend {
     fn observe(&mut self) -> Vec<Observed>;
     /// Stops everything (end of the run, Ctrl-C): nothing is left behind.
     fn shutdown(&mut self);
+    /// Where this machine reads a replica's metrics page (ps 0's holds the job's progress),
+    /// when it serves one that this machine can reach.
+    fn metrics_url(&self, _pod_name: &str) -> Option<String> {
+        None
+    }
 }
 
 /// How long a deleted replica is given between SIGTERM and SIGKILL: a ps

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tfjob_api::api::{ReplicaType, TFJobStatus};
+use tfjob_api::progress::{TrainingProgress, short_number};
 use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::outcome::RunResult;
@@ -33,6 +34,8 @@ struct State {
     /// The planned number of workers (`None` for a job without `Worker`).
     desired_workers: Option<i32>,
     global_step: Option<i64>,
+    /// The job's progress as ps 0 last told it.
+    progress: Option<TrainingProgress>,
     line_shown: bool,
     last_line: String,
     last_print: Instant,
@@ -89,6 +92,7 @@ impl Console {
                 counts: Counts::default(),
                 desired_workers: None,
                 global_step: None,
+                progress: None,
                 line_shown: false,
                 last_line: String::new(),
                 last_print: Instant::now(),
@@ -121,7 +125,8 @@ impl Console {
     }
 
     fn draw_line(&self, st: &mut State, force: bool) {
-        let line = format!("{} | {}s", status_line(&self.job, &st.counts, st.desired_workers, st.global_step), self.started.elapsed().as_secs());
+        let line =
+            format!("{} | {}s", status_line(&self.job, &st.counts, st.desired_workers, st.global_step, st.progress.as_ref()), self.started.elapsed().as_secs());
         if self.tty {
             eprint!("\r\x1b[K{line}");
             let _ = std::io::stderr().flush();
@@ -202,6 +207,15 @@ impl Console {
         }
     }
 
+    /// The job's progress (from ps 0's page), shown on the status line.
+    pub fn set_progress(&self, progress: Option<TrainingProgress>) {
+        let mut st = self.lock();
+        st.progress = progress;
+        if self.tty || st.last_print.elapsed() >= Duration::from_secs(10) {
+            self.draw_line(&mut st, false);
+        }
+    }
+
     /// Updates the live status line from the replicas; true when the phases
     /// or restart counts changed (worth a reconcile).
     pub fn update_replicas(&self, observed: &[ObservedReplica]) -> bool {
@@ -256,12 +270,39 @@ pub const TRAINING_PICTURE: &str = "training.png";
 
 /// The status line without its clock: replicas by phase, restarts, the
 /// running and planned workers, the global step.
-fn status_line(job: &str, counts: &Counts, desired_workers: Option<i32>, global_step: Option<i64>) -> String {
+fn status_line(job: &str, counts: &Counts, desired_workers: Option<i32>, global_step: Option<i64>, progress: Option<&TrainingProgress>) -> String {
     let Counts { pending, running, succeeded, failed, restarts, running_workers } = *counts;
     let restarts = if restarts > 0 { format!(", {restarts} restart(s)") } else { String::new() };
     let workers = desired_workers.map(|d| format!(" | workers {running_workers}/{d} running")).unwrap_or_default();
-    let step = global_step.map(|s| format!(" | global_step {s}")).unwrap_or_default();
+    let step = match progress {
+        Some(p) => progress_summary(p, global_step),
+        None => global_step.map(|s| format!(" | global_step {s}")).unwrap_or_default(),
+    };
     format!("{job}: {running} running, {pending} pending, {succeeded} succeeded, {failed} failed{restarts}{workers}{step}")
+}
+
+/// ` | global_step 1200 | epoch 2/5 | 10.2k examples/s | ETA 3m20s`: what ps 0's page says (the
+/// step from the logs when the page has none).
+fn progress_summary(p: &TrainingProgress, global_step: Option<i64>) -> String {
+    let mut out = String::new();
+    if let Some(step) = p.global_step.or(global_step) {
+        out += &format!(" | global_step {step}");
+    }
+    if let Some(done) = p.epochs_completed {
+        out += &match p.num_epochs {
+            Some(n) => format!(" | epoch {done}/{n}"),
+            None => format!(" | epoch {done}"),
+        };
+    }
+    match (p.examples_per_second, &p.steps_per_second) {
+        (Some(r), _) => out += &format!(" | {} examples/s", short_number(r as f64)),
+        (None, Some(r)) => out += &format!(" | {r} steps/s"),
+        _ => {}
+    }
+    if let Some(eta) = &p.estimated_remaining_time_summary {
+        out += &format!(" | ETA {eta}");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -272,11 +313,28 @@ mod tests {
     fn status_lines() {
         let counts = Counts { pending: 2, running: 3, succeeded: 0, failed: 1, restarts: 2, running_workers: 2 };
         assert_eq!(
-            status_line("lin", &counts, Some(4), Some(1200)),
+            status_line("lin", &counts, Some(4), Some(1200), None),
             "lin: 3 running, 2 pending, 0 succeeded, 1 failed, 2 restart(s) | workers 2/4 running | global_step 1200"
         );
         let counts = Counts { running: 1, ..Counts::default() };
-        assert_eq!(status_line("chief-only", &counts, None, None), "chief-only: 1 running, 0 pending, 0 succeeded, 0 failed");
+        assert_eq!(status_line("chief-only", &counts, None, None, None), "chief-only: 1 running, 0 pending, 0 succeeded, 0 failed");
+        let progress = TrainingProgress {
+            global_step: Some(1300),
+            epochs_completed: Some(2),
+            num_epochs: Some(5),
+            examples_per_second: Some(10_240),
+            estimated_remaining_time_summary: Some("3m20s".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            status_line("mlp", &counts, Some(2), Some(1200), Some(&progress)),
+            "mlp: 1 running, 0 pending, 0 succeeded, 0 failed | workers 0/2 running | global_step 1300 | epoch 2/5 | 10.2k examples/s | ETA 3m20s"
+        );
+        let steps_only = TrainingProgress { steps_per_second: Some("12.50".into()), ..Default::default() };
+        assert_eq!(
+            status_line("lin", &counts, None, Some(7), Some(&steps_only)),
+            "lin: 1 running, 0 pending, 0 succeeded, 0 failed | global_step 7 | 12.50 steps/s"
+        );
     }
 
     /// (case, line, the error line kept before it, what is kept after it)

@@ -11,12 +11,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use tfjob_api::api::{self, ReplicaType, TFJob, TFJobStatus};
+use tfjob_api::autoscale::{self, Autoscale, Bounds, Decision, Look};
 use tfjob_api::plan::{self, AddressBook};
+use tfjob_api::progress::{ProgressTracker, Reading};
 use tfjob_api::status::{self, Action, EventKind, Observation};
 
 use super::backend::{Backend, Observed, RunError, short_name};
 use super::console::Console;
 use super::outcome::RunResult;
+use super::progress::{self, ProgressReader};
 use super::{container, control, process, volumes};
 
 /// Options of `tfjob run`.
@@ -121,6 +124,7 @@ pub fn run_job(job: TFJob, backend: &mut dyn Backend, console: Arc<Console>, run
         }
         let observed = backend.observe();
         let changed = console.update_replicas(&observed);
+        driver.follow_progress(&*backend);
         if (changed || Instant::now() >= driver.next_reconcile)
             && let Some(result) = driver.reconcile(backend, &observed)?
         {
@@ -145,6 +149,10 @@ struct Driver {
     console: Arc<Console>,
     resync: Duration,
     next_reconcile: Instant,
+    /// Reads ps 0's metrics page: the job's progress, the autoscaler's rate.
+    progress: ProgressReader,
+    /// Readings of `progress` acted on.
+    progress_seen: u64,
 }
 
 impl Driver {
@@ -159,6 +167,8 @@ impl Driver {
             console,
             resync,
             next_reconcile: Instant::now(),
+            progress: ProgressReader::start(),
+            progress_seen: 0,
         };
         driver.show_desired_workers();
         driver
@@ -205,6 +215,55 @@ impl Driver {
             },
         };
         pending.answer(reply);
+    }
+
+    /// A new reading of ps 0's page: the progress into the status line and `status.yaml`, and
+    /// the throughput autoscaler's turn.
+    fn follow_progress(&mut self, backend: &dyn Backend) {
+        if !self.progress.has_url() {
+            self.progress.set_url(backend.metrics_url(&plan::pod_name(&self.name, ReplicaType::PS, 0)));
+        }
+        let Some(tracker) = self.progress.newer(&mut self.progress_seen) else {
+            return;
+        };
+        if terminal(&self.status).is_some() {
+            return;
+        }
+        self.status.training_progress = tracker.progress();
+        self.console.set_progress(self.status.training_progress.clone());
+        self.autoscale(&tracker);
+        write_status(&self.run_dir, &self.status);
+    }
+
+    /// The throughput autoscaler (`elasticPolicy.autoscale: Throughput`), the operator's
+    /// policy: a scale it asks for is carried out as a `tfjob scale` is.
+    fn autoscale(&mut self, tracker: &ProgressTracker) {
+        let Some(policy) = self.job.spec.elastic_policy.as_ref().filter(|p| p.autoscale == Some(Autoscale::Throughput)) else {
+            return;
+        };
+        let Some(replicas) = api::replica_specs(&self.job.spec).get(&ReplicaType::Worker).map(|rs| rs.replicas) else {
+            return;
+        };
+        let readings: Vec<Reading> = tracker.readings().cloned().collect();
+        let remaining = tracker.latest().and_then(|r| tracker.remaining(&r.sample)).and_then(|r| r.seconds);
+        let look = Look { bounds: Bounds::of(policy, replicas), replicas, readings: &readings, now: progress::now_secs(), remaining };
+        let (next, decision) = autoscale::decide(self.status.autoscaler.as_ref(), look);
+        self.status.autoscaler = Some(next);
+        match decision {
+            Decision::Hold => {}
+            Decision::Settle { message } => self.console.event(false, "AutoscalerSettled", &message),
+            Decision::Scale { to, message, .. } => {
+                let request = control::ScaleRequest { replica_type: "Worker".into(), replicas: to };
+                match control::apply_scale(&mut self.job, &request) {
+                    Ok(_) => {
+                        self.console.event(false, "Autoscaled", &message);
+                        self.show_desired_workers();
+                        self.next_reconcile = Instant::now();
+                    }
+                    Err(e) => self.console.event(true, "AutoscaleFailed", &format!("{message}: {e}")),
+                }
+            }
+        }
     }
 
     /// Ctrl-C or SIGTERM: stop every replica, and leave a status that says

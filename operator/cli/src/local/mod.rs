@@ -12,7 +12,7 @@
 //! difference like the controller does.
 //!
 //! Layers, lowest first (a module imports only modules above it in this list): [`expand`],
-//! [`training`], [`outcome`], [`volumes`], [`control`] -> [`console`], [`logs`] -> [`backend`]
+//! [`training`], [`outcome`], [`volumes`], [`control`], [`progress`] -> [`console`], [`logs`] -> [`backend`]
 //! -> [`process`], [`container`] -> [`driver`]. This file only declares and re-exports.
 
 pub mod backend;
@@ -24,6 +24,7 @@ pub mod expand;
 pub mod logs;
 pub mod outcome;
 pub mod process;
+pub mod progress;
 pub mod training;
 pub mod volumes;
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tfjob_api::api::ReplicaType;
-use tfjob_api::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica};
+use tfjob_api::plan::{ENV_TF_CONFIG, ENV_TOKEN, PlannedReplica, metrics_port_of};
 use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::backend::{self, Backend, RunError, short_name};
@@ -161,6 +161,10 @@ impl ProcessBackend {
         let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();
         let program = if argv[0] == RUNTIME_COMMAND { self.runtime.clone() } else { PathBuf::from(&argv[0]) };
         if argv[0] == RUNTIME_COMMAND {
+            if planned.replica_type == ReplicaType::PS && planned.index == 0 && metrics_port_of(&argv).is_none() {
+                // ps 0's page is where the job's progress (and the autoscaler's rate) is read.
+                argv.push("--metrics_port=0".to_string());
+            }
             self.assign_metrics_port(planned, &short, &mut argv, first_start);
         }
         let vars = env.vars().iter().map(|(k, v)| (k.clone(), if k == ENV_TF_CONFIG || k == ENV_TOKEN { v.clone() } else { volumes::map_path(v, &mounts) }));
@@ -329,6 +333,11 @@ impl Backend for ProcessBackend {
             }
         }
         self.replicas.iter().map(|(name, r)| backend::observed(name, &r.planned, r.phase, r.exit_code, r.restart_count)).collect()
+    }
+
+    fn metrics_url(&self, pod_name: &str) -> Option<String> {
+        let port = *self.metrics_ports.lock().unwrap_or_else(|p| p.into_inner()).get(pod_name)?;
+        Some(format!("http://127.0.0.1:{port}/metrics"))
     }
 
     fn shutdown(&mut self) {

@@ -21,7 +21,12 @@ use crate::metrics;
 /// The server-side apply body of a status write. It carries the `resourceVersion` of the job the
 /// status was computed from, so the API server refuses it (409 Conflict) when the job has changed
 /// since: a status computed from a stale cache never overwrites a newer one.
+///
+/// The training progress and the autoscaler's state are left out: the progress reader
+/// ([`crate::progress`]) owns them under a field manager of its own, and a reconcile's copy of
+/// them may be older than what it wrote since.
 pub fn status_patch(job: &TFJob, status: &TFJobStatus) -> serde_json::Value {
+    let status = TFJobStatus { training_progress: None, autoscaler: None, ..status.clone() };
     let mut patch = json!({
         "apiVersion": format!("{}/{}", api::GROUP, api::VERSION),
         "kind": api::KIND,

@@ -41,6 +41,9 @@ pub struct Context {
     pub secrets: Once,
     /// Jobs whose PodGroup this process has applied.
     pub pod_groups: Once,
+    /// Versions of jobs (`<uid>/<generation>`) whose HorizontalPodAutoscaler this process has
+    /// applied.
+    pub autoscalers: Once,
 }
 
 impl Context {
@@ -60,6 +63,7 @@ impl Context {
             expectations: Expectations::default(),
             secrets: Once::default(),
             pod_groups: Once::default(),
+            autoscalers: Once::default(),
         }
     }
 

@@ -30,6 +30,11 @@ pub async fn job_events(ctx: &Context, job: &TFJob, events: Vec<Action>) {
     }
 }
 
+/// Publishes an event about the job itself (the progress reader's autoscaler decisions).
+pub async fn job_event(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str) {
+    publish(ctx, job, kind, reason, message, None).await;
+}
+
 async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
     let ev = Event {
         type_: match kind {

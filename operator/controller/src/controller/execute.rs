@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, Preconditions};
@@ -87,6 +88,22 @@ pub async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<()
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     pod_group_api(ctx, ns, gang).patch(job.name(), &apply, &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
     ctx.pod_groups.insert(uid);
+    Ok(())
+}
+
+/// Applies the job's HorizontalPodAutoscaler (`elasticPolicy.metrics`) once per version of its
+/// spec (and process); the autoscaler is owned by the job and goes with it.
+pub async fn ensure_autoscaler(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let Some(hpa) = plan::build_autoscaler(job) else {
+        return Ok(());
+    };
+    let key = format!("{}/{}", job.metadata.uid.as_deref().unwrap_or_default(), job.metadata.generation.unwrap_or_default());
+    if ctx.autoscalers.contains(&key) {
+        return Ok(());
+    }
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch(job.name(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&hpa)).await.map_err(kerr("apply horizontalpodautoscaler"))?;
+    ctx.autoscalers.insert(&key);
     Ok(())
 }
 

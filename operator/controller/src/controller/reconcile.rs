@@ -133,6 +133,7 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
     if !target.finished && decision.runs {
         execute::ensure_service(ctx, &target.ns, &decision.defaulted).await?;
         execute::ensure_pod_group(ctx, &target.ns, &decision.defaulted).await?;
+        execute::ensure_autoscaler(ctx, &target.ns, &decision.defaulted).await?;
     }
     if decision.creates > 0 {
         execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
