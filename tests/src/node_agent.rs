@@ -17,7 +17,8 @@
 //!   layer of the container backend);
 //! - the pod status written back through the `status` subresource: phase, conditions, start
 //!   time, container state (running / waiting in back-off / terminated with exit code, reason and
-//!   times), last state and restart count;
+//!   times), last state and restart count, and `podIP`/`podIPs`: the container's address on the
+//!   network, which the host reaches directly (rootful podman's bridge);
 //! - pods being deleted: the container stopped and removed, then the pod object removed (grace
 //!   period 0, as a kubelet confirms a deletion); containers of pods gone from the API removed.
 //!
@@ -615,7 +616,7 @@ fn pod_status(pod: &Pod, st: &PodState) -> Value {
             None => ("Pending", json!({ "waiting": { "reason": "ContainerCreating" } }), json!({})),
         },
     };
-    json!({
+    let mut status = json!({
         "phase": phase,
         "hostIP": "127.0.0.1",
         "startTime": start_time(pod),
@@ -626,5 +627,10 @@ fn pod_status(pod: &Pod, st: &PodState) -> Value {
             "ready": st.running, "started": st.running, "restartCount": st.restart_count,
             "state": state, "lastState": last_state,
         }],
-    })
+    });
+    if let Some(ip) = &st.ip {
+        status["podIP"] = json!(ip);
+        status["podIPs"] = json!([{ "ip": ip }]);
+    }
+    status
 }

@@ -543,6 +543,23 @@ impl<'a> Cluster<'a> {
         Ok(())
     }
 
+    /// `kubectl get tfjob NAME` as a user sees it: the columns' names and the job's row, cut
+    /// where each name starts (kubectl aligns them; a column without a value is blank: "").
+    pub fn columns(&self, job: &str) -> Result<Vec<(String, String)>> {
+        let out = self.cp.kubectl_ok(["get", "tfjob", job, "-n", &self.ns])?;
+        let mut lines = out.lines();
+        let (head, row) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+        let starts: Vec<(usize, &str)> = head.split_whitespace().map(|name| (name.as_ptr() as usize - head.as_ptr() as usize, name)).collect();
+        Ok(starts
+            .iter()
+            .enumerate()
+            .map(|(i, (start, name))| {
+                let end = starts.get(i + 1).map_or(row.len(), |(next, _)| *next).min(row.len());
+                (name.to_string(), row.get((*start).min(end)..end).unwrap_or_default().trim().to_string())
+            })
+            .collect())
+    }
+
     /// The uid of an object.
     pub fn uid(&self, kind: &str, name: &str) -> Result<String> {
         let v = self.must_get(kind, name)?;

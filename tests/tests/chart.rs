@@ -38,10 +38,12 @@ const OPERATOR_RULES: &[Row] = &[
     ("kubeflow.org", "tfjobs", &["list", "watch", "delete"]),
     ("kubeflow.org", "tfjobs/status", &["patch"]),
     ("kubeflow.org", "tfjobs/finalizers", &["update"]),
+    ("kubeflow.org", "tfjobs/scale", &["patch"]),
     ("", "pods", &["list", "watch", "create", "delete"]),
     ("", "services", &["list", "watch", "create", "patch"]),
     ("", "secrets", &["create"]),
     ("events.k8s.io", "events", &["create", "patch"]),
+    ("autoscaling", "horizontalpodautoscalers", &["create", "patch"]),
 ];
 
 /// One permission: (API group, resource, resource name, verb).
@@ -781,6 +783,12 @@ fn apply_rbac_lets_the_service_account_make_exactly_the_operators_calls() -> Res
     let (ok, out) = as_operator(&["get", "service", "job"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "get service must be forbidden (the operator never reads one): {out}");
     let (ok, out) = as_operator(&["delete", "service", "job"], None)?;
+    assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
+    // The same for a job's HorizontalPodAutoscaler (elasticPolicy.metrics).
+    let hpa = "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: job\nspec:\n  scaleTargetRef:\n    apiVersion: kubeflow.org/v1\n    kind: TFJob\n    name: job\n  maxReplicas: 4\n";
+    let (ok, out) = as_operator(&["apply", "--server-side", "--field-manager=tfjob-operator", "-f", "-"], Some(hpa))?;
+    assert!(ok, "server-side apply of a HorizontalPodAutoscaler: {out}");
+    let (ok, out) = as_operator(&["delete", "horizontalpodautoscaler", "job"], None)?;
     assert!(!ok && out.to_lowercase().contains("forbidden"), "{out}");
     // Secrets: create, and nothing else: not even read back.
     assert!(as_operator(&["create", "secret", "generic", "tok", "--from-literal=token=x"], None)?.0);

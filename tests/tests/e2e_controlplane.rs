@@ -81,6 +81,23 @@ impl Scene<'_> {
             .collect())
     }
 
+    /// The operator (in its pod) read the job's progress from ps 0 into its status, and its
+    /// throughput autoscaler grew the job from 1 worker, with an `Autoscaled` event that has the
+    /// numbers; every example was still trained once per epoch.
+    fn assert_autoscaled(&self, job: &str) -> Result<()> {
+        let status = self.json(&["get", "tfjob", job])?["status"].clone();
+        let progress = &status["trainingProgress"];
+        ensure!(progress["numEpochs"] == 250 && progress["examplesTrained"].as_i64().unwrap_or(0) > 0, "no progress read: {status}");
+        ensure!(progress["lastUpdatedTime"].is_string() && status["autoscaler"]["replicas"].as_i64().unwrap_or(0) >= 1, "{status}");
+        let events = self.json(&["get", "events", "--field-selector", &format!("involvedObject.name={job},reason=Autoscaled")])?;
+        let notes: Vec<String> =
+            events["items"].as_array().into_iter().flatten().filter_map(|e| e["note"].as_str().or(e["message"].as_str()).map(String::from)).collect();
+        ensure!(notes.iter().any(|n| n.starts_with("Worker 1 → 2: ")), "no Autoscaled event from 1 worker: {notes:?}\nstatus: {status}");
+        let chief = self.report(&format!("{job}-worker-0"))?;
+        ensure!(chief["epochs_completed"].as_u64() == Some(250) && chief["examples_trained"].as_u64() == Some(250 * 20_000), "{chief}");
+        Ok(())
+    }
+
     /// The condition of type `kind` with status True, if the job has it: (reason, message).
     fn condition(&self, job: &str, kind: &str) -> Result<Option<(String, String)>> {
         let j = self.json(&["get", "tfjob", job])?;
@@ -252,6 +269,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
             "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "chief-evaluator" => ensure!(scene.report(&format!("{name}-chief-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "ctr-wide-deep" => ensure!(scene.report(&format!("{name}-worker-0"))?["auc"].as_f64().unwrap_or(0.0) > 0.85),
+            "autoscale-throughput" => scene.assert_autoscaled(&name)?,
             _ => {}
         }
         scene.delete_job(&name, &mut tl)?;

@@ -84,6 +84,8 @@ fn every_example_succeeds() -> Result<()> {
         let file = match name.as_str() {
             "elastic-workers" => with_epochs(&file, 80, short.path())?,
             "elastic-ps" => with_epochs(&file, 1, short.path())?,
+            // local_run.rs's own test runs it long enough for the autoscaler to grow the job.
+            "autoscale-throughput" => with_epochs(&file, 40, short.path())?,
             _ => file,
         };
         let (out, run_dir) = run(&file, &["--quiet"])?;
@@ -138,6 +140,12 @@ fn every_example_succeeds() -> Result<()> {
                 let log = std::fs::read_to_string(run_dir.join("worker-0.log"))?;
                 assert!(log.contains("no --train_files given"), "says that it generates its data");
             }
+            "autoscale-throughput" => {
+                let r = report(&run_dir, "worker-0");
+                assert_eq!((r["epochs_completed"].as_u64(), r["examples_trained"].as_u64()), (Some(40), Some(40 * 20_000)), "{r}");
+                // The progress read from ps 0 is in the status, as the operator writes it.
+                assert!(status.contains("trainingProgress:") && status.contains("numEpochs: 40"), "{status}");
+            }
             "elastic-ps" => {
                 let r = report(&run_dir, "worker-0");
                 assert_eq!((r["epochs_completed"].as_u64(), r["examples_trained"].as_u64()), (Some(1), Some(250_000)), "{r}");
@@ -168,6 +176,40 @@ fn every_example_succeeds() -> Result<()> {
         assert!(run_dir.join("training.png").is_file(), "{name}: no picture of training");
         eprintln!("{name}: succeeded in {:.1}s", started.elapsed().as_secs_f64());
     }
+    Ok(())
+}
+
+/// `elasticPolicy.autoscale: Throughput` under `tfjob run`: a job that starts with 1 worker
+/// grows while a step up pays, and stays within its bounds without going back and forth; its
+/// decisions are events with their numbers, its state and progress are in `status.yaml`, and
+/// the shard dispatcher still hands every example out once per epoch while workers come.
+#[test]
+fn the_throughput_autoscaler_grows_a_job_and_settles() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let epochs = 150;
+    let file = with_epochs(&repo_root().join("examples/autoscale-throughput.yaml"), epochs, dir.path())?;
+    let (out, run_dir) = run(&file, &["--quiet"])?;
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    // 1 → 2 pays on any machine with two cores: the job grows.
+    assert!(shown.contains("tfjob: event Autoscaled: Worker 1 → 2: "), "{shown}");
+    assert!(shown.contains("tfjob: event Scaled: Worker 1 → 2"), "{shown}");
+    // Each change is measured: a step up names the rates before and after.
+    let steps: Vec<&str> = shown.lines().filter(|l| l.starts_with("tfjob: event Autoscaled: ")).collect();
+    for step in steps.iter().skip(1) {
+        assert!(step.contains(" examples/s at ") && step.contains("perfect scaling +"), "{step}");
+    }
+    // No back and forth within the cooldown (120 s): at most up, up, ..., one step back.
+    let backs = steps.iter().filter(|l| l.contains("did not pay")).count();
+    assert!(backs <= 1, "{steps:#?}");
+    let status = status_yaml(&run_dir);
+    let state: Value = serde_saphyr::from_str::<Value>(&status)?["status"]["autoscaler"].clone();
+    let workers = state["replicas"].as_i64().context("status.autoscaler.replicas")?;
+    assert!((2..=6).contains(&workers), "{status}");
+    assert!(status.contains("trainingProgress:") && status.contains(&format!("numEpochs: {epochs}")), "{status}");
+    // Every example trained once per epoch, whatever the workers did.
+    let r = report(&run_dir, "worker-0");
+    assert_eq!((r["epochs_completed"].as_u64(), r["examples_trained"].as_u64()), (Some(epochs), Some(epochs * 20_000)), "{r}");
     Ok(())
 }
 

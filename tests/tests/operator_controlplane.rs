@@ -837,15 +837,6 @@ fn wait_events(k: &Cluster<'_>, job: &str, reason: &str) -> Result<Vec<(String, 
     })
 }
 
-/// `kubectl get tfjob NAME` as a user sees it: the columns' names and the job's row.
-fn get_columns(k: &Cluster<'_>, job: &str) -> Result<Vec<(String, String)>> {
-    let out = k.cp.kubectl_ok(["get", "tfjob", job, "-n", &k.ns])?;
-    let mut lines = out.lines();
-    let head: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    Ok(head.iter().zip(row.iter().chain(std::iter::repeat(&"<none>"))).map(|(h, v)| (h.to_string(), v.to_string())).collect())
-}
-
 #[test]
 fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<()> {
     let (cp, ns, _account, op) = setup("op-what-failed")?;
@@ -853,13 +844,15 @@ fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<(
     let r = (|| -> Result<()> {
         create_job(&k, &tfjob("sched", &[("PS", 1, "Never"), ("Worker", 2, "Never")], json!({})))?;
         k.wait_pods("sched", &["sched-ps-0", "sched-worker-0", "sched-worker-1"], REACT)?;
-        // What kubectl shows first: the state, the workers running and requested, the age.
+        // What kubectl shows first: the state, the workers running and requested, the training
+        // progress (blank before ps 0's metrics page was read), the age.
         let st = k.wait_status("sched", "Created", REACT, |s| condition_true(s, "Created"))?;
         ensure!(!condition_true(&st, "Running"), "{st:#}");
-        let cols = get_columns(&k, "sched")?;
+        let cols = k.columns("sched")?;
         let names: Vec<&str> = cols.iter().map(|(h, _)| h.as_str()).collect();
-        assert_eq!(names, ["NAME", "STATE", "READY", "WORKERS", "AGE"]);
-        assert_eq!((cols[1].1.as_str(), cols[2].1.as_str(), cols[3].1.as_str()), ("Created", "0", "2"), "{cols:?}");
+        assert_eq!(names, ["NAME", "STATE", "READY", "WORKERS", "STEP", "EPOCH", "EX/S", "ETA", "AGE"]);
+        let values: Vec<&str> = cols[1..8].iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(values, ["Created", "0", "2", "", "", "", ""], "{cols:?}");
 
         // The scheduler cannot place worker 1: it says so in the pod's status, as a scheduler
         // does; the job shows it.
@@ -879,7 +872,7 @@ fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<(
         assert_eq!(c["message"], want.as_str(), "{st:#}");
         // The last condition is what kubectl shows as the state.
         assert_eq!(st["conditions"].as_array().unwrap().last().unwrap()["type"], "Unschedulable", "{st:#}");
-        assert_eq!(get_columns(&k, "sched")?[1].1, "Unschedulable");
+        assert_eq!(k.columns("sched")?[1].1, "Unschedulable");
         let evs = wait_events(&k, "sched", "Unschedulable")?;
         assert_eq!(evs, vec![("Warning".to_string(), want.clone(), "sched-worker-1".to_string())]);
         // Scheduled and running: the condition clears, the state is Running, 2 of 2 ready.
@@ -888,7 +881,7 @@ fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<(
             condition(s, "Unschedulable").is_some_and(|c| c["status"] == "False") && replica_count(s, "Worker", "active") == 2
         })?;
         ensure!(condition_true(&st, "Running"), "{st:#}");
-        let cols = get_columns(&k, "sched")?;
+        let cols = k.columns("sched")?;
         assert_eq!((cols[1].1.as_str(), cols[2].1.as_str(), cols[3].1.as_str()), ("Running", "2", "2"), "{cols:?}");
 
         // Worker 1 is killed by the OOM killer: the job fails naming the pod, the exit code and
@@ -909,7 +902,7 @@ fn failures_name_the_pod_and_an_unschedulable_pod_shows_on_the_job() -> Result<(
         let failed_events = events_of(&k, "sched", "TFJobFailed")?;
         assert_eq!(failed_events.len(), 1, "{failed_events:?}");
         ensure!(failed_events[0].1.contains("pod sched-worker-1 exited with code 137 (OOMKilled)"), "{failed_events:?}");
-        assert_eq!(get_columns(&k, "sched")?[1].1, "Failed");
+        assert_eq!(k.columns("sched")?[1].1, "Failed");
         Ok(())
     })();
     with_log(r, &[&op])
@@ -1093,6 +1086,71 @@ fn with_the_chart_value_every_job_gets_a_network_policy_of_its_own() -> Result<(
         eventually("the garbage collector removes the NetworkPolicy", Duration::from_secs(60), || {
             Ok(k.get("networkpolicy", "fenced")?.is_none().then_some(()))
         })?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+// ---------------------------------------------------------------------------------------------
+// spec.elasticPolicy.
+
+/// The HPA metric of the tests: average CPU utilization 80%.
+fn cpu_metric() -> Value {
+    json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}])
+}
+
+#[test]
+fn elastic_policy_metrics_give_the_job_a_horizontal_pod_autoscaler_that_goes_with_it() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-hpa")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        let mut job = tfjob("sized", &[("PS", 1, "Never"), ("Worker", 2, "OnFailure")], json!({}));
+        job["spec"]["elasticPolicy"] = json!({"minReplicas": 1, "maxReplicas": 4, "metrics": cpu_metric()});
+        create_job(&k, &job)?;
+        let uid = k.uid("tfjob", "sized")?;
+        let hpa = eventually("the job's HorizontalPodAutoscaler", REACT, || k.get("horizontalpodautoscaler.v2.autoscaling", "sized"))?;
+        ensure!(owned_by(&hpa, &uid), "not owned by the job: {:#}", hpa["metadata"]);
+        let spec = &hpa["spec"];
+        // It scales the job's workers through the TFJob's scale subresource, within the policy.
+        assert_eq!(spec["scaleTargetRef"], json!({"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "name": "sized"}));
+        assert_eq!((spec["minReplicas"].as_i64(), spec["maxReplicas"].as_i64()), (Some(1), Some(4)), "{spec:#}");
+        assert_eq!(spec["metrics"], cpu_metric());
+        let scale = scale_of(&k, "sized")?;
+        assert_eq!(scale["spec"]["replicas"].as_i64(), Some(2), "{scale:#}");
+        // The job runs as without a policy.
+        k.wait_pods("sized", &["sized-ps-0", "sized-worker-0", "sized-worker-1"], REACT)?;
+        // It goes with the job (the control plane runs the garbage collector).
+        cp.kubectl_ok(["delete", "tfjob", "sized", "-n", &ns, "--wait=false"])?;
+        eventually("the garbage collector removes the HorizontalPodAutoscaler", Duration::from_secs(60), || {
+            Ok(k.get("horizontalpodautoscaler.v2.autoscaling", "sized")?.is_none().then_some(()))
+        })?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
+#[test]
+fn an_elastic_policy_over_sync_workers_with_a_fixed_aggregation_count_fails_validation() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-elastic-sync")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        // Accepted by the API server (the args are the container's business); refused by the
+        // operator: an aggregation count of 2 cannot follow the workers an autoscaler adds.
+        let mut job = tfjob("fixed-sync", &[("PS", 1, "Never"), ("Worker", 2, "OnFailure")], json!({}));
+        for rtype in ["PS", "Worker"] {
+            job["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]["args"] =
+                json!(["--model=linear", "--train_steps=100", "--sync_replicas", "--replicas_to_aggregate=2"]);
+        }
+        job["spec"]["elasticPolicy"] = json!({"minReplicas": 1, "maxReplicas": 4, "metrics": cpu_metric()});
+        create_job(&k, &job)?;
+        let st = k.wait_status("fixed-sync", "Failed validation", REACT, |s| condition_true(s, "Failed"))?;
+        let c = condition(&st, "Failed").unwrap();
+        assert_eq!(c["reason"], "TFJobFailedValidation", "{st:#}");
+        let msg = c["message"].as_str().unwrap_or_default();
+        ensure!(msg.contains("spec.elasticPolicy") && msg.contains("--replicas_to_aggregate=auto"), "the message does not say what to change: {msg}");
+        // Nothing of it is made: no pod, no autoscaler.
+        assert_eq!(k.job_pods("fixed-sync")?, Vec::<String>::new());
+        assert!(k.get("horizontalpodautoscaler.v2.autoscaling", "fixed-sync")?.is_none(), "an invalid job got a HorizontalPodAutoscaler");
         Ok(())
     })();
     with_log(r, &[&op])

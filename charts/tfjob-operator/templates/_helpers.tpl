@@ -178,6 +178,11 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 - apiGroups: ["kubeflow.org"]
   resources: ["tfjobs/finalizers"]
   verbs: ["update"]
+# The throughput autoscaler (elasticPolicy.autoscale: Throughput) scales a job's workers as
+# kubectl scale does: a merge patch of the scale subresource (patch).
+- apiGroups: ["kubeflow.org"]
+  resources: ["tfjobs/scale"]
+  verbs: ["patch"]
 # Pods: the watch that fills the operator's cache (list, watch), created (create) and deleted
 # on restart, scale-down and cleanup (delete). Never changed in place.
 - apiGroups: [""]
@@ -199,6 +204,12 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 # (patch).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
+  verbs: ["create", "patch"]
+# The HorizontalPodAutoscaler of a job with elasticPolicy.metrics, server-side applied
+# (create, patch); it targets the job's scale subresource and goes with its job through the
+# garbage collector.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
   verbs: ["create", "patch"]
 {{- if .Values.networkPolicy.enabled }}
 # The NetworkPolicy of each job, server-side applied with its Service (create, patch).

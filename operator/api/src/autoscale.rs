@@ -207,61 +207,75 @@ pub fn measure(bounds: &Bounds, since: f64, readings: &[Reading]) -> Option<f64>
 /// The policy's next move, and its new state ([`crate::autoscale`] says how it climbs).
 pub fn decide(state: Option<&AutoscalerState>, look: Look<'_>) -> (AutoscalerState, Decision) {
     let b = look.bounds;
-    let fresh = |replicas: i32| AutoscalerState { replicas, since: look.now, ..Default::default() };
     // A count the policy did not set (the first look, or a `kubectl scale`): start from it.
     let mut st = match state {
         Some(s) if s.replicas == look.replicas => s.clone(),
-        _ => fresh(look.replicas),
+        _ => look.fresh(look.replicas),
     };
     let within = look.replicas.clamp(b.min, b.max);
     if within != look.replicas {
         let message = format!("Worker {} → {within}: outside elasticPolicy's [{}, {}]", look.replicas, b.min, b.max);
-        return scale(fresh(within), look.replicas, within, message);
+        return scale(look.fresh(within), look.replicas, within, message);
     }
     let Some(rate) = measure(&b, st.since, look.readings) else {
         return (st, Decision::Hold);
     };
-    let n = st.replicas;
-    let here = Measured { replicas: n, rate };
+    let here = Measured { replicas: st.replicas, rate };
     st.measured = Some(here);
-    // No change the job would not live to measure.
-    let too_late = look.remaining.is_some_and(|left| left < b.settle + b.measure);
-    if let Some(until) = st.settled_until {
-        if look.now < until || n >= b.max || too_late {
-            return (st, Decision::Hold);
-        }
-        // Cooldown over: probe the next count up from what `n` trains now.
-        let to = b.step_up(n);
-        let message = format!("Worker {n} → {to}: probing again after the cooldown ({} examples/s at {n})", short_number(rate));
-        return scale(AutoscalerState { stepped_from: Some(here), ..fresh(to) }, n, to, message);
+    match st.settled_until {
+        Some(until) => after_cooldown(st, here, until, &look),
+        None => after_step(st, here, &look),
     }
+}
+
+impl Look<'_> {
+    /// The state of a count set now.
+    fn fresh(&self, replicas: i32) -> AutoscalerState {
+        AutoscalerState { replicas, since: self.now, ..Default::default() }
+    }
+
+    /// No change the job would not live to measure.
+    fn too_late(&self) -> bool {
+        self.remaining.is_some_and(|left| left < self.bounds.settle + self.bounds.measure)
+    }
+}
+
+/// Settled at `here`: once the cooldown is over, probe the next count up from what it trains now.
+fn after_cooldown(st: AutoscalerState, here: Measured, until: f64, look: &Look<'_>) -> (AutoscalerState, Decision) {
+    let n = here.replicas;
+    if look.now < until || n >= look.bounds.max || look.too_late() {
+        return (st, Decision::Hold);
+    }
+    let to = look.bounds.step_up(n);
+    let message = format!("Worker {n} → {to}: probing again after the cooldown ({} examples/s at {n})", short_number(here.rate));
+    scale(AutoscalerState { stepped_from: Some(here), ..look.fresh(to) }, n, to, message)
+}
+
+/// Measured `here` after a step (or at the start): back when the step did not pay, settled at
+/// the maximum or near the job's end, else up again.
+fn after_step(st: AutoscalerState, here: Measured, look: &Look<'_>) -> (AutoscalerState, Decision) {
+    let (b, n) = (look.bounds, here.replicas);
     let verdict = st.stepped_from.map(|from| Verdict::of(&b, from, here));
-    match verdict {
-        Some(v) if !v.paid => {
-            let to = v.from.replicas;
-            let message = format!("Worker {n} → {to}: {}", v.describe(true));
-            let back = AutoscalerState { measured: Some(v.from), settled_until: Some(look.now + b.cooldown), ..fresh(to) };
-            scale(back, n, to, message)
-        }
-        _ if n >= b.max || too_late => {
-            let why =
-                if n >= b.max { format!("at elasticPolicy's maxReplicas {}", b.max) } else { "the job ends before another step could be measured".into() };
-            let message = match verdict {
-                Some(v) => format!("Worker {n} settled: {}; {why}", v.describe(false)),
-                None => format!("Worker {n} settled at {} examples/s: {why}", short_number(rate)),
-            };
-            let settled = AutoscalerState { settled_until: Some(look.now + b.cooldown), last_decision: Some(message.clone()), ..st };
-            (settled, Decision::Settle { message })
-        }
-        _ => {
-            let to = b.step_up(n);
-            let message = match verdict {
-                Some(v) => format!("Worker {n} → {to}: {}", v.describe(false)),
-                None => format!("Worker {n} → {to}: {} examples/s at {n}, trying more", short_number(rate)),
-            };
-            scale(AutoscalerState { stepped_from: Some(here), ..fresh(to) }, n, to, message)
-        }
+    if let Some(v) = verdict.filter(|v| !v.paid) {
+        let to = v.from.replicas;
+        let back = AutoscalerState { measured: Some(v.from), settled_until: Some(look.now + b.cooldown), ..look.fresh(to) };
+        return scale(back, n, to, format!("Worker {n} → {to}: {}", v.describe(true)));
     }
+    if n >= b.max || look.too_late() {
+        let why = if n >= b.max { format!("at elasticPolicy's maxReplicas {}", b.max) } else { "the job ends before another step could be measured".into() };
+        let message = match verdict {
+            Some(v) => format!("Worker {n} settled: {}; {why}", v.describe(false)),
+            None => format!("Worker {n} settled at {} examples/s: {why}", short_number(here.rate)),
+        };
+        let settled = AutoscalerState { settled_until: Some(look.now + b.cooldown), last_decision: Some(message.clone()), ..st };
+        return (settled, Decision::Settle { message });
+    }
+    let to = b.step_up(n);
+    let message = match verdict {
+        Some(v) => format!("Worker {n} → {to}: {}", v.describe(false)),
+        None => format!("Worker {n} → {to}: {} examples/s at {n}, trying more", short_number(here.rate)),
+    };
+    scale(AutoscalerState { stepped_from: Some(here), ..look.fresh(to) }, n, to, message)
 }
 
 /// The state after a change, and the change.

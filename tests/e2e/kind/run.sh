@@ -59,7 +59,7 @@ RUNTIME_IMAGE=ghcr.io/tfjob-rs/tfjob-runtime:0.1.0
 # The chart's image.repository; the tag is whatever the chart renders by default (appVersion).
 OPERATOR_REPOSITORY=ghcr.io/tfjob-rs/tfjob-operator
 # Every manifest of examples/, in the order they run, but those below.
-EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp ctr-wide-deep elastic-ps classic-flags)
+EXAMPLES=(linreg-sync linreg-async backup-workers elastic-workers chief-evaluator mnist-mlp ctr-wide-deep elastic-ps classic-flags autoscale-throughput)
 # Examples this script does not run, deliberately: shared-volume needs a ReadWriteMany storage
 # class (kind's local-path provisioner offers ReadWriteOnce only); s3-checkpoints needs an S3
 # endpoint and its Secret. `tfjob run` runs both (tests/tests/local_run.rs, object_storage.rs).

@@ -193,6 +193,8 @@ pub struct PodState {
     /// RFC 3339 times of the current or last run.
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
+    /// The container's address on the network (of the current or last run).
+    pub ip: Option<String>,
 }
 
 /// Where a pod's output and the kubelet's messages go.
@@ -435,7 +437,16 @@ impl ContainerKubelet {
         let container = format!("{base}-{}", random_suffix());
         self.create(&spec, &container).map_err(fail)?;
         let mut p = Pod {
-            state: PodState { phase: Phase::Pending, running: false, exit_code: None, restart_count: 0, container, started_at: None, finished_at: None },
+            state: PodState {
+                phase: Phase::Pending,
+                running: false,
+                exit_code: None,
+                restart_count: 0,
+                container,
+                started_at: None,
+                finished_at: None,
+                ip: None,
+            },
             spec,
             restart_at: None,
             backoff: FIRST_BACKOFF,
@@ -508,6 +519,8 @@ impl ContainerKubelet {
             let log_name = p.spec.log_name.clone();
             match state {
                 Ok(info) => {
+                    let on_network = info.network_settings.and_then(|n| n.networks).and_then(|mut n| self.network.as_ref().and_then(|net| n.remove(net)));
+                    p.state.ip = on_network.and_then(|e| e.ip_address).filter(|ip| !ip.is_empty()).or(p.state.ip.take());
                     let st = info.state.unwrap_or_default();
                     p.state.started_at = st.started_at.clone().filter(|s| !s.is_empty() && !s.starts_with("0001"));
                     if matches!(st.status, Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD)) {
