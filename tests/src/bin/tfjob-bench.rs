@@ -7,11 +7,14 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup elastic operator sparse
+//! sections: raw ps linear mlp startup elastic elastic-ps operator sparse autoscale
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
 //! (build both with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-bench`).
+
+#[path = "tfjob-bench/autoscale.rs"]
+mod autoscale;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -181,7 +184,7 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") {
+    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") || want("autoscale") {
         Some(runtime_binary()?)
     } else {
         None
@@ -206,6 +209,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("sparse") {
         sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("autoscale") {
+        autoscale::autoscale(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
     let doc = json!({ "rows": report.rows, "details": report.details });
