@@ -51,7 +51,7 @@ fn quick_bench_runs_every_section_and_writes_json_and_plot() {
 
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("bench.json")).unwrap()).unwrap();
     let rows = doc["rows"].as_array().unwrap();
-    for section in ["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse"] {
+    for section in ["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale mlp gain 50%"] {
         let of: Vec<_> = rows.iter().filter(|r| r["section"] == section).collect();
         assert!(!of.is_empty(), "no {section} figures in bench.json");
         for r in of {

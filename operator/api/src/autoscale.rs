@@ -65,7 +65,8 @@ pub enum Autoscale {
 #[serde(rename_all = "camelCase")]
 pub struct ThroughputSettings {
     /// A step up pays when the rate grows by at least this share (%) of what the added workers
-    /// would add at perfect scaling (default 50).
+    /// would add at perfect scaling (default 10: throughput first, a worker stays while it adds a
+    /// tenth of a worker's share; 50 keeps only workers that add half).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub min_gain_percent: Option<i32>,
@@ -108,7 +109,7 @@ impl Bounds {
         Bounds {
             min,
             max: policy.max_replicas.unwrap_or(replicas).max(min),
-            min_gain: f64::from(t.min_gain_percent.unwrap_or(50).clamp(1, 100)) / 100.0,
+            min_gain: f64::from(t.min_gain_percent.unwrap_or(10).clamp(1, 100)) / 100.0,
             settle: f64::from(t.settle_seconds.unwrap_or(15).max(0)),
             measure: f64::from(t.measure_seconds.unwrap_or(15).max(1)),
             cooldown: f64::from(t.cooldown_seconds.unwrap_or(600).max(0)),

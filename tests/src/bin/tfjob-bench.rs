@@ -210,7 +210,8 @@ fn run(args: &[String]) -> Result<()> {
     if want("sparse") {
         sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
-    if want("autoscale") {
+    // Twenty minutes of whole jobs: run when named (and by `--quick`, in seconds).
+    if opts.only.iter().any(|o| o == "autoscale") || (opts.only.is_empty() && opts.quick) {
         autoscale::autoscale(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));

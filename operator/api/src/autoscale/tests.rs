@@ -115,6 +115,29 @@ fn it_climbs_to_the_knee_and_stays_there() {
     }
 }
 
+/// The MLP of `tfjob-bench --only autoscale` on this 2-core machine (1 ps, async; examples/s of
+/// the static runs with 1 to 4 workers, 2026-11-27): 50% stops at 2 workers (a third adds 13% of
+/// what perfect scaling would), the default 10% goes on to 4 and steps back from 6. (The bench's
+/// own measurements are noisier: a third worker's 13% is near the 10% line; the synthetic noisy
+/// cases above test noise.)
+#[test]
+fn a_recorded_curve_settles_where_its_share_says() {
+    fn recorded(n: i32, _: f64) -> f64 {
+        match n {
+            1 => 65_963.0,
+            2 => 114_872.0,
+            3 => 122_291.0,
+            4 => 128_948.0,
+            _ => 126_000.0,
+        }
+    }
+    let run = Sim::new(bounds(1, 6), recorded).run(1, 200.0);
+    assert_eq!((run.path(), run.last()), (vec![1, 2, 3, 2], 2), "{:?}", run.decisions);
+    let throughput_first = Bounds { min_gain: 0.1, ..bounds(1, 6) };
+    let run = Sim::new(throughput_first, recorded).run(1, 200.0);
+    assert_eq!((run.path(), run.last()), (vec![1, 2, 3, 4, 6, 4], 4), "{:?}", run.decisions);
+}
+
 #[test]
 fn after_stepping_back_it_waits_the_cooldown_then_probes_once() {
     let run = Sim::new(bounds(1, 8), |n, _| 1000.0 * f64::from(n.min(3))).run(3, 980.0);
@@ -237,7 +260,7 @@ fn the_policy_is_checked_against_the_job() {
 #[test]
 fn defaults_and_steps() {
     let b = Bounds::of(&ElasticPolicy::default(), 5);
-    assert_eq!((b.min, b.max, b.min_gain, b.settle, b.measure, b.cooldown), (1, 5, 0.5, 15.0, 15.0, 600.0));
+    assert_eq!((b.min, b.max, b.min_gain, b.settle, b.measure, b.cooldown), (1, 5, 0.1, 15.0, 15.0, 600.0));
     let steps: Vec<i32> = std::iter::successors(Some(1), |n| Some(bounds(1, 20).step_up(*n)).filter(|m| m != n)).collect();
     assert_eq!(steps, [1, 2, 3, 4, 6, 9, 13, 19, 20]);
 }

@@ -644,6 +644,8 @@ pub struct ContainerBackend {
     images: BTreeMap<ReplicaType, String>,
     /// The planned replica of each pod.
     planned: BTreeMap<String, PlannedReplica>,
+    /// The address of each pod's container on the job's network, as last seen.
+    ips: BTreeMap<String, String>,
 }
 
 impl ContainerBackend {
@@ -655,7 +657,7 @@ impl ContainerBackend {
         let kubelet =
             ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone()))).map_err(|e| RunError::Backend(e.to_string()))?;
         console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
-        Ok(ContainerBackend { job: name, run_dir: run_dir.to_path_buf(), kubelet, images: images_of(job), planned: BTreeMap::new() })
+        Ok(ContainerBackend { job: name, run_dir: run_dir.to_path_buf(), kubelet, images: images_of(job), planned: BTreeMap::new(), ips: BTreeMap::new() })
     }
 
     /// The container name of a running pod (for tests and messages).
@@ -719,9 +721,20 @@ impl Backend for ContainerBackend {
             .into_iter()
             .filter_map(|(name, st)| {
                 let planned = self.planned.get(&name)?;
+                if let Some(ip) = &st.ip {
+                    self.ips.insert(name.clone(), ip.clone());
+                }
                 Some(backend::observed(&name, planned, st.phase, st.exit_code, st.restart_count))
             })
             .collect()
+    }
+
+    /// The container's page at its address on the job's network: reachable from this machine
+    /// when the engine runs here with bridge networking (podman as root, Docker on Linux); not
+    /// from a Docker Desktop VM, where the run then shows no progress.
+    fn metrics_url(&self, pod_name: &str) -> Option<String> {
+        let port = plan::metrics_port_of(&self.planned.get(pod_name)?.args)?;
+        Some(format!("http://{}:{port}/metrics", self.ips.get(pod_name)?))
     }
 
     fn shutdown(&mut self) {

@@ -220,8 +220,9 @@ impl Driver {
     /// A new reading of ps 0's page: the progress into the status line and `status.yaml`, and
     /// the throughput autoscaler's turn.
     fn follow_progress(&mut self, backend: &dyn Backend) {
-        if !self.progress.has_url() {
-            self.progress.set_url(backend.metrics_url(&plan::pod_name(&self.name, ReplicaType::PS, 0)));
+        // Asked every pass: a container restarted in place may come back at another address.
+        if let Some(url) = backend.metrics_url(&plan::pod_name(&self.name, ReplicaType::PS, 0)) {
+            self.progress.set_url(url);
         }
         let Some(tracker) = self.progress.newer(&mut self.progress_seen) else {
             return;

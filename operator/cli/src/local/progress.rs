@@ -40,13 +40,11 @@ impl ProgressReader {
     }
 
     /// The page to read (ps 0's, once it is known).
-    pub fn set_url(&self, url: Option<String>) {
-        lock(&self.shared).url = url;
-    }
-
-    /// Whether the page to read is known.
-    pub fn has_url(&self) -> bool {
-        lock(&self.shared).url.is_some()
+    pub fn set_url(&self, url: String) {
+        let mut shared = lock(&self.shared);
+        if shared.url.as_deref() != Some(url.as_str()) {
+            shared.url = Some(url);
+        }
     }
 
     /// The tracker, when it has a reading newer than `seen` (the count of readings the caller
