@@ -180,7 +180,8 @@ fn every_example_succeeds() -> Result<()> {
 }
 
 /// `elasticPolicy.autoscale: Throughput` under `tfjob run`: a job that starts with 1 worker
-/// grows while a step up pays, and stays within its bounds without going back and forth; its
+/// tries a second one, keeps climbing while a step up pays, and stays within its bounds without
+/// going back and forth; its
 /// decisions are events with their numbers, its state and progress are in `status.yaml`, and
 /// the shard dispatcher still hands every example out once per epoch while workers come.
 #[test]
@@ -202,10 +203,15 @@ fn the_throughput_autoscaler_grows_a_job_and_settles() -> Result<()> {
     // No back and forth within the cooldown (120 s): at most up, up, ..., one step back.
     let backs = steps.iter().filter(|l| l.contains("did not pay")).count();
     assert!(backs <= 1, "{steps:#?}");
+    // Where it settles depends on the machine's load (tests run side by side: a second worker
+    // on two busy cores may add too little and be given back), not on luck: it ends where its
+    // last decision put it, within the bounds, above 1 unless a step up did not pay.
     let status = status_yaml(&run_dir);
     let state: Value = serde_saphyr::from_str::<Value>(&status)?["status"]["autoscaler"].clone();
     let workers = state["replicas"].as_i64().context("status.autoscaler.replicas")?;
-    assert!((2..=6).contains(&workers), "{status}");
+    assert!((1..=6).contains(&workers) && (workers >= 2 || backs == 1), "{steps:#?}\n{status}");
+    let last = steps.last().context("no decision")?;
+    assert!(last.contains(&format!(" → {workers}: ")), "the last decision {last:?} is not where it ended ({workers})");
     assert!(status.contains("trainingProgress:") && status.contains(&format!("numEpochs: {epochs}")), "{status}");
     // Every example trained once per epoch, whatever the workers did.
     let r = report(&run_dir, "worker-0");
