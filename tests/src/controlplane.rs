@@ -939,8 +939,8 @@ fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// HTTP/1.0 GET on 127.0.0.1:port (plain HTTP, for etcd's /health).
-fn http_get_plain(port: u16, path: &str) -> Result<String> {
+/// HTTP/1.0 GET on 127.0.0.1:port (plain HTTP: etcd's /health, Kueue's /readyz).
+pub fn http_get_plain(port: u16, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;

@@ -5,6 +5,8 @@
 //! - [`chart`]: the Helm chart `charts/tfjob-operator` rendered with that helm, e.g. the exact
 //!   RBAC the chart grants the operator.
 //! - [`data`]: small learnable datasets in the MNIST IDX format, written by the tests.
+//! - [`kueue`]: Kueue (the batch queue) built from its Go module and run against the control
+//!   plane.
 //! - [`local`]: the `tfjob run` tests' manifests and replica processes.
 //! - [`node_agent`]: the kubelet of the test control plane: its pods as podman containers.
 //! - [`s3`]: a real S3-compatible server on 127.0.0.1 (s3s over s3s-fs).
@@ -12,6 +14,7 @@
 pub mod chart;
 pub mod controlplane;
 pub mod data;
+pub mod kueue;
 pub mod local;
 pub mod node_agent;
 pub mod operator;

@@ -22,8 +22,11 @@
 //! - pods being deleted: the container stopped and removed, then the pod object removed (grace
 //!   period 0, as a kubelet confirms a deletion); containers of pods gone from the API removed.
 //!
+//! - `hostPath` volumes: the host's directory bind-mounted (the node's disk: checkpoints that
+//!   outlive a pod);
+//!
 //! Not done (not needed by the tests): probes, resources, security contexts (the images run as
-//! their own non-root user), volumes other than the service-account token, init and sidecar
+//! their own non-root user), volumes other than hostPath and the service-account token, init and sidecar
 //! containers (a pod with more than one container gets the first one run and a warning).
 
 use std::collections::{BTreeMap, HashMap};
@@ -444,6 +447,13 @@ impl Agent {
             env.push(("KUBERNETES_SERVICE_HOST".into(), API_HOST.into()));
             env.push(("KUBERNETES_SERVICE_PORT".into(), self.ctx.forward_port.to_string()));
             extra_hosts.push(self.ctx.extra_host.clone());
+        }
+        // hostPath volumes: the node's directory, mounted as the kubelet does.
+        for m in container.volume_mounts.iter().flatten() {
+            let volume = spec.volumes.iter().flatten().find(|v| v.name == m.name);
+            if let Some(host) = volume.and_then(|v| v.host_path.as_ref()) {
+                mounts.push(BindMount { host_path: host.path.clone(), container_path: m.mount_path.clone(), read_only: m.read_only.unwrap_or(false) });
+            }
         }
         let hostname = spec.hostname.clone().unwrap_or_else(|| name.clone());
         let mut aliases = Vec::new();

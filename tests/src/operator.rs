@@ -539,8 +539,20 @@ impl<'a> Cluster<'a> {
 
     /// Merge-patches a TFJob's spec (e.g. `{"spec":{"runPolicy":{"suspend":true}}}`).
     pub fn patch_job(&self, job: &str, patch: Value) -> Result<()> {
-        self.cp.kubectl_ok(["patch", "tfjob", job, "-n", &self.ns, "--type=merge", "-p", &patch.to_string()])?;
+        self.patch_merge("tfjob", job, patch)
+    }
+
+    /// Merge-patches any object (e.g. the phase of a PodGroup, as its scheduler writes it).
+    pub fn patch_merge(&self, kind: &str, name: &str, patch: Value) -> Result<()> {
+        self.cp.kubectl_ok(["patch", kind, name, "-n", &self.ns, "--type=merge", "-p", &patch.to_string()])?;
         Ok(())
+    }
+
+    /// The messages of the events about object `name` with `reason`.
+    pub fn events_of(&self, name: &str, reason: &str) -> Result<Vec<String>> {
+        let selector = format!("involvedObject.name={name},reason={reason}");
+        let list: Value = serde_json::from_str(&self.cp.kubectl_ok(["get", "events", "-n", &self.ns, "--field-selector", &selector, "-o", "json"])?)?;
+        Ok(list["items"].as_array().into_iter().flatten().filter_map(|e| e["message"].as_str().map(String::from)).collect())
     }
 
     /// `kubectl get tfjob NAME` as a user sees it: the columns' names and the job's row, cut
@@ -614,6 +626,27 @@ pub fn replica_count(status: &Value, rtype: &str, field: &str) -> i64 {
 /// Parses an RFC 3339 timestamp field.
 pub fn timestamp(v: &Value) -> Result<jiff::Timestamp> {
     v.as_str().ok_or_else(|| anyhow!("not a timestamp: {v}"))?.parse().with_context(|| format!("parsing timestamp {v}"))
+}
+
+/// One replica set of a TFJob manifest (YAML, under `tfReplicaSpecs`) whose `tensorflow`
+/// container runs the runtime's image with `args` (a JSON array), `restartPolicy: OnFailure`;
+/// `container` and `pod` are extra lines of the container and of the pod spec (YAML at their
+/// indentation, each line ending in a newline), empty for none.
+pub fn runtime_replica_yaml(rtype: &str, replicas: u32, args: &str, container: &str, pod: &str) -> String {
+    format!(
+        "    {rtype}:
+      replicas: {replicas}
+      restartPolicy: OnFailure
+      template:
+        spec:
+          containers:
+            - name: tensorflow
+              image: ghcr.io/tfjob-rs/tfjob-runtime:0.1.0
+              imagePullPolicy: IfNotPresent
+              command: [\"tfjob-runtime\"]
+              args: {args}
+{container}{pod}"
+    )
 }
 
 /// A TFJob manifest (JSON) with the given replica sets (`(type, replicas, restartPolicy)`) and

@@ -44,6 +44,7 @@ const OPERATOR_RULES: &[Row] = &[
     ("", "secrets", &["create"]),
     ("events.k8s.io", "events", &["create", "patch"]),
     ("autoscaling", "horizontalpodautoscalers", &["create", "patch"]),
+    ("kueue.x-k8s.io", "workloads", &["list"]),
 ];
 
 /// One permission: (API group, resource, resource name, verb).
@@ -57,8 +58,10 @@ fn network_policy_grants() -> BTreeSet<Grant> {
     ["create", "patch"].iter().map(|v| ("networking.k8s.io".to_string(), "networkpolicies".to_string(), None, v.to_string())).collect()
 }
 
+/// Volcano's phase is read (get) before pods are created; scheduler-plugins' is not.
 fn podgroup_grants(group: &str) -> BTreeSet<Grant> {
-    ["create", "patch", "delete"].iter().map(|v| (group.to_string(), "podgroups".to_string(), None, v.to_string())).collect()
+    let verbs: &[&str] = if group == "scheduling.volcano.sh" { &["get", "create", "patch", "delete"] } else { &["create", "patch", "delete"] };
+    verbs.iter().map(|v| (group.to_string(), "podgroups".to_string(), None, v.to_string())).collect()
 }
 
 fn lease_grants(lease: &str) -> BTreeSet<Grant> {
@@ -529,6 +532,25 @@ fn gang_scheduling_adds_podgroup_rules_of_its_api_group_only() -> Result<()> {
             let env = env_of(r.deployment());
             assert_eq!(env.get("TFJOB_GANG_SCHEDULER").map(String::as_str), group.map(|_| setting), "{values:?}");
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn kueue_admission_is_on_by_default_and_its_rule_goes_when_off() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let workloads = ("kueue.x-k8s.io".to_string(), "workloads".to_string(), None, "list".to_string());
+    for watch in [None, Some("team-a")] {
+        let mut values = vec![("kueue.admission", "false")];
+        values.extend(watch.map(|w| ("watchNamespace", w)));
+        let off = render(cp, &values)?;
+        let mut want = grants_of_rows(OPERATOR_RULES);
+        want.remove(&workloads);
+        assert_eq!(operator_grants(&off, watch)?, want, "{values:?}");
+        assert_eq!(env_of(off.deployment()).get("TFJOB_KUEUE_ADMISSION").map(String::as_str), Some("false"));
+        let on = render(cp, &values[1..])?;
+        assert!(operator_grants(&on, watch)?.contains(&workloads));
+        assert!(!env_of(on.deployment()).contains_key("TFJOB_KUEUE_ADMISSION"));
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use anyhow::{Result, anyhow, bail, ensure};
 use serde_json::Value;
 use tfjob_tests::controlplane::ControlPlane;
 use tfjob_tests::node_agent::NodeAgent;
-use tfjob_tests::operator::{Cluster, EnvSource, Operator, condition_true, operator_account, timestamp};
+use tfjob_tests::operator::{Cluster, EnvSource, Operator, condition_true, operator_account, runtime_replica_yaml, timestamp};
 use tfjob_tests::podman::{PodmanService, build_images, release_bin_dir};
 
 const JOB: &str = "progress";
@@ -23,22 +23,7 @@ const EPOCHS: i64 = 2500;
 /// Async linear regression, PS 1 + Worker 2, bounded by epochs; ps 0 serves its metrics page.
 fn manifest() -> String {
     let args = format!(r#"["--model=linear", "--learning_rate=0.01", "--num_epochs={EPOCHS}", "--log_every_steps=20000", "--metrics_port=9090"]"#);
-    let replicas = |rtype: &str, n: u32| {
-        format!(
-            "    {rtype}:
-      replicas: {n}
-      restartPolicy: OnFailure
-      template:
-        spec:
-          containers:
-            - name: tensorflow
-              image: ghcr.io/tfjob-rs/tfjob-runtime:0.1.0
-              imagePullPolicy: IfNotPresent
-              command: [\"tfjob-runtime\"]
-              args: {args}
-"
-        )
-    };
+    let replicas = |rtype: &str, n: u32| runtime_replica_yaml(rtype, n, &args, "", "");
     format!("apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: {JOB}\nspec:\n  tfReplicaSpecs:\n{}{}", replicas("PS", 1), replicas("Worker", 2))
 }
 

@@ -211,6 +211,13 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["create", "patch"]
+{{- if .Values.kueue.admission }}
+# Kueue: the Workloads of a job labelled kueue.x-k8s.io/queue-name, listed by the job's uid
+# before its pods are created (list): none beyond what the admitted Workload counts.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
+{{- end }}
 {{- if .Values.networkPolicy.enabled }}
 # The NetworkPolicy of each job, server-side applied with its Service (create, patch).
 - apiGroups: ["networking.k8s.io"]
@@ -220,8 +227,10 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 {{- with include "tfjob-operator.podGroupApiGroup" . }}
 # Gang scheduling: one PodGroup per job, server-side applied (create, patch), deleted when the job
 # finishes (delete).
+# With Volcano, the phase of a job's PodGroup is read before its pods are created (get): none is
+# created before Volcano takes the gang in.
 - apiGroups: [{{ . | quote }}]
   resources: ["podgroups"]
-  verbs: ["create", "patch", "delete"]
+  verbs: [{{ if eq . "scheduling.volcano.sh" }}"get", {{ end }}"create", "patch", "delete"]
 {{- end }}
 {{- end }}

@@ -11,6 +11,8 @@
 //!   (entry point: [`status::reconcile_status`]).
 //! - [`progress`]: a job's training progress (`status.trainingProgress`) from ps 0's metrics.
 //! - [`autoscale`]: `spec.elasticPolicy` and the built-in throughput autoscaler, pure.
+//! - [`gang`]: gangs and queues: the PodGroup of a job (Volcano, scheduler-plugins), and what
+//!   lets the controller create its pods now (a Volcano gang taken in, a Kueue admission).
 //! - [`crd`]: the CustomResourceDefinition as this project ships it.
 //!
 //! Everything here is plain data and plain functions: no async runtime, no Kubernetes client,
@@ -62,6 +64,7 @@ pub mod api;
 pub mod autoscale;
 pub mod crd;
 pub mod field;
+pub mod gang;
 pub mod plan;
 pub mod progress;
 pub mod status;

@@ -34,6 +34,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::api::{self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType, RestartPolicy, TFJob, TFJobSpec};
+use crate::gang;
+pub use crate::gang::GangScheduler;
 
 /// Label: name of the operator that created the object.
 pub const LABEL_OPERATOR_NAME: &str = "training.kubeflow.org/operator-name";
@@ -482,35 +484,6 @@ pub fn plan_replicas(job_name: &str, spec: &TFJobSpec, addresses: &dyn AddressBo
     planner.replica_ids().filter_map(|(t, i)| planner.replica(t, i)).collect()
 }
 
-/// Gang scheduling through a PodGroup.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GangScheduler {
-    /// Volcano (`scheduling.volcano.sh/v1beta1` PodGroup, scheduler `volcano`).
-    Volcano,
-    /// scheduler-plugins coscheduling (`scheduling.x-k8s.io/v1alpha1` PodGroup) with the given
-    /// scheduler name.
-    SchedulerPlugins(String),
-}
-
-impl GangScheduler {
-    /// Parses an operator setting: `volcano`, or the name of a scheduler-plugins scheduler.
-    pub fn from_setting(s: &str) -> Option<GangScheduler> {
-        match s.trim() {
-            "" | "none" => None,
-            "volcano" => Some(GangScheduler::Volcano),
-            other => Some(GangScheduler::SchedulerPlugins(other.to_string())),
-        }
-    }
-
-    /// Scheduler name set on the pods.
-    pub fn scheduler_name(&self) -> &str {
-        match self {
-            GangScheduler::Volcano => "volcano",
-            GangScheduler::SchedulerPlugins(name) => name,
-        }
-    }
-}
-
 /// Settings of the planner that come from the operator rather than the manifest.
 #[derive(Clone, Debug, Default)]
 pub struct PlanOptions {
@@ -753,13 +726,10 @@ impl<'a> PodPlanner<'a> {
         spec.restart_policy = Some(slot.spec.restart_policy.pod_restart_policy().to_string());
         if let Some(gang) = &opts.gang_scheduler {
             spec.scheduler_name = Some(gang.scheduler_name().to_string());
-            match gang {
-                GangScheduler::Volcano => {
-                    metadata.annotations.get_or_insert_with(BTreeMap::new).insert("scheduling.k8s.io/group-name".into(), job.name().to_string());
-                }
-                GangScheduler::SchedulerPlugins(_) => {
-                    metadata.labels.get_or_insert_with(BTreeMap::new).insert("scheduling.x-k8s.io/pod-group".into(), job.name().to_string());
-                }
+            let (labels, annotations) = gang.pod_marks(job.name(), rtype);
+            metadata.labels.get_or_insert_with(BTreeMap::new).extend(labels.into_iter().map(|(k, v)| (k.to_string(), v)));
+            if !annotations.is_empty() {
+                metadata.annotations.get_or_insert_with(BTreeMap::new).extend(annotations.into_iter().map(|(k, v)| (k.to_string(), v)));
             }
         }
         for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
@@ -793,35 +763,11 @@ pub fn total_replicas(spec: &TFJobSpec) -> i32 {
     api::replica_specs(spec).values().map(|rs| rs.replicas.max(0)).sum()
 }
 
-/// The PodGroup of a job for the configured gang scheduler.
+/// The PodGroup of a job for the configured gang scheduler ([`gang::pod_group_spec`]).
 pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
-    let sp = job.spec.run_policy.scheduling_policy.clone().unwrap_or_default();
-    let min_member = sp.min_available.unwrap_or_else(|| total_replicas(&job.spec));
     let owner = serde_json::to_value(owner_reference(job)).unwrap_or(Value::Null);
-    let mut spec = serde_json::Map::new();
-    spec.insert("minMember".into(), json!(min_member));
-    if let Some(r) = &sp.min_resources {
-        spec.insert("minResources".into(), json!(r));
-    }
-    let api_version = match gang {
-        GangScheduler::Volcano => {
-            if let Some(q) = &sp.queue {
-                spec.insert("queue".into(), json!(q));
-            }
-            if let Some(p) = &sp.priority_class {
-                spec.insert("priorityClassName".into(), json!(p));
-            }
-            "scheduling.volcano.sh/v1beta1"
-        }
-        GangScheduler::SchedulerPlugins(_) => {
-            if let Some(t) = sp.schedule_timeout_seconds {
-                spec.insert("scheduleTimeoutSeconds".into(), json!(t));
-            }
-            "scheduling.x-k8s.io/v1alpha1"
-        }
-    };
     json!({
-        "apiVersion": api_version,
+        "apiVersion": gang.api_version(),
         "kind": "PodGroup",
         "metadata": {
             "name": job.name(),
@@ -829,7 +775,7 @@ pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
             "labels": job_labels(job.name()),
             "ownerReferences": [owner],
         },
-        "spec": Value::Object(spec),
+        "spec": gang::pod_group_spec(&job.spec, gang),
     })
 }
 

@@ -47,6 +47,11 @@ pub struct OperatorArgs {
     /// Gang scheduler: `volcano` or a scheduler-plugins scheduler name (none when unset).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
+    /// Run a job labelled `kueue.x-k8s.io/queue-name` only as far as Kueue admitted it: no pod
+    /// while its Workload is not admitted, none beyond the admitted counts (a scale waits for
+    /// Kueue to admit the new size). Off: the label is ignored, as Kubeflow's controller does.
+    #[arg(long, env = "TFJOB_KUEUE_ADMISSION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kueue_admission: bool,
     /// Give every job a NetworkPolicy: only the job's own pods reach its replicas' ports.
     #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub network_policy: bool,
@@ -182,6 +187,7 @@ fn controller_of(client: &Client, args: &OperatorArgs) -> (Controller<TFJob>, Ar
     let opts = PlanOptions::from_settings(args.cluster_domain.as_deref(), args.gang_scheduler.as_deref(), args.network_policy);
     let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     let mut ctx = Context::new(client.clone(), opts, caches);
+    ctx.kueue_admission = args.kueue_admission;
     if args.beside_kubeflow {
         ctx.claim = api::Claim::OwnOnly;
         tracing::info!("beside Kubeflow: taking only TFJobs with spec.runPolicy.managedBy: {}", api::MANAGED_BY_TFJOB_RS);

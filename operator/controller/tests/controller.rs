@@ -365,7 +365,19 @@ async fn deleting_the_job_leaves_nothing_behind() {
     let h = Harness::with_opts(PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano), ..Default::default() });
     h.api.put(JOBS, job("d", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}})));
     h.reconcile("d").await;
-    assert!(h.api.get("/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d").is_some());
+    let pg = "/apis/scheduling.volcano.sh/v1beta1/namespaces/ns/podgroups/d";
+    assert_eq!(h.api.get(pg).unwrap()["spec"], json!({"minMember": 3, "queue": "default"}));
+    // No pod before Volcano takes the gang in (and the job says why, once).
+    assert!(h.api.names(PODS).is_empty(), "{:?}", h.api.names(PODS));
+    h.reconcile("d").await;
+    assert!(h.api.names(PODS).is_empty());
+    let waiting: Vec<Value> =
+        h.api.all_keys().into_iter().filter(|k| k.starts_with(EVENTS)).filter_map(|k| h.api.get(&k)).filter(|e| e["reason"] == "GangPending").collect();
+    assert_eq!(waiting.len(), 1, "{waiting:#?}");
+    // Inqueue (Volcano writes the phase in the object: a PodGroup has no status subresource).
+    h.api.update(pg, |o| o["status"] = json!({"phase": "Inqueue"}));
+    h.reconcile("d").await;
+    assert_eq!(h.api.names(PODS).len(), 3);
     let uid = h.job("d").unwrap().metadata.uid.unwrap();
     // Everything the controller made is owned by the job, so the garbage collector removes it.
     for key in h.api.all_keys() {
@@ -820,4 +832,73 @@ async fn an_unschedulable_pod_shows_on_the_job() {
     let conds = h.conditions("u");
     assert!(conds.contains(&c("Unschedulable", "False", "Scheduled")), "{conds:?}");
     assert_eq!(conds.last().unwrap(), &c("Running", "True", "TFJobRunning"));
+}
+
+/// A Kueue Workload of job `uid` (as Kueue writes it), admitted for `workers` workers or not.
+fn workload(uid: &str, admitted_workers: Option<i32>) -> Value {
+    let sets = json!([{"name": "ps", "count": 1}, {"name": "worker", "count": 2}]);
+    let status = match admitted_workers {
+        Some(n) => json!({
+            "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "ps", "count": 1}, {"name": "worker", "count": n}]},
+        }),
+        None => json!({"conditions": [{"type": "QuotaReserved", "status": "False"}]}),
+    };
+    json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "tfjob-q-1a2b3", "namespace": "ns", "labels": {"kueue.x-k8s.io/job-uid": uid}},
+        "spec": {"queueName": "team", "podSets": sets},
+        "status": status,
+    })
+}
+
+fn event_reasons(h: &Harness) -> Vec<String> {
+    let mut r: Vec<String> = h
+        .api
+        .all_keys()
+        .into_iter()
+        .filter(|k| k.starts_with(EVENTS))
+        .filter_map(|k| h.api.get(&k))
+        .filter_map(|e| e["reason"].as_str().map(String::from))
+        .collect();
+    r.sort();
+    r
+}
+
+#[tokio::test]
+async fn a_job_queued_in_kueue_runs_only_what_its_workload_admitted() {
+    const WORKLOADS: &str = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads";
+    let h = Harness::new();
+    let mut j = job("q", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}));
+    j["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    h.api.put(JOBS, j);
+    let uid = h.job("q").unwrap().metadata.uid.unwrap();
+    // Not suspended (no Kueue webhook) but not admitted: no pod; nor while the quota is not reserved.
+    h.reconcile("q").await;
+    h.api.put(WORKLOADS, workload(&uid, None));
+    h.reconcile("q").await;
+    assert!(h.api.names(PODS).is_empty(), "{:?}", h.api.names(PODS));
+    // Admitted for 1 worker of 2 (the job was scaled after its admission): ps-0 and worker-0.
+    h.api.update(&format!("{WORKLOADS}/tfjob-q-1a2b3"), |w| *w = workload(&uid, Some(1)));
+    h.reconcile("q").await;
+    let mut pods = h.api.names(PODS);
+    pods.sort();
+    assert_eq!(pods, ["q-ps-0", "q-worker-0"]);
+    let reasons = event_reasons(&h);
+    // Said once before Kueue made the Workload, once naming it; not at every reconcile.
+    assert_eq!(reasons.iter().filter(|r| *r == "WaitingForAdmission").count(), 2, "{reasons:?}");
+    assert_eq!(reasons.iter().filter(|r| *r == "ExceedsAdmission").count(), 1, "{reasons:?}");
+    // Admitted for both: worker-1 too.
+    h.api.update(&format!("{WORKLOADS}/tfjob-q-1a2b3"), |w| *w = workload(&uid, Some(2)));
+    h.reconcile("q").await;
+    assert_eq!(h.api.names(PODS).len(), 3);
+
+    // Where Kueue is not installed its label means nothing: every pod at once.
+    let h = Harness::new();
+    h.api.state.lock().unwrap().unserved.push("/apis/kueue.x-k8s.io".into());
+    let mut j = job("q", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "Never")}}));
+    j["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    h.api.put(JOBS, j);
+    h.reconcile("q").await;
+    assert_eq!(h.api.names(PODS).len(), 3);
 }

@@ -196,6 +196,11 @@ impl Once {
     pub fn forget(&self, uid: &str) {
         self.done.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
     }
+
+    /// Forgets every key that starts with `prefix` (`<uid>/`: every version of a job).
+    pub fn forget_prefix(&self, prefix: &str) {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).retain(|k| !k.starts_with(prefix));
+    }
 }
 
 /// Whether an existing Service already is what the controller would apply: the same selector,

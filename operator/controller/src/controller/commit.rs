@@ -60,7 +60,7 @@ pub async fn commit(ctx: &Context, target: &Target<'_>, old: &TFJobStatus, outco
     // or a `Scaled` would be sent again by every reconcile that runs before the watch delivers
     // the status just written.)
     events::job_events(ctx, target.job, done.job_events).await;
-    Ok(requeue(outcome, &done.refused))
+    Ok(requeue(outcome, &done.refused, done.held))
 }
 
 /// Writes the job's new status and counts the job events its conditions mean; `false` when the
@@ -86,11 +86,13 @@ async fn write_status(ctx: &Context, target: &Target<'_>, old: &TFJobStatus, new
     Ok(true)
 }
 
-/// When to look at the job again: the status machine's earliest requeue, and 10 seconds after
-/// a pod refused for now (quota, admission); at least 100 ms away.
-pub fn requeue(outcome: &Outcome, refused: &[PodRefusal]) -> CtrlAction {
+/// When to look at the job again: the status machine's earliest requeue, 10 seconds after a pod
+/// refused for now (quota, admission), 5 seconds after creations held for a gang or a queue
+/// (a PodGroup's phase is read, not watched); at least 100 ms away.
+pub fn requeue(outcome: &Outcome, refused: &[PodRefusal], held: bool) -> CtrlAction {
     let retry = (!refused.is_empty()).then_some(Duration::from_secs(10));
-    match outcome.requeue_after().into_iter().chain(retry).min() {
+    let held = held.then_some(Duration::from_secs(5));
+    match outcome.requeue_after().into_iter().chain(retry).chain(held).min() {
         Some(d) => CtrlAction::requeue(d.max(Duration::from_millis(100))),
         None => CtrlAction::await_change(),
     }

@@ -39,8 +39,15 @@ pub struct Context {
     pub expectations: Expectations,
     /// Jobs whose token Secret this process has created (or found to exist).
     pub secrets: Once,
-    /// Jobs whose PodGroup this process has applied.
+    /// Versions of jobs (`<uid>/<generation>`) whose PodGroup this process has applied.
     pub pod_groups: Once,
+    /// Suspended jobs whose PodGroup this process has deleted.
+    pub released_pod_groups: Once,
+    /// Hold the pods of a job labelled for Kueue beyond what its Workload admitted
+    /// ([`super::admission`]).
+    pub kueue_admission: bool,
+    /// Why a job's pods wait (`<job>/<reason>/<message>`), said once.
+    pub held: Once,
     /// Versions of jobs (`<uid>/<generation>`) whose HorizontalPodAutoscaler this process has
     /// applied.
     pub autoscalers: Once,
@@ -63,6 +70,9 @@ impl Context {
             expectations: Expectations::default(),
             secrets: Once::default(),
             pod_groups: Once::default(),
+            released_pod_groups: Once::default(),
+            kueue_admission: true,
+            held: Once::default(),
             autoscalers: Once::default(),
         }
     }
@@ -78,7 +88,9 @@ impl Context {
     /// again.
     pub fn forget_once_objects(&self, uid: &str) {
         self.secrets.forget(uid);
-        self.pod_groups.forget(uid);
+        self.pod_groups.forget_prefix(&format!("{uid}/"));
+        self.released_pod_groups.forget(uid);
+        self.held.forget_prefix(&format!("{uid}/"));
     }
 }
 

@@ -8,11 +8,12 @@ use std::time::Instant;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tfjob_api::api::TFJob;
-use tfjob_api::plan::{self, GangScheduler, PlannedPod};
+use tfjob_api::plan::{self, PlannedPod};
 use tfjob_api::status::{Action, PodRefusal};
 
+use super::admission::pod_group_api;
 use super::cache;
 use super::context::{Context, FIELD_MANAGER, post_params};
 use super::error::{Error, kerr};
@@ -30,6 +31,8 @@ pub struct Executed {
     pub refused: Vec<PodRefusal>,
     /// The job itself was deleted (`ttlSecondsAfterFinished`): its status is not written.
     pub job_deleted: bool,
+    /// Creations were held back ([`super::admission`]): look again soon.
+    pub held: bool,
 }
 
 /// Creates the job's token Secret, once: the controller never reads Secrets (it may not), so a
@@ -67,27 +70,35 @@ pub async fn ensure_service(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), 
     Ok(())
 }
 
-fn pod_group_api(ctx: &Context, ns: &str, gang: &GangScheduler) -> Api<DynamicObject> {
-    let gvk = match gang {
-        GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
-        GangScheduler::SchedulerPlugins(_) => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
-    };
-    Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::from_gvk_with_plural(&gvk, "podgroups"))
-}
-
-/// Applies the job's PodGroup once per job (and process).
+/// Applies the job's PodGroup once per version of its spec (and process): a scale re-applies it
+/// (a fixed job's gang is all its replicas; an elastic job's stays its smallest viable size).
 pub async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
     let Some(gang) = &ctx.opts.gang_scheduler else {
         return Ok(());
     };
     let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    if ctx.pod_groups.contains(uid) {
+    let key = format!("{uid}/{}", job.metadata.generation.unwrap_or_default());
+    if ctx.pod_groups.contains(&key) {
         return Ok(());
     }
     let pg = plan::build_pod_group(job, gang);
     let apply = PatchParams::apply(FIELD_MANAGER).force();
     pod_group_api(ctx, ns, gang).patch(job.name(), &apply, &Patch::Apply(&pg)).await.map_err(kerr("apply podgroup"))?;
-    ctx.pod_groups.insert(uid);
+    ctx.pod_groups.insert(&key);
+    ctx.released_pod_groups.forget(uid);
+    Ok(())
+}
+
+/// A suspended job gives its gang back: its PodGroup is deleted (once per suspension and
+/// process), and applied again when the job resumes.
+pub async fn release_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.opts.gang_scheduler.is_none() || ctx.released_pod_groups.contains(uid) {
+        return Ok(());
+    }
+    delete_pod_group(ctx, ns, job.name()).await?;
+    ctx.pod_groups.forget_prefix(&format!("{uid}/"));
+    ctx.released_pod_groups.insert(uid);
     Ok(())
 }
 

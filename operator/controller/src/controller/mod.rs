@@ -12,9 +12,11 @@
 //! function per kind of action) -> commit ([`commit`]: status, events, metrics).
 //!
 //! Layers, lowest first (a module imports only modules before it): [`error`], [`cache`],
-//! [`observe`], [`target`], [`watch`] -> [`context`] -> [`events`] -> [`execute`] -> [`commit`]
+//! [`observe`], [`target`], [`watch`] -> [`context`] -> [`events`] -> [`admission`] -> [`execute`]
+//! -> [`commit`]
 //! -> [`reconcile`]. This file only declares and re-exports.
 
+pub mod admission;
 pub mod cache;
 pub mod commit;
 pub mod context;

@@ -17,6 +17,7 @@ use tfjob_api::api::{self, TFJob, TFJobStatus};
 use tfjob_api::plan;
 use tfjob_api::status::{self, Action, Observation, ObservedReplica, Outcome};
 
+use super::admission;
 use super::cache::{CachedPod, EXPECTATION_TTL};
 use super::commit::commit;
 use super::context::Context;
@@ -135,10 +136,15 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
         execute::ensure_pod_group(ctx, &target.ns, &decision.defaulted).await?;
         execute::ensure_autoscaler(ctx, &target.ns, &decision.defaulted).await?;
     }
+    if !target.finished && decision.defaulted.spec.run_policy.suspend {
+        execute::release_pod_group(ctx, &target.ns, &decision.defaulted).await?;
+    }
+    let held = hold_creations(ctx, target, decision).await?;
     if decision.creates > 0 {
         execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
     }
     let mut done = execute_actions(ctx, target, decision).await?;
+    done.held = held;
     if decision.creates > 0 || !done.refused.is_empty() {
         let full_name = format!("{}/{}", target.ns, target.name);
         let status = &mut decision.outcome.status;
@@ -149,6 +155,22 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
         execute::delete_pod_group(ctx, &target.ns, &target.name).await?;
     }
     Ok(done)
+}
+
+/// Takes out of the decision the pods that may not be created yet (a Volcano gang not taken in,
+/// a Kueue admission for fewer replicas) and says why; `true` when any was held.
+async fn hold_creations(ctx: &Context, target: &Target<'_>, decision: &mut Decision) -> Result<bool, Error> {
+    if decision.creates == 0 {
+        return Ok(false);
+    }
+    let admissions = admission::admissions(ctx, target, &decision.defaulted).await?;
+    let held = admission::hold(&mut decision.outcome.actions, &admissions);
+    if held.is_empty() {
+        return Ok(false);
+    }
+    decision.creates = decision.outcome.actions.iter().filter(|a| matches!(a, Action::CreateReplica { .. })).count();
+    admission::announce(ctx, target, &held).await;
+    Ok(true)
 }
 
 /// Each action of the status machine, by the function of its kind; the job's events are kept
