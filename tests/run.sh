@@ -14,13 +14,15 @@ echo "== toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'no go'
 echo "== test control plane"
 bash tests/controlplane/build.sh
 
-# Kueue (the batch queue, tests/tests/kueue_controlplane.rs) from its Go module, and the gang
-# schedulers' PodGroup CRDs (tests/tests/gang_controlplane.rs): about 6 minutes and 1 minute the
-# first time on a machine, then cached machine-wide like the control plane.
+# Kueue (the batch queue, tests/tests/kueue_controlplane.rs) from its Go module, the gang
+# schedulers' PodGroup CRDs and kube-scheduler from the control plane's module
+# (tests/tests/gang_controlplane.rs): about 6, 1 and 3 minutes the first time on a machine, then
+# cached machine-wide like the control plane.
 echo "== kueue"
 bash tests/kueue/build.sh
-echo "== gang scheduler CRDs"
+echo "== gang scheduler CRDs, kube-scheduler"
 bash tests/gang/crds.sh
+bash tests/gang/scheduler.sh
 
 # python3 with numpy: the runtime's Keras test (runtime/tests/keras.rs) checks
 # exported weights with a NumPy forward pass, and fails when numpy is missing.

@@ -367,6 +367,10 @@ pub struct Options {
     /// Run in this directory (created if missing; must be empty) and keep it afterwards.
     /// Default: a fresh temporary directory, removed on stop.
     pub dir: Option<PathBuf>,
+    /// Feature gates of kube-apiserver and kube-controller-manager (`Name=true`).
+    pub feature_gates: Vec<String>,
+    /// API versions kube-apiserver serves beyond its defaults (`group/version=true`).
+    pub runtime_config: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver + kube-controller-manager.
@@ -382,6 +386,7 @@ pub struct ControlPlane {
     components: Mutex<Vec<Component>>,
     pids: Vec<u32>,
     counter: AtomicU32,
+    options: Options,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -463,6 +468,7 @@ impl ControlPlane {
                 components: Mutex::new(Vec::new()),
                 pids: Vec::new(),
                 counter: AtomicU32::new(0),
+                options: options.clone(),
             };
             match cp.boot() {
                 Ok(()) => return Ok(cp),
@@ -580,7 +586,9 @@ impl ControlPlane {
                 "--allow-privileged=true".into(),
                 "--profiling=false".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.extra_args(true)),
         )?;
         let kubeconfig = self.kubeconfig.clone();
         self.wait_until("kube-apiserver /readyz", deadline, |cp| {
@@ -608,7 +616,9 @@ impl ControlPlane {
                 // does), so RBAC here is what a real cluster enforces.
                 "--use-service-account-credentials=true".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.extra_args(false)),
         )?;
         self.wait_until("kube-controller-manager /healthz", deadline, |cp| {
             let out = cp.command("kubectl").args(["get", "--raw=/healthz", "--request-timeout=5s", "--kubeconfig"]).arg(&kcm_health_kubeconfig).output()?;
@@ -618,6 +628,41 @@ impl ControlPlane {
         self.wait_until("ServiceAccount default/default (service account controller)", deadline, |cp| {
             Ok(cp.kubectl(["get", "serviceaccount", "default", "-n", "default"])?.status.success())
         })?;
+        Ok(())
+    }
+
+    /// The feature gates (and, for the API server, the extra API versions) of [`Options`].
+    fn extra_args(&self, apiserver: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.options.feature_gates.is_empty() {
+            out.push(format!("--feature-gates={}", self.options.feature_gates.join(",")));
+        }
+        if apiserver && !self.options.runtime_config.is_empty() {
+            out.push(format!("--runtime-config={}", self.options.runtime_config.join(",")));
+        }
+        out
+    }
+
+    /// Starts kube-scheduler (`binary`, built by `tests/gang/scheduler.sh`) against this control
+    /// plane with the admin's credentials and `feature_gates`; it stops with the control plane.
+    pub fn start_scheduler(&mut self, binary: &Path, feature_gates: &[String]) -> Result<()> {
+        let port = free_port()?;
+        let log = self.dir.join("logs").join("kube-scheduler.log");
+        let out = File::create(&log)?;
+        let mut cmd = Command::new(binary);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--authentication-kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--authorization-kubeconfig={}", self.kubeconfig.display()))
+            .args(["--bind-address=127.0.0.1", "--leader-elect=false", "--v=2"])
+            .arg(format!("--secure-port={port}"))
+            .args((!feature_gates.is_empty()).then(|| format!("--feature-gates={}", feature_gates.join(","))))
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let child = spawn_supervised(cmd).with_context(|| format!("starting {}", binary.display()))?;
+        self.pids.push(child.id());
+        lock(&self.components).push(Component { name: "kube-scheduler", child, log });
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -123,20 +123,23 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Applies `crds/tfjob.yaml` (once per test process) and waits until the CRD is Established.
+/// Applies `crds/tfjob.yaml` (once per control plane and test process) and waits until the CRD
+/// is Established.
 pub fn install_crd(cp: &ControlPlane) -> Result<()> {
-    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    DONE.get_or_init(|| {
-        (|| -> Result<()> {
-            let crd = fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
-            cp.apply(&crd)?;
-            cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/tfjobs.kubeflow.org"])?;
-            Ok(())
-        })()
-        .map_err(|e| format!("{e:#}"))
-    })
-    .clone()
-    .map_err(|e| anyhow!("installing crds/tfjob.yaml: {e}"))
+    static DONE: Mutex<Vec<(String, Result<(), String>)>> = Mutex::new(Vec::new());
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, r)) = done.iter().find(|(server, _)| server == cp.server_url()) {
+        return r.clone().map_err(|e| anyhow!("installing crds/tfjob.yaml: {e}"));
+    }
+    let r = (|| -> Result<()> {
+        let crd = fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
+        cp.apply(&crd)?;
+        cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/tfjobs.kubeflow.org"])?;
+        Ok(())
+    })()
+    .map_err(|e| format!("{e:#}"));
+    done.push((cp.server_url().to_string(), r.clone()));
+    r.map_err(|e| anyhow!("installing crds/tfjob.yaml: {e}"))
 }
 
 pub use crate::chart::RELEASE;

@@ -519,7 +519,9 @@ fn namespaced_mode_uses_a_role_in_the_watched_namespace() -> Result<()> {
 fn gang_scheduling_adds_podgroup_rules_of_its_api_group_only() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let base = grants_of_rows(OPERATOR_RULES);
-    for (setting, group) in [("volcano", Some("scheduling.volcano.sh")), ("my-coscheduler", Some("scheduling.x-k8s.io")), ("none", None)] {
+    for (setting, group) in
+        [("volcano", Some("scheduling.volcano.sh")), ("kubernetes", Some("scheduling.k8s.io")), ("my-coscheduler", Some("scheduling.x-k8s.io")), ("none", None)]
+    {
         for watch in [None, Some("team-a")] {
             let mut values = vec![("gangScheduler", setting)];
             values.extend(watch.map(|w| ("watchNamespace", w)));

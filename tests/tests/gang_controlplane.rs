@@ -3,6 +3,11 @@
 //! volcano.sh/apis, scheduler-plugins' as its module ships it), with the operator installed by
 //! the chart's values (`gangScheduler`).
 //!
+//! Kubernetes' own gang scheduling (KEP-4671, `gangScheduler: kubernetes`) runs against a control
+//! plane of its own with the `GenericWorkload` feature gate and `scheduling.k8s.io/v1beta1`
+//! served, and the real kube-scheduler built from the same Go module (`tests/gang/scheduler.sh`),
+//! over Node objects with capacity (no kubelet is needed to see binding).
+//!
 //! Volcano's scheduler is not run here (its module, volcano.sh/volcano, is not served by the Go
 //! module proxy past v1.10, and its scheduler needs nodes with a kubelet): the test moves the
 //! PodGroup's phase as Volcano's scheduler does (`Pending` → `Inqueue`), in the object, since the
@@ -135,4 +140,82 @@ fn coscheduling_gangs_and_the_gang_of_an_elastic_job() -> Result<()> {
         Ok(())
     })();
     r.map_err(|e| anyhow!("{e:#}\n{}", op.log_tail(60)))
+}
+
+/// A Node object with `cpus` allocatable and nothing else (no kubelet: the scheduler only binds),
+/// without the not-ready taint the API server puts on new nodes (no node controller removes it
+/// here).
+fn add_node(cp: &ControlPlane, name: &str, cpus: u32) -> Result<()> {
+    cp.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{kubernetes.io/hostname: {name}}}}}\n"))?;
+    let resources = json!({"cpu": cpus.to_string(), "memory": "16Gi", "pods": "110"});
+    let now = jiff::Timestamp::now().to_string();
+    let ready = json!({"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now});
+    let status = json!({"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}});
+    cp.kubectl_ok(["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
+    cp.kubectl_ok(["patch", "node", name, "--type=merge", "-p", r#"{"spec":{"taints":null}}"#])?;
+    Ok(())
+}
+
+/// A pod, the node it is bound to (`None`: not bound), and when it was scheduled.
+type Binding = (String, Option<String>, Option<String>);
+
+/// Where each of the job's pods is bound.
+fn bindings(k: &Cluster<'_>, job: &str) -> Result<Vec<Binding>> {
+    let mut out = Vec::new();
+    for pod in k.job_pods(job)? {
+        let p = k.must_get("pod", &pod)?;
+        let scheduled = p["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "PodScheduled" && c["status"] == "True");
+        out.push((pod, p["spec"]["nodeName"].as_str().map(String::from), scheduled.and_then(|c| c["lastTransitionTime"].as_str().map(String::from))));
+    }
+    Ok(out)
+}
+
+#[test]
+fn kubernetes_gangs_stay_unbound_until_the_whole_gang_fits() -> Result<()> {
+    let out = std::process::Command::new("bash")
+        .arg(tfjob_tests::operator::repo_root().join("tests/gang/scheduler.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "tests/gang/scheduler.sh failed ({})", out.status);
+    let scheduler = String::from_utf8_lossy(&out.stdout).lines().last().map(std::path::PathBuf::from).ok_or_else(|| anyhow!("no kube-scheduler"))?;
+    // Kubernetes 1.37: the Workload/PodGroup API and the GangScheduling plugin behind GenericWorkload.
+    let gates = vec!["GenericWorkload=true".to_string()];
+    let options = tfjob_tests::controlplane::Options {
+        feature_gates: gates.clone(),
+        runtime_config: vec!["scheduling.k8s.io/v1beta1=true".into()],
+        ..Default::default()
+    };
+    let mut cp = ControlPlane::start_with(options)?;
+    cp.start_scheduler(&scheduler, &gates)?;
+    let ns = cp.create_namespace("k8s-gang")?;
+    let account = operator_account_with(&cp, &ns, &[("gangScheduler", "kubernetes")])?;
+    let op = Operator::start_ready(&cp, &account, "op-0")?;
+    let k = Cluster::new(&cp, &ns);
+    let r = (|| -> Result<()> {
+        // 3 pods of 1 cpu for a node of 2: without a gang the scheduler would bind two of them.
+        add_node(&cp, "small", 2)?;
+        k.apply(&job("gang", 2, "1", json!({}), None).to_string())?;
+        k.wait_pods("gang", &["gang-ps-0", "gang-worker-0", "gang-worker-1"], Duration::from_secs(30))?;
+        let group = k.must_get("podgroups.scheduling.k8s.io", "gang")?;
+        ensure!(group["spec"]["schedulingPolicy"] == json!({"gang": {"minCount": 3}}), "{:#}", group["spec"]);
+        let pod = k.must_get("pod", "gang-worker-0")?;
+        ensure!(pod["spec"]["schedulingGroup"] == json!({"podGroupName": "gang"}), "{:#}", pod["spec"]);
+        std::thread::sleep(Duration::from_secs(8));
+        let b = bindings(&k, "gang")?;
+        ensure!(b.iter().all(|(_, node, _)| node.is_none()), "part of a gang that does not fit was bound: {b:?}\n{}", cp.logs_tail(30));
+        // A node with room: the whole gang binds at once.
+        add_node(&cp, "big", 4)?;
+        let b = eventually("every pod of the gang bound", Duration::from_secs(60), || {
+            let b = bindings(&k, "gang")?;
+            Ok(b.iter().all(|(_, node, _)| node.is_some()).then_some(b))
+        })?;
+        let times: Vec<jiff::Timestamp> = b.iter().filter_map(|(_, _, t)| t.as_deref()?.parse().ok()).collect();
+        ensure!(times.len() == 3, "{b:?}");
+        let ms: Vec<i64> = times.iter().map(|t| t.as_millisecond()).collect();
+        let spread = ms.iter().max().unwrap_or(&0) - ms.iter().min().unwrap_or(&0);
+        ensure!(spread <= 2000, "the gang bound over {spread} ms: {b:?}");
+        eprintln!("gang bound: {b:?}");
+        Ok(())
+    })();
+    r.map_err(|e| anyhow!("{e:#}\n{}\n{}", op.log_tail(40), cp.logs_tail(40)))
 }

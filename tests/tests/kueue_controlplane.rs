@@ -165,10 +165,12 @@ fn tfjobs_queue_in_kueue_wait_with_no_pod_are_preempted_resume_and_never_outgrow
     let op = Operator::start_ready(cp, &account, "op-0")?;
     let kueue = Kueue::start(cp)?;
     cp.apply(&queues(&ns))?;
-    // The README's manifests are what the API server takes with Kueue's CRDs.
+    // The README's manifests are what the API server takes with Kueue's CRDs (in a namespace of
+    // their own: this one has a LocalQueue `team` of the test's ClusterQueue).
+    let examples_ns = cp.create_namespace("kueue-examples")?;
     for example in ["examples/queues/kueue.yaml", "examples/queues/linreg-queued.yaml"] {
         let path = tfjob_tests::operator::repo_root().join(example);
-        cp.kubectl_ok(["apply", "--dry-run=server", "-n", &ns, "-f", &path.display().to_string()])
+        cp.kubectl_ok(["apply", "--dry-run=server", "-n", &examples_ns, "-f", &path.display().to_string()])
             .with_context(|| format!("the API server refused {example}"))?;
     }
     // The node's disk for checkpoints (the runtime's image runs as a user of its own).

@@ -83,11 +83,13 @@ The gang scheduler setting as the operator reads it (trimmed; `none` means none)
 
 {{/*
 API group of the PodGroups the operator writes: empty without gang scheduling,
-scheduling.volcano.sh for `volcano`, scheduling.x-k8s.io (scheduler-plugins) otherwise.
+scheduling.volcano.sh for `volcano`, scheduling.k8s.io (Kubernetes' own) for `kubernetes`,
+scheduling.x-k8s.io (scheduler-plugins) otherwise.
 */}}
 {{- define "tfjob-operator.podGroupApiGroup" -}}
 {{- $g := include "tfjob-operator.gangScheduler" . }}
 {{- if eq $g "volcano" }}scheduling.volcano.sh
+{{- else if eq $g "kubernetes" }}scheduling.k8s.io
 {{- else if $g }}scheduling.x-k8s.io
 {{- end }}
 {{- end }}

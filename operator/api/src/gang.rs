@@ -37,23 +37,31 @@ pub enum GangScheduler {
     /// scheduler-plugins coscheduling (`scheduling.x-k8s.io/v1alpha1` PodGroup) with the given
     /// scheduler name.
     SchedulerPlugins(String),
+    /// Kubernetes' own gang scheduling (KEP-4671: a `scheduling.k8s.io/v1beta1` PodGroup with a
+    /// gang policy, each pod naming it in `spec.schedulingGroup`; kube-scheduler's
+    /// `GangScheduling` plugin, behind the `GenericWorkload` feature gate in 1.37).
+    Kubernetes,
 }
 
 impl GangScheduler {
-    /// Parses an operator setting: `volcano`, or the name of a scheduler-plugins scheduler.
+    /// Parses an operator setting: `volcano`, `kubernetes`, or the name of a scheduler-plugins
+    /// scheduler.
     pub fn from_setting(s: &str) -> Option<GangScheduler> {
         match s.trim() {
             "" | "none" => None,
             "volcano" => Some(GangScheduler::Volcano),
+            "kubernetes" => Some(GangScheduler::Kubernetes),
             other => Some(GangScheduler::SchedulerPlugins(other.to_string())),
         }
     }
 
-    /// Scheduler name set on the pods.
-    pub fn scheduler_name(&self) -> &str {
+    /// Scheduler name set on the pods (Kubernetes' own gangs: the template's, the default
+    /// scheduler unless it names another).
+    pub fn scheduler_name(&self) -> Option<&str> {
         match self {
-            GangScheduler::Volcano => "volcano",
-            GangScheduler::SchedulerPlugins(name) => name,
+            GangScheduler::Volcano => Some("volcano"),
+            GangScheduler::SchedulerPlugins(name) => Some(name),
+            GangScheduler::Kubernetes => None,
         }
     }
 
@@ -62,6 +70,7 @@ impl GangScheduler {
         match self {
             GangScheduler::Volcano => "scheduling.volcano.sh/v1beta1",
             GangScheduler::SchedulerPlugins(_) => "scheduling.x-k8s.io/v1alpha1",
+            GangScheduler::Kubernetes => "scheduling.k8s.io/v1beta1",
         }
     }
 
@@ -70,6 +79,8 @@ impl GangScheduler {
         match self {
             GangScheduler::Volcano => (vec![], vec![(VOLCANO_GROUP_ANNOTATION, job.to_string()), (VOLCANO_TASK_ANNOTATION, rtype.lower().to_string())]),
             GangScheduler::SchedulerPlugins(_) => (vec![(COSCHEDULING_GROUP_LABEL, job.to_string())], vec![]),
+            // The pod's `spec.schedulingGroup` names its PodGroup instead.
+            GangScheduler::Kubernetes => (vec![], vec![]),
         }
     }
 }
@@ -139,10 +150,15 @@ fn format_quantity(v: f64) -> String {
     if milli % 1000.0 == 0.0 { format!("{}", (milli / 1000.0) as i64) } else { format!("{}m", milli as i64) }
 }
 
-/// The `spec` of a job's PodGroup for `gang`.
+/// The `spec` of a job's PodGroup for `gang`. Kubernetes' own PodGroup has a gang's minimum
+/// count and nothing else of the others' (no queue, resources or timeout: its scheduler waits a
+/// fixed 5 minutes for a gang to fit).
 pub fn pod_group_spec(spec: &TFJobSpec, gang: &GangScheduler) -> Value {
     let sp = spec.run_policy.scheduling_policy.clone().unwrap_or_default();
     let members = min_member(spec);
+    if *gang == GangScheduler::Kubernetes {
+        return json!({"schedulingPolicy": {"gang": {"minCount": members.max(1)}}});
+    }
     let mut out = Map::new();
     out.insert("minMember".into(), json!(members));
     let resources = min_resources(spec, members);
@@ -161,6 +177,7 @@ pub fn pod_group_spec(spec: &TFJobSpec, gang: &GangScheduler) -> Value {
                 out.insert("scheduleTimeoutSeconds".into(), json!(t));
             }
         }
+        GangScheduler::Kubernetes => {}
     }
     Value::Object(out)
 }

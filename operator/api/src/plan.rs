@@ -25,7 +25,7 @@ use std::sync::Arc;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::autoscaling::v2::{CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, Pod, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, EnvVar, EnvVarSource, Pod, PodSchedulingGroup, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -725,7 +725,12 @@ impl<'a> PodPlanner<'a> {
         spec.subdomain = Some(job.name().to_string());
         spec.restart_policy = Some(slot.spec.restart_policy.pod_restart_policy().to_string());
         if let Some(gang) = &opts.gang_scheduler {
-            spec.scheduler_name = Some(gang.scheduler_name().to_string());
+            if let Some(scheduler) = gang.scheduler_name() {
+                spec.scheduler_name = Some(scheduler.to_string());
+            }
+            if *gang == GangScheduler::Kubernetes {
+                spec.scheduling_group = Some(PodSchedulingGroup { pod_group_name: Some(job.name().to_string()) });
+            }
             let (labels, annotations) = gang.pod_marks(job.name(), rtype);
             metadata.labels.get_or_insert_with(BTreeMap::new).extend(labels.into_iter().map(|(k, v)| (k.to_string(), v)));
             if !annotations.is_empty() {
@@ -1413,6 +1418,15 @@ spec:
         let pods = rendered(&d.pods);
         assert_eq!(pods[2].metadata.labels.as_ref().unwrap()["scheduling.x-k8s.io/pod-group"], "mnist");
         assert_eq!(pods[2].spec.as_ref().unwrap().scheduler_name.as_deref(), Some("scheduler-plugins-scheduler"));
+
+        // Kubernetes' own gangs: each pod names the job's PodGroup; the scheduler stays the default.
+        let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("kubernetes"), ..Default::default() };
+        let d = desired_objects(&j2, "t", &opts);
+        assert_eq!(d.pod_group.unwrap()["apiVersion"], "scheduling.k8s.io/v1beta1");
+        for p in rendered(&d.pods) {
+            let spec = p.spec.unwrap();
+            assert_eq!((spec.scheduling_group.and_then(|g| g.pod_group_name).as_deref(), spec.scheduler_name), (Some("mnist"), None));
+        }
     }
 
     #[test]

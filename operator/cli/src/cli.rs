@@ -180,7 +180,7 @@ pub struct RenderArgs {
     /// Cluster domain appended to replica addresses (e.g. `cluster.local`).
     #[arg(long, env = "TFJOB_CLUSTER_DOMAIN")]
     pub cluster_domain: Option<String>,
-    /// Gang scheduler (`volcano` or a scheduler-plugins scheduler name).
+    /// Gang scheduler (`volcano`, `kubernetes` or a scheduler-plugins scheduler name).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
     /// Output format.

@@ -44,7 +44,8 @@ pub struct OperatorArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "TFJOB_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
-    /// Gang scheduler: `volcano` or a scheduler-plugins scheduler name (none when unset).
+    /// Gang scheduler: `volcano`, `kubernetes` (KEP-4671) or a scheduler-plugins scheduler name
+    /// (none when unset).
     #[arg(long, env = "TFJOB_GANG_SCHEDULER")]
     pub gang_scheduler: Option<String>,
     /// Run a job labelled `kueue.x-k8s.io/queue-name` only as far as Kueue admitted it: no pod

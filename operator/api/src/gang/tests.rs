@@ -92,6 +92,11 @@ fn pod_groups_for_each_scheduler() {
         (vec![], vec![("scheduling.k8s.io/group-name", "j".to_string()), ("volcano.sh/task-spec", "ps".to_string())])
     );
     assert_eq!(plugins.pod_marks("j", ReplicaType::Worker), (vec![("scheduling.x-k8s.io/pod-group", "j".to_string())], vec![]));
+    // Kubernetes' own: a gang's minimum count only; the pods keep their scheduler.
+    let native = GangScheduler::from_setting("kubernetes").unwrap();
+    let s = spec("", "{minReplicas: 1}", &[("PS", 1, "{requests: {cpu: 1}}"), ("Worker", 4, "")]);
+    assert_eq!(pod_group_spec(&s, &native), json!({"schedulingPolicy": {"gang": {"minCount": 2}}}));
+    assert_eq!((native.api_version(), native.scheduler_name(), native.pod_marks("j", ReplicaType::PS)), ("scheduling.k8s.io/v1beta1", None, (vec![], vec![])));
 }
 
 #[test]

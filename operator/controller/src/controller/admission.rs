@@ -20,6 +20,7 @@ pub fn pod_group_api(ctx: &Context, ns: &str, gang: &GangScheduler) -> Api<Dynam
     let gvk = match gang {
         GangScheduler::Volcano => GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup"),
         GangScheduler::SchedulerPlugins(_) => GroupVersionKind::gvk("scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
+        GangScheduler::Kubernetes => GroupVersionKind::gvk("scheduling.k8s.io", "v1beta1", "PodGroup"),
     };
     Api::namespaced_with(ctx.client.clone(), ns, &ApiResource::from_gvk_with_plural(&gvk, "podgroups"))
 }
