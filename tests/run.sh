@@ -14,7 +14,7 @@ echo "== toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'no go'
 echo "== test control plane"
 bash tests/controlplane/build.sh
 
-# Kueue (the batch queue, tests/tests/kueue_controlplane.rs) from its Go module, the gang
+# Kueue (the batch queue, tests/tests/kueue_controlplane.rs and kueue_pod_groups.rs) from its Go module, the gang
 # schedulers' PodGroup CRDs and kube-scheduler from the control plane's module
 # (tests/tests/gang_controlplane.rs): about 6, 1 and 3 minutes the first time on a machine, then
 # cached machine-wide like the control plane.

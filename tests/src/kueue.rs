@@ -13,10 +13,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde_json::Value;
 
 use crate::controlplane::{ControlPlane, free_port, http_get_plain, spawn_supervised, tail};
-use crate::operator::repo_root;
+use crate::node_agent::NodeAgent;
+use crate::operator::{Cluster, condition_true, repo_root, runtime_replica_yaml};
+use crate::report::final_report;
 
 /// The version `tests/kueue/build.sh` builds.
 pub const VERSION: &str = "v0.19.2";
@@ -48,6 +51,11 @@ impl Kueue {
     /// Applies Kueue's CRDs and starts its manager against `cp`, with the TFJob integration (and
     /// no other); returns once it answers `/readyz`.
     pub fn start(cp: &ControlPlane) -> Result<Kueue> {
+        Kueue::start_with(cp, Integration::TFJob)
+    }
+
+    /// [`Kueue::start`] with the one integration `integration`.
+    pub fn start_with(cp: &ControlPlane, integration: Integration) -> Result<Kueue> {
         let dir = ensure_built()?;
         for crd in crate::operator::files_under(&dir.join("crds")) {
             cp.kubectl_ok(["apply", "--server-side", "--force-conflicts", "-f", &crd.display().to_string()])
@@ -59,7 +67,7 @@ impl Kueue {
         fs::create_dir_all(&work)?;
         let (health, webhook) = (free_port()?, free_port()?);
         let config = work.join("config.yaml");
-        fs::write(&config, configuration(&dir.join("certs"), health, webhook))?;
+        fs::write(&config, configuration(&dir.join("certs"), health, webhook, integration))?;
         let log = work.join("kueue.log");
         let out = File::create(&log)?;
         let mut cmd = Command::new(dir.join("bin/kueue"));
@@ -104,10 +112,28 @@ impl Drop for Kueue {
     }
 }
 
+/// The one job integration a Kueue of the tests runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Integration {
+    /// `kubeflow.org/tfjob`: Kueue suspends, admits and resumes the TFJob itself.
+    TFJob,
+    /// `pod`: Kueue admits plain pods and pod groups (the operator's `--kueue-pod-groups`).
+    Pod,
+}
+
+impl Integration {
+    fn framework(self) -> &'static str {
+        match self {
+            Integration::TFJob => "kubeflow.org/tfjob",
+            Integration::Pod => "pod",
+        }
+    }
+}
+
 /// Kueue's Configuration out of a cluster: no certificate management (its serving pair is
-/// `certs`), no metrics server, no leader election, the TFJob integration only, and the
-/// visibility API (which would need certificates at a fixed path) off.
-fn configuration(certs: &Path, health: u16, webhook: u16) -> String {
+/// `certs`), no metrics server, no leader election, one integration, and the visibility API
+/// (which would need certificates at a fixed path) off.
+fn configuration(certs: &Path, health: u16, webhook: u16, integration: Integration) -> String {
     format!(
         "apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -126,10 +152,159 @@ health:
 leaderElection:
   leaderElect: false
 integrations:
-  frameworks: [\"kubeflow.org/tfjob\"]
+  frameworks: [\"{}\"]
 featureGates:
   VisibilityOnDemand: false
 ",
-        certs.display()
+        certs.display(),
+        integration.framework()
     )
+}
+
+/// The running job preempted and scaled: long enough to still train after a preemption and a
+/// higher-priority job's whole run.
+pub const LONG_EPOCHS: u64 = 12_000;
+/// The other jobs.
+pub const SHORT_EPOCHS: u64 = 600;
+/// Examples per epoch of the linear model's data.
+pub const EXAMPLES: u64 = 101;
+/// Where the pods' checkpoints go (a hostPath volume).
+pub const CKPT: &str = "/ckpt";
+
+/// A TFJob queued in `team`: PS 1 + `workers` workers, 500m of cpu each, async linear
+/// regression for `epochs` epochs, a checkpoint every second on the node's disk `host_dir`.
+/// `suspended`: created suspended, as Kueue's webhook would have it under the TFJob integration
+/// (a pod group's job is not: its pods wait in their gate).
+pub fn queued_job(name: &str, priority: &str, workers: u32, epochs: u64, host_dir: &str, suspended: bool) -> String {
+    let args = format!(
+        r#"["--model=linear", "--learning_rate=0.01", "--num_epochs={epochs}", "--log_every_steps=20000", "--checkpoint_dir={CKPT}/{name}", "--save_checkpoint_secs=1"]"#
+    );
+    let container = format!("              resources: {{requests: {{cpu: 500m}}}}\n              volumeMounts: [{{name: ckpt, mountPath: {CKPT}}}]\n");
+    let pod = format!("          volumes: [{{name: ckpt, hostPath: {{path: {host_dir}, type: Directory}}}}]\n");
+    let replicas = |rtype: &str, n: u32| runtime_replica_yaml(rtype, n, &args, &container, &pod);
+    format!(
+        "apiVersion: kubeflow.org/v1
+kind: TFJob
+metadata:
+  name: {name}
+  labels: {{kueue.x-k8s.io/queue-name: team, kueue.x-k8s.io/priority-class: tfjob-test-{priority}}}
+spec:
+  runPolicy: {{suspend: {suspended}}}
+  tfReplicaSpecs:
+{}{}",
+        replicas("PS", 1),
+        replicas("Worker", workers)
+    )
+}
+
+/// The flavour (its node label and toleration go onto admitted pods), a ClusterQueue of 2 cpus
+/// for this test's namespace only, preempting lower priorities, its LocalQueue `team`, and two
+/// priorities.
+pub fn queues(ns: &str) -> String {
+    format!(
+        "apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{name: tfjob-test-pool}}
+spec:
+  nodeLabels: {{tfjob-test/pool: a}}
+  tolerations: [{{key: tfjob-test/dedicated, operator: Equal, value: training, effect: NoSchedule}}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{name: tfjob-test-{ns}}}
+spec:
+  namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}
+  preemption: {{withinClusterQueue: LowerPriority}}
+  resourceGroups:
+    - coveredResources: [cpu]
+      flavors: [{{name: tfjob-test-pool, resources: [{{name: cpu, nominalQuota: \"2\"}}]}}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{name: team, namespace: {ns}}}
+spec: {{clusterQueue: tfjob-test-{ns}}}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {{name: tfjob-test-low}}
+value: 10
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {{name: tfjob-test-high}}
+value: 1000
+"
+    )
+}
+
+/// A queue test's world: the namespace's jobs, the control plane, the node agent.
+pub struct Scene<'a> {
+    /// The test namespace's objects.
+    pub k: Cluster<'a>,
+    /// The control plane.
+    pub cp: &'a ControlPlane,
+    /// The test namespace.
+    pub ns: String,
+    /// The node.
+    pub agent: NodeAgent,
+}
+
+impl Scene<'_> {
+    /// The job's status.
+    pub fn status(&self, job: &str) -> Result<Value> {
+        Ok(self.k.must_get("tfjob", job)?["status"].clone())
+    }
+
+    /// Whether the job is suspended.
+    pub fn suspended(&self, job: &str) -> Result<bool> {
+        Ok(self.k.must_get("tfjob", job)?["spec"]["runPolicy"]["suspend"].as_bool().unwrap_or(false))
+    }
+
+    /// The job's pods.
+    pub fn pods(&self, job: &str) -> Result<Vec<String>> {
+        self.k.job_pods(job)
+    }
+
+    /// Polls every 200 ms until `done` says so, failing after `timeout` with what it last said.
+    pub fn until(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Self) -> Result<bool>) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done(self)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: not within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Whether the job succeeded (an error when it failed).
+    pub fn succeeded(&self, job: &str) -> Result<bool> {
+        let st = self.status(job)?;
+        ensure!(!condition_true(&st, "Failed"), "{job} failed: {st:#}");
+        Ok(condition_true(&st, "Succeeded"))
+    }
+
+    /// Whether the job is Running.
+    pub fn running(&self, job: &str) -> Result<bool> {
+        Ok(condition_true(&self.status(job)?, "Running"))
+    }
+
+    /// The job trained every example once per epoch (worker 0's final report).
+    pub fn trained_exactly(&self, job: &str, epochs: u64) -> Result<()> {
+        let pod = format!("{job}-worker-0");
+        let r = final_report(&self.agent.pod_log(&self.ns, &pod), &pod)?;
+        ensure!(r["epochs_completed"].as_u64() == Some(epochs) && r["examples_trained"].as_u64() == Some(epochs * EXAMPLES), "{job}: {r}");
+        Ok(())
+    }
+}
+
+/// The node's disk for checkpoints, a directory for hostPath volumes (the runtime's image runs
+/// as a user of its own).
+pub fn node_disk(cp: &ControlPlane, ns: &str) -> Result<String> {
+    let host_dir = cp.dir().join(format!("{ns}-node-disk"));
+    fs::create_dir_all(&host_dir)?;
+    fs::set_permissions(&host_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    Ok(host_dir.display().to_string())
 }

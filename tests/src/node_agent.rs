@@ -343,8 +343,17 @@ impl Agent {
             self.kubelet.delete_pods(&keys, grace);
         }
         for (key, pod) in terminating {
-            self.written.remove(key);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+            // As a kubelet does, the pod's phase ends before the object goes: a finalizer (Kueue's)
+            // may keep it, and who holds it waits for that phase.
+            if let Some(last) = self.written.remove(key.as_str())
+                && let Some(stopped) = stopped_status(&last)
+            {
+                let patch = json!({ "status": stopped });
+                if let Err(e) = self.rt.block_on(api.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))) {
+                    eprintln!("node-agent: {key}: writing the stopped status: {e}");
+                }
+            }
             let mut dp = DeleteParams::default().grace_period(0);
             dp.preconditions = Some(kube::api::Preconditions { uid: pod.uid(), resource_version: None });
             let _ = self.rt.block_on(api.delete(&pod.name_any(), &dp));
@@ -372,7 +381,9 @@ impl Agent {
         for (key, pod) in &listed {
             let ns = pod.namespace().unwrap_or_default();
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-            if pod.metadata.deletion_timestamp.is_some() {
+            // Gated pods wait for whoever holds the gate (Kueue's admission), as the scheduler
+            // leaves them unbound.
+            if pod.metadata.deletion_timestamp.is_some() || pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty()) {
                 continue;
             }
             let known = self.kubelet.pods().any(|p| p == key);
@@ -599,6 +610,24 @@ fn waiting_status(pod: &Pod, reason: &str, message: &str) -> Value {
 
 /// The pod status a kubelet would write for this container state. Times are what the engine
 /// reports, so the status changes only when the container's state does.
+/// The status of a pod whose container was stopped because the pod is being deleted: phase
+/// `Failed` and the container terminated by the signal (137), from the last status written;
+/// `None` when that status had ended already.
+fn stopped_status(last: &Value) -> Option<Value> {
+    if matches!(last["phase"].as_str(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let mut status = last.clone();
+    status["phase"] = json!("Failed");
+    if let Some(c) = status["containerStatuses"].get_mut(0) {
+        let started = c["state"]["running"]["startedAt"].clone();
+        c["state"] = json!({ "terminated": { "exitCode": 137, "reason": "Error", "startedAt": started, "finishedAt": now() } });
+        c["ready"] = json!(false);
+        c["started"] = json!(false);
+    }
+    Some(status)
+}
+
 fn pod_status(pod: &Pod, st: &PodState) -> Value {
     let started = st.started_at.clone().unwrap_or_else(now);
     let finished = st.finished_at.clone().unwrap_or_else(now);

@@ -558,6 +558,25 @@ fn kueue_admission_is_on_by_default_and_its_rule_goes_when_off() -> Result<()> {
 }
 
 #[test]
+fn kueue_pod_groups_are_off_by_default_and_add_only_pod_patch_when_on() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let patch_pods = (String::new(), "pods".to_string(), None, "patch".to_string());
+    for watch in [None, Some("team-a")] {
+        let mut values = vec![("kueue.podGroups", "true")];
+        values.extend(watch.map(|w| ("watchNamespace", w)));
+        let on = render(cp, &values)?;
+        let mut want = grants_of_rows(OPERATOR_RULES);
+        assert!(!want.contains(&patch_pods), "pods are never patched by default");
+        want.insert(patch_pods.clone());
+        assert_eq!(operator_grants(&on, watch)?, want, "{values:?}");
+        assert_eq!(env_of(on.deployment()).get("TFJOB_KUEUE_POD_GROUPS").map(String::as_str), Some("true"));
+        let off = render(cp, &values[1..])?;
+        assert!(!env_of(off.deployment()).contains_key("TFJOB_KUEUE_POD_GROUPS"));
+    }
+    Ok(())
+}
+
+#[test]
 fn a_network_policy_per_job_is_off_by_default_and_adds_its_rules_when_on() -> Result<()> {
     let cp = ControlPlane::shared()?;
     let base = grants_of_rows(OPERATOR_RULES);

@@ -15,142 +15,16 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use jiff::Timestamp;
-use serde_json::Value;
 use tfjob_tests::controlplane::ControlPlane;
-use tfjob_tests::kueue::Kueue;
+use tfjob_tests::kueue::{CKPT, Kueue, LONG_EPOCHS, SHORT_EPOCHS, Scene, node_disk, queued_job, queues};
 use tfjob_tests::node_agent::NodeAgent;
-use tfjob_tests::operator::{Cluster, Operator, condition_true, operator_account, replica_count, runtime_replica_yaml};
+use tfjob_tests::operator::{Cluster, Operator, operator_account, replica_count};
 use tfjob_tests::podman::{PodmanService, build_images, release_bin_dir};
-use tfjob_tests::report::final_report;
 
-/// The running job preempted and scaled: long enough to still train after a preemption and a
-/// higher-priority job's whole run.
-const LONG_EPOCHS: u64 = 12_000;
-/// The other jobs.
-const SHORT_EPOCHS: u64 = 600;
-/// Examples per epoch of the linear model's data.
-const EXAMPLES: u64 = 101;
-/// Where the pods' checkpoints go (a hostPath volume).
-const CKPT: &str = "/ckpt";
-
-/// A TFJob queued in `team`: PS 1 + `workers` workers, 500m of cpu each, async linear
-/// regression for `epochs` epochs, a checkpoint every second on the node's disk `host_dir`;
-/// created suspended with its queue label, as Kueue's webhook would have it.
 fn job(name: &str, priority: &str, workers: u32, epochs: u64, host_dir: &str) -> String {
-    let args = format!(
-        r#"["--model=linear", "--learning_rate=0.01", "--num_epochs={epochs}", "--log_every_steps=20000", "--checkpoint_dir={CKPT}/{name}", "--save_checkpoint_secs=1"]"#
-    );
-    let container = format!("              resources: {{requests: {{cpu: 500m}}}}\n              volumeMounts: [{{name: ckpt, mountPath: {CKPT}}}]\n");
-    let pod = format!("          volumes: [{{name: ckpt, hostPath: {{path: {host_dir}, type: Directory}}}}]\n");
-    let replicas = |rtype: &str, n: u32| runtime_replica_yaml(rtype, n, &args, &container, &pod);
-    format!(
-        "apiVersion: kubeflow.org/v1
-kind: TFJob
-metadata:
-  name: {name}
-  labels: {{kueue.x-k8s.io/queue-name: team, kueue.x-k8s.io/priority-class: tfjob-test-{priority}}}
-spec:
-  runPolicy: {{suspend: true}}
-  tfReplicaSpecs:
-{}{}",
-        replicas("PS", 1),
-        replicas("Worker", workers)
-    )
-}
-
-/// The flavour (its node label and toleration go onto admitted pods), a ClusterQueue of 2 cpus
-/// for this test's namespace only, preempting lower priorities, its LocalQueue `team`, and two
-/// priorities.
-fn queues(ns: &str) -> String {
-    format!(
-        "apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {{name: tfjob-test-pool}}
-spec:
-  nodeLabels: {{tfjob-test/pool: a}}
-  tolerations: [{{key: tfjob-test/dedicated, operator: Equal, value: training, effect: NoSchedule}}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {{name: tfjob-test-{ns}}}
-spec:
-  namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}
-  preemption: {{withinClusterQueue: LowerPriority}}
-  resourceGroups:
-    - coveredResources: [cpu]
-      flavors: [{{name: tfjob-test-pool, resources: [{{name: cpu, nominalQuota: \"2\"}}]}}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {{name: team, namespace: {ns}}}
-spec: {{clusterQueue: tfjob-test-{ns}}}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: WorkloadPriorityClass
-metadata: {{name: tfjob-test-low}}
-value: 10
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: WorkloadPriorityClass
-metadata: {{name: tfjob-test-high}}
-value: 1000
-"
-    )
-}
-
-struct Scene<'a> {
-    k: Cluster<'a>,
-    cp: &'a ControlPlane,
-    ns: String,
-    agent: NodeAgent,
-}
-
-impl Scene<'_> {
-    fn status(&self, job: &str) -> Result<Value> {
-        Ok(self.k.must_get("tfjob", job)?["status"].clone())
-    }
-
-    fn suspended(&self, job: &str) -> Result<bool> {
-        Ok(self.k.must_get("tfjob", job)?["spec"]["runPolicy"]["suspend"].as_bool().unwrap_or(false))
-    }
-
-    fn pods(&self, job: &str) -> Result<Vec<String>> {
-        self.k.job_pods(job)
-    }
-
-    /// Polls every 200 ms until `done` says so, failing after `timeout` with what it last said.
-    fn until(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Self) -> Result<bool>) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if done(self)? {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{what}: not within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn succeeded(&self, job: &str) -> Result<bool> {
-        let st = self.status(job)?;
-        ensure!(!condition_true(&st, "Failed"), "{job} failed: {st:#}");
-        Ok(condition_true(&st, "Succeeded"))
-    }
-
-    fn running(&self, job: &str) -> Result<bool> {
-        Ok(condition_true(&self.status(job)?, "Running"))
-    }
-
-    /// The job trained every example once per epoch (worker 0's final report).
-    fn trained_exactly(&self, job: &str, epochs: u64) -> Result<()> {
-        let pod = format!("{job}-worker-0");
-        let r = final_report(&self.agent.pod_log(&self.ns, &pod), &pod)?;
-        ensure!(r["epochs_completed"].as_u64() == Some(epochs) && r["examples_trained"].as_u64() == Some(epochs * EXAMPLES), "{job}: {r}");
-        Ok(())
-    }
+    queued_job(name, priority, workers, epochs, host_dir, true)
 }
 
 #[test]
@@ -173,11 +47,7 @@ fn tfjobs_queue_in_kueue_wait_with_no_pod_are_preempted_resume_and_never_outgrow
         cp.kubectl_ok(["apply", "--dry-run=server", "-n", &examples_ns, "-f", &path.display().to_string()])
             .with_context(|| format!("the API server refused {example}"))?;
     }
-    // The node's disk for checkpoints (the runtime's image runs as a user of its own).
-    let host_dir = cp.dir().join(format!("{ns}-node-disk"));
-    std::fs::create_dir_all(&host_dir)?;
-    std::fs::set_permissions(&host_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
-    let host_dir = host_dir.display().to_string();
+    let host_dir = node_disk(cp, &ns)?;
     eprintln!("control plane, images, node agent, operator, kueue ready in {:.1}s", started.elapsed().as_secs_f64());
     let s = Scene { k: Cluster::new(cp, &ns), cp, ns: ns.clone(), agent };
     let r = scenario(&s, &host_dir, &account.service_account);

@@ -186,10 +186,12 @@ and for the namespaced Role). Each verb is there for a call named in its comment
   resources: ["tfjobs/scale"]
   verbs: ["patch"]
 # Pods: the watch that fills the operator's cache (list, watch), created (create) and deleted
-# on restart, scale-down and cleanup (delete). Never changed in place.
+# on restart, scale-down and cleanup (delete). Never changed in place, but with kueue.podGroups
+# (patch): Kueue's finalizer taken off a pod that ended while being deleted, and the pods of a
+# finished job marked so that Kueue ends their group.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete"{{ if .Values.kueue.podGroups }}, "patch"{{ end }}]
 # The headless Service of each job: the watch that fills the cache (list, watch), server-side
 # applied when missing or different (create, patch). It goes away with its job through the
 # garbage collector.

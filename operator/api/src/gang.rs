@@ -268,6 +268,108 @@ pub fn kueue_admission(queue: &str, workloads: &[Value]) -> Admission {
     }
 }
 
+/// Label that puts a pod under Kueue's pod integration (its webhook would add it).
+pub const KUEUE_MANAGED_LABEL: &str = "kueue.x-k8s.io/managed";
+/// Label naming a pod's Kueue pod group (the name of the group's Workload).
+pub const KUEUE_POD_GROUP_LABEL: &str = "kueue.x-k8s.io/pod-group-name";
+/// Annotation: how many pods the group has.
+pub const KUEUE_GROUP_TOTAL_ANNOTATION: &str = "kueue.x-k8s.io/pod-group-total-count";
+/// Annotation: the pod's role in the group (Kueue's pod set; the replica type, lower case).
+pub const KUEUE_ROLE_HASH_ANNOTATION: &str = "kueue.x-k8s.io/role-hash";
+/// Annotation that lets Kueue finish a group whose remaining pods have all ended.
+pub const KUEUE_RETRIABLE_ANNOTATION: &str = "kueue.x-k8s.io/retriable-in-group";
+/// Scheduling gate Kueue removes when it admits the group.
+pub const KUEUE_ADMISSION_GATE: &str = "kueue.x-k8s.io/admission";
+/// Finalizer with which Kueue keeps count of a group's pods.
+pub const KUEUE_POD_FINALIZER: &str = "kueue.x-k8s.io/managed";
+/// Label naming a job's (and a group's) WorkloadPriorityClass.
+pub const KUEUE_PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+
+/// A job queued in Kueue as a plain pod group (Kueue's `pod` integration, which does not need
+/// its deprecated TFJob integration): every pod of the job is a member of one group, created
+/// gated, with what Kueue's pod webhook would have written on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KueuePodGroup {
+    /// The group's name (and its Workload's).
+    pub name: String,
+    /// The LocalQueue.
+    pub queue: String,
+    /// Pods in the group: every replica of the job.
+    pub total: i32,
+    /// The job's WorkloadPriorityClass label, copied to its pods.
+    pub priority_class: Option<String>,
+}
+
+impl KueuePodGroup {
+    /// The labels and annotations of a pod of type `rtype` in the group. Its role (Kueue's pod
+    /// set) is its replica type, named rather than hashed from the spec: Kueue's own hash would
+    /// change when admission writes a flavour's nodeSelector on the pod.
+    pub fn pod_marks(&self, rtype: ReplicaType) -> (Marks, Marks) {
+        let mut labels = vec![(KUEUE_MANAGED_LABEL, "true".to_string()), (KUEUE_QUEUE_LABEL, self.queue.clone()), (KUEUE_POD_GROUP_LABEL, self.name.clone())];
+        if let Some(p) = &self.priority_class {
+            labels.push((KUEUE_PRIORITY_LABEL, p.clone()));
+        }
+        let annotations = vec![(KUEUE_GROUP_TOTAL_ANNOTATION, self.total.to_string()), (KUEUE_ROLE_HASH_ANNOTATION, rtype.lower().to_string())];
+        (labels, annotations)
+    }
+}
+
+/// A pod of a job as its Kueue pod group sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMember {
+    /// Pod name.
+    pub name: String,
+    /// Its group label, if any.
+    pub group: Option<String>,
+    /// Its group's total count, if any.
+    pub total: Option<i32>,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+/// The group a queued job's pods are created in, and the pods of an earlier group to delete
+/// before any is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupPlan {
+    /// The group of the pods to create.
+    pub group: KueuePodGroup,
+    /// Pods that are not in it (an earlier size of the job): deleted first, and no pod is
+    /// created while they are there.
+    pub stale: Vec<String>,
+}
+
+/// The name of the group a job forms at spec `generation`: the job's name (cut to fit a label
+/// value), its uid's first 8 characters (a job deleted and created again under the same name
+/// forms another group) and the generation (a scaled job forms a new group).
+pub fn kueue_group_name(job: &str, uid: &str, generation: i64) -> String {
+    let suffix = format!("-{}-g{generation}", uid.chars().take(8).collect::<String>());
+    let room = 63usize.saturating_sub(suffix.len());
+    let head: String = job.chars().take(room).collect();
+    format!("{}{suffix}", head.trim_end_matches(['-', '.']))
+}
+
+/// The group of a job labelled for Kueue (`None` when it is not): the group its live pods are
+/// in when it still has the job's size (a pod created again after a failure or a preemption
+/// joins it), a new one otherwise. Pods of a group of another size are stale: Kueue admitted
+/// that size, so the job forms its new group only once they are gone (a scale of a queued job
+/// restarts its pods, as under Kueue's TFJob integration).
+pub fn kueue_pod_group(
+    job: &str,
+    uid: &str,
+    generation: i64,
+    labels: Option<&BTreeMap<String, String>>,
+    total: i32,
+    members: &[GroupMember],
+) -> Option<GroupPlan> {
+    let queue = kueue_queue(labels)?.to_string();
+    let priority_class = labels.and_then(|l| l.get(KUEUE_PRIORITY_LABEL)).cloned();
+    let live: Vec<&GroupMember> = members.iter().filter(|m| !m.terminating).collect();
+    let current = live.iter().find(|m| m.total == Some(total)).and_then(|m| m.group.clone());
+    let name = current.unwrap_or_else(|| kueue_group_name(job, uid, generation));
+    let stale = live.iter().filter(|m| m.group.as_deref() != Some(&name) || m.total != Some(total)).map(|m| m.name.clone()).collect();
+    Some(GroupPlan { group: KueuePodGroup { name, queue, total, priority_class }, stale })
+}
+
 fn condition_true(object: &Value, kind: &str) -> bool {
     object["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == kind && c["status"] == "True")
 }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::autoscaling::v2::{CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, Pod, PodSchedulingGroup, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, EnvVar, EnvVarSource, Pod, PodSchedulingGate, PodSchedulingGroup, PodSpec, Secret, SecretKeySelector, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -35,7 +36,7 @@ use serde_json::{Value, json};
 
 use crate::api::{self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType, RestartPolicy, TFJob, TFJobSpec};
 use crate::gang;
-pub use crate::gang::GangScheduler;
+pub use crate::gang::{GangScheduler, KueuePodGroup};
 
 /// Label: name of the operator that created the object.
 pub const LABEL_OPERATOR_NAME: &str = "training.kubeflow.org/operator-name";
@@ -691,13 +692,22 @@ pub struct PodPlanner<'a> {
     job: &'a TFJob,
     opts: &'a PlanOptions,
     replicas: ReplicaPlanner<'a>,
+    kueue_group: Option<KueuePodGroup>,
 }
 
 impl<'a> PodPlanner<'a> {
     /// Plans `job` (resolves every address, writes the cluster spec).
     pub fn new(job: &'a TFJob, opts: &'a PlanOptions) -> Self {
         let dns = ClusterDns { job: job.name().to_string(), namespace: namespace(job), cluster_domain: opts.cluster_domain.clone() };
-        PodPlanner { job, opts, replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns) }
+        PodPlanner { job, opts, replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns), kueue_group: None }
+    }
+
+    /// Creates the pods as members of a Kueue pod group ([`gang::kueue_pod_group`]): marked as
+    /// Kueue's pod webhook would mark them, gated until Kueue admits the group, with Kueue's
+    /// finalizer.
+    pub fn in_kueue_pod_group(mut self, group: Option<KueuePodGroup>) -> Self {
+        self.kueue_group = group;
+        self
     }
 
     /// Every pod of the job, in [`ReplicaPlanner::replica_ids`] order.
@@ -737,6 +747,9 @@ impl<'a> PodPlanner<'a> {
                 metadata.annotations.get_or_insert_with(BTreeMap::new).extend(annotations.into_iter().map(|(k, v)| (k.to_string(), v)));
             }
         }
+        if let Some(group) = &self.kueue_group {
+            join_kueue_pod_group(&mut metadata, &mut spec, group, rtype);
+        }
         for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
             let manifest = c.env.take().unwrap_or_default();
             // The classic values first (the manifest's values may refer to them); the host
@@ -761,6 +774,14 @@ impl<'a> PodPlanner<'a> {
         }
         Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
     }
+}
+
+fn join_kueue_pod_group(metadata: &mut ObjectMeta, spec: &mut PodSpec, group: &KueuePodGroup, rtype: ReplicaType) {
+    let (labels, annotations) = group.pod_marks(rtype);
+    metadata.labels.get_or_insert_with(BTreeMap::new).extend(labels.into_iter().map(|(k, v)| (k.to_string(), v)));
+    metadata.annotations.get_or_insert_with(BTreeMap::new).extend(annotations.into_iter().map(|(k, v)| (k.to_string(), v)));
+    metadata.finalizers.get_or_insert_with(Vec::new).push(gang::KUEUE_POD_FINALIZER.to_string());
+    spec.scheduling_gates.get_or_insert_with(Vec::new).push(PodSchedulingGate { name: gang::KUEUE_ADMISSION_GATE.to_string() });
 }
 
 /// Total number of replicas of a job.
@@ -1427,6 +1448,35 @@ spec:
             let spec = p.spec.unwrap();
             assert_eq!((spec.scheduling_group.and_then(|g| g.pod_group_name).as_deref(), spec.scheduler_name), (Some("mnist"), None));
         }
+    }
+
+    #[test]
+    fn pods_of_a_kueue_pod_group_are_gated_and_marked_as_kueues_webhook_would() {
+        let j = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let opts = PlanOptions::default();
+        let group = KueuePodGroup { name: "mnist-0123abcd-g1".into(), queue: "team".into(), total: 3, priority_class: Some("high".into()) };
+        let planner = PodPlanner::new(&j, &opts).in_kueue_pod_group(Some(group));
+        let pod = planner.pod(ReplicaType::Worker, 1).unwrap().into_pod();
+        let labels = pod.metadata.labels.unwrap();
+        let annotations = pod.metadata.annotations.unwrap();
+        let mark = |m: &BTreeMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+        assert_eq!(
+            [
+                mark(&labels, "kueue.x-k8s.io/managed"),
+                mark(&labels, "kueue.x-k8s.io/queue-name"),
+                mark(&labels, "kueue.x-k8s.io/pod-group-name"),
+                mark(&labels, "kueue.x-k8s.io/priority-class"),
+                mark(&annotations, "kueue.x-k8s.io/pod-group-total-count"),
+                mark(&annotations, "kueue.x-k8s.io/role-hash"),
+            ],
+            ["true", "team", "mnist-0123abcd-g1", "high", "3", "worker"]
+        );
+        assert_eq!(pod.metadata.finalizers, Some(vec!["kueue.x-k8s.io/managed".to_string()]));
+        let gates: Vec<String> = pod.spec.unwrap().scheduling_gates.unwrap().into_iter().map(|g| g.name).collect();
+        assert_eq!(gates, ["kueue.x-k8s.io/admission"]);
+        // Without a group: none of it.
+        let plain = PodPlanner::new(&j, &opts).pod(ReplicaType::PS, 0).unwrap().into_pod();
+        assert!(plain.metadata.finalizers.is_none() && plain.spec.unwrap().scheduling_gates.is_none());
     }
 
     #[test]

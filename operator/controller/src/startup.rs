@@ -53,6 +53,11 @@ pub struct OperatorArgs {
     /// Kueue to admit the new size). Off: the label is ignored, as Kubeflow's controller does.
     #[arg(long, env = "TFJOB_KUEUE_ADMISSION", default_value_t = true, action = clap::ArgAction::Set)]
     pub kueue_admission: bool,
+    /// Run a job labelled `kueue.x-k8s.io/queue-name` as a plain pod group of Kueue's `pod`
+    /// integration (for a Kueue whose TFJob integration is off): its pods are created gated and
+    /// marked as Kueue's pod webhook would, and Kueue admits them as one group.
+    #[arg(long, env = "TFJOB_KUEUE_POD_GROUPS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub kueue_pod_groups: bool,
     /// Give every job a NetworkPolicy: only the job's own pods reach its replicas' ports.
     #[arg(long, env = "TFJOB_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub network_policy: bool,
@@ -171,10 +176,12 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
             ProgressSettings { interval: Duration::from_secs(args.progress_interval), concurrency: args.progress_concurrency, timeout: Duration::from_secs(2) };
         AbortOnDrop(tokio::spawn(crate::progress::run(ctx.clone(), controller.store(), settings)))
     });
+    let sweep = ctx.kueue_pod_groups.then(|| AbortOnDrop(tokio::spawn(crate::controller::kueue_group::sweep_finalizers(ctx.clone(), Duration::from_secs(10)))));
     ready.store(true, Ordering::SeqCst);
     run_controller(controller, ctx, stop.requested(), lost_leadership(lost)).await;
     ready.store(false, Ordering::SeqCst);
     drop(progress);
+    drop(sweep);
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }
@@ -189,6 +196,7 @@ fn controller_of(client: &Client, args: &OperatorArgs) -> (Controller<TFJob>, Ar
     let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     let mut ctx = Context::new(client.clone(), opts, caches);
     ctx.kueue_admission = args.kueue_admission;
+    ctx.kueue_pod_groups = args.kueue_pod_groups;
     if args.beside_kubeflow {
         ctx.claim = api::Claim::OwnOnly;
         tracing::info!("beside Kubeflow: taking only TFJobs with spec.runPolicy.managedBy: {}", api::MANAGED_BY_TFJOB_RS);

@@ -167,3 +167,54 @@ fn the_queue_label() {
     assert_eq!(kueue_queue(Some(&BTreeMap::from([(KUEUE_QUEUE_LABEL.to_string(), String::new())]))), None);
     assert_eq!(kueue_queue(None), None);
 }
+
+#[test]
+fn a_queued_jobs_pods_form_one_kueue_pod_group_per_size() {
+    let labels = BTreeMap::from([(KUEUE_QUEUE_LABEL.to_string(), "team".to_string())]);
+    let member = |name: &str, group: Option<&str>, total: Option<i32>, terminating: bool| GroupMember {
+        name: name.into(),
+        group: group.map(str::to_string),
+        total,
+        terminating,
+    };
+    let g1 = kueue_group_name("j", "0123abcd-ffff", 1);
+    assert_eq!(g1, "j-0123abcd-g1");
+    // (case, generation, total, members) -> (group, stale)
+    type Case<'a> = (&'a str, i64, i32, Vec<GroupMember>, &'a str, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        ("no pod yet: a group of this generation", 1, 3, vec![], "j-0123abcd-g1", vec![]),
+        (
+            "a pod created again joins its group, whatever the generation now",
+            4,
+            3,
+            vec![member("j-ps-0", Some(&g1), Some(3), false), member("j-worker-0", Some(&g1), Some(3), false)],
+            "j-0123abcd-g1",
+            vec![],
+        ),
+        (
+            "scaled: a new group once the old size's pods are gone",
+            4,
+            4,
+            vec![member("j-ps-0", Some(&g1), Some(3), false), member("j-worker-0", Some(&g1), Some(3), false)],
+            "j-0123abcd-g4",
+            vec!["j-ps-0", "j-worker-0"],
+        ),
+        (
+            "pods being deleted do not count; a pod of no group is stale",
+            4,
+            3,
+            vec![member("j-ps-0", Some(&g1), Some(3), true), member("j-worker-0", None, None, false)],
+            "j-0123abcd-g4",
+            vec!["j-worker-0"],
+        ),
+    ];
+    for (case, generation, total, members, group, stale) in cases {
+        let plan = kueue_pod_group("j", "0123abcd-ffff", generation, Some(&labels), total, &members).unwrap();
+        assert_eq!((plan.group.name.as_str(), plan.stale.iter().map(String::as_str).collect::<Vec<_>>()), (group, stale), "{case}");
+        assert_eq!((plan.group.queue.as_str(), plan.group.total), ("team", total), "{case}");
+    }
+    assert_eq!(kueue_pod_group("j", "u", 1, None, 3, &[]), None, "a job not queued has no group");
+    // A long job name is cut: the name stays a label value.
+    let long = kueue_group_name(&"a".repeat(80), "0123abcd", 12);
+    assert_eq!((long.len(), long.ends_with("-0123abcd-g12")), (63, true));
+}

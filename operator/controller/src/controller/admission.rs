@@ -41,7 +41,9 @@ pub async fn admissions(ctx: &Context, target: &Target<'_>, job: &TFJob) -> Resu
         let phase = pg.as_ref().and_then(|pg| pg.data["status"]["phase"].as_str().map(str::to_string));
         out.push(gang::volcano_admission(&target.name, phase.as_deref()));
     }
+    // A job in a Kueue pod group waits in its pods' scheduling gate instead.
     if ctx.kueue_admission
+        && !ctx.kueue_pod_groups
         && let Some(queue) = gang::kueue_queue(job.metadata.labels.as_ref())
     {
         let selector = format!("{}={}", gang::KUEUE_JOB_UID_LABEL, target.uid);

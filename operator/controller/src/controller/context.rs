@@ -46,6 +46,9 @@ pub struct Context {
     /// Hold the pods of a job labelled for Kueue beyond what its Workload admitted
     /// ([`super::admission`]).
     pub kueue_admission: bool,
+    /// Run a job labelled for Kueue as a plain pod group of Kueue's `pod` integration
+    /// ([`super::kueue_group`]).
+    pub kueue_pod_groups: bool,
     /// Why a job's pods wait (`<job>/<reason>/<message>`), said once.
     pub held: Once,
     /// Versions of jobs (`<uid>/<generation>`) whose HorizontalPodAutoscaler this process has
@@ -72,6 +75,7 @@ impl Context {
             pod_groups: Once::default(),
             released_pod_groups: Once::default(),
             kueue_admission: true,
+            kueue_pod_groups: false,
             held: Once::default(),
             autoscalers: Once::default(),
         }

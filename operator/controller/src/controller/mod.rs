@@ -13,7 +13,7 @@
 //!
 //! Layers, lowest first (a module imports only modules before it): [`error`], [`cache`],
 //! [`observe`], [`target`], [`watch`] -> [`context`] -> [`events`] -> [`admission`] -> [`execute`]
-//! -> [`commit`]
+//! -> [`kueue_group`] -> [`commit`]
 //! -> [`reconcile`]. This file only declares and re-exports.
 
 pub mod admission;
@@ -23,6 +23,7 @@ pub mod context;
 pub mod error;
 pub mod events;
 pub mod execute;
+pub mod kueue_group;
 pub mod observe;
 pub mod reconcile;
 pub mod target;

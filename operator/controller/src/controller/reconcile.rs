@@ -23,6 +23,7 @@ use super::commit::commit;
 use super::context::Context;
 use super::error::Error;
 use super::execute::{self, Executed};
+use super::kueue_group;
 use super::observe::observe_pod;
 use super::target::Target;
 
@@ -140,11 +141,25 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
         execute::release_pod_group(ctx, &target.ns, &decision.defaulted).await?;
     }
     let held = hold_creations(ctx, target, decision).await?;
+    let group = if !target.finished && decision.runs { kueue_group::group_of(ctx, target, &decision.defaulted) } else { None };
+    let regrouped = match &group {
+        Some(g) => kueue_group::regroup(ctx, target, &mut decision.outcome.actions, g).await?,
+        None => false,
+    };
+    if regrouped {
+        decision.creates = 0;
+    }
     if decision.creates > 0 {
         execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
     }
-    let mut done = execute_actions(ctx, target, decision).await?;
-    done.held = held;
+    let mut done = execute_actions(ctx, target, decision, group.map(|g| g.group)).await?;
+    done.held = held || regrouped;
+    if ctx.kueue_pod_groups {
+        kueue_group::release_finalizers(ctx, &target.pods).await?;
+        if !done.job_deleted && (target.finished || status::is_finished(&decision.outcome.status)) {
+            kueue_group::end_group(ctx, target).await?;
+        }
+    }
     if decision.creates > 0 || !done.refused.is_empty() {
         let full_name = format!("{}/{}", target.ns, target.name);
         let status = &mut decision.outcome.status;
@@ -175,7 +190,7 @@ async fn hold_creations(ctx: &Context, target: &Target<'_>, decision: &mut Decis
 
 /// Each action of the status machine, by the function of its kind; the job's events are kept
 /// for the commit.
-async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision) -> Result<Executed, Error> {
+async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision, group: Option<plan::KueuePodGroup>) -> Result<Executed, Error> {
     let mut done = Executed::default();
     // Planned at the first pod to create, once per reconcile: the cluster spec is written once
     // and each pod's TF_CONFIG only when that pod is sent.
@@ -185,7 +200,7 @@ async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision
             // After an invalid pod the job fails: no point sending its other pods.
             Action::CreateReplica { .. } if done.refused.iter().any(|r| r.permanent) => {}
             Action::CreateReplica { replica_type, index } => {
-                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&decision.defaulted, &ctx.opts));
+                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&decision.defaulted, &ctx.opts).in_kueue_pod_group(group.clone()));
                 if let Some(pod) = planner.pod(*replica_type, *index) {
                     done.refused.extend(execute::create_pod(ctx, target, pod).await?);
                 }
