@@ -20,6 +20,8 @@ bash tests/controlplane/build.sh
 # cached machine-wide like the control plane.
 echo "== kueue"
 bash tests/kueue/build.sh
+echo "== Kubeflow's Python SDK (a venv from PyPI, tests/tests/sdk_controlplane.rs)"
+bash tests/sdk/setup.sh
 echo "== gang scheduler CRDs, kube-scheduler"
 bash tests/gang/crds.sh
 bash tests/gang/scheduler.sh

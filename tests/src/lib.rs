@@ -5,6 +5,7 @@
 //! - [`chart`]: the Helm chart `charts/tfjob-operator` rendered with that helm, e.g. the exact
 //!   RBAC the chart grants the operator.
 //! - [`data`]: small learnable datasets in the MNIST IDX format, written by the tests.
+//! - [`kubelet_logs`]: the kubelet's log endpoint for the node agent's pods (`kubectl logs`).
 //! - [`kueue`]: Kueue (the batch queue) built from its Go module and run against the control
 //!   plane.
 //! - [`local`]: the `tfjob run` tests' manifests and replica processes.
@@ -14,6 +15,7 @@
 pub mod chart;
 pub mod controlplane;
 pub mod data;
+pub mod kubelet_logs;
 pub mod kueue;
 pub mod local;
 pub mod node_agent;

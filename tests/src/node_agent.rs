@@ -189,6 +189,13 @@ impl NodeAgent {
         &self.network
     }
 
+    /// Serves the pods' logs through the API server (`kubectl logs`; [`crate::kubelet_logs`]),
+    /// with a Node object for the agent: for one agent per control plane only.
+    pub fn serve_logs(&self, cp: &ControlPlane) -> Result<crate::kubelet_logs::KubeletLogs> {
+        let logs = self.logs.clone();
+        crate::kubelet_logs::serve(cp, NODE_NAME, Arc::new(move |ns: &str, pod: &str| logs.path(&format!("{ns}/{pod}"))))
+    }
+
     /// Everything a pod wrote so far (every run of its container).
     pub fn pod_log(&self, namespace: &str, pod: &str) -> String {
         fs::read_to_string(self.logs.path(&format!("{namespace}/{pod}"))).unwrap_or_default()
