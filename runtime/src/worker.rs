@@ -373,15 +373,23 @@ impl<'a> Trainer<'a> {
         if self.layout_checked.elapsed() < LAYOUT_POLL {
             return Ok(false);
         }
+        // Sync moves at a step every ps has reached: until the chief's pull
+        // says so it looks again at its next step, not a poll later (async
+        // moves at ps 0's step, whatever the others count: under load their
+        // counts seldom agree at the instant of a pull, and a job could end
+        // before a leaving ps was let go).
+        let steps = &self.pulled.steps;
+        if self.settings.sync_replicas && steps.iter().any(|&s| s != steps[0]) {
+            return Ok(false);
+        }
         self.layout_checked = Instant::now();
         let layout = self.ps.layout().await?;
-        let steps = &self.pulled.steps;
-        if layout.proposed.is_empty() || layout.moving || steps.iter().any(|&s| s != steps[0]) {
+        if layout.proposed.is_empty() || layout.moving {
             return Ok(false);
         }
         let version = layout.version + 1;
         let next = train::ps_set_over(self.ctx, self.model, &layout.proposed, version)?;
-        let at_step = if self.settings.sync_replicas { steps[0] } else { -1 };
+        let at_step = if self.settings.sync_replicas { self.pulled.steps[0] } else { -1 };
         match next.take_over(&self.ps, version, at_step).await {
             Ok(moved) => {
                 tracing::info!("{}: {moved}", self.task);

@@ -271,6 +271,20 @@ fn drop_rules_naming(schema: &mut Value, field: &str) {
     }
 }
 
+/// What helm would change of the CRD: its spec (the generation) and its
+/// labels and annotations (an adopted release's). Not the resourceVersion:
+/// the API server's own status writes (Established, storedVersions) bump it
+/// after the apply, at any time.
+fn foreign_crd_state(cp: &ControlPlane) -> Result<String> {
+    cp.kubectl_ok([
+        "get",
+        "crd",
+        "tfjobs.kubeflow.org",
+        "-o",
+        "jsonpath=generation {.metadata.generation}, labels {.metadata.labels}, annotations {.metadata.annotations}",
+    ])
+}
+
 /// A TFJob CRD that the chart did not install (Kubeflow's, here: this project's schema without
 /// its label, applied by another field manager) stops `helm install` before Helm applies
 /// anything, and says what to do; beside Kubeflow the chart needs `spec.runPolicy.managedBy` in
@@ -284,12 +298,12 @@ fn helm_install_refuses_a_foreign_tfjob_crd_unless_beside_kubeflow() -> Result<(
         crd["metadata"] = serde_json::json!({"name": "tfjobs.kubeflow.org", "labels": {"app.kubernetes.io/name": "training-operator"}});
         edit(&mut crd);
         cp.kubectl_stdin(["apply", "--server-side", "--force-conflicts", "--field-manager=training-operator", "-f", "-"], &crd.to_string())?;
-        cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "jsonpath={.metadata.resourceVersion}"])
+        foreign_crd_state(&cp)
     };
     let run_policy = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/runPolicy/properties";
     let unchanged = |version: &str| -> Result<()> {
-        let now = cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", "jsonpath={.metadata.resourceVersion}"])?;
-        ensure!(now == version, "helm changed the foreign CRD (resourceVersion {version} -> {now})");
+        let now = foreign_crd_state(&cp)?;
+        ensure!(now == version, "helm changed the foreign CRD ({version} -> {now})");
         Ok(())
     };
     cp.kubectl_ok(["create", "namespace", RELEASE_NS])?;

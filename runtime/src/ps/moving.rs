@@ -35,6 +35,13 @@ impl ParameterStore {
         if proposed.is_empty() || current.first() != proposed.first() {
             return Err(StoreError::InvalidArgument(format!("ps_addresses: ps 0 is {:?} and stays; {task} proposed {proposed:?}", current.first())));
         }
+        // A ps already in the layout that names more ps tasks was started
+        // again with its old cluster spec (a ps scaled away since): only a
+        // ps started into the job proposes a larger set, for itself.
+        if (task.index as usize) < current.len() && proposed.len() > current.len() {
+            tracing::info!("ps:0: {task} names {} ps task(s) but is one of the job's {}: the job stays on {}", proposed.len(), current.len(), current.len());
+            return Ok(state.layout.reply(state.training.progress.initialized));
+        }
         if proposed != current && state.layout.proposed.as_ref() != Some(proposed) {
             tracing::info!("ps:0: {task} proposes {} ps task(s) (now {}): {proposed:?}", proposed.len(), current.len());
             state.layout.proposed = Some(proposed.clone());

@@ -867,3 +867,24 @@ fn a_remainder_updates_only_what_it_covers_and_is_not_a_step() {
     let err = sync.push_for_layout(&rest, &worker, &[part("w", &[3], 1, &[2.0])], &[]).unwrap_err();
     assert!(err.to_string().contains("only async"), "{err}");
 }
+
+/// Which proposals ps 0 keeps, on a job trained by 2 ps tasks: a ps started
+/// into the job (index past the layout) proposes its set; a ps of the layout
+/// started again with an older, larger cluster spec (a ps scaled away since)
+/// proposes nothing.
+#[test]
+fn only_a_ps_started_into_the_job_proposes_a_larger_set() {
+    let addresses = |n: usize| (0..n).map(|i| format!("ps{i}:2222")).collect::<Vec<_>>();
+    // (proposing ps, its cluster spec's ps count, the proposal ps 0 keeps)
+    let cases = [(2, 3, Some(3)), (3, 4, Some(4)), (1, 3, None), (1, 2, None), (0, 3, None)];
+    for (index, names, kept) in cases {
+        let mut config = PsConfig::new(0, 2, Some(TaskId::new("worker", 0)));
+        config.ps_addresses = addresses(2);
+        let s = ParameterStore::new(config);
+        let req = proto::ProposeLayoutRequest { task: tid("ps", index), ps_addresses: addresses(names), leave: false };
+        let reply = s.propose_layout(&req).unwrap();
+        assert_eq!(reply.ps_addresses, addresses(2), "ps {index} naming {names}");
+        let want = kept.map(addresses).unwrap_or_default();
+        assert_eq!(reply.proposed, want, "ps {index} naming {names}");
+    }
+}

@@ -200,6 +200,10 @@ impl Job {
                 panic!("timeout after {limit:?} waiting for {what}\n{logs}");
             }
             self.reap();
+            if self.running.is_empty() && !ready(self) {
+                let logs = self.all_logs();
+                panic!("every task exited before {what}\n{logs}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
