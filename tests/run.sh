@@ -20,6 +20,10 @@ bash tests/controlplane/build.sh
 # cached machine-wide like the control plane.
 echo "== kueue"
 bash tests/kueue/build.sh
+# Kubeflow's training-operator v1.9.3 (the controller tests/tests/kubeflow_takeover.rs takes
+# over from) from its Go module: about 2-4 minutes the first time on a machine, then cached.
+echo "== Kubeflow's training-operator"
+bash tests/kubeflow/build.sh
 echo "== Kubeflow's Python SDK (a venv from PyPI, tests/tests/sdk_controlplane.rs)"
 bash tests/sdk/setup.sh
 echo "== gang scheduler CRDs, kube-scheduler"

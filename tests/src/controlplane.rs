@@ -845,6 +845,21 @@ impl ControlPlane {
         run_ok(cmd, None)
     }
 
+    /// Waits (up to 60 s) until every CustomResourceDefinition named (`kind.group`) is
+    /// Established. `kubectl wait --for=condition=...` fails at once, not waits, on a CRD whose
+    /// status has no conditions yet (just applied): that answer is waited through.
+    pub fn wait_established(&self, crds: &[&str]) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for crd in crds {
+            let condition = "jsonpath={.status.conditions[?(@.type==\"Established\")].status}";
+            while self.kubectl_ok(["get", "crd", crd, "-o", condition]).unwrap_or_default() != "True" {
+                anyhow::ensure!(Instant::now() < deadline, "CRD {crd} not Established within 60 s");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs kubectl as admin with `stdin` as its standard input (e.g. `apply -f -`).
     pub fn kubectl_stdin<I, S>(&self, args: I, stdin: &str) -> Result<String>
     where

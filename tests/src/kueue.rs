@@ -61,7 +61,7 @@ impl Kueue {
             cp.kubectl_ok(["apply", "--server-side", "--force-conflicts", "-f", &crd.display().to_string()])
                 .with_context(|| format!("applying {}", crd.display()))?;
         }
-        cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/workloads.kueue.x-k8s.io", "crd/clusterqueues.kueue.x-k8s.io"])?;
+        cp.wait_established(&["workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io"])?;
         let _ = cp.kubectl(["create", "namespace", "kueue-system"]);
         let work = cp.dir().join("kueue");
         fs::create_dir_all(&work)?;

@@ -5,6 +5,8 @@
 //! - [`chart`]: the Helm chart `charts/tfjob-operator` rendered with that helm, e.g. the exact
 //!   RBAC the chart grants the operator.
 //! - [`data`]: small learnable datasets in the MNIST IDX format, written by the tests.
+//! - [`kubeflow`]: Kubeflow's training-operator built from its Go module and run against the
+//!   control plane (the controller a takeover starts from).
 //! - [`kubelet_logs`]: the kubelet's log endpoint for the node agent's pods (`kubectl logs`).
 //! - [`kueue`]: Kueue (the batch queue) built from its Go module and run against the control
 //!   plane.
@@ -15,6 +17,7 @@
 pub mod chart;
 pub mod controlplane;
 pub mod data;
+pub mod kubeflow;
 pub mod kubelet_logs;
 pub mod kueue;
 pub mod local;

@@ -480,6 +480,10 @@ impl Agent {
             aliases.push(format!("{hostname}.{sub}.{ns}.svc.cluster.local"));
             aliases.push(format!("{hostname}.{sub}"));
         }
+        // What a per-replica Service named like the pod (Kubeflow's operator makes one for each
+        // replica, and its TF_CONFIG names them) resolves to.
+        aliases.push(format!("{name}.{ns}.svc"));
+        aliases.push(format!("{name}.{ns}.svc.cluster.local"));
         aliases.push(hostname.clone());
         Ok(PodContainer {
             log_name: key.to_string(),

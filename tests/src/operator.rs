@@ -134,7 +134,7 @@ pub fn install_crd(cp: &ControlPlane) -> Result<()> {
     let r = (|| -> Result<()> {
         let crd = fs::read_to_string(repo_root().join("crds").join("tfjob.yaml")).context("reading crds/tfjob.yaml")?;
         cp.apply(&crd)?;
-        cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/tfjobs.kubeflow.org"])?;
+        cp.wait_established(&["tfjobs.kubeflow.org"])?;
         Ok(())
     })()
     .map_err(|e| format!("{e:#}"));

@@ -323,6 +323,9 @@ pub fn build_images(bin_dir: &Path) -> Result<Images> {
     })
 }
 
+/// The niceness of the containers the API service runs.
+const CONTAINER_NICENESS: libc::c_int = 10;
+
 /// `podman system service --time=0 unix://<socket>`: podman's Docker-compatible (and libpod) API,
 /// with the environment of [`Podman::setup`]. Stopped (SIGTERM, then SIGKILL) on drop; killed by
 /// the kernel if the test process dies first. Containers it started are not its children and
@@ -343,6 +346,18 @@ impl PodmanService {
         let log = fs::File::create(dir.path().join("service.log")).context("service log")?;
         let mut cmd = podman.command();
         cmd.args(["system", "service", "--time=0"]).arg(format!("unix://{}", socket.display())).stdout(log.try_clone()?).stderr(log);
+        // The containers (conmon and the pod's processes inherit the service's niceness) run
+        // below the control plane and the tests, as a node's pods run beside its kubelet: jobs
+        // that train flat out on the two cores would otherwise starve the API server, the
+        // operators and the test itself for tens of seconds at a time.
+        // SAFETY: setpriority(2) on the child itself, between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, CONTAINER_NICENESS);
+                Ok(())
+            });
+        }
         let child = spawn_supervised(cmd).context("starting podman system service")?;
         let mut service = PodmanService { child: Some(child), dir, socket };
         let deadline = Instant::now() + Duration::from_secs(30);

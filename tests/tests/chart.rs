@@ -906,7 +906,7 @@ fn install(cp: &ControlPlane, ns: &str, values: &[(&str, &str)]) -> Result<Vec<(
     ensure!(out.status.success(), "helm {args:?}:\n{text}");
     ensure!(text.contains("STATUS: deployed"), "helm {args:?}:\n{text}");
     ensure!(!text.contains("would violate PodSecurity"), "helm {args:?}:\n{text}");
-    cp.kubectl_ok(["wait", "--for=condition=Established", "crd/tfjobs.kubeflow.org", "--timeout=60s"])?;
+    cp.wait_established(&["tfjobs.kubeflow.org"])?;
     for (kind, namespace, name) in &objects {
         ensure!(exists(cp, kind, name, namespace.as_deref())?, "{kind} {name} was not created by helm install");
     }

@@ -234,7 +234,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     }
     let out = cp.helm_ok(args)?;
     ensure!(out.contains("STATUS: deployed"), "{out}");
-    cp.kubectl_ok(["wait", "--for=condition=Established", "crd/tfjobs.kubeflow.org", "--timeout=60s"])?;
+    cp.wait_established(&["tfjobs.kubeflow.org"])?;
     let operator_pod = eventually("the operator's pod runs", Duration::from_secs(90), || {
         let pods = scene.json(&["get", "pods", "-l", "app.kubernetes.io/name=tfjob-operator"])?;
         Ok(pods["items"]

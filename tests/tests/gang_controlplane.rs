@@ -32,7 +32,7 @@ fn install_pod_group_crds(cp: &ControlPlane) -> Result<()> {
     for f in ["volcano-podgroups.yaml", "scheduler-plugins-podgroups.yaml"] {
         cp.kubectl_ok(["apply", "--server-side", "--force-conflicts", "-f", &format!("{dir}/{f}")])?;
     }
-    cp.kubectl_ok(["wait", "--for=condition=Established", "--timeout=60s", "crd/podgroups.scheduling.volcano.sh", "crd/podgroups.scheduling.x-k8s.io"])?;
+    cp.wait_established(&["podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io"])?;
     Ok(())
 }
 

@@ -101,11 +101,60 @@ pub struct ClusterDns {
 
 impl AddressBook for ClusterDns {
     fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
-        let host = pod_name(&self.job, rtype, index);
-        match self.cluster_domain.as_deref().filter(|d| !d.is_empty()) {
-            Some(d) => format!("{host}.{}.{}.svc.{d}:{port}", self.job, self.namespace),
-            None => format!("{host}.{}.{}.svc:{port}", self.job, self.namespace),
-        }
+        let host = format!("{}.{}", pod_name(&self.job, rtype, index), self.job);
+        service_address(&host, &self.namespace, self.cluster_domain.as_deref(), port)
+    }
+}
+
+/// `<host>.<namespace>.svc[.<domain>]:<port>`.
+fn service_address(host: &str, namespace: &str, cluster_domain: Option<&str>, port: i32) -> String {
+    match cluster_domain.filter(|d| !d.is_empty()) {
+        Some(d) => format!("{host}.{namespace}.svc.{d}:{port}"),
+        None => format!("{host}.{namespace}.svc:{port}"),
+    }
+}
+
+/// Addresses as Kubeflow's training-operator writes them: `<job>-<type>-<index>.<namespace>.svc
+/// [.<domain>]:<port>`, one headless Service per replica named like its pod. The pods of a job
+/// started under Kubeflow and taken over name each other so ([`AddressLayout::Kubeflow`]).
+#[derive(Clone, Debug)]
+pub struct KubeflowDns {
+    /// Job name.
+    pub job: String,
+    /// Namespace of the job.
+    pub namespace: String,
+    /// Optional cluster domain appended after `svc`.
+    pub cluster_domain: Option<String>,
+}
+
+impl AddressBook for KubeflowDns {
+    fn address(&self, rtype: ReplicaType, index: i32, port: i32) -> String {
+        service_address(&pod_name(&self.job, rtype, index), &self.namespace, self.cluster_domain.as_deref(), port)
+    }
+}
+
+/// How the pods of a job name each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressLayout {
+    /// This operator's: the job's one headless Service `<job>`, each pod's hostname and
+    /// subdomain ([`ClusterDns`]), the job's token.
+    #[default]
+    Ours,
+    /// Kubeflow's, for a job started under Kubeflow's training-operator and taken over: its
+    /// running pods' `TF_CONFIG` names the per-replica Services, and they hold no token, so a
+    /// pod created for that job (a restart, a new index) joins them on their terms
+    /// ([`KubeflowDns`], [`build_replica_service`], no hostname, subdomain or token).
+    Kubeflow,
+}
+
+impl AddressLayout {
+    /// The layout of a job with these live pods: Kubeflow's when one of them was created
+    /// without a subdomain (this operator always gives one). Pods being deleted do not count.
+    /// When none of Kubeflow's is left, the job's next pods are all new and take this
+    /// operator's layout.
+    pub fn of_pods<'p>(pods: impl IntoIterator<Item = &'p Pod>) -> AddressLayout {
+        let kubeflow = pods.into_iter().any(|p| p.metadata.deletion_timestamp.is_none() && p.spec.as_ref().is_some_and(|s| s.subdomain.is_none()));
+        if kubeflow { AddressLayout::Kubeflow } else { AddressLayout::Ours }
     }
 }
 
@@ -602,6 +651,29 @@ fn job_ports(job: &TFJob) -> BTreeSet<i32> {
     api::replica_specs(&job.spec).values().map(|rs| replica_port(rs)).collect()
 }
 
+/// The headless Service of one replica, as Kubeflow's training-operator makes it: named like the
+/// pod, selecting it by the job's labels, its type and index, with the replica type's
+/// `tfjob-port`. Only for a job in [`AddressLayout::Kubeflow`] (a replica index Kubeflow never
+/// created, after a scale).
+pub fn build_replica_service(job: &TFJob, rtype: ReplicaType, index: i32) -> Option<Service> {
+    let rs = api::replica_specs(&job.spec).get(&rtype).copied()?;
+    let mut selector = job_labels(job.name());
+    selector.insert(LABEL_REPLICA_TYPE.into(), rtype.lower().into());
+    selector.insert(LABEL_REPLICA_INDEX.into(), index.to_string());
+    let port = ServicePort { name: Some(DEFAULT_PORT_NAME.to_string()), port: replica_port(rs), ..Default::default() };
+    Some(Service {
+        metadata: meta(job, pod_name(job.name(), rtype, index), selector.clone()),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector),
+            ports: Some(vec![port]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
 /// The NetworkPolicy `<job>` of a job: on the job's pods, the replicas' ports (`tfjob-port`,
 /// where the gRPC servers and the tensor channel listen, protected by the job's token) accept
 /// connections from the job's own pods only. Every other port (metrics, TensorBoard, whatever
@@ -693,13 +765,23 @@ pub struct PodPlanner<'a> {
     opts: &'a PlanOptions,
     replicas: ReplicaPlanner<'a>,
     kueue_group: Option<KueuePodGroup>,
+    layout: AddressLayout,
 }
 
 impl<'a> PodPlanner<'a> {
     /// Plans `job` (resolves every address, writes the cluster spec).
     pub fn new(job: &'a TFJob, opts: &'a PlanOptions) -> Self {
-        let dns = ClusterDns { job: job.name().to_string(), namespace: namespace(job), cluster_domain: opts.cluster_domain.clone() };
-        PodPlanner { job, opts, replicas: ReplicaPlanner::new(job.name(), &job.spec, &dns), kueue_group: None }
+        Self::with_layout(job, opts, AddressLayout::Ours)
+    }
+
+    /// Plans `job` with the pods naming each other as `layout` says.
+    pub fn with_layout(job: &'a TFJob, opts: &'a PlanOptions, layout: AddressLayout) -> Self {
+        let (name, namespace, cluster_domain) = (job.name().to_string(), namespace(job), opts.cluster_domain.clone());
+        let replicas = match layout {
+            AddressLayout::Ours => ReplicaPlanner::new(job.name(), &job.spec, &ClusterDns { job: name, namespace, cluster_domain }),
+            AddressLayout::Kubeflow => ReplicaPlanner::new(job.name(), &job.spec, &KubeflowDns { job: name, namespace, cluster_domain }),
+        };
+        PodPlanner { job, opts, replicas, kueue_group: None, layout }
     }
 
     /// Creates the pods as members of a Kueue pod group ([`gang::kueue_pod_group`]): marked as
@@ -731,8 +813,10 @@ impl<'a> PodPlanner<'a> {
         let mut metadata = meta(job, name.clone(), labels);
         metadata.annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone());
         let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
-        spec.hostname = Some(name);
-        spec.subdomain = Some(job.name().to_string());
+        if self.layout == AddressLayout::Ours {
+            spec.hostname = Some(name);
+            spec.subdomain = Some(job.name().to_string());
+        }
         spec.restart_policy = Some(slot.spec.restart_policy.pod_restart_policy().to_string());
         if let Some(gang) = &opts.gang_scheduler {
             if let Some(scheduler) = gang.scheduler_name() {
@@ -750,29 +834,35 @@ impl<'a> PodPlanner<'a> {
         if let Some(group) = &self.kueue_group {
             join_kueue_pod_group(&mut metadata, &mut spec, group, rtype);
         }
-        for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
-            let manifest = c.env.take().unwrap_or_default();
-            // The classic values first (the manifest's values may refer to them); the host
-            // lists' values are written by `PlannedPod::into_pod`.
-            let hosts = self.replicas.classic.host_vars().map(|(name, _)| EnvVar { name: name.into(), value: None, value_from: None });
-            let task = task_vars(rtype, index).map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None });
-            let mut env: Vec<EnvVar> = hosts.chain(task).collect();
-            env.extend(manifest.into_iter().filter(|e| !OPERATOR_ENV.contains(&e.name.as_str())));
-            if slot.tf_config.is_some() {
-                // Its value is written by `PlannedPod::into_pod`.
-                env.push(EnvVar { name: ENV_TF_CONFIG.into(), value: None, value_from: None });
-            }
-            env.push(EnvVar {
-                name: ENV_TOKEN.into(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector { name: api::secret_name(job.name()), key: SECRET_TOKEN_KEY.into(), optional: Some(false) }),
-                    ..Default::default()
-                }),
-            });
-            c.env = Some(env);
+        let tensorflow = spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME);
+        for c in tensorflow {
+            c.env = Some(self.tensorflow_env(c.env.take().unwrap_or_default(), rtype, index, slot.tf_config.is_some()));
         }
         Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
+    }
+}
+
+impl PodPlanner<'_> {
+    /// The `tensorflow` container's environment: the classic values first (the manifest's
+    /// values may refer to them; the host lists' values are written by
+    /// [`PlannedPod::into_pod`]), the manifest's own but those the operator sets, `TF_CONFIG`
+    /// (also written when the pod is sent), and the job's token.
+    fn tensorflow_env(&self, manifest: Vec<EnvVar>, rtype: ReplicaType, index: i32, has_tf_config: bool) -> Vec<EnvVar> {
+        let hosts = self.replicas.classic.host_vars().map(|(name, _)| EnvVar { name: name.into(), value: None, value_from: None });
+        let task = task_vars(rtype, index).map(|(name, value)| EnvVar { name: name.into(), value: Some(value), value_from: None });
+        let mut env: Vec<EnvVar> = hosts.chain(task).collect();
+        env.extend(manifest.into_iter().filter(|e| !OPERATOR_ENV.contains(&e.name.as_str())));
+        if has_tf_config {
+            env.push(EnvVar { name: ENV_TF_CONFIG.into(), value: None, value_from: None });
+        }
+        // The token the job's pods check each other's calls by; a pod joining Kubeflow's (which
+        // hold none) goes without.
+        if self.layout == AddressLayout::Ours {
+            let token = SecretKeySelector { name: api::secret_name(self.job.name()), key: SECRET_TOKEN_KEY.into(), optional: Some(false) };
+            let value_from = Some(EnvVarSource { secret_key_ref: Some(token), ..Default::default() });
+            env.push(EnvVar { name: ENV_TOKEN.into(), value: None, value_from });
+        }
+        env
     }
 }
 
@@ -1405,6 +1495,76 @@ spec:
         assert_eq!(d.secret.metadata.name.as_deref(), Some("mnist-token"));
         assert_eq!(d.secret.data.as_ref().unwrap()["token"].0, b"tok".to_vec());
         assert!(d.pod_group.is_none());
+    }
+
+    /// A pod created for a job started under Kubeflow (a restart, a new index) names its peers
+    /// as Kubeflow's pods do, and goes without hostname, subdomain and token; this operator's
+    /// layout is untouched.
+    #[test]
+    fn pods_joining_a_job_started_under_kubeflow_take_its_addresses() {
+        let j = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let opts = PlanOptions { cluster_domain: Some("cluster.local".into()), ..Default::default() };
+        // (layout, worker 1's TF_CONFIG cluster, hostname, subdomain, has a token)
+        let cases = [
+            (
+                AddressLayout::Kubeflow,
+                r#"{"ps":["mnist-ps-0.default.svc.cluster.local:2222"],"worker":["mnist-worker-0.default.svc.cluster.local:2222","mnist-worker-1.default.svc.cluster.local:2222"]}"#,
+                None,
+                None,
+                false,
+            ),
+            (
+                AddressLayout::Ours,
+                r#"{"ps":["mnist-ps-0.mnist.default.svc.cluster.local:2222"],"worker":["mnist-worker-0.mnist.default.svc.cluster.local:2222","mnist-worker-1.mnist.default.svc.cluster.local:2222"]}"#,
+                Some("mnist-worker-1"),
+                Some("mnist"),
+                true,
+            ),
+        ];
+        for (layout, cluster, hostname, subdomain, token) in cases {
+            let pod = PodPlanner::with_layout(&j, &opts, layout).pod(ReplicaType::Worker, 1).unwrap().into_pod();
+            let spec = pod.spec.unwrap();
+            let env = spec.containers[0].env.clone().unwrap();
+            let tf_config: Value = serde_json::from_str(env.iter().find(|e| e.name == ENV_TF_CONFIG).unwrap().value.as_deref().unwrap()).unwrap();
+            assert_eq!(tf_config["cluster"].to_string(), cluster, "{layout:?}");
+            assert_eq!((spec.hostname.as_deref(), spec.subdomain.as_deref()), (hostname, subdomain), "{layout:?}");
+            assert_eq!(env.iter().any(|e| e.name == ENV_TOKEN), token, "{layout:?}");
+        }
+        let svc = build_replica_service(&j, ReplicaType::Worker, 2).unwrap();
+        assert_eq!(svc.metadata.name.as_deref(), Some("mnist-worker-2"));
+        let spec = svc.spec.unwrap();
+        let selector = spec.selector.unwrap();
+        assert_eq!(
+            (selector[LABEL_JOB_NAME].as_str(), selector[LABEL_REPLICA_TYPE].as_str(), selector[LABEL_REPLICA_INDEX].as_str()),
+            ("mnist", "worker", "2")
+        );
+        assert_eq!((spec.cluster_ip.as_deref(), spec.ports.unwrap()[0].port), (Some("None"), 2222));
+        assert!(build_replica_service(&j, ReplicaType::Chief, 0).is_none());
+    }
+
+    /// Which layout a job's live pods say it has: Kubeflow's while one of its pods was made
+    /// without a subdomain; a pod being deleted does not count.
+    #[test]
+    fn address_layout_of_a_jobs_pods() {
+        let pod = |subdomain: Option<&str>, deleting: bool| Pod {
+            metadata: ObjectMeta {
+                deletion_timestamp: deleting.then(|| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default())),
+                ..Default::default()
+            },
+            spec: Some(PodSpec { subdomain: subdomain.map(str::to_string), ..Default::default() }),
+            status: None,
+        };
+        let (ours, kubeflow, kubeflow_going) = (pod(Some("mnist"), false), pod(None, false), pod(None, true));
+        let cases: [(&[&Pod], AddressLayout); 5] = [
+            (&[], AddressLayout::Ours),
+            (&[&ours], AddressLayout::Ours),
+            (&[&kubeflow], AddressLayout::Kubeflow),
+            (&[&ours, &kubeflow], AddressLayout::Kubeflow),
+            (&[&ours, &kubeflow_going], AddressLayout::Ours),
+        ];
+        for (pods, want) in cases {
+            assert_eq!(AddressLayout::of_pods(pods.iter().copied()), want, "{} pod(s)", pods.len());
+        }
     }
 
     #[test]

@@ -70,6 +70,22 @@ pub async fn ensure_service(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), 
     Ok(())
 }
 
+/// Applies the Service of replica (`rtype`, `index`) of a job in Kubeflow's layout
+/// ([`plan::AddressLayout::Kubeflow`]) when the cache does not show it: the name its peers'
+/// `TF_CONFIG` gives it. Kubeflow's own are kept as they are.
+pub async fn ensure_replica_service(ctx: &Context, ns: &str, job: &TFJob, rtype: tfjob_api::api::ReplicaType, index: i32) -> Result<(), Error> {
+    let name = plan::pod_name(job.name(), rtype, index);
+    if ctx.caches.services.get(&kube::runtime::reflector::ObjectRef::new(&name).within(ns)).is_some() {
+        return Ok(());
+    }
+    let Some(desired) = plan::build_replica_service(job, rtype, index) else {
+        return Ok(());
+    };
+    let svc_api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    svc_api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await.map_err(kerr("apply replica service"))?;
+    Ok(())
+}
+
 /// Applies the job's PodGroup once per version of its spec (and process): a scale re-applies it
 /// (a fixed job's gang is all its replicas; an elastic job's stays its smallest viable size).
 pub async fn ensure_pod_group(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {

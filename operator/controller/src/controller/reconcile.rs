@@ -132,8 +132,13 @@ fn decide(target: &Target<'_>, now: Timestamp) -> Decision {
 /// Carries out a decision: the once-per-job objects, the actions, then what the status records
 /// of the pods created or refused, and the gang released when the job has just finished.
 async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) -> Result<Executed, Error> {
-    if !target.finished && decision.runs {
+    // A job started under Kubeflow's training-operator keeps its per-replica Services, which its
+    // pods' TF_CONFIG names: it gets no Service (nor NetworkPolicy) of this operator's.
+    let layout = plan::AddressLayout::of_pods(target.pods.iter().map(|p| p.as_ref()));
+    if !target.finished && decision.runs && layout == plan::AddressLayout::Ours {
         execute::ensure_service(ctx, &target.ns, &decision.defaulted).await?;
+    }
+    if !target.finished && decision.runs {
         execute::ensure_pod_group(ctx, &target.ns, &decision.defaulted).await?;
         execute::ensure_autoscaler(ctx, &target.ns, &decision.defaulted).await?;
     }
@@ -152,7 +157,7 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
     if decision.creates > 0 {
         execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
     }
-    let mut done = execute_actions(ctx, target, decision, group.map(|g| g.group)).await?;
+    let mut done = execute_actions(ctx, target, decision, group.map(|g| g.group), layout).await?;
     done.held = held || regrouped;
     if ctx.kueue_pod_groups {
         kueue_group::release_finalizers(ctx, &target.pods).await?;
@@ -190,7 +195,13 @@ async fn hold_creations(ctx: &Context, target: &Target<'_>, decision: &mut Decis
 
 /// Each action of the status machine, by the function of its kind; the job's events are kept
 /// for the commit.
-async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision, group: Option<plan::KueuePodGroup>) -> Result<Executed, Error> {
+async fn execute_actions(
+    ctx: &Context,
+    target: &Target<'_>,
+    decision: &Decision,
+    group: Option<plan::KueuePodGroup>,
+    layout: plan::AddressLayout,
+) -> Result<Executed, Error> {
     let mut done = Executed::default();
     // Planned at the first pod to create, once per reconcile: the cluster spec is written once
     // and each pod's TF_CONFIG only when that pod is sent.
@@ -200,7 +211,11 @@ async fn execute_actions(ctx: &Context, target: &Target<'_>, decision: &Decision
             // After an invalid pod the job fails: no point sending its other pods.
             Action::CreateReplica { .. } if done.refused.iter().any(|r| r.permanent) => {}
             Action::CreateReplica { replica_type, index } => {
-                let planner = planner.get_or_insert_with(|| plan::PodPlanner::new(&decision.defaulted, &ctx.opts).in_kueue_pod_group(group.clone()));
+                let planner =
+                    planner.get_or_insert_with(|| plan::PodPlanner::with_layout(&decision.defaulted, &ctx.opts, layout).in_kueue_pod_group(group.clone()));
+                if layout == plan::AddressLayout::Kubeflow {
+                    execute::ensure_replica_service(ctx, &target.ns, &decision.defaulted, *replica_type, *index).await?;
+                }
                 if let Some(pod) = planner.pod(*replica_type, *index) {
                     done.refused.extend(execute::create_pod(ctx, target, pod).await?);
                 }
