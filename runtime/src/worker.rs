@@ -360,10 +360,23 @@ impl<'a> Trainer<'a> {
     /// taken again on the values the move kept).
     async fn follow_layout(&mut self, e: &ClientError) -> Result<(), TrainError> {
         tracing::info!("{}: {e}", self.task);
-        if let Some(current) = train::current_ps_set(self.ctx, self.model, &self.ps).await? {
-            self.use_ps(current);
+        self.join_current_layout().await
+    }
+
+    /// Joins the ps set ps 0 says is the job's now; when a move commits
+    /// while this task joins (between learning the layout and its first
+    /// pull), it follows again.
+    async fn join_current_layout(&mut self) -> Result<(), TrainError> {
+        for _ in 0..MAX_FOLLOWS {
+            if let Some(current) = train::current_ps_set(self.ctx, self.model, &self.ps).await? {
+                self.use_ps(current);
+            }
+            match self.join().await {
+                Err(TrainError::Client(e)) if layout_changed(&e) => tracing::info!("{}: {e} (while joining)", self.task),
+                joined => return joined,
+            }
         }
-        self.join().await
+        Err(TrainError::TooManyRecoveries(MAX_FOLLOWS))
     }
 
     /// The chief, between two steps: when ps 0 holds a proposed ps set (a ps
@@ -810,10 +823,7 @@ async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, se
     trainer.status.set(TaskState::Waiting, 0, 0, "connecting to the parameter servers");
     // A task (re)started with the TF_CONFIG of an older ps set joins the
     // job's current one.
-    if let Some(current) = train::current_ps_set(trainer.ctx, trainer.model, &trainer.ps).await? {
-        trainer.use_ps(current);
-    }
-    trainer.join().await?;
+    trainer.join_current_layout().await?;
     let lease = trainer.keep_lease();
     let mut checkpointer = if trainer.is_chief { Checkpointer::new(&settings.checkpoints, trainer.pulled.steps[0]) } else { None };
     let mut summaries = Summaries::new(if trainer.is_chief { settings.log_dir.as_ref() } else { None }, ".chief");
