@@ -4,7 +4,8 @@
 //! runtime containers find each other by DNS and train; each TFJob reaches `Succeeded`; the
 //! linear ones converge), a worker container killed mid-run (restarted in place, the job still
 //! succeeds), `kubectl scale` of a training job 2 → 4 → 1 workers (only the difference created or
-//! deleted, the new workers train at once, every example once per epoch), an `ExitCode` failure with code 1 (the job fails with the message), `kubectl
+//! deleted, the new workers train at once, every example once per epoch), an `ExitCode` failure with code 1 (the job fails with the message), a
+//! worker evicted through the API (recreated under `ExitCode` with `backoffLimit: 0`), `kubectl
 //! delete tfjob` (every pod, Service and Secret of the job gone), `helm uninstall` (nothing of
 //! the operator left). Prints a timeline of each job.
 //!
@@ -311,6 +312,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
 
     scale_a_training_job(&scene)?;
     scale_the_ps_of_a_training_job(&scene)?;
+    evict_a_worker(&scene)?;
 
     // ExitCode policy, exit code 1: permanent, the job fails with the message.
     let (mut tl, end) = scene.run_job("exitcode-failure", &manifest(EXIT_ONE_JOB)?, |_, _| Ok(true))?;
@@ -517,6 +519,51 @@ fn scale_the_ps_of_a_training_job(scene: &Scene) -> Result<()> {
     let report = scene.report(&chief)?;
     ensure!(report["epochs_completed"].as_u64() == Some(4) && report["examples_trained"].as_u64() == Some(1_000_000), "{report}");
     ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
+    scene.delete_job(JOB, &mut tl)?;
+    tl.print();
+    Ok(())
+}
+
+/// A worker of a sync job evicted through the Eviction API (as `kubectl drain` or a preemption
+/// would stop it): the API server marks the pod `DisruptionTarget`, the node stops it, and the
+/// operator recreates it, under `restartPolicy: ExitCode` with `backoffLimit: 0`: a pod the
+/// cluster stopped is not a failure of the program, and does not count towards the limit. The
+/// job trains every example once per epoch to `Succeeded`.
+fn evict_a_worker(scene: &Scene) -> Result<()> {
+    const JOB: &str = "evicted";
+    const EPOCHS: u64 = 1500;
+    let worker1 = format!("{JOB}-worker-1");
+    let job = manifest(SCALE_JOB)?
+        .replace("name: elastic-scale", &format!("name: {JOB}"))
+        .replace("--num_epochs=600", &format!("--num_epochs={EPOCHS}"))
+        .replace("restartPolicy: OnFailure", "restartPolicy: ExitCode")
+        .replace("spec:\n  tfReplicaSpecs:", "spec:\n  runPolicy: {backoffLimit: 0}\n  tfReplicaSpecs:");
+    ensure!(job.contains("backoffLimit: 0") && job.matches("restartPolicy: ExitCode").count() == 2, "{SCALE_JOB} changed shape:\n{job}");
+    let (mut old_uid, mut evicted, mut recreated) = (None::<String>, None, None);
+    let (mut tl, end) = scene.run_job(JOB, &job, |s, pods| {
+        if evicted.is_none() && s.agent.pod_log(&s.ns, &format!("{JOB}-worker-0")).contains("first gradient accepted") {
+            old_uid = s.pod_uids(JOB)?.into_iter().find(|(n, _)| *n == worker1).map(|(_, u)| u);
+            let eviction = serde_json::json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": worker1, "namespace": s.ns}});
+            let path = format!("/api/v1/namespaces/{}/pods/{worker1}/eviction", s.ns);
+            s.cp.kubectl_stdin(["create", "--raw", &path, "-f", "-"], &eviction.to_string())?;
+            evicted = Some(Instant::now());
+        }
+        if evicted.is_some() && recreated.is_none() {
+            let now = s.pod_uids(JOB)?.into_iter().find(|(n, _)| *n == worker1).map(|(_, u)| u);
+            if now.is_some() && now != old_uid && pods.iter().any(|(n, phase, _)| *n == worker1 && phase == "Running") {
+                recreated = Some(Instant::now());
+            }
+        }
+        Ok(recreated.is_some())
+    })?;
+    for (what, when) in [("evicted worker-1", evicted), ("worker-1 running again", recreated)] {
+        tl.mark_at(what, when.with_context(|| format!("{JOB}: never {what} ({end}); pods {:?}", scene.job_pods(JOB)))?);
+    }
+    ensure!(end == "Succeeded", "{JOB}: {end}: {:?}", scene.condition(JOB, "Failed")?);
+    let status = scene.json(&["get", "tfjob", JOB])?["status"].clone();
+    ensure!(status["replicaStatuses"]["Worker"]["recreated"].is_null(), "an eviction counted towards backoffLimit: {status}");
+    let chief = scene.report(&format!("{JOB}-worker-0"))?;
+    ensure!(chief["epochs_completed"].as_u64() == Some(EPOCHS) && chief["examples_trained"].as_u64() == Some(EPOCHS * 101), "{chief}");
     scene.delete_job(JOB, &mut tl)?;
     tl.print();
     Ok(())

@@ -297,6 +297,7 @@ fn seen(job: &TFJob, rtype: ReplicaType, index: i32, phase: Phase, exit_code: Op
         restart_count: 0,
         terminating: false,
         unschedulable: None,
+        disrupted: false,
     }
 }
 

@@ -3,7 +3,9 @@
 //! [`reconcile_status`] follows Kubeflow's TFJob rules (Running, success, failure, restarts,
 //! cleanPodPolicy, suspend, TTL) and fixes Kubeflow's known problems: `Succeeded` and `Failed`
 //! are never both true, `activeDeadlineSeconds` asks for a requeue at the deadline,
-//! `backoffLimit` bounds every restart (pods recreated under `ExitCode` too), every
+//! `backoffLimit` bounds every restart (pods recreated under `ExitCode` too) but those of pods
+//! the cluster stopped (evicted, preempted: `DisruptionTarget`, recreated whatever the exit
+//! code), every
 //! transition emits an Event, a scale emits one `Scaled` event, and a job whose dynamic workers
 //! (`enableDynamicWorker`) all failed fails instead of hanging. It uses no client: a Kubernetes,
 //! container or process backend feeds it plain observations and executes the returned
@@ -86,6 +88,10 @@ pub struct ObservedReplica {
     /// The scheduler's message while the pod cannot be scheduled (its `PodScheduled` condition
     /// is `False` with reason `Unschedulable`).
     pub unschedulable: Option<String>,
+    /// Stopped by the cluster, not by its program: evicted, preempted, its node lost (the pod's
+    /// `DisruptionTarget` condition). Recreated under `ExitCode` whatever the exit code, and not
+    /// counted towards `backoffLimit`.
+    pub disrupted: bool,
 }
 
 impl ObservedReplica {
@@ -273,7 +279,7 @@ impl<'o> Tally<'o> {
             Phase::Succeeded => st.succeeded += 1,
             Phase::Failed => {
                 st.failed += 1;
-                if restarts_after_failure(restart_policy, r.exit_code) {
+                if restarts_after_failure(restart_policy, r) {
                     self.to_recreate.push(r);
                 } else if dynamic_worker {
                     self.failed_dynamic_workers.push(r);
@@ -745,7 +751,8 @@ impl<'a> Machine<'a> {
         let recreated: i64 = self.status.replica_statuses.values().map(|s| i64::from(s.recreated)).sum();
         let restarts = tally.in_place_restarts + recreated;
         let limit = i64::from(limit.max(0));
-        let pending = tally.to_recreate.len() as i64;
+        // Pods the cluster stopped are recreated without counting.
+        let pending = tally.to_recreate.iter().filter(|r| !r.disrupted).count() as i64;
         if restarts <= limit && (pending == 0 || restarts + pending <= limit) {
             return false;
         }
@@ -777,11 +784,14 @@ impl<'a> Machine<'a> {
             return false;
         }
         let mut by_type: BTreeMap<ReplicaType, i32> = BTreeMap::new();
+        let mut counted: BTreeMap<ReplicaType, i32> = BTreeMap::new();
         for r in &tally.to_recreate {
             *by_type.entry(r.replica_type).or_default() += 1;
+            // `recreated` is what backoffLimit bounds: not the pods the cluster stopped.
+            *counted.entry(r.replica_type).or_default() += i32::from(!r.disrupted);
             self.actions.push(Action::RecreateReplica { name: r.name.clone(), replica_type: r.replica_type, index: r.index });
         }
-        for (t, n) in &by_type {
+        for (t, n) in &counted {
             if let Some(s) = self.status.replica_statuses.get_mut(t.as_str()) {
                 s.recreated += n;
             }
@@ -846,11 +856,12 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// Whether a failed replica is recreated under its restart policy.
-fn restarts_after_failure(policy: &RestartPolicy, exit_code: Option<i32>) -> bool {
+/// Whether a failed replica is recreated under its restart policy (under `ExitCode`, a pod the
+/// cluster stopped always is: an eviction or a preemption says nothing about the program).
+fn restarts_after_failure(policy: &RestartPolicy, r: &ObservedReplica) -> bool {
     match policy {
         RestartPolicy::Always | RestartPolicy::OnFailure => true,
-        RestartPolicy::ExitCode => is_retryable_exit_code(exit_code),
+        RestartPolicy::ExitCode => r.disrupted || is_retryable_exit_code(r.exit_code),
         RestartPolicy::Never | RestartPolicy::Unsupported(_) => false,
     }
 }

@@ -1458,6 +1458,7 @@ fn operator(opts: &Options, report: &mut Report) -> Result<()> {
                 restart_count: 0,
                 terminating: false,
                 unschedulable: None,
+                disrupted: false,
             })
             .collect();
         assert_eq!(running.len(), n);

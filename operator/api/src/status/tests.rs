@@ -32,7 +32,13 @@ fn r(t: ReplicaType, index: i32, phase: Phase) -> ObservedReplica {
         restart_count: 0,
         terminating: false,
         unschedulable: None,
+        disrupted: false,
     }
+}
+
+fn disrupted(mut o: ObservedReplica) -> ObservedReplica {
+    o.disrupted = true;
+    o
 }
 
 fn with_exit(mut o: ObservedReplica, code: i32) -> ObservedReplica {
@@ -255,6 +261,32 @@ fn status_table() {
             vec![("Worker", 0, 0, 1)],
         ),
         (
+            "ExitCode: a pod the cluster stopped (DisruptionTarget) is recreated whatever its code",
+            spec(&[(Worker, 1, ExitCode)]),
+            vec![disrupted(with_exit(r(Worker, 0, Phase::Failed), 1))],
+            vec![c(
+                RESTARTING,
+                "True",
+                "TFJobRestarting",
+                "TFJob ns/job is restarting because 1 Worker replica(s) failed: pod job-worker-0 exited with code 1 (Error).",
+            )],
+            vec![Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }],
+            vec![("Worker", 0, 0, 1)],
+        ),
+        (
+            "Never: a pod the cluster stopped is not recreated",
+            spec(&[(Worker, 1, Never)]),
+            vec![disrupted(with_exit(r(Worker, 0, Phase::Failed), 137))],
+            vec![c(
+                FAILED,
+                "True",
+                "TFJobFailed",
+                "TFJob ns/job has failed because 1 Worker replica(s) failed: pod job-worker-0 exited with code 137 (Error).",
+            )],
+            vec![],
+            vec![("Worker", 0, 0, 1)],
+        ),
+        (
             "ExitCode 128 is retryable",
             spec(&[(Worker, 1, ExitCode)]),
             vec![with_exit(r(Worker, 0, Phase::Failed), 128)],
@@ -439,6 +471,47 @@ fn backoff_limit_counts_in_place_restarts_and_recreations() {
     );
     assert!(!has_condition(&o.status, RESTARTING), "terminal turns Restarting false");
     assert!(!o.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. })));
+}
+
+/// Pods evicted or preempted (DisruptionTarget) are recreated under every restart policy but
+/// `Never` and do not count towards `backoffLimit`: with a limit of 0, ten disruptions in a row
+/// recreate the pod ten times; the next failure of the program itself fails the job.
+#[test]
+fn disruptions_do_not_count_towards_the_backoff_limit() {
+    for policy in [ExitCode, OnFailure] {
+        let mut s = spec(&[(Worker, 1, policy.clone())]);
+        s.run_policy.backoff_limit = Some(0);
+        let mut status = TFJobStatus::default();
+        for round in 0..10 {
+            let o = run(&s, &status, &[disrupted(with_exit(r(Worker, 0, Phase::Failed), 143))], at(round));
+            assert!(o.actions.contains(&Action::RecreateReplica { name: "job-worker-0".into(), replica_type: Worker, index: 0 }), "{policy:?} round {round}");
+            assert!(!has_condition(&o.status, FAILED), "{policy:?} round {round}");
+            status = o.status;
+        }
+        assert_eq!(status.replica_statuses["Worker"].recreated, 0, "{policy:?}");
+        let o = run(&s, &status, &[with_exit(r(Worker, 0, Phase::Failed), 137)], at(11));
+        assert!(has_condition(&o.status, FAILED), "{policy:?}: {:?}", conds(&o.status));
+    }
+}
+
+/// A worker that finished its part is never restarted or recreated because another replica
+/// failed (Kubeflow's users saw finished workers run again): only the failed pod is acted on,
+/// whichever replica failed and under every policy that retries.
+#[test]
+fn completed_workers_are_never_restarted_when_another_replica_fails() {
+    for policy in [OnFailure, ExitCode, Always] {
+        for failed in [(Worker, 2), (PS, 0)] {
+            let s = spec(&[(PS, 1, policy.clone()), (Worker, 3, policy.clone())]);
+            let mut observed = vec![r(PS, 0, Phase::Running), r(Worker, 0, Phase::Running), r(Worker, 1, Phase::Succeeded), r(Worker, 2, Phase::Running)];
+            for o in observed.iter_mut().filter(|o| (o.replica_type, o.index) == failed) {
+                *o = with_exit(r(failed.0, failed.1, Phase::Failed), 137);
+            }
+            let o = run(&s, &TFJobStatus::default(), &observed, t0());
+            let acted: Vec<&Action> = o.actions.iter().filter(|a| !matches!(a, Action::Event { .. } | Action::RequeueAfter(_))).collect();
+            let name = plan::pod_name("job", failed.0, failed.1);
+            assert_eq!(acted, vec![&Action::RecreateReplica { name, replica_type: failed.0, index: failed.1 }], "{policy:?}, {failed:?} failed");
+        }
+    }
 }
 
 #[test]

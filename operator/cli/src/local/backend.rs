@@ -94,6 +94,7 @@ pub fn observed(name: &str, planned: &PlannedReplica, phase: status::Phase, exit
         restart_count,
         terminating: false,
         unschedulable: None,
+        disrupted: false,
     }
 }
 

@@ -47,5 +47,11 @@ pub fn observe_pod(pod: &Pod) -> Option<ObservedReplica> {
         restart_count: cs.map(|c| c.restart_count).unwrap_or(0),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         unschedulable,
+        disrupted: has_condition(st.and_then(|s| s.conditions.as_deref()), "DisruptionTarget"),
     })
+}
+
+/// Whether the pod's condition `type_` is `True`.
+fn has_condition(conditions: Option<&[k8s_openapi::api::core::v1::PodCondition]>, type_: &str) -> bool {
+    conditions.into_iter().flatten().any(|c| c.type_ == type_ && c.status == "True")
 }
