@@ -2,6 +2,10 @@
 //! `authorization: Bearer <TFJOB_TOKEN>`; a call without the right token is
 //! refused with UNAUTHENTICATED before it reaches a service.
 
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
@@ -27,22 +31,78 @@ pub struct TlsFiles {
     pub ca: std::path::PathBuf,
 }
 
+/// The ALPN protocol a tensor channel asks for under TLS; gRPC asks for
+/// `h2`. The ps's port tells the two apart by it once the handshake is done
+/// (without TLS, by the channel's first bytes).
+pub const CHANNEL_ALPN: &[u8] = b"tfjob-tensor-channel/1";
+
+fn crypto() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
 impl TlsFiles {
     fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
         std::fs::read(path).map_err(|e| format!("--tls_{what} {}: {e}", path.display()))
     }
 
-    pub fn server_config(&self) -> Result<tonic::transport::ServerTlsConfig, String> {
-        let identity = tonic::transport::Identity::from_pem(Self::read(&self.cert, "cert")?, Self::read(&self.key, "key")?);
-        Ok(tonic::transport::ServerTlsConfig::new().identity(identity))
+    fn certificates(path: &std::path::Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+        let pem = Self::read(path, what)?;
+        let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| format!("--tls_{what} {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("--tls_{what} {}: no PEM certificate in it", path.display()));
+        }
+        Ok(certs)
     }
 
-    /// Client side: trust the job's CA, present this task's certificate,
-    /// and check the peer's name (`host` of its address).
+    fn identity(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+        let key = PrivateKeyDer::from_pem_slice(&Self::read(&self.key, "key")?).map_err(|e| format!("--tls_key {}: {e}", self.key.display()))?;
+        Ok((Self::certificates(&self.cert, "cert")?, key))
+    }
+
+    fn roots(&self) -> Result<Arc<rustls::RootCertStore>, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in Self::certificates(&self.ca, "ca")? {
+            roots.add(cert).map_err(|e| format!("--tls_ca {}: {e}", self.ca.display()))?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    /// Server side of a task's port (gRPC and the tensor channel): presents
+    /// this task's certificate and accepts only clients with a certificate
+    /// signed by the job's CA.
+    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(self.roots()?, crypto()).build().map_err(|e| e.to_string())?;
+        let (certs, key) = self.identity()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(crypto())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("--tls_cert/--tls_key: {e}"))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), CHANNEL_ALPN.to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Client side of gRPC: trust the job's CA, present this task's
+    /// certificate, and check the peer's name (`host` of its address).
     pub fn client_config(&self, host: &str) -> Result<tonic::transport::ClientTlsConfig, String> {
         let ca = tonic::transport::Certificate::from_pem(Self::read(&self.ca, "ca")?);
         let identity = tonic::transport::Identity::from_pem(Self::read(&self.cert, "cert")?, Self::read(&self.key, "key")?);
         Ok(tonic::transport::ClientTlsConfig::new().ca_certificate(ca).identity(identity).domain_name(host))
+    }
+
+    /// Client side of the tensor channel: as [`Self::client_config`], over
+    /// rustls directly, asking for [`CHANNEL_ALPN`].
+    pub fn channel_connector(&self) -> Result<tokio_rustls::TlsConnector, String> {
+        let (certs, key) = self.identity()?;
+        let mut config = rustls::ClientConfig::builder_with_provider(crypto())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| format!("--tls_cert/--tls_key: {e}"))?;
+        config.alpn_protocols = vec![CHANNEL_ALPN.to_vec()];
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
     }
 }
 
@@ -74,6 +134,10 @@ impl RefusalLog {
 }
 
 static UNAUTHENTICATED: RefusalLog = RefusalLog::new("unauthenticated");
+
+/// Connections whose TLS handshake failed: no certificate, one not signed by
+/// the job's CA, a plaintext client.
+pub static TLS_REFUSED: RefusalLog = RefusalLog::new("TLS (no certificate of this job's CA, or plaintext)");
 
 /// Checks incoming calls. With no token configured every call passes (a
 /// job started by hand without a token).

@@ -8,8 +8,9 @@
 //! those copies, not the network, bound the bandwidth (BENCHMARKS.md). Here
 //! only the kernel's two copies remain. The ps's port serves both: a
 //! connection that opens with [`MAGIC`] is a tensor channel, anything else
-//! goes to the gRPC server. With TLS the channel is off on both sides (its
-//! bytes would bypass TLS).
+//! goes to the gRPC server. With TLS the channel runs inside it (rustls on
+//! the connection), asked for by its ALPN protocol
+//! ([`crate::auth::CHANNEL_ALPN`]) rather than the magic bytes' arrival.
 //!
 //! The framing (a little-endian u32 length, a protobuf message, raw
 //! contents) is in plain functions; the server loop and the client
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use crate::auth::TokenCheck;
+use crate::connection::Connection;
 use crate::proto::{self, RawRowsPart, RawTensorPart, RowsPart, TensorChannelReply, TensorChannelRequest, TensorPart};
 use crate::ps::{PsService, Pulled, SharedPull};
 
@@ -153,8 +155,17 @@ fn le_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
     }
 }
 
+/// Writes `bytes` and flushes: under TLS a write may leave its last record
+/// in the session's buffer (the socket was full), where the peer would wait
+/// for it for ever.
+async fn send(w: &mut (impl AsyncWrite + Unpin), bytes: &[u8]) -> std::io::Result<()> {
+    w.write_all(bytes).await?;
+    w.flush().await
+}
+
 /// Writes a frame and the contents that follow it: in one write when they
-/// are small, else the frame, then each content from where it is.
+/// are small, else the frame, then each content from where it is; then
+/// flushes.
 async fn write_message<'a>(
     w: &mut (impl AsyncWrite + Unpin),
     message: &impl Message,
@@ -166,13 +177,13 @@ async fn write_message<'a>(
         for c in contents {
             head.extend_from_slice(&c);
         }
-        return w.write_all(&head).await;
+        return send(w, &head).await;
     }
     w.write_all(&head).await?;
     for c in contents {
         w.write_all(&c).await?;
     }
-    Ok(())
+    w.flush().await
 }
 
 /// Headers of `values` cut into parts of at most `part_bytes` (as
@@ -204,8 +215,8 @@ fn error_reply(status: &Status) -> TensorChannelReply {
 /// Serves one tensor channel connection of a ps until the peer closes it,
 /// it breaks the protocol, or the server stops. Errors of a request (a bad
 /// push, a barrier that timed out) are answered and the connection goes on.
-pub async fn serve_connection(stream: TcpStream, service: PsService, check: TokenCheck, mut stop: watch::Receiver<bool>) {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+pub async fn serve_connection(stream: Connection, service: PsService, check: TokenCheck, mut stop: watch::Receiver<bool>) {
+    let peer = stream.tcp().peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut stream = BufReader::with_capacity(SMALL_BYTES, stream);
     if let Err(e) = serve_inner(&mut stream, &service, &check, &mut stop).await {
         match e {
@@ -215,7 +226,12 @@ pub async fn serve_connection(stream: TcpStream, service: PsService, check: Toke
     }
 }
 
-async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, check: &TokenCheck, stop: &mut watch::Receiver<bool>) -> Result<(), ChannelError> {
+async fn serve_inner(
+    stream: &mut BufReader<Connection>,
+    service: &PsService,
+    check: &TokenCheck,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), ChannelError> {
     if !greet(stream, check).await? {
         return Ok(());
     }
@@ -230,14 +246,14 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
         if total > service.max_push_bytes() as u64 {
             // The contents that follow cannot be skipped sensibly: answer and close.
             let refused = Status::invalid_argument(format!("push carries {total} bytes: more than this ps holds"));
-            stream.write_all(&encode_frame(&error_reply(&refused))).await?;
+            send(stream, &encode_frame(&error_reply(&refused))).await?;
             return Ok(());
         }
         let (parts, rows) = read_push(stream, &request, &mut pool).await?;
         let answer = service.exchange(request.push, &parts, &rows, request.pull).await;
         recycle(&mut pool, parts);
         match answer {
-            Err(status) => stream.write_all(&encode_frame(&error_reply(&status))).await?,
+            Err(status) => send(stream, &encode_frame(&error_reply(&status))).await?,
             Ok((push, pulled)) => {
                 let (reply, contents) = reply_of(push, pulled.as_ref(), service.part_bytes());
                 write_message(stream.get_mut(), &reply, contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..]))).await?;
@@ -248,23 +264,23 @@ async fn serve_inner(stream: &mut BufReader<TcpStream>, service: &PsService, che
 
 /// The channel's opening: the magic bytes and the hello with the job's
 /// token, answered. False when the token was refused (and the peer told).
-async fn greet(stream: &mut BufReader<TcpStream>, check: &TokenCheck) -> Result<bool, ChannelError> {
+async fn greet(stream: &mut BufReader<Connection>, check: &TokenCheck) -> Result<bool, ChannelError> {
     let mut magic = [0u8; MAGIC.len()];
     stream.read_exact(&mut magic).await?;
     let hello: proto::TensorChannelHello = read_frame(stream).await?;
     if !check.check_token(&hello.token) {
         let refused = Status::unauthenticated("missing or wrong job token (TFJOB_TOKEN)");
-        stream.write_all(&encode_frame(&error_reply(&refused))).await?;
+        send(stream, &encode_frame(&error_reply(&refused))).await?;
         return Ok(false);
     }
-    stream.write_all(&encode_frame(&TensorChannelReply::default())).await?;
+    send(stream, &encode_frame(&TensorChannelReply::default())).await?;
     Ok(true)
 }
 
 /// The contents of a request's push: its parts, read into buffers of the
 /// pool where there are some, and its rows.
 async fn read_push(
-    stream: &mut BufReader<TcpStream>,
+    stream: &mut BufReader<Connection>,
     request: &TensorChannelRequest,
     pool: &mut Vec<BytesMut>,
 ) -> Result<(Vec<TensorPart>, Vec<RowsPart>), ChannelError> {
@@ -338,7 +354,9 @@ pub struct ChannelClient {
     address: String,
     token: String,
     connect_timeout: Duration,
-    connection: tokio::sync::Mutex<Option<BufReader<TcpStream>>>,
+    /// TLS to the ps (the job's certificates), with the name its certificate must carry.
+    tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    connection: tokio::sync::Mutex<Option<BufReader<Connection>>>,
 }
 
 /// A transport failure: the connection is dropped, and the caller sees
@@ -350,16 +368,35 @@ fn unavailable(address: &str, e: impl std::fmt::Display) -> Status {
 
 impl ChannelClient {
     pub fn new(address: &str, token: Option<&str>, connect_timeout: Duration) -> Self {
-        ChannelClient { address: address.to_string(), token: token.unwrap_or_default().to_string(), connect_timeout, connection: tokio::sync::Mutex::new(None) }
+        ChannelClient {
+            address: address.to_string(),
+            token: token.unwrap_or_default().to_string(),
+            connect_timeout,
+            tls: None,
+            connection: tokio::sync::Mutex::new(None),
+        }
     }
 
-    async fn connect(&self) -> Result<BufReader<TcpStream>, Status> {
+    /// Over TLS: `connector` holds the job's CA and this task's
+    /// certificate; the ps must present a certificate for its address's host.
+    pub fn with_tls(mut self, connector: tokio_rustls::TlsConnector) -> Result<Self, String> {
+        let host = crate::connection::address_host(&self.address);
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("{}: {e}", self.address))?;
+        self.tls = Some((connector, name));
+        Ok(self)
+    }
+
+    async fn connect(&self) -> Result<BufReader<Connection>, Status> {
         let open = async {
-            let mut stream = TcpStream::connect(&self.address).await?;
-            stream.set_nodelay(true)?;
+            let tcp = TcpStream::connect(&self.address).await?;
+            tcp.set_nodelay(true)?;
+            let mut stream = match &self.tls {
+                Some((connector, name)) => Connection::from(connector.connect(name.clone(), tcp).await?),
+                None => Connection::Plain(tcp),
+            };
             let mut opening = MAGIC.to_vec();
             opening.extend(encode_frame(&proto::TensorChannelHello { token: self.token.clone() }));
-            stream.write_all(&opening).await?;
+            send(&mut stream, &opening).await?;
             let mut stream = BufReader::with_capacity(SMALL_BYTES, stream);
             let reply: TensorChannelReply = read_frame(&mut stream).await?;
             Ok::<_, ChannelError>((stream, reply))

@@ -96,11 +96,26 @@ pub fn channel(address: &str, connect_timeout: Duration, credentials: &Credentia
         .initial_connection_window_size(Some(H2_CONNECTION_WINDOW_BYTES))
         .max_frame_size(Some(H2_MAX_FRAME_BYTES));
     if let Some(tls) = &credentials.tls {
-        let host = address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-        let config = tls.client_config(host).map_err(|reason| ClientError::Address { address: address.into(), reason })?;
+        let config = tls.client_config(crate::connection::address_host(address)).map_err(|reason| ClientError::Address { address: address.into(), reason })?;
         endpoint = endpoint.tls_config(config).map_err(|e| ClientError::Address { address: address.into(), reason: e.to_string() })?;
     }
     Ok(endpoint.connect_lazy())
+}
+
+/// A tensor channel to each ps, over TLS when the job has certificates.
+fn channel_clients(addresses: &[String], credentials: &Credentials) -> Result<Vec<ChannelClient>, ClientError> {
+    let connector = match &credentials.tls {
+        Some(files) => Some(files.channel_connector().map_err(ClientError::Protocol)?),
+        None => None,
+    };
+    let client = |a: &String| {
+        let plain = ChannelClient::new(a, credentials.token.as_deref(), Duration::from_secs(5));
+        match &connector {
+            Some(c) => plain.with_tls(c.clone()).map_err(|reason| ClientError::Address { address: a.clone(), reason }),
+            None => Ok(plain),
+        }
+    };
+    addresses.iter().map(client).collect()
 }
 
 pub fn ps_client(address: &str, credentials: &Credentials, connect_timeout: Duration) -> Result<PsGrpc, ClientError> {
@@ -284,7 +299,6 @@ pub struct PsSet {
     /// go there instead of gRPC when `use_channel`.
     channels: Vec<ChannelClient>,
     use_channel: bool,
-    tls: bool,
     /// The layout version the placement is for: every push and pull says it.
     layout_version: u64,
     /// To reach ps tasks outside this set (a move's).
@@ -469,9 +483,8 @@ impl PsSet {
             patience,
             part_bytes: tensor::DEFAULT_PART_BYTES,
             next_push_id: AtomicU64::new(SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)),
-            channels: addresses.iter().map(|a| ChannelClient::new(a, credentials.token.as_deref(), Duration::from_secs(5))).collect(),
-            use_channel: credentials.tls.is_none(),
-            tls: credentials.tls.is_some(),
+            channels: channel_clients(addresses, credentials)?,
+            use_channel: true,
             layout_version: 1,
             credentials: credentials.clone(),
         })
@@ -487,10 +500,10 @@ impl PsSet {
         self.layout_version
     }
 
-    /// Pulls and pushes over the tensor channel (the default without TLS)
-    /// or over gRPC. With TLS they always go over gRPC.
+    /// Pulls and pushes over the tensor channel (the default, with or
+    /// without TLS) or over gRPC.
     pub fn set_tensor_channel(&mut self, on: bool) {
-        self.use_channel = on && !self.tls;
+        self.use_channel = on;
     }
 
     pub fn uses_tensor_channel(&self) -> bool {

@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod client;
 pub mod cluster;
 pub mod commands;
+pub mod connection;
 pub mod data;
 pub mod dispatch;
 pub mod embedding;

@@ -394,14 +394,16 @@ struct TaskArgs {
     /// How often training tasks renew their lease.
     #[arg(long = "heartbeat_secs", visible_alias = "heartbeat-secs", default_value_t = 2.0)]
     heartbeat_secs: f64,
-    /// TLS between tasks: this task's certificate (PEM).
-    #[arg(long = "tls_cert", visible_alias = "tls-cert", requires_all = ["tls_key", "tls_ca"])]
+    /// TLS between tasks (mutual: every task presents its certificate and
+    /// checks its peer's): this task's certificate (PEM). The operator and
+    /// `tfjob run` set all three through the environment.
+    #[arg(long = "tls_cert", visible_alias = "tls-cert", env = "TFJOB_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
     tls_cert: Option<PathBuf>,
     /// TLS: this task's private key (PEM).
-    #[arg(long = "tls_key", visible_alias = "tls-key", requires_all = ["tls_cert", "tls_ca"])]
+    #[arg(long = "tls_key", visible_alias = "tls-key", env = "TFJOB_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
     tls_key: Option<PathBuf>,
     /// TLS: the CA that signed every task's certificate (PEM).
-    #[arg(long = "tls_ca", visible_alias = "tls-ca", requires_all = ["tls_cert", "tls_key"])]
+    #[arg(long = "tls_ca", visible_alias = "tls-ca", env = "TFJOB_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
     /// How long a worker waits for the chief to initialise the variables.
     #[arg(long = "init_timeout_secs", visible_alias = "init-timeout-secs", default_value_t = 300)]
@@ -420,8 +422,8 @@ struct TaskArgs {
     #[arg(long = "shutdown_grace_secs", visible_alias = "shutdown-grace-secs", default_value_t = 30)]
     shutdown_grace_secs: u64,
     /// Pulls and pushes over the tensor channel (raw TCP on the ps's port,
-    /// no copies beyond the kernel's) instead of gRPC. Ignored with TLS
-    /// (always gRPC).
+    /// no copies beyond the kernel's; inside TLS when the job has
+    /// certificates) instead of gRPC.
     #[arg(long = "tensor_channel", visible_alias = "tensor-channel", default_value = "true", num_args = 0..=1,
           default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
     tensor_channel: bool,

@@ -11,9 +11,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::InterceptedService;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{Credentials, TokenCheck};
+use crate::auth::{self, Credentials, TokenCheck};
 use crate::channel;
 use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
+use crate::connection::Connection;
 use crate::proto::{
     self,
     parameter_server_server::ParameterServerServer,
@@ -107,22 +108,23 @@ pub async fn serve(
         WorkerServer::new(worker).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
         check.clone(),
     );
-    // Without TLS the ps's port also serves the tensor channel.
-    let channel_ps = ps.clone().filter(|_| credentials.tls.is_none());
+    // The ps's port also serves the tensor channel.
+    let channel_ps = ps.clone();
+    let tls = match &credentials.tls {
+        Some(files) => Some(tokio_rustls::TlsAcceptor::from(files.server_config().map_err(std::io::Error::other)?)),
+        None => None,
+    };
     let ps = ps.map(|svc| {
         InterceptedService::new(
             ParameterServerServer::new(svc).max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES),
             check.clone(),
         )
     });
+    // TLS is done here (accept_loop), not by tonic: the tensor channel shares the port.
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(H2_STREAM_WINDOW_BYTES))
         .initial_connection_window_size(Some(H2_CONNECTION_WINDOW_BYTES))
         .max_frame_size(Some(H2_MAX_FRAME_BYTES));
-    if let Some(tls) = &credentials.tls {
-        let config = tls.server_config().map_err(std::io::Error::other)?;
-        builder = builder.tls_config(config).map_err(std::io::Error::other)?;
-    }
     // The standard gRPC health service, for readiness and liveness probes:
     // not behind the token (a kubelet probe carries none), and it says
     // nothing but SERVING.
@@ -135,7 +137,7 @@ pub async fn serve(
     let router = builder.add_service(health).add_service(worker).add_optional_service(ps);
     let (stop_tx, stop) = watch::channel(false);
     let (to_grpc, incoming) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, to_grpc, channel_ps.map(|svc| (svc, check)), stop));
+    tokio::spawn(accept_loop(listener, to_grpc, tls, channel_ps.map(|svc| (svc, check)), stop));
     let shutdown = async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -145,10 +147,12 @@ pub async fn serve(
 
 /// Accepts connections until the server stops: tensor channel connections
 /// (when `channel` is given) are served here, every other one goes to the
-/// gRPC server.
+/// gRPC server. With `tls` every connection is TLS, and the handshake's
+/// ALPN tells the two apart; without, the first bytes do.
 async fn accept_loop(
     listener: TcpListener,
-    to_grpc: mpsc::Sender<std::io::Result<TcpStream>>,
+    to_grpc: mpsc::Sender<std::io::Result<Connection>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     channel: Option<(PsService, TokenCheck)>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -158,8 +162,8 @@ async fn accept_loop(
             _ = stop.wait_for(|s| *s) => return,
             _ = to_grpc.closed() => return,
         };
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let (stream, peer) = match accepted {
+            Ok(s) => s,
             Err(e) => {
                 // Out of file descriptors and the like: wait, do not spin.
                 tracing::warn!("accept: {e}");
@@ -171,22 +175,53 @@ async fn accept_loop(
         // not accept itself: set it here, or Nagle's algorithm holds back
         // small replies (up to a delayed ACK, 40 ms) and every step pays.
         let _ = stream.set_nodelay(true);
-        let Some((service, check)) = &channel else {
-            if to_grpc.send(Ok(stream)).await.is_err() {
+        if tls.is_none() && channel.is_none() {
+            if to_grpc.send(Ok(Connection::Plain(stream))).await.is_err() {
                 return;
             }
             continue;
-        };
-        let (service, check, to_grpc, stop) = (service.clone(), check.clone(), to_grpc.clone(), stop.clone());
+        }
+        let (tls, channel, to_grpc, stop) = (tls.clone(), channel.clone(), to_grpc.clone(), stop.clone());
         tokio::spawn(async move {
-            match tokio::time::timeout(channel::OPENING_TIMEOUT, channel::is_tensor_channel(&stream)).await {
-                Ok(Ok(true)) => channel::serve_connection(stream, service, check, stop).await,
-                Ok(Ok(false)) => {
-                    let _ = to_grpc.send(Ok(stream)).await;
+            let Some(connection) = open(stream, peer, tls.as_ref(), channel.is_some()).await else { return };
+            match (connection, channel) {
+                (Opened::Channel(c), Some((service, check))) => channel::serve_connection(c, service, check, stop).await,
+                (Opened::Channel(c) | Opened::Grpc(c), _) => {
+                    let _ = to_grpc.send(Ok(c)).await;
                 }
-                // Closed or silent before saying anything (a TCP probe).
-                Ok(Err(_)) | Err(_) => {}
             }
         });
     }
+}
+
+enum Opened {
+    Channel(Connection),
+    Grpc(Connection),
+}
+
+/// What an accepted connection is: its TLS handshake done (with `tls`),
+/// then a tensor channel or gRPC. None when it failed the handshake (logged)
+/// or said nothing in time (a TCP probe).
+async fn open(stream: TcpStream, peer: std::net::SocketAddr, tls: Option<&tokio_rustls::TlsAcceptor>, serves_channel: bool) -> Option<Opened> {
+    let opening = async {
+        match tls {
+            Some(acceptor) => match acceptor.accept(stream).await {
+                Ok(s) => {
+                    let c = Connection::from(s);
+                    Some(if c.alpn() == Some(auth::CHANNEL_ALPN) { Opened::Channel(c) } else { Opened::Grpc(c) })
+                }
+                Err(e) => {
+                    auth::TLS_REFUSED.note(&format!("from {peer}: {e}"));
+                    None
+                }
+            },
+            None if !serves_channel => Some(Opened::Grpc(Connection::Plain(stream))),
+            None => match channel::is_tensor_channel(&stream).await {
+                Ok(true) => Some(Opened::Channel(Connection::Plain(stream))),
+                Ok(false) => Some(Opened::Grpc(Connection::Plain(stream))),
+                Err(_) => None,
+            },
+        }
+    };
+    tokio::time::timeout(channel::OPENING_TIMEOUT, opening).await.ok().flatten()
 }

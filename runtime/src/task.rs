@@ -310,7 +310,12 @@ async fn start_server(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, bind:
     .await
     {
         Ok(handle) => {
-            tracing::info!("{}: serving on {addr}", ctx.cluster.task);
+            let security = match &ctx.credentials.tls {
+                Some(files) => format!("TLS, peers need a certificate of the CA in {}", files.ca.display()),
+                None => "plaintext".to_string(),
+            };
+            let token = if ctx.credentials.token.is_some() { ", job token checked" } else { "" };
+            tracing::info!("{}: serving on {addr} ({security}{token})", ctx.cluster.task);
             Ok(Some(handle))
         }
         Err(e) => Err(fail(3, e)),

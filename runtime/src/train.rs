@@ -108,7 +108,7 @@ pub struct TrainSettings {
     pub step_timeout: Duration,
     pub eval_interval: Duration,
     pub partition_threshold_bytes: usize,
-    /// Pulls and pushes over the tensor channel rather than gRPC (without TLS).
+    /// Pulls and pushes over the tensor channel rather than gRPC.
     pub tensor_channel: bool,
     pub seed: u64,
     pub checkpoints: CheckpointSettings,

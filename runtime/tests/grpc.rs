@@ -47,7 +47,10 @@ fn variables() -> Vec<ModelVariable> {
 }
 
 fn ps_set(addr: SocketAddr, credentials: &Credentials, task: u32) -> PsSet {
-    let vars = variables();
+    ps_set_of(addr, credentials, task, variables())
+}
+
+fn ps_set_of(addr: SocketAddr, credentials: &Credentials, task: u32, vars: Vec<ModelVariable>) -> PsSet {
     let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES).unwrap();
     let config = proto::TrainingConfig {
@@ -163,44 +166,92 @@ async fn push_pull_case(channel: bool) {
     assert_eq!(server.store.progress().step, 1);
 }
 
-/// TLS with a CA, per-task certificates; a plaintext client cannot talk to it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_between_tasks() {
-    let dir = tempfile::tempdir().unwrap();
+/// Writes a CA and a task certificate signed by it (for `localhost` and
+/// 127.0.0.1) under `dir/name.*`, as a job's TLS files.
+fn tls_files(dir: &std::path::Path, name: &str) -> TlsFiles {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "tfjob test CA");
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("tfjob {name} CA"));
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
     let cert = params.signed_by(&key, &issuer).unwrap();
-    let files = TlsFiles { cert: dir.path().join("task.pem"), key: dir.path().join("task.key"), ca: dir.path().join("ca.pem") };
+    let files = TlsFiles { cert: dir.join(format!("{name}.pem")), key: dir.join(format!("{name}.key")), ca: dir.join(format!("{name}-ca.pem")) };
     std::fs::write(&files.cert, cert.pem()).unwrap();
     std::fs::write(&files.key, key.serialize_pem()).unwrap();
     std::fs::write(&files.ca, ca.pem()).unwrap();
-    let tls = Credentials { token: Some("t".into()), tls: Some(files) };
+    files
+}
+
+/// TLS with a CA and per-task certificates, both sides verifying: pushes
+/// and pulls go through, over the tensor channel (inside TLS) and over
+/// gRPC; a plaintext client and a client whose certificate another CA
+/// signed (with the right token) are refused on both, and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_between_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = Credentials { token: Some("t".into()), tls: Some(tls_files(dir.path(), "job")) };
     let server = start(&tls).await;
-    let chief = ps_set(server.addr, &tls, 0);
+    let mut chief = ps_set(server.addr, &tls, 0);
     chief.handshake(false).await.unwrap();
     chief.init(&initial(), 0).await.unwrap();
-    let mut params = initial();
-    chief.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
-    assert_eq!(params, initial());
-    assert!(!chief.uses_tensor_channel(), "with TLS the tensor channel is off");
-    let plain = ps_set(server.addr, &Credentials { token: Some("t".into()), tls: None }, 1);
-    let err = tokio::time::timeout(Duration::from_secs(20), plain.stats()).await.expect("fails, not hangs").unwrap_err();
-    assert!(err.code() != Some(tonic::Code::Ok), "{err}");
-    // Nor does the tensor channel open a way around TLS.
-    let mut params = initial();
-    let err = tokio::time::timeout(Duration::from_secs(20), plain.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)))
-        .await
-        .expect("fails, not hangs")
-        .unwrap_err();
-    assert!(err.code() != Some(tonic::Code::Ok), "{err}");
-    assert_eq!(params, initial());
+    let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+    for (channel, b) in [(true, vec![0.0, 1.0, 2.0]), (false, vec![-1.0, 0.0, 1.0])] {
+        chief.set_tensor_channel(channel);
+        assert_eq!(chief.uses_tensor_channel(), channel);
+        chief.push(&[server.store.progress().step], &grads, NO_ROWS).await.unwrap();
+        let mut params = initial();
+        chief.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(params[1].as_slice().unwrap(), &b[..], "channel {channel}");
+    }
+    let foreign = Credentials { token: Some("t".into()), tls: Some(tls_files(dir.path(), "other")) };
+    let plain = Credentials { token: Some("t".into()), tls: None };
+    for (who, credentials) in [("plaintext", plain), ("another CA's certificate", foreign)] {
+        let mut intruder = ps_set(server.addr, &credentials, 1);
+        for channel in [true, false] {
+            intruder.set_tensor_channel(channel);
+            let err = tokio::time::timeout(Duration::from_secs(20), intruder.push(&[2], &grads, NO_ROWS)).await.expect("fails, not hangs").unwrap_err();
+            assert!(err.code() != Some(tonic::Code::Ok), "{who}, channel {channel}: {err}");
+            let mut params = initial();
+            let err = tokio::time::timeout(Duration::from_secs(20), intruder.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)))
+                .await
+                .expect("fails, not hangs")
+                .unwrap_err();
+            assert!(err.code() != Some(tonic::Code::Ok), "{who}, channel {channel}: {err}");
+            assert_eq!(params, initial());
+        }
+    }
+    assert_eq!(server.store.values("b").unwrap(), vec![-1.0, 0.0, 1.0]);
+    assert_eq!(server.store.progress().step, 2);
+}
+
+/// Tensors of many TLS records each, both ways, many times over one connection: every reply
+/// and request arrives whole (a write under TLS that leaves its last record in the session's
+/// buffer, unflushed, would hang the peer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_moves_large_tensors_over_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = Credentials { token: Some("t".into()), tls: Some(tls_files(dir.path(), "job")) };
+    let server = start(&tls).await;
+    let n = 3_000_000;
+    let chief = ps_set_of(server.addr, &tls, 0, vec![ModelVariable::dense("big", vec![n])]);
+    assert!(chief.uses_tensor_channel());
+    chief.handshake(false).await.unwrap();
+    chief.init(&[ndarray::ArrayD::from_elem(vec![n], 1.0f32)], 0).await.unwrap();
+    let grads = vec![ndarray::ArrayD::from_elem(vec![n], 1.0f32)];
+    for round in 0..8 {
+        let mut params = vec![ndarray::ArrayD::zeros(vec![n])];
+        let pulled = tokio::time::timeout(Duration::from_secs(30), chief.pull(&mut params, NO_ROWS, &[], false, Duration::from_secs(1)))
+            .await
+            .expect("a pull arrives")
+            .unwrap();
+        let want = 1.0 - 0.1 * round as f32;
+        assert!((params[0][[0]] - want).abs() < 1e-4 && (params[0][[n - 1]] - want).abs() < 1e-4, "round {round}: {}", params[0][[n - 1]]);
+        tokio::time::timeout(Duration::from_secs(30), chief.push(&pulled.steps, &grads, NO_ROWS)).await.expect("a push is answered").unwrap();
+    }
 }
 
 /// One defect, so that the push is malformed whatever else is random.

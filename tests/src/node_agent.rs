@@ -23,10 +23,10 @@
 //!   period 0, as a kubelet confirms a deletion); containers of pods gone from the API removed.
 //!
 //! - `hostPath` volumes: the host's directory bind-mounted (the node's disk: checkpoints that
-//!   outlive a pod);
+//!   outlive a pod); Secret volumes (a replica's TLS certificate): the Secret's keys as files;
 //!
 //! Not done (not needed by the tests): probes, resources, security contexts (the images run as
-//! their own non-root user), volumes other than hostPath and the service-account token, init and sidecar
+//! their own non-root user), volumes other than hostPath, Secret and the service-account token, init and sidecar
 //! containers (a pod with more than one container gets the first one run and a warning).
 
 use std::collections::{BTreeMap, HashMap};
@@ -466,12 +466,16 @@ impl Agent {
             env.push(("KUBERNETES_SERVICE_PORT".into(), self.ctx.forward_port.to_string()));
             extra_hosts.push(self.ctx.extra_host.clone());
         }
-        // hostPath volumes: the node's directory, mounted as the kubelet does.
+        // hostPath volumes: the node's directory; Secret volumes: a directory of its keys' files
+        // (mode 0644, the kubelet's default). Mounted as the kubelet does.
         for m in container.volume_mounts.iter().flatten() {
             let volume = spec.volumes.iter().flatten().find(|v| v.name == m.name);
-            if let Some(host) = volume.and_then(|v| v.host_path.as_ref()) {
-                mounts.push(BindMount { host_path: host.path.clone(), container_path: m.mount_path.clone(), read_only: m.read_only.unwrap_or(false) });
-            }
+            let host_path = match (volume.and_then(|v| v.host_path.as_ref()), volume.and_then(|v| v.secret.as_ref())) {
+                (Some(host), _) => host.path.clone(),
+                (None, Some(secret)) => self.secret_volume_files(pod, &m.name, secret.secret_name.as_deref().unwrap_or_default()).await?.display().to_string(),
+                (None, None) => continue,
+            };
+            mounts.push(BindMount { host_path, container_path: m.mount_path.clone(), read_only: m.read_only.unwrap_or(false) });
         }
         let hostname = spec.hostname.clone().unwrap_or_else(|| name.clone());
         let mut aliases = Vec::new();
@@ -537,6 +541,22 @@ impl Agent {
             out.define(&var.name, value);
         }
         Ok(out.into_vars())
+    }
+
+    /// A Secret volume's files: one per key of Secret `secret` (which must exist: until it does
+    /// the pod is not started, as the kubelet holds it in ContainerCreating).
+    async fn secret_volume_files(&self, pod: &Pod, volume: &str, secret: &str) -> Result<PathBuf> {
+        let ns = pod.namespace().unwrap_or_default();
+        let found: Secret =
+            Api::namespaced(self.client.clone(), &ns).get(secret).await.with_context(|| format!("secret volume {volume}: secret {ns}/{secret}"))?;
+        let dir = self.ctx.sa_root.join(format!("{ns}_{}_{volume}", pod.name_any()));
+        fs::create_dir_all(&dir)?;
+        for (key, value) in found.data.iter().flatten() {
+            fs::write(dir.join(key), &value.0)?;
+            set_mode(&dir.join(key), 0o644)?;
+        }
+        set_mode(&dir, 0o755)?;
+        Ok(dir)
     }
 
     /// `token` (a TokenRequest bound to the pod), `ca.crt`, `namespace`: readable by the image's

@@ -230,6 +230,7 @@ fn expected_env(extra: &[(&str, &str)], metrics_port: u16) -> BTreeMap<String, S
         ("TFJOB_LOG_FORMAT", "text"),
         ("TFJOB_CONCURRENCY", "8"),
         ("TFJOB_BESIDE_KUBEFLOW", "false"),
+        ("TFJOB_TLS_SEED_SECRET", "tfjob-operator-tls-seed"),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -289,6 +290,24 @@ fn leader_election_grants(r: &Rendered) -> Result<Option<BTreeSet<Grant>>> {
     assert_eq!((rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()), ("Role", name.as_str()));
     assert_eq!(rb.subjects.as_deref(), Some(sa_subject(RELEASE).as_slice()));
     Ok(Some(grants(role.rules.as_deref().unwrap_or_default())?))
+}
+
+/// The grants of the TLS seed Role (in the release namespace): `get` on the seed Secret the
+/// operator is told to use, `create` on Secrets (to make it at the first start).
+fn tls_seed_grants(r: &Rendered) -> Result<BTreeSet<Grant>> {
+    let name = format!("{RELEASE}-tls-seed");
+    let (Some(role), Some(rb)) = (r.role(&name), r.role_binding(&name)) else {
+        anyhow::bail!("no TLS seed Role and RoleBinding {name}");
+    };
+    assert_eq!((role.metadata.namespace.as_deref(), rb.metadata.namespace.as_deref()), (Some(RELEASE_NS), Some(RELEASE_NS)));
+    assert_eq!((rb.role_ref.kind.as_str(), rb.role_ref.name.as_str()), ("Role", name.as_str()));
+    assert_eq!(rb.subjects.as_deref(), Some(sa_subject(RELEASE).as_slice()));
+    grants(role.rules.as_deref().unwrap_or_default())
+}
+
+fn seed_grants(secret: &str) -> BTreeSet<Grant> {
+    let s = |name: Option<&str>, verb: &str| (String::new(), "secrets".to_string(), name.map(str::to_string), verb.to_string());
+    [s(None, "create"), s(Some(secret), "get")].into_iter().collect()
 }
 
 fn chart_app_version() -> Result<String> {
@@ -495,7 +514,8 @@ fn default_rbac_is_exactly_the_operators_api_calls() -> Result<()> {
     // to use.
     let env = env_of(r.deployment());
     assert_eq!(leader_election_grants(&r)?, Some(lease_grants(&env["TFJOB_LEASE_NAME"])));
-    assert_eq!(r.roles.len(), 1, "only the leases Role in cluster mode");
+    assert_eq!(tls_seed_grants(&r)?, seed_grants(&env["TFJOB_TLS_SEED_SECRET"]));
+    assert_eq!(r.roles.len(), 2, "only the leases and TLS seed Roles in cluster mode");
     // The Lease itself is part of the release (helm uninstall removes it), without a holder.
     assert_eq!(r.leases.len(), 1);
     let lease = &r.leases[0];
@@ -611,11 +631,12 @@ fn several_replicas_need_leader_election() -> Result<()> {
         .expect_err("two replicas without leader election must be refused");
     assert!(format!("{err:#}").contains("leaderElection.enabled=true"), "{err:#}");
 
-    // One replica without leader election: no Lease, no leases Role.
+    // One replica without leader election: no Lease, no leases Role (the TLS seed's stays).
     let r = render(cp, &[("leaderElection.enabled", "false")])?;
     assert_eq!(env_of(r.deployment())["TFJOB_LEADER_ELECT"], "false");
     assert_eq!(leader_election_grants(&r)?, None);
-    assert!(r.roles.is_empty() && r.role_bindings.is_empty() && r.leases.is_empty());
+    assert!(r.roles.len() == 1 && r.role_bindings.len() == 1 && r.leases.is_empty());
+    assert_eq!(tls_seed_grants(&r)?, seed_grants("tfjob-operator-tls-seed"));
     Ok(())
 }
 
@@ -762,7 +783,7 @@ fn render_rbac_returns_the_service_account_and_rbac_only() -> Result<()> {
     let r = parse(&yaml)?;
     let mut kinds: Vec<&str> = r.objects.iter().map(|(k, _, _)| k.as_str()).collect();
     kinds.sort();
-    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"]);
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding", "ServiceAccount"]);
     let scoped = parse(&chart::render_rbac(cp, RELEASE_NS, &[("watchNamespace", "team-a")])?)?;
     let mut kinds: Vec<(&str, Option<&str>)> = scoped.objects.iter().map(|(k, ns, _)| (k.as_str(), ns.as_deref())).collect();
     kinds.sort();
@@ -771,7 +792,9 @@ fn render_rbac_returns_the_service_account_and_rbac_only() -> Result<()> {
         [
             ("Role", Some("team-a")),
             ("Role", Some(RELEASE_NS)),
+            ("Role", Some(RELEASE_NS)),
             ("RoleBinding", Some("team-a")),
+            ("RoleBinding", Some(RELEASE_NS)),
             ("RoleBinding", Some(RELEASE_NS)),
             ("ServiceAccount", Some(RELEASE_NS)),
         ]

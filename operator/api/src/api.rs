@@ -846,8 +846,25 @@ pub fn validate(job: &TFJob) -> Vec<FieldError> {
     {
         errs.push(FieldError::new("metadata.namespace", format!("{ns:?} is not a valid DNS-1123 label")));
     }
+    if let Err(e) = tls_annotation(job) {
+        errs.push(FieldError::new(format!("metadata.annotations[{TLS_ANNOTATION}]"), e));
+    }
     errs.extend(validate_spec(&job.spec));
     errs
+}
+
+/// Annotation of a TFJob that turns TLS between its replicas on (`"true"`) or off (`"false"`)
+/// whatever its containers run ([`crate::tls::job_uses_tls`]).
+pub const TLS_ANNOTATION: &str = "tfjob-rs.io/tls";
+
+/// What [`TLS_ANNOTATION`] says (`None`: absent), or why it cannot be read.
+pub fn tls_annotation(job: &TFJob) -> Result<Option<bool>, String> {
+    match job.metadata.annotations.as_ref().and_then(|a| a.get(TLS_ANNOTATION)).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(format!("{other:?}: must be \"true\" or \"false\"")),
+    }
 }
 
 /// Validates a spec alone (field paths start with `spec.`).

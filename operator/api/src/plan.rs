@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 use crate::api::{self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType, RestartPolicy, TFJob, TFJobSpec};
 use crate::gang;
 pub use crate::gang::{GangScheduler, KueuePodGroup};
+use crate::tls;
 
 /// Label: name of the operator that created the object.
 pub const LABEL_OPERATOR_NAME: &str = "training.kubeflow.org/operator-name";
@@ -611,6 +612,17 @@ fn namespace(job: &TFJob) -> String {
     job.metadata.namespace.clone().unwrap_or_else(|| "default".to_string())
 }
 
+/// The TLS Secret of a replica ([`tls::tls_secret_data`]), owned by the job so that it goes
+/// with it.
+pub fn build_tls_secret(job: &TFJob, replica: &ReplicaTls, ca_pem: &str, issued: &crate::pki::IssuedCert) -> Secret {
+    Secret {
+        metadata: meta(job, replica.secret.clone(), job_labels(job.name())),
+        type_: Some("kubernetes.io/tls".to_string()),
+        data: Some(tls::tls_secret_data(ca_pem, issued)),
+        ..Default::default()
+    }
+}
+
 /// The token Secret of a job (`<job>-token`, key `token`).
 pub fn build_secret(job: &TFJob, token: &str) -> Secret {
     Secret {
@@ -724,9 +736,29 @@ pub struct PlannedPod {
     pod: Pod,
     tf_config: Option<TfConfig>,
     classic: Arc<ClassicEnv>,
+    tls: Option<ReplicaTls>,
+}
+
+/// The TLS Secret a planned pod mounts ([`tls::mount_tls`]), which must exist before the pod
+/// starts, and the names its certificate carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaTls {
+    /// The replica.
+    pub rtype: ReplicaType,
+    /// Its index.
+    pub index: i32,
+    /// Name of the Secret ([`tls::tls_secret_name`]).
+    pub secret: String,
+    /// The replica's names ([`tls::cluster_names`]).
+    pub names: Vec<String>,
 }
 
 impl PlannedPod {
+    /// The TLS Secret the pod mounts (`None`: the job speaks plaintext).
+    pub fn tls(&self) -> Option<&ReplicaTls> {
+        self.tls.as_ref()
+    }
+
     /// Name of the pod.
     pub fn name(&self) -> &str {
         self.pod.metadata.name.as_deref().unwrap_or_default()
@@ -838,7 +870,16 @@ impl<'a> PodPlanner<'a> {
         for c in tensorflow {
             c.env = Some(self.tensorflow_env(c.env.take().unwrap_or_default(), rtype, index, slot.tf_config.is_some()));
         }
-        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
+        // TLS between the replicas; a pod joining Kubeflow's (whose peers have no certificate)
+        // goes without.
+        let tls = (self.layout == AddressLayout::Ours && tls::job_uses_tls(job)).then(|| {
+            let pod = pod_name(job.name(), rtype, index);
+            let names = tls::cluster_names(&pod, job.name(), &namespace(job), opts.cluster_domain.as_deref());
+            let secret = tls::tls_secret_name(&pod);
+            tls::mount_tls(&mut spec, &secret);
+            ReplicaTls { rtype, index, secret, names }
+        });
+        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic), tls })
     }
 }
 
@@ -1115,7 +1156,8 @@ mod tests {
 
     /// The classic variables (`TFJOB_*` but the token) of a replica's env, in order.
     fn classic_vars(env: &[(String, String)]) -> Vec<(String, String)> {
-        env.iter().filter(|(n, _)| n.starts_with("TFJOB_") && n != ENV_TOKEN).cloned().collect()
+        let not_classic = [ENV_TOKEN, tls::ENV_TLS_CERT, tls::ENV_TLS_KEY, tls::ENV_TLS_CA];
+        env.iter().filter(|(n, _)| n.starts_with("TFJOB_") && !not_classic.contains(&n.as_str())).cloned().collect()
     }
 
     #[test]
@@ -1504,7 +1546,7 @@ spec:
     fn pods_joining_a_job_started_under_kubeflow_take_its_addresses() {
         let j = mnist("", &[("PS", 1), ("Worker", 2)]);
         let opts = PlanOptions { cluster_domain: Some("cluster.local".into()), ..Default::default() };
-        // (layout, worker 1's TF_CONFIG cluster, hostname, subdomain, has a token)
+        // (layout, worker 1's TF_CONFIG cluster, hostname, subdomain, has a token and TLS)
         let cases = [
             (
                 AddressLayout::Kubeflow,
@@ -1522,13 +1564,28 @@ spec:
             ),
         ];
         for (layout, cluster, hostname, subdomain, token) in cases {
-            let pod = PodPlanner::with_layout(&j, &opts, layout).pod(ReplicaType::Worker, 1).unwrap().into_pod();
+            let planned = PodPlanner::with_layout(&j, &opts, layout).pod(ReplicaType::Worker, 1).unwrap();
+            let tls = planned.tls().cloned();
+            assert_eq!(
+                tls.as_ref().map(|t| (t.secret.as_str(), t.names[1].as_str())),
+                token.then_some(("mnist-worker-1-tls", "mnist-worker-1.mnist.default.svc.cluster.local")),
+                "{layout:?}"
+            );
+            if let Some(t) = &tls {
+                let issued = crate::pki::IssuedCert { cert_pem: "C".into(), key_pem: "K".into() };
+                let secret = build_tls_secret(&j, t, "CA", &issued);
+                assert_eq!((secret.metadata.name.as_deref(), secret.type_.as_deref()), (Some("mnist-worker-1-tls"), Some("kubernetes.io/tls")));
+                assert_eq!(secret.metadata.owner_references.unwrap()[0].name, "mnist");
+            }
+            let pod = planned.into_pod();
             let spec = pod.spec.unwrap();
             let env = spec.containers[0].env.clone().unwrap();
             let tf_config: Value = serde_json::from_str(env.iter().find(|e| e.name == ENV_TF_CONFIG).unwrap().value.as_deref().unwrap()).unwrap();
             assert_eq!(tf_config["cluster"].to_string(), cluster, "{layout:?}");
             assert_eq!((spec.hostname.as_deref(), spec.subdomain.as_deref()), (hostname, subdomain), "{layout:?}");
             assert_eq!(env.iter().any(|e| e.name == ENV_TOKEN), token, "{layout:?}");
+            assert_eq!(env.iter().any(|e| e.name == tls::ENV_TLS_CERT), token, "{layout:?}");
+            assert_eq!(spec.volumes.iter().flatten().any(|v| v.name == tls::TLS_VOLUME), token, "{layout:?}");
         }
         let svc = build_replica_service(&j, ReplicaType::Worker, 2).unwrap();
         assert_eq!(svc.metadata.name.as_deref(), Some("mnist-worker-2"));

@@ -18,6 +18,7 @@ pub mod controller;
 pub mod leader;
 pub mod metrics;
 pub mod progress;
+pub mod seed;
 pub mod startup;
 
 pub use startup::{OperatorArgs, run_operator};

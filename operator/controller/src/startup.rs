@@ -64,12 +64,16 @@ pub struct OperatorArgs {
     /// Use leader election (a Lease) so that only one replica reconciles.
     #[arg(long, env = "TFJOB_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
-    /// Namespace of the leader-election Lease.
+    /// The operator's own namespace: of the leader-election Lease and the TLS seed Secret.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
     /// Name of the leader-election Lease.
     #[arg(long, env = "TFJOB_LEASE_NAME", default_value = "tfjob-operator")]
     pub lease_name: String,
+    /// Secret (in the operator's namespace, `POD_NAMESPACE`) holding the seed of every job's
+    /// TLS CA ([`crate::seed`]); created at the first start.
+    #[arg(long, env = "TFJOB_TLS_SEED_SECRET", default_value = "tfjob-operator-tls-seed")]
+    pub tls_seed_secret: String,
     /// Run beside Kubeflow's training-operator: take only the TFJobs whose
     /// `spec.runPolicy.managedBy` is `tfjob-rs.io/operator` (otherwise: every TFJob without
     /// `managedBy`, or with `kubeflow.org/training-operator` or `tfjob-rs.io/operator`).
@@ -133,6 +137,9 @@ pub enum OperatorError {
     /// TFJobs cannot be listed (RBAC, connectivity).
     #[error("cannot list TFJobs: {0}")]
     ListJobs(#[source] kube::Error),
+    /// The TLS seed could not be read or created.
+    #[error("{0}")]
+    Seed(#[from] crate::seed::SeedError),
     /// The metrics/health address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -158,7 +165,8 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "tfjob operator starting");
     let client = Client::try_default().await.map_err(OperatorError::Connect)?;
     check_crd(&client, args.namespace.as_deref()).await?;
-    let (controller, ctx) = controller_of(&client, &args);
+    let tls_seed = crate::seed::load_or_create(&client, &args.lease_namespace, &args.tls_seed_secret).await?;
+    let (controller, ctx) = controller_of(&client, &args, tls_seed);
     let ready = Arc::new(AtomicBool::new(false));
     let server = serve_metrics(&args.metrics_addr, &ctx, &ready).await?;
     let stop = Stop::on_signal();
@@ -191,10 +199,11 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
 }
 
 /// The controller over the TFJobs the flags select, and the context of its reconciles.
-fn controller_of(client: &Client, args: &OperatorArgs) -> (Controller<TFJob>, Arc<Context>) {
+fn controller_of(client: &Client, args: &OperatorArgs, tls_seed: Vec<u8>) -> (Controller<TFJob>, Arc<Context>) {
     let opts = PlanOptions::from_settings(args.cluster_domain.as_deref(), args.gang_scheduler.as_deref(), args.network_policy);
     let (controller, caches) = build_controller(client.clone(), args.namespace.as_deref(), args.concurrency);
     let mut ctx = Context::new(client.clone(), opts, caches);
+    ctx.tls_seed = tls_seed;
     ctx.kueue_admission = args.kueue_admission;
     ctx.kueue_pod_groups = args.kueue_pod_groups;
     if args.beside_kubeflow {

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup elastic elastic-ps operator sparse autoscale
+//! sections: raw ps linear mlp startup elastic elastic-ps operator sparse autoscale tls
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -15,6 +15,8 @@
 
 #[path = "tfjob-bench/autoscale.rs"]
 mod autoscale;
+#[path = "tfjob-bench/tls.rs"]
+mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale"];
+const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale", "tls"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -184,11 +186,12 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime = if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") || want("autoscale") {
-        Some(runtime_binary()?)
-    } else {
-        None
-    };
+    let runtime =
+        if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") || want("autoscale") || want("tls") {
+            Some(runtime_binary()?)
+        } else {
+            None
+        };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -209,6 +212,9 @@ fn run(args: &[String]) -> Result<()> {
     }
     if want("sparse") {
         sparse(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    if want("tls") {
+        tls::tls(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
     // Twenty minutes of whole jobs: run when named (and by `--quick`, in seconds).
     if opts.only.iter().any(|o| o == "autoscale") || (opts.only.is_empty() && opts.quick) {
@@ -409,11 +415,11 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
     let sizes: Vec<(usize, &str, usize)> =
         if opts.quick { vec![(1 << 16, "64K", 3), (1 << 18, "256K", 3)] } else { vec![(1_000_000, "1M", 15), (25_000_000, "25M", 5)] };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    // The tensor channel (what training uses without TLS), then gRPC (what
-    // it uses with TLS) for comparison, in the same run.
+    // The tensor channel (what training uses), then gRPC for comparison, in
+    // the same run (TLS: the `tls` section).
     for (n, label, reps) in sizes {
         for channel in [true, false] {
-            let (pull, push) = rt.block_on(ps_bandwidth_one(n, reps, channel))?;
+            let (pull, push) = rt.block_on(ps_bandwidth_one(n, reps, channel, None))?;
             let gate = label == "25M" && channel;
             let target = if gate { ">= 0.6 x loopback" } else { "" };
             let via = if channel { "" } else { ", gRPC" };
@@ -430,13 +436,15 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
 /// A ps task served in this process on a free loopback port, with a token:
 /// the peer of the in-process round-trip benchmarks. It stops when the
 /// returned sender is dropped.
-async fn serve_in_process_ps() -> Result<(std::net::SocketAddr, tfjob_runtime::auth::Credentials, tokio::sync::oneshot::Sender<()>)> {
+async fn serve_in_process_ps(
+    tls: Option<tfjob_runtime::auth::TlsFiles>,
+) -> Result<(std::net::SocketAddr, tfjob_runtime::auth::Credentials, tokio::sync::oneshot::Sender<()>)> {
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
     use tfjob_runtime::server::{self, WorkerService};
     use tfjob_runtime::status::TaskStatus;
 
-    let credentials = tfjob_runtime::auth::Credentials { token: Some("bench-token".into()), tls: None };
+    let credentials = tfjob_runtime::auth::Credentials { token: Some("bench-token".into()), tls };
     let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let store = Arc::new(ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0)))));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -450,14 +458,14 @@ async fn serve_in_process_ps() -> Result<(std::net::SocketAddr, tfjob_runtime::a
 
 /// Pull and push bandwidth (MB/s, medians of `reps`) of one `n`-float
 /// variable on an in-process ps, over the tensor channel or over gRPC.
-async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool) -> Result<(f64, f64)> {
+async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool, tls: Option<tfjob_runtime::auth::TlsFiles>) -> Result<(f64, f64)> {
     use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::optimizer::Optimizer;
     use tfjob_runtime::placement::{self, PlacementInput};
     use tfjob_runtime::proto::{self, UpdateMode};
 
-    let (addr, credentials, stop) = serve_in_process_ps().await?;
+    let (addr, credentials, stop) = serve_in_process_ps(tls).await?;
     let vars = vec![ModelVariable::dense("v", vec![n])];
     let inputs: Vec<PlacementInput> = vars.iter().map(|v| PlacementInput::dense(v.name.clone(), v.shape.clone())).collect();
     let placement = placement::place(&inputs, 1, placement::DEFAULT_PARTITION_THRESHOLD_BYTES)?;
@@ -573,7 +581,7 @@ async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usi
     use tfjob_runtime::placement::{self, PlacementInput};
     use tfjob_runtime::proto::{self, UpdateMode};
 
-    let (addr, credentials, stop) = serve_in_process_ps().await?;
+    let (addr, credentials, stop) = serve_in_process_ps(None).await?;
     let var = ModelVariable { name: "emb".into(), shape: vec![rows, dim], rows: sparse.then_some((Init::Uniform { limit: 0.05 }, 1)) };
     let input = PlacementInput { name: "emb".into(), shape: vec![rows, dim], embedding: sparse.then_some(PartitionStrategy::Mod) };
     let placement = placement::place(&[input], 1, usize::MAX)?;
@@ -966,8 +974,14 @@ impl ClusterRun {
     /// Final global step over the longest worker `elapsed_secs` (which includes connecting and
     /// initialisation): global steps per second of the job.
     fn global_steps_per_sec(&self) -> f64 {
-        let secs = self.workers.iter().filter_map(|w| w["elapsed_secs"].as_f64()).fold(0.0, f64::max);
-        self.global_step() / secs
+        self.global_step() / self.longest_worker_secs()
+    }
+    /// Examples every worker trained over the longest worker `elapsed_secs`.
+    fn examples_per_sec(&self) -> f64 {
+        self.workers.iter().filter_map(|w| w["examples_trained"].as_f64()).sum::<f64>() / self.longest_worker_secs()
+    }
+    fn longest_worker_secs(&self) -> f64 {
+        self.workers.iter().filter_map(|w| w["elapsed_secs"].as_f64()).fold(0.0, f64::max)
     }
 }
 

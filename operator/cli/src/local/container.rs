@@ -646,6 +646,8 @@ pub struct ContainerBackend {
     planned: BTreeMap<String, PlannedReplica>,
     /// The address of each pod's container on the job's network, as last seen.
     ips: BTreeMap<String, String>,
+    /// The run's certificates, when the job speaks TLS.
+    tls: Option<super::tls::LocalTls>,
 }
 
 impl ContainerBackend {
@@ -657,7 +659,22 @@ impl ContainerBackend {
         let kubelet =
             ContainerKubelet::connect(&format!("tfjob-{name}"), &labels, Arc::new(ToConsole(console.clone()))).map_err(|e| RunError::Backend(e.to_string()))?;
         console.info(&format!("container network {}", kubelet.network().unwrap_or_default()));
-        Ok(ContainerBackend { job: name, run_dir: run_dir.to_path_buf(), kubelet, images: images_of(job), planned: BTreeMap::new(), ips: BTreeMap::new() })
+        Ok(ContainerBackend {
+            job: name,
+            run_dir: run_dir.to_path_buf(),
+            kubelet,
+            images: images_of(job),
+            planned: BTreeMap::new(),
+            ips: BTreeMap::new(),
+            tls: None,
+        })
+    }
+
+    /// Gives each replica its certificate (`tls`: the run's CA), mounted where the operator
+    /// mounts it on a cluster.
+    pub fn with_tls(mut self, tls: Option<super::tls::LocalTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The container name of a running pod (for tests and messages).
@@ -668,18 +685,31 @@ impl ContainerBackend {
 
 /// The pod's container of a planned replica of job `job`, run from the image
 /// of its replica type in `images`, its volumes under `run_dir`.
-fn pod_container(job: &str, run_dir: &Path, images: &BTreeMap<ReplicaType, String>, planned: &PlannedReplica, token: &str) -> Result<PodContainer, String> {
+fn pod_container(
+    job: &str,
+    run_dir: &Path,
+    images: &BTreeMap<ReplicaType, String>,
+    planned: &PlannedReplica,
+    token: &str,
+    tls: Option<&super::tls::LocalTls>,
+) -> Result<PodContainer, String> {
     let short = short_name(job, &planned.pod_name);
     let image =
         images.get(&planned.replica_type).ok_or("the `tensorflow` container has no `image`; the container backend runs each replica from its image")?.clone();
     let volumes = super::volumes::local_volumes(run_dir, planned)?;
     super::volumes::create_dirs(&volumes.mounts).map_err(|e| format!("cannot create its volumes: {e}"))?;
-    let mounts = volumes
+    let mut mounts: Vec<BindMount> = volumes
         .mounts
         .iter()
         .map(|m| BindMount { host_path: m.host_path.display().to_string(), container_path: m.mount_path.clone(), read_only: m.read_only })
         .collect();
-    let env = backend::replica_environment(planned, token).into_vars();
+    let mut env = backend::replica_environment(planned, token).into_vars();
+    if let Some(tls) = tls {
+        let names = [format!("{}.{job}", planned.pod_name), planned.pod_name.clone()];
+        let dir = tls.replica_dir(&short, &names)?;
+        mounts.push(BindMount { host_path: dir.display().to_string(), container_path: tfjob_api::tls::TLS_MOUNT_PATH.to_string(), read_only: true });
+        env.extend(tfjob_api::tls::tls_env(tfjob_api::tls::TLS_MOUNT_PATH).map(|(k, v)| (k.to_string(), v)));
+    }
     Ok(PodContainer {
         log_name: short.clone(),
         image,
@@ -702,8 +732,8 @@ impl Backend for ContainerBackend {
 
     fn start(&mut self, replica: &PlannedReplica, token: &str) -> Result<(), RunError> {
         let short = short_name(&self.job, &replica.pod_name);
-        let spec =
-            pod_container(&self.job, &self.run_dir, &self.images, replica, token).map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
+        let spec = pod_container(&self.job, &self.run_dir, &self.images, replica, token, self.tls.as_ref())
+            .map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
         self.kubelet.run_pod(&replica.pod_name, spec).map_err(|e| RunError::Start { replica: short, reason: e.to_string() })?;
         self.planned.insert(replica.pod_name.clone(), replica.clone());
         Ok(())
@@ -776,7 +806,7 @@ spec:
         let job = api::load_manifest(yaml).unwrap().remove(0).unwrap();
         let book = |t: ReplicaType, i: i32, port: i32| format!("{}.j:{port}", plan::pod_name("j", t, i));
         let planned = plan::plan_replicas("j", &job.spec, &book).into_iter().find(|r| r.pod_name == "j-worker-1").unwrap();
-        let spec = pod_container("j", &std::env::temp_dir(), &images_of(&job), &planned, "secret").unwrap();
+        let spec = pod_container("j", &std::env::temp_dir(), &images_of(&job), &planned, "secret", None).unwrap();
         let body = container_body(&spec, "net".into());
         assert_eq!(body.entrypoint, Some(vec!["worker-runtime".to_string()]));
         assert_eq!(

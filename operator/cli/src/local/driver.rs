@@ -93,9 +93,14 @@ pub fn run_file(path: &Path, kind: BackendKind, opts: &RunOptions) -> Result<Run
     let run_dir = opts.run_dir.clone().unwrap_or_else(|| default_run_dir(&name));
     std::fs::create_dir_all(&run_dir).map_err(|source| RunError::RunDir { path: run_dir.display().to_string(), source })?;
     let console = Arc::new(Console::new(&name, &run_dir, opts.quiet, opts.follow.clone()));
+    let tls = super::tls::LocalTls::for_job(&job, &run_dir, kind == BackendKind::Container).map_err(RunError::Backend)?;
+    console.info(&match &tls {
+        Some(_) => format!("TLS between replicas: a CA for this run, each replica's certificate under {}", run_dir.join("tls").display()),
+        None => format!("plaintext between replicas: not every replica runs tfjob-runtime, or {} says \"false\"", tfjob_api::tls::TLS_ANNOTATION),
+    });
     let mut backend: Box<dyn Backend> = match kind {
-        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone(), &run_dir)),
-        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone(), &run_dir)?),
+        BackendKind::Process => Box::new(process::ProcessBackend::new(&name, console.clone(), &run_dir).with_tls(tls)),
+        BackendKind::Container => Box::new(container::ContainerBackend::new(&job, console.clone(), &run_dir)?.with_tls(tls)),
     };
     let result = run_job(job, backend.as_mut(), console, &run_dir, opts);
     backend.shutdown();

@@ -25,6 +25,7 @@ pub mod logs;
 pub mod outcome;
 pub mod process;
 pub mod progress;
+pub mod tls;
 pub mod training;
 pub mod volumes;
 

@@ -19,6 +19,7 @@ use tfjob_api::status::{ObservedReplica, Phase};
 
 use super::backend::{self, Backend, RunError, short_name};
 use super::console::Console;
+use super::tls::LocalTls;
 use super::volumes::{self, LocalMount};
 
 /// The runtime's name in manifests; resolved to the binary next to `tfjob`.
@@ -52,6 +53,8 @@ pub struct ProcessBackend {
     /// The threads reading each replica's output (by short name), until its
     /// exit is reported.
     readers: Readers,
+    /// The run's certificates, when the job speaks TLS.
+    tls: Option<LocalTls>,
 }
 
 /// Readers of replica output, by replica.
@@ -128,7 +131,14 @@ impl ProcessBackend {
             metrics_ports: Mutex::new(BTreeMap::new()),
             taken: Mutex::new(std::collections::BTreeSet::new()),
             readers: Mutex::new(BTreeMap::new()),
+            tls: None,
         }
+    }
+
+    /// Gives each replica its certificate (`tls`: the run's CA).
+    pub fn with_tls(mut self, tls: Option<LocalTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The replica's volumes as directories (created here), and what is
@@ -155,7 +165,14 @@ impl ProcessBackend {
             });
         }
         // As the kubelet: env values, then command and args, with their `$(VAR)` expanded.
-        let env = backend::replica_environment(planned, token);
+        let mut env = backend::replica_environment(planned, token);
+        if let Some(tls) = &self.tls {
+            let names = ["localhost".to_string(), "127.0.0.1".to_string(), planned.pod_name.clone()];
+            let dir = tls.replica_dir(&short, &names).map_err(|reason| RunError::Start { replica: short.clone(), reason })?;
+            for (name, value) in tfjob_api::tls::tls_env(&dir.display().to_string()) {
+                env.define(name, value);
+            }
+        }
         let argv = env.expand_all(&[planned.command.as_slice(), planned.args.as_slice()].concat());
         // A process cannot mount: paths under a mountPath go to the volume's directory.
         let mut argv: Vec<String> = argv.iter().map(|a| volumes::map_path(a, &mounts)).collect();

@@ -39,6 +39,12 @@ pub struct Context {
     pub expectations: Expectations,
     /// Jobs whose token Secret this process has created (or found to exist).
     pub secrets: Once,
+    /// The seed every job's TLS CA is derived from ([`tfjob_api::pki::JobCa::derive`]): the
+    /// same for every operator replica and across restarts ([`crate::startup`] reads it from
+    /// its Secret); a random one until then.
+    pub tls_seed: Vec<u8>,
+    /// Replicas (`<uid>/<pod>`) whose TLS Secret this process has created (or found to exist).
+    pub tls_secrets: Once,
     /// Versions of jobs (`<uid>/<generation>`) whose PodGroup this process has applied.
     pub pod_groups: Once,
     /// Suspended jobs whose PodGroup this process has deleted.
@@ -72,6 +78,8 @@ impl Context {
             caches,
             expectations: Expectations::default(),
             secrets: Once::default(),
+            tls_seed: tfjob_api::pki::random_seed().to_vec(),
+            tls_secrets: Once::default(),
             pod_groups: Once::default(),
             released_pod_groups: Once::default(),
             kueue_admission: true,
@@ -92,6 +100,7 @@ impl Context {
     /// again.
     pub fn forget_once_objects(&self, uid: &str) {
         self.secrets.forget(uid);
+        self.tls_secrets.forget_prefix(&format!("{uid}/"));
         self.pod_groups.forget_prefix(&format!("{uid}/"));
         self.released_pod_groups.forget(uid);
         self.held.forget_prefix(&format!("{uid}/"));

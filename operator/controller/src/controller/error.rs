@@ -23,6 +23,9 @@ pub enum Error {
     /// The watch caches of pods and Services have not loaded (RBAC, connectivity).
     #[error("the pod and Service caches are not ready yet")]
     CacheNotReady,
+    /// A replica's TLS certificate could not be made.
+    #[error("TLS certificate {0}")]
+    Certificate(String),
 }
 
 impl Error {
@@ -35,6 +38,7 @@ impl Error {
             Error::Serialization(_) => "serialization",
             Error::MissingField(_) => "invalid_object",
             Error::CacheNotReady => "cache",
+            Error::Certificate(_) => "certificate",
         }
     }
 }

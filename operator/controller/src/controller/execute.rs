@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tfjob_api::api::TFJob;
-use tfjob_api::plan::{self, PlannedPod};
+use tfjob_api::pki::JobCa;
+use tfjob_api::plan::{self, PlannedPod, ReplicaTls};
 use tfjob_api::status::{Action, PodRefusal};
 
 use super::admission::pod_group_api;
@@ -47,6 +48,29 @@ pub async fn ensure_secret(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), E
     let secret = plan::build_secret(job, &plan::random_token());
     tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create secret"))?;
     ctx.secrets.insert(uid);
+    Ok(())
+}
+
+/// Creates the TLS Secret of a replica ([`tfjob_api::tls::build_tls_secret`]) unless this
+/// process did or found it: a certificate for the replica's names, signed by the job's CA (the
+/// one every operator replica derives from the seed and the job's uid). An existing Secret is
+/// kept: the same CA signed it.
+pub async fn ensure_tls_secret(ctx: &Context, target: &Target<'_>, tls: &ReplicaTls) -> Result<(), Error> {
+    let job = target.job;
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let key = format!("{uid}/{}", tls.secret);
+    if ctx.tls_secrets.contains(&key) {
+        return Ok(());
+    }
+    let certificate = || {
+        let ca = JobCa::derive(&ctx.tls_seed, uid, job.name())?;
+        Ok::<_, tfjob_api::pki::PkiError>((ca.cert_pem()?, ca.issue(&tls.names)?))
+    };
+    let (ca_pem, issued) = certificate().map_err(|e| Error::Certificate(format!("{}: {e}", tls.secret)))?;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &target.ns);
+    let secret = plan::build_tls_secret(job, tls, &ca_pem, &issued);
+    tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create TLS secret"))?;
+    ctx.tls_secrets.insert(&key);
     Ok(())
 }
 
@@ -161,6 +185,10 @@ fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
 pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod) -> Result<Option<PodRefusal>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
     let pod_name = planned.name().to_string();
+    // The pod's certificate first: the kubelet would hold a pod whose Secret is missing.
+    if let Some(tls) = planned.tls() {
+        ensure_tls_secret(ctx, target, tls).await?;
+    }
     match pods.create(&post_params(), &planned.into_pod()).await {
         Ok(created) => {
             let new_uid = created.metadata.uid.unwrap_or_default();

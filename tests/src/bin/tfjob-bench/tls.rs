@@ -1,0 +1,80 @@
+//! `tls`: what encryption inside a job costs, measured in one run against the same thing in
+//! plaintext: the ps's pull and push bandwidth over the tensor channel, and examples/s of the
+//! MLP and of sparse_lr on 1 ps + 2 async workers (runs alternate, medians). Goal from issue
+//! 30: TLS costs under 10 % on the MLP.
+
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::json;
+use tfjob_api::pki::{CA_CERT_KEY, JobCa, TLS_CERT_KEY, TLS_KEY_KEY};
+use tfjob_runtime::auth::TlsFiles;
+
+use super::{Options, Report, median, ps_bandwidth_one, run_cluster, strs};
+
+/// A CA and one certificate for 127.0.0.1 (every task of the benchmark's clusters listens
+/// there), written under `dir`.
+fn loopback_certificates(dir: &Path) -> Result<TlsFiles> {
+    std::fs::create_dir_all(dir)?;
+    let ca = JobCa::generate("bench")?;
+    let issued = ca.issue(&["127.0.0.1".to_string(), "localhost".to_string()])?;
+    let files = TlsFiles { cert: dir.join(TLS_CERT_KEY), key: dir.join(TLS_KEY_KEY), ca: dir.join(CA_CERT_KEY) };
+    std::fs::write(&files.ca, ca.cert_pem()?)?;
+    std::fs::write(&files.cert, &issued.cert_pem)?;
+    std::fs::write(&files.key, &issued.key_pem)?;
+    Ok(files)
+}
+
+fn tls_args(files: &TlsFiles) -> Vec<String> {
+    vec![format!("--tls_cert={}", files.cert.display()), format!("--tls_key={}", files.key.display()), format!("--tls_ca={}", files.ca.display())]
+}
+
+pub fn tls(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
+    tfjob_runtime::tune_allocator();
+    let files = loopback_certificates(&opts.out.join("tls"))?;
+    let (n, label, reps) = if opts.quick { (1 << 18, "256K", 3) } else { (25_000_000, "25M", 5) };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let (plain_pull, plain_push) = rt.block_on(ps_bandwidth_one(n, reps, true, None))?;
+    let (tls_pull, tls_push) = rt.block_on(ps_bandwidth_one(n, reps, true, Some(files.clone())))?;
+    for (what, ours, plain) in [("pull", tls_pull, plain_pull), ("push", tls_push, plain_push)] {
+        report.row(
+            "tls",
+            &format!("{what} of a {label}-float variable (1 ps, tensor channel, TLS)"),
+            ours,
+            "MB/s",
+            Some(("the same in plaintext", plain)),
+            None,
+            "",
+            None,
+        );
+    }
+    let examples = if opts.quick { 2_000 } else { 40_000 };
+    let workloads = [
+        ("MLP 784-100-10", strs(&["--model=mlp", "--hidden_units=100", "--batch_size=100", "--learning_rate=0.5"]), ">= 0.9 x plaintext"),
+        ("sparse_lr 2^18 buckets", strs(&["--model=sparse_lr", "--optimizer=adagrad", "--learning_rate=0.2", "--hash_buckets=262144"]), ""),
+    ];
+    let rounds = if opts.quick { 1 } else { 3 };
+    let mut details = vec![];
+    for (i, (name, model, target)) in workloads.into_iter().enumerate() {
+        let mut args = model;
+        args.extend([format!("--generated_examples={examples}"), "--num_epochs=1".into(), "--log_every_steps=0".into(), "--eval_examples=500".into()]);
+        let (mut plain, mut encrypted) = (vec![], vec![]);
+        for round in 0..rounds {
+            for with_tls in [false, true] {
+                let mut a = args.clone();
+                if with_tls {
+                    a.extend(tls_args(&files));
+                }
+                let run = run_cluster(opts, bin, &format!("tls-{i}-{round}-{}", if with_tls { "tls" } else { "plain" }), 1, 2, &a)?;
+                let rate = run.examples_per_sec();
+                if with_tls { encrypted.push(rate) } else { plain.push(rate) }
+            }
+        }
+        let (ours, base) = (median(encrypted.clone()), median(plain.clone()));
+        let met = (!target.is_empty() && !opts.quick).then_some(ours >= 0.9 * base);
+        report.row("tls", &format!("{name}, 1ps+2w async, TLS: examples/s"), ours, "ex/s", Some(("the same in plaintext", base)), None, target, met);
+        details.push(json!({ "workload": name, "tls": encrypted, "plaintext": plain }));
+    }
+    report.details.insert("tls".into(), json!(details));
+    Ok(())
+}
