@@ -477,6 +477,55 @@ impl ChannelClient {
 mod tests {
     use super::*;
 
+    /// TLS files of a CA and a certificate for `localhost` it signed, under `dir`.
+    fn tls_files(dir: &std::path::Path) -> crate::auth::TlsFiles {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let files = crate::auth::TlsFiles { cert: dir.join("c.pem"), key: dir.join("k.pem"), ca: dir.join("ca.pem") };
+        std::fs::write(&files.cert, params.signed_by(&key, &issuer).unwrap().pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        std::fs::write(&files.ca, ca.pem()).unwrap();
+        files
+    }
+
+    /// A message written over TLS through a congested connection (a pipe of 16 KiB) arrives
+    /// whole while the writer keeps the connection open, waiting for an answer, as a peer does:
+    /// the last records a write leaves in the TLS session are flushed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_over_tls_arrives_whole_through_a_congested_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = tls_files(dir.path());
+        let (client_io, server_io) = tokio::io::duplex(16 << 10);
+        let acceptor = tokio_rustls::TlsAcceptor::from(files.server_config().unwrap());
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (client, server) = tokio::join!(files.channel_connector().unwrap().connect(name, client_io), acceptor.accept(server_io));
+        let (mut client, mut server) = (client.unwrap(), server.unwrap());
+        const N: usize = 300_000;
+        let (hold, held) = tokio::sync::oneshot::channel::<()>();
+        let writer = tokio::spawn(async move {
+            let values: Vec<f32> = (0..N).map(|i| i as f32).collect();
+            let message = TensorChannelReply { step: 7, ..Default::default() };
+            write_message(&mut client, &message, std::iter::once(le_bytes(&values))).await.unwrap();
+            let _ = held.await;
+        });
+        let read = async {
+            let reply: TensorChannelReply = read_frame(&mut server).await?;
+            let mut got = vec![0f32; N];
+            read_f32_into(&mut server, &mut got).await?;
+            Ok::<_, ChannelError>((reply, got))
+        };
+        let (reply, got) = tokio::time::timeout(Duration::from_secs(10), read).await.expect("the whole message arrives").unwrap();
+        assert_eq!((reply.step, got[0], got[N - 1]), (7, 0.0, (N - 1) as f32));
+        drop(hold);
+        writer.await.unwrap();
+    }
+
     #[test]
     fn openings() {
         let cases: &[(&[u8], Option<bool>)] = &[

@@ -228,9 +228,9 @@ async fn tls_between_tasks() {
     assert_eq!(server.store.progress().step, 2);
 }
 
-/// Tensors of many TLS records each, both ways, many times over one connection: every reply
-/// and request arrives whole (a write under TLS that leaves its last record in the session's
-/// buffer, unflushed, would hang the peer).
+/// Tensors of many TLS records each, both ways, many times over one connection: each pull
+/// brings the values the pushes before it made (the unflushed-record hang this once had is
+/// pinned by `channel::tests::a_message_over_tls_arrives_whole_through_a_congested_connection`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_moves_large_tensors_over_the_channel() {
     let dir = tempfile::tempdir().unwrap();
