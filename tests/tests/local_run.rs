@@ -510,3 +510,32 @@ fn bad_input_starts_nothing() -> Result<()> {
     }
     Ok(())
 }
+
+/// The evaluator finishes its final evaluation before the job's pods are cleaned up, under every
+/// `cleanPodPolicy` (Kubeflow's users saw it stopped mid-evaluation when the chief ended the job):
+/// the chief waits for it, so the job succeeds only after it, and the evaluator ends with its
+/// final figures and its report whatever is stopped afterwards.
+#[test]
+fn the_evaluator_finishes_its_final_evaluation_under_every_clean_pod_policy() -> Result<()> {
+    let manifest = std::fs::read_to_string(repo_root().join("examples/chief-evaluator.yaml"))?;
+    assert!(manifest.contains("  runPolicy:\n") && manifest.contains("--train_steps=1500"), "examples/chief-evaluator.yaml changed shape");
+    for policy in ["None", "Running", "All"] {
+        let dir = tempfile::tempdir()?;
+        let changed =
+            manifest.replace("  runPolicy:\n", &format!("  runPolicy:\n    cleanPodPolicy: {policy}\n")).replace("--train_steps=1500", "--train_steps=600");
+        let file = write(dir.path(), "chief-evaluator.yaml", &changed);
+        let (out, run_dir) = run(&file, &["--quiet"])?;
+        assert!(out.status.success(), "cleanPodPolicy {policy}: {}", text(&out));
+        let log = std::fs::read_to_string(run_dir.join("evaluator-0.log"))?;
+        let last = log.lines().rev().find(|l| l.contains("final evaluation at global_step="));
+        let step: u64 = last
+            .and_then(|l| l.split("global_step=").nth(1))
+            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("cleanPodPolicy {policy}: no final evaluation in the evaluator's log:\n{log}"));
+        assert!(step >= 600, "cleanPodPolicy {policy}: final evaluation at step {step}, before training ended");
+        let eval = report(&run_dir, "evaluator-0");
+        assert!(eval["accuracy"].as_f64().is_some() || eval["eval_accuracy"].as_f64().is_some(), "cleanPodPolicy {policy}: {eval}");
+    }
+    Ok(())
+}

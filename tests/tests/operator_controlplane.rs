@@ -1192,3 +1192,162 @@ fn an_elastic_policy_over_sync_workers_with_a_fixed_aggregation_count_fails_vali
     })();
     with_log(r, &[&op])
 }
+
+/// Random TFJobs, valid and not (names, replica types and counts, restart policies, templates,
+/// run policies, success policies, the TLS annotation), applied one after another: each is
+/// refused by the API server with a message, or the operator gives it a status that says what
+/// it is (a `Failed` condition with its reason); the operator never panics and goes on serving.
+#[test]
+fn random_tfjobs_are_refused_or_answered_and_the_operator_goes_on() -> Result<()> {
+    use proptest::test_runner::{Config, TestRunner};
+    let (cp, ns, _account, mut op) = setup("op-random")?;
+    let k = Cluster::new(cp, &ns);
+    let cases = std::cell::Cell::new(0usize);
+    let (refused, answered) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+    let mut runner = TestRunner::new(Config { cases: 40, max_shrink_iters: 8, failure_persistence: None, ..Config::default() });
+    let r = runner.run(&random_tfjob(), |mut job| {
+        let n = cases.get();
+        cases.set(n + 1);
+        let name = format!("{}{n}", job["metadata"]["name"].as_str().unwrap_or_default());
+        job["metadata"]["name"] = json!(name);
+        let outcome = (|| -> Result<()> {
+            match k.apply(&job.to_string()) {
+                Err(e) => {
+                    refused.set(refused.get() + 1);
+                    let said = format!("{e:#}");
+                    eprintln!("{name}: refused: {}", said.lines().find(|l| l.contains("TFJob") || l.contains("invalid")).unwrap_or(&said));
+                    ensure!(said.contains("TFJob") || said.contains("invalid"), "refused without saying why: {said}");
+                }
+                Ok(_) => {
+                    answered.set(answered.get() + 1);
+                    let st = k.wait_status(&name, "a condition", REACT, |s| s["conditions"].as_array().is_some_and(|c| !c.is_empty()))?;
+                    if let Some(failed) = condition(&st, "Failed").filter(|c| c["status"] == "True") {
+                        ensure!(!failed["message"].as_str().unwrap_or_default().is_empty(), "failed without a message: {st:#}");
+                        eprintln!("{name}: {}: {}", failed["reason"].as_str().unwrap_or_default(), failed["message"].as_str().unwrap_or_default());
+                    } else {
+                        eprintln!("{name}: accepted, {} pod(s)", k.job_pods(&name)?.len());
+                    }
+                    cp.kubectl_ok(["delete", "tfjob", &name, "-n", &ns, "--wait=false"])?;
+                }
+            }
+            Ok(())
+        })();
+        outcome.map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{job:#}\n{e:#}")))
+    });
+    let r = r.map_err(|e| anyhow!("{e}")).and_then(|()| {
+        eprintln!("{} random TFJobs: {} refused by the API server, {} answered by the operator", cases.get(), refused.get(), answered.get());
+        ensure!(refused.get() > 0 && answered.get() > 0, "the generator should give both kinds");
+        ensure!(op.is_running(), "the operator stopped");
+        let log = fs::read_to_string(op.log_path())?;
+        ensure!(!log.contains("panicked"), "the operator panicked");
+        // Still serving.
+        create_job(&k, &tfjob("after", &[("Worker", 1, "Never")], json!({})))?;
+        k.wait_pods("after", &["after-worker-0"], REACT)
+    });
+    with_log(r, &[&op])
+}
+
+/// A TFJob as JSON from parts drawn at random, each part valid or not.
+fn random_tfjob() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    // Each part is valid most of the time, so that a job is often valid as a whole (the API
+    // server refuses a job for any one part it checks).
+    let name =
+        prop_oneof![12 => Just("rand-"), 1 => Just("Upper-"), 1 => Just("-dash-"), 1 => Just("a-very-long-name-that-leaves-no-room-for-the-replica-suffixes-")];
+    let rtype = prop_oneof![3 => Just("PS"), 4 => Just("Worker"), 2 => Just("Chief"), 1 => Just("Master"), 1 => Just("Evaluator"), 1 => Just("worker"), 1 => Just("Bogus")];
+    let restart = prop_oneof![3 => Just("Never"), 3 => Just("OnFailure"), 1 => Just("Always"), 2 => Just("ExitCode"), 1 => Just("Sometimes")];
+    let container = prop_oneof![
+        12 => Just(json!([{"name": "tensorflow", "image": "tfjob-runtime:latest", "command": ["tfjob-runtime"]}])),
+        1 => Just(json!([{"name": "main", "image": "tfjob-runtime:latest"}])),
+        1 => Just(json!([])),
+        1 => Just(json!([{"name": "tensorflow"}])),
+        1 => Just(json!([{"name": "tensorflow", "image": "x", "imagePullPolicy": "Sometimes"}])),
+        1 => Just(json!([{"name": "tensorflow", "image": "x", "ports": "tfjob-port"}])),
+    ];
+    let count = prop_oneof![1 => Just(-1i32), 8 => 0i32..4];
+    let set = (rtype, count, restart, container)
+        .prop_map(|(t, n, r, c)| (t.to_string(), json!({"replicas": n, "restartPolicy": r, "template": {"spec": {"containers": c}}})));
+    // Mostly with a Worker set (a job needs a Chief, Master or Worker), and up to two more.
+    let workers = prop_oneof![6 => Just(true), 1 => Just(false)];
+    let sets = (workers, set.clone(), proptest::collection::vec(set, 0..3)).prop_map(|(workers, (_, mut first), rest)| {
+        let mut all = vec![];
+        if workers {
+            first["replicas"] = json!(first["replicas"].as_i64().unwrap_or(1).max(1));
+            all.push(("Worker".to_string(), first));
+        }
+        all.extend(rest.into_iter().filter(|(t, _)| !workers || t != "Worker"));
+        all
+    });
+    let run_policy = (
+        proptest::option::of(prop_oneof![1 => Just(-1i64), 6 => 0i64..4]),
+        proptest::option::of(prop_oneof![1 => Just(-5i64), 1 => Just(0), 6 => Just(300)]),
+        proptest::option::of(prop_oneof![2 => Just("None"), 2 => Just("Running"), 2 => Just("All"), 1 => Just("Bogus")]),
+        proptest::option::of(prop_oneof![1 => Just(-1i64), 6 => Just(30)]),
+    )
+        .prop_map(|(backoff, deadline, clean, ttl)| {
+            let mut p = serde_json::Map::new();
+            let fields = [
+                ("backoffLimit", backoff.map(Value::from)),
+                ("activeDeadlineSeconds", deadline.map(Value::from)),
+                ("cleanPodPolicy", clean.map(Value::from)),
+                ("ttlSecondsAfterFinished", ttl.map(Value::from)),
+            ];
+            for (k, v) in fields {
+                if let Some(v) = v {
+                    p.insert(k.into(), v);
+                }
+            }
+            Value::Object(p)
+        });
+    let success = proptest::option::of(prop_oneof![2 => Just(""), 3 => Just("AllWorkers"), 1 => Just("Half")]);
+    let tls = proptest::option::of(prop_oneof![3 => Just("true"), 3 => Just("false"), 1 => Just("maybe")]);
+    (name, sets, run_policy, success, tls).prop_map(|(name, sets, run_policy, success, tls)| {
+        let mut spec = json!({"runPolicy": run_policy, "tfReplicaSpecs": sets.into_iter().collect::<serde_json::Map<_, _>>()});
+        if let Some(s) = success {
+            spec["successPolicy"] = json!(s);
+        }
+        let mut metadata = json!({"name": name});
+        if let Some(t) = tls {
+            metadata["annotations"] = json!({(tfjob_api::tls::TLS_ANNOTATION): t});
+        }
+        json!({"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": metadata, "spec": spec})
+    })
+}
+
+/// A job of 1,000 workers: planned and created within the API server's limits (every pod and its
+/// TLS Secret once, each pod's `TF_CONFIG` naming all 1,001 replicas), with a handful of status
+/// writes for the whole job, not one per pod.
+#[test]
+fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Result<()> {
+    const WORKERS: usize = 1000;
+    let (cp, ns, account, op) = setup("op-thousand")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        let before = requests(cp, &account)?;
+        let started = Instant::now();
+        create_job(&k, &tfjob("wide", &[("PS", 1, "Never"), ("Worker", WORKERS as i32, "Never")], json!({})))?;
+        eventually("every pod created", Duration::from_secs(300), || Ok((k.job_pods("wide")?.len() == WORKERS + 1).then_some(())))?;
+        let created = started.elapsed();
+        let st = k.wait_status("wide", "every pod counted", REACT, |s| s["replicaStatuses"]["Worker"]["replicas"] == WORKERS)?;
+        std::thread::sleep(Duration::from_secs(2));
+        let after = requests(cp, &account)?;
+        let count = |what: &str| after.get(what).copied().unwrap_or(0) - before.get(what).copied().unwrap_or(0);
+        eprintln!(
+            "1 ps + {WORKERS} workers: pods created in {created:.1?}; {} pod creates, {} secret creates, {} status writes",
+            count("create pods"),
+            count("create secrets"),
+            count("patch tfjobs/status")
+        );
+        assert_eq!(count("create pods"), WORKERS + 1);
+        assert_eq!(count("create secrets"), WORKERS + 2, "the token and a TLS Secret per pod");
+        ensure!(count("patch tfjobs/status") <= 10, "{} status writes: {st:#}", count("patch tfjobs/status"));
+        let pod = k.must_get("pod", "wide-worker-999")?;
+        let cluster = tf_config(&pod)?["cluster"].clone();
+        assert_eq!((cluster["worker"].as_array().map(Vec::len), cluster["ps"].as_array().map(Vec::len)), (Some(WORKERS), Some(1)));
+        // Its 2,000 objects go with it through the garbage collector (owner references, checked
+        // on small jobs elsewhere); waiting for that here would take two minutes.
+        cp.kubectl_ok(["delete", "tfjob", "wide", "-n", &ns, "--wait=false"])?;
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
