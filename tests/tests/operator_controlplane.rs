@@ -1344,9 +1344,10 @@ fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Re
         let pod = k.must_get("pod", "wide-worker-999")?;
         let cluster = tf_config(&pod)?["cluster"].clone();
         assert_eq!((cluster["worker"].as_array().map(Vec::len), cluster["ps"].as_array().map(Vec::len)), (Some(WORKERS), Some(1)));
-        // Its 2,000 objects go with it through the garbage collector (owner references, checked
-        // on small jobs elsewhere); waiting for that here would take two minutes.
-        cp.kubectl_ok(["delete", "tfjob", "wide", "-n", &ns, "--wait=false"])?;
+        // The job is left in place: deleting it queues its 2,000 objects at the garbage
+        // collector, which then took minutes to reach the other tests' (their 60 s waits for
+        // it failed in CI). Its pods never run (no kubelet here); the control plane goes at the
+        // end of this test binary.
         Ok(())
     })();
     with_log(r, &[&op])
