@@ -19,6 +19,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -123,6 +126,52 @@ impl Collector for JobsByPhase {
     }
 }
 
+/// The watch caches of the jobs, and of the pods and Services they own.
+type WatchCaches = (Store<TFJob>, Store<Pod>, Store<Service>);
+
+/// The watch caches, for `/debug/caches`.
+#[derive(Default)]
+struct CacheStores {
+    stores: Mutex<Option<WatchCaches>>,
+}
+
+impl std::fmt::Debug for CacheStores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheStores")
+    }
+}
+
+/// What a watch cache holds, to be compared with the API server's lists without showing any
+/// object's name: `{"objects": <count>, "digest": <SHA-256, hex, of the objects' lines
+/// "<namespace>/<name> <resourceVersion>\n", sorted>}`.
+pub fn cache_summary<'a>(objects: impl Iterator<Item = &'a ObjectMeta>) -> serde_json::Value {
+    let mut lines: Vec<String> = objects
+        .map(|m| {
+            format!(
+                "{}/{} {}\n",
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+                m.resource_version.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    lines.sort();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for line in &lines {
+        ctx.update(line.as_bytes());
+    }
+    let digest: String = ctx.finish().as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    serde_json::json!({ "objects": lines.len(), "digest": digest })
+}
+
+fn store_summary<K: Resource + Clone + 'static>(store: &Store<K>) -> serde_json::Value
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    let state = store.state();
+    cache_summary(state.iter().map(|o| o.meta()))
+}
+
 /// The operator's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -132,6 +181,7 @@ pub struct Metrics {
     reconcile_errors: Family<ErrorLabels, Counter>,
     replicas_recreated: Counter,
     by_phase: Arc<JobsByPhase>,
+    caches: CacheStores,
 }
 
 impl Default for Metrics {
@@ -156,7 +206,7 @@ impl Default for Metrics {
         registry.register("tfjob_restarts", "Replicas recreated after a failure.", replicas_recreated.clone());
         let by_phase = Arc::new(JobsByPhase::default());
         registry.register_collector(Box::new(by_phase.clone()));
-        Metrics { registry, jobs, reconcile_duration, reconcile_errors, replicas_recreated, by_phase }
+        Metrics { registry, jobs, reconcile_duration, reconcile_errors, replicas_recreated, by_phase, caches: CacheStores::default() }
     }
 }
 
@@ -195,6 +245,24 @@ impl Metrics {
         }
     }
 
+    /// Shows these watch caches on `/debug/caches` from now on.
+    pub fn watch_caches(&self, jobs: Store<TFJob>, pods: Store<Pod>, services: Store<Service>) {
+        if let Ok(mut s) = self.caches.stores.lock() {
+            *s = Some((jobs, pods, services));
+        }
+    }
+
+    /// `/debug/caches`: [`cache_summary`] of each watch cache (TFJobs, the operator's pods and
+    /// Services), `{}` before the controller runs.
+    pub fn cache_view(&self) -> serde_json::Value {
+        match self.caches.stores.lock().ok().as_deref() {
+            Some(Some((jobs, pods, services))) => {
+                serde_json::json!({ "TFJob": store_summary(jobs), "Pod": store_summary(pods), "Service": store_summary(services) })
+            }
+            _ => serde_json::json!({}),
+        }
+    }
+
     /// The OpenMetrics text exposition (ends with `# EOF`).
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -214,17 +282,23 @@ async fn metrics_page(State(s): State<Endpoints>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], s.metrics.render())
 }
 
+async fn debug_caches(State(s): State<Endpoints>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], s.metrics.cache_view().to_string())
+}
+
 async fn readyz(State(s): State<Endpoints>) -> (StatusCode, &'static str) {
     if s.ready.load(Ordering::SeqCst) { (StatusCode::OK, "ok\n") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready\n") }
 }
 
-/// `/metrics`, `/healthz` (always ok while the process serves) and `/readyz` (ok while `ready`:
-/// this replica leads and its controller runs).
+/// `/metrics`, `/healthz` (always ok while the process serves), `/readyz` (ok while `ready`:
+/// this replica leads and its controller runs) and `/debug/caches` (what the watch caches hold,
+/// as counts and digests: [`Metrics::cache_view`]).
 pub fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/debug/caches", get(debug_caches))
         .with_state(Endpoints { metrics, ready })
 }
 
@@ -316,5 +390,25 @@ mod tests {
             let text = m.render();
             assert!(text.lines().any(|l| l == line), "{claim:?}: no line {line:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn cache_summaries_count_and_digest_names_and_versions_in_any_order() {
+        let meta = |ns: &str, name: &str, rv: &str| ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        };
+        let a = [meta("n", "a", "1"), meta("n", "b", "2")];
+        let b = [meta("n", "b", "2"), meta("n", "a", "1")];
+        let newer = [meta("n", "a", "1"), meta("n", "b", "3")];
+        let fewer = [meta("n", "a", "1")];
+        assert_eq!(cache_summary(a.iter()), cache_summary(b.iter()), "order does not matter");
+        assert_eq!(cache_summary(a.iter())["objects"], 2);
+        assert_ne!(cache_summary(a.iter())["digest"], cache_summary(newer.iter())["digest"], "a resourceVersion does");
+        assert_ne!(cache_summary(a.iter())["digest"], cache_summary(fewer.iter())["digest"]);
+        // SHA-256 of nothing: anyone can compute the digest from the API server's lists.
+        assert_eq!(cache_summary([].iter())["digest"], "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 }

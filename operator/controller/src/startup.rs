@@ -179,6 +179,7 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
         Lead::Leader(leadership, lost) => (Some(leadership), Some(lost)),
     };
     ctx.metrics.watch_jobs(controller.store(), ctx.claim);
+    ctx.metrics.watch_caches(controller.store(), ctx.caches.pods.clone(), ctx.caches.services.clone());
     let progress = (args.progress_interval > 0).then(|| {
         let settings =
             ProgressSettings { interval: Duration::from_secs(args.progress_interval), concurrency: args.progress_concurrency, timeout: Duration::from_secs(2) };

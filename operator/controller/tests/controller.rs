@@ -772,17 +772,25 @@ async fn a_pod_the_api_server_refuses_fails_the_job_with_the_reason() {
 #[tokio::test]
 async fn a_pod_refused_for_now_is_retried_and_shows_on_the_job_meanwhile() {
     let h = Harness::new();
-    let msg = "pods \"q-worker-0\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, limited: pods=10";
-    h.api.state.lock().unwrap().refusals.push((format!("{PODS}/q-worker-0"), 403, "Forbidden".into(), msg.into()));
-    h.api.put(JOBS, job("q", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    let msg = "pods \"q-worker-1\" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, limited: pods=10";
+    for pod in ["q-worker-1", "q-worker-2"] {
+        h.api.state.lock().unwrap().refusals.push((format!("{PODS}/{pod}"), 403, "Forbidden".into(), msg.into()));
+    }
+    h.api.put(JOBS, job("q", json!({"tfReplicaSpecs": {"Worker": replica(3, "Never")}})));
+    h.api.take_log();
     let action = h.reconcile("q").await;
     assert!(format!("{action:?}").contains("10s"), "retried later: {action:?}");
-    let retrying = format!("TFJob ns/q cannot create pod q-worker-0 (retrying): {msg}");
+    let retrying = format!("TFJob ns/q cannot create pod q-worker-1 (retrying): {msg}");
     assert_eq!(h.last_condition("q"), ("ReplicaFailure".into(), "True".into(), "FailedCreatePod".into(), retrying));
-    // Quota freed: the pod is created and the condition clears.
+    // Once the quota refused worker-1, worker-2 was not sent (it would be refused too): one
+    // refused request and one Warning per attempt, not one per pod left.
+    assert_eq!(h.pods(), vec!["q-worker-0"]);
+    assert_eq!(requests_to(&h.api.take_log(), "POST", PODS).len(), 2);
+    assert_eq!(notes_of(&h, "FailedCreatePod"), vec![format!("Error creating: {msg} x1")]);
+    // Quota freed: the pods are created and the condition clears.
     h.api.state.lock().unwrap().refusals.clear();
     h.reconcile("q").await;
-    assert_eq!(h.pods(), vec!["q-worker-0"]);
+    assert_eq!(h.pods(), vec!["q-worker-0", "q-worker-1", "q-worker-2"]);
     assert!(h.conditions("q").contains(&c("ReplicaFailure", "False", "PodsCreated")));
     assert_eq!(h.conditions("q").last().unwrap().0, "Created");
 }

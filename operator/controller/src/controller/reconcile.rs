@@ -208,8 +208,10 @@ async fn execute_actions(
     let mut planner: Option<plan::PodPlanner> = None;
     for action in &decision.outcome.actions {
         match action {
-            // After an invalid pod the job fails: no point sending its other pods.
-            Action::CreateReplica { .. } if done.refused.iter().any(|r| r.permanent) => {}
+            // After a refused pod, none of the job's other pods is sent in this pass: after an
+            // invalid pod the job fails, and what refused one for now (a quota, admission)
+            // would refuse the next ones too; the retry starts over.
+            Action::CreateReplica { .. } if !done.refused.is_empty() => {}
             Action::CreateReplica { replica_type, index } => {
                 let planner =
                     planner.get_or_insert_with(|| plan::PodPlanner::with_layout(&decision.defaulted, &ctx.opts, layout).in_kueue_pod_group(group.clone()));
