@@ -38,7 +38,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 
 /// Directory of the Go module that pins and builds the control plane binaries.
 pub fn controlplane_module_dir() -> PathBuf {
@@ -208,6 +208,8 @@ struct Component {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// The flags it was started with, to start it again ([`ControlPlane::restart`]).
+    args: Vec<std::ffi::OsString>,
 }
 
 fn kill_group(child: &mut Child) {
@@ -371,6 +373,10 @@ pub struct Options {
     pub feature_gates: Vec<String>,
     /// API versions kube-apiserver serves beyond its defaults (`group/version=true`).
     pub runtime_config: Vec<String>,
+    /// Controllers kube-controller-manager runs beyond [`KCM_CONTROLLERS`] (e.g.
+    /// `pod-garbage-collector-controller`, which deletes the pods of a Node deleted: only where
+    /// every node agent has its Node object).
+    pub extra_controllers: Vec<String>,
 }
 
 /// A running etcd + kube-apiserver + kube-controller-manager.
@@ -608,7 +614,10 @@ impl ControlPlane {
                 format!("--secure-port={kcm_port}"),
                 format!("--cert-dir={}", dir.join("kcm").display()),
                 "--leader-elect=false".into(),
-                format!("--controllers={}", KCM_CONTROLLERS.join(",")),
+                format!(
+                    "--controllers={}",
+                    KCM_CONTROLLERS.iter().map(|c| c.to_string()).chain(self.options.extra_controllers.iter().cloned()).collect::<Vec<_>>().join(",")
+                ),
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 format!("--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"),
@@ -662,7 +671,7 @@ impl ControlPlane {
             .stderr(out);
         let child = spawn_supervised(cmd).with_context(|| format!("starting {}", binary.display()))?;
         self.pids.push(child.id());
-        lock(&self.components).push(Component { name: "kube-scheduler", child, log });
+        lock(&self.components).push(Component { name: "kube-scheduler", child, log, args: Vec::new() });
         Ok(())
     }
 
@@ -671,14 +680,57 @@ impl ControlPlane {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
         let log = self.dir.join("logs").join(format!("{name}.log"));
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let err = out.try_clone()?;
-        let mut cmd = Command::new(self.bin_dir.join(name));
-        cmd.args(args).current_dir(&self.dir).env("HOME", self.dir.join("home")).stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = spawn_supervised(cmd).with_context(|| format!("starting {}", self.bin_dir.join(name).display()))?;
+        let child = self.spawn_component(name, &args, out)?;
         self.pids.push(child.id());
-        lock(&self.components).push(Component { name, child, log });
+        lock(&self.components).push(Component { name, child, log, args });
+        Ok(())
+    }
+
+    fn spawn_component(&self, name: &str, args: &[std::ffi::OsString], log: File) -> Result<Child> {
+        let err = log.try_clone()?;
+        let mut cmd = Command::new(self.bin_dir.join(name));
+        cmd.args(args).current_dir(&self.dir).env("HOME", self.dir.join("home")).stdin(Stdio::null()).stdout(log).stderr(err);
+        spawn_supervised(cmd).with_context(|| format!("starting {}", self.bin_dir.join(name).display()))
+    }
+
+    /// Kills the components named in `names` at once with SIGKILL (a crash, or the reboot of a
+    /// control-plane node), leaves them down for `down`, then starts them again in their start
+    /// order with the same flags, ports and data (etcd keeps its data directory), appending to
+    /// their logs. Returns once etcd is healthy and the API server ready again.
+    pub fn restart(&self, names: &[&str], down: Duration) -> Result<()> {
+        let mut components = lock(&self.components);
+        let chosen: Vec<usize> = (0..components.len()).filter(|&i| names.contains(&components[i].name)).collect();
+        ensure!(chosen.len() == names.len(), "restart {names:?}: not all are components of this control plane");
+        for &i in &chosen {
+            ensure!(!components[i].args.is_empty(), "{} cannot be restarted", components[i].name);
+            kill_group(&mut components[i].child);
+        }
+        drop(components);
+        thread::sleep(down);
+        // All started before any is waited for: a component still down would count as exited.
+        for &i in &chosen {
+            let (name, log, args) = {
+                let c = &lock(&self.components)[i];
+                (c.name, c.log.clone(), c.args.clone())
+            };
+            let out = File::options().append(true).open(&log).with_context(|| format!("opening {}", log.display()))?;
+            let child = self.spawn_component(name, &args, out)?;
+            lock(&self.components)[i].child = child;
+        }
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        if names.contains(&"etcd") {
+            let port: u16 = self.etcd_url.rsplit(':').next().and_then(|p| p.parse().ok()).context("etcd port")?;
+            self.wait_until("etcd /health after a restart", deadline, |_| Ok(http_get_plain(port, "/health")?.contains("\"health\":\"true\"")))?;
+        }
+        if names.contains(&"kube-apiserver") {
+            self.wait_until("kube-apiserver /readyz after a restart", deadline, |cp| {
+                let out = cp.command("kubectl").args(["get", "--raw=/readyz", "--request-timeout=5s"]).output()?;
+                Ok(out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+            })?;
+        }
         Ok(())
     }
 

@@ -13,6 +13,9 @@
 //! - [`local`]: the `tfjob run` tests' manifests and replica processes.
 //! - [`node_agent`]: the kubelet of the test control plane: its pods as podman containers.
 //! - [`s3`]: a real S3-compatible server on 127.0.0.1 (s3s over s3s-fs).
+//! - [`scene`]: a training job on the control plane followed from `kubectl apply` to its end,
+//!   with the chart's operator (the end-to-end and chaos tests).
+//! - [`soak`]: minutes of TFJob churn against one operator, then its caches, memory and latency.
 
 pub mod chart;
 pub mod controlplane;
@@ -26,3 +29,5 @@ pub mod operator;
 pub mod podman;
 pub mod report;
 pub mod s3;
+pub mod scene;
+pub mod soak;

@@ -70,6 +70,32 @@ const RESYNC: Duration = Duration::from_millis(300);
 enum Request {
     /// Send a signal to the container of `<namespace>/<pod>`.
     Kill { pod: String, signal: String, reply: mpsc::Sender<Result<()>> },
+    /// Bind unbound pods only once they have waited this long (see [`NodeOptions::bind_delay`]).
+    BindDelay(Duration),
+    /// Stop as a lost machine does: every container killed at once, nothing more written.
+    Lose { reply: mpsc::Sender<()> },
+}
+
+/// Which node an agent is, and which pods it takes.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The node's name: pods are bound to it, and the agent runs only pods bound to it.
+    pub name: String,
+    /// Run the pods on this existing network (another agent's: one cluster network over two
+    /// nodes) instead of a network of its own.
+    pub join_network: Option<String>,
+    /// Bind only unbound pods whose name starts with one of these (`None`: every unbound pod),
+    /// as a scheduler with a preference would.
+    pub bind_prefixes: Option<Vec<String>>,
+    /// Bind an unbound pod only once it is this old, so that another agent that binds at once
+    /// gets the pods it wants first (a node the scheduler prefers less).
+    pub bind_delay: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> NodeOptions {
+        NodeOptions { name: NODE_NAME.into(), join_network: None, bind_prefixes: None, bind_delay: Duration::ZERO }
+    }
 }
 
 /// What the agent times in the pods' logs: the first line of a pod that contains each of these.
@@ -127,12 +153,22 @@ impl NodeAgent {
     /// Starts serving the pods of `namespaces` on `cp`, with the podman API service at
     /// `docker_host` (`unix://...`).
     pub fn start(cp: &ControlPlane, namespaces: &[&str], docker_host: &str) -> Result<NodeAgent> {
+        Self::start_node(cp, namespaces, docker_host, NodeOptions::default())
+    }
+
+    /// [`start`](Self::start) as the node `node` describes.
+    pub fn start_node(cp: &ControlPlane, namespaces: &[&str], docker_host: &str, node: NodeOptions) -> Result<NodeAgent> {
         Podman::setup()?;
         let dir = tempfile::Builder::new().prefix("tfjob-node-agent.").tempdir().context("agent directory")?;
         let logs = Arc::new(Logs { dir: dir.path().join("logs"), files: Mutex::new(HashMap::new()), first_seen: Mutex::new(BTreeMap::new()) });
         fs::create_dir_all(&logs.dir)?;
         let labels = [(LABEL.to_string(), std::process::id().to_string())];
-        let kubelet = ContainerKubelet::connect_to(&[docker_host.to_string()], "tfjob-node", &labels, logs.clone()).map_err(|e| anyhow!("{e}"))?;
+        let hosts = [docker_host.to_string()];
+        let kubelet = match &node.join_network {
+            Some(network) => ContainerKubelet::join(&hosts, network, logs.clone()),
+            None => ContainerKubelet::connect_to(&hosts, "tfjob-node", &labels, logs.clone()),
+        }
+        .map_err(|e| anyhow!("{e}"))?;
         let network = kubelet.network().unwrap_or_default().to_string();
         let gateway: Ipv4Addr = kubelet.gateway().ok_or_else(|| anyhow!("network {network} has no gateway"))?.parse().context("gateway address")?;
         let api_port: u16 = cp.server_url().rsplit(':').next().and_then(|p| p.parse().ok()).ok_or_else(|| anyhow!("no port in {}", cp.server_url()))?;
@@ -146,6 +182,7 @@ impl NodeAgent {
             ca,
             extra_host: format!("{API_HOST}:{gateway}"),
             forward_port,
+            node,
         };
         fs::create_dir_all(&ctx.sa_root)?;
         let (tx, rx) = mpsc::channel();
@@ -169,6 +206,12 @@ impl NodeAgent {
                     match req {
                         Request::Kill { pod, signal, reply } => {
                             let _ = reply.send(agent.kubelet.kill_pod(&pod, &signal).map_err(|e| anyhow!("{e}")));
+                        }
+                        Request::BindDelay(delay) => agent.ctx.node.bind_delay = delay,
+                        Request::Lose { reply } => {
+                            agent.kubelet.shutdown_with_grace(0);
+                            let _ = reply.send(());
+                            return Ok(());
                         }
                     }
                 }
@@ -224,6 +267,20 @@ impl NodeAgent {
         let (reply, answer) = mpsc::channel();
         self.requests.send(Request::Kill { pod: format!("{namespace}/{pod}"), signal: signal.into(), reply }).map_err(|_| anyhow!("node agent has stopped"))?;
         answer.recv_timeout(Duration::from_secs(30)).map_err(|_| anyhow!("node agent did not answer"))?
+    }
+
+    /// From now on, binds unbound pods only once they are `delay` old.
+    pub fn set_bind_delay(&self, delay: Duration) -> Result<()> {
+        self.requests.send(Request::BindDelay(delay)).map_err(|_| anyhow!("node agent has stopped"))
+    }
+
+    /// The node is lost: every container is killed at once and the agent stops without writing
+    /// anything more (its pods stay as they were in the API, as when a machine goes away).
+    pub fn lose(&mut self) -> Result<()> {
+        let (reply, done) = mpsc::channel();
+        self.requests.send(Request::Lose { reply }).map_err(|_| anyhow!("node agent has stopped"))?;
+        done.recv_timeout(Duration::from_secs(60)).map_err(|_| anyhow!("node agent did not stop"))?;
+        self.stop()
     }
 
     /// Stops the agent: every container and the network are removed.
@@ -321,6 +378,23 @@ struct AgentContext {
     /// `kubernetes.default.svc:<gateway>`.
     extra_host: String,
     forward_port: u16,
+    node: NodeOptions,
+}
+
+impl AgentContext {
+    /// Whether the pod is this node's to run: bound to it, or unbound and taken by it now.
+    fn takes(&self, pod: &Pod, now: jiff::Timestamp) -> bool {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            Some(node) => node == self.node.name,
+            None => {
+                let name = pod.name_any();
+                let wanted = self.node.bind_prefixes.as_ref().is_none_or(|p| p.iter().any(|p| name.starts_with(p.as_str())));
+                let age =
+                    pod.metadata.creation_timestamp.as_ref().map_or(Duration::MAX, |t| Duration::from_secs_f64(now.duration_since(t.0).as_secs_f64().max(0.0)));
+                wanted && age >= self.node.bind_delay
+            }
+        }
+    }
 }
 
 struct Agent {
@@ -340,7 +414,9 @@ impl Agent {
     /// kubelets do (each gets its grace period, capped at 3 s here), then
     /// removes the pod objects.
     fn finish_terminating(&mut self, listed: &BTreeMap<String, Pod>) {
-        let terminating: Vec<(&String, &Pod)> = listed.iter().filter(|(_, p)| p.metadata.deletion_timestamp.is_some()).collect();
+        let now = jiff::Timestamp::now();
+        let mine = |key: &String, p: &Pod| self.kubelet.pods().any(|k| k == key) || self.ctx.takes(p, now);
+        let terminating: Vec<(&String, &Pod)> = listed.iter().filter(|(k, p)| p.metadata.deletion_timestamp.is_some() && mine(k, p)).collect();
         let mut by_grace: BTreeMap<i32, Vec<&str>> = BTreeMap::new();
         for (key, pod) in &terminating {
             let grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30).clamp(0, 3) as i32;
@@ -385,7 +461,11 @@ impl Agent {
             }
         }
         self.finish_terminating(&listed);
+        let now = jiff::Timestamp::now();
         for (key, pod) in &listed {
+            if !self.ctx.takes(pod, now) {
+                continue;
+            }
             let ns = pod.namespace().unwrap_or_default();
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             // Gated pods wait for whoever holds the gate (Kueue's admission), as the scheduler
@@ -446,7 +526,7 @@ impl Agent {
             let binding = json!({
                 "apiVersion": "v1", "kind": "Binding",
                 "metadata": { "name": name, "namespace": ns },
-                "target": { "apiVersion": "v1", "kind": "Node", "name": NODE_NAME },
+                "target": { "apiVersion": "v1", "kind": "Node", "name": self.ctx.node.name },
             });
             api.create_subresource::<Value, Value>("binding", &name, &PostParams::default(), &binding).await.context("binding the pod to the node")?;
         }
@@ -528,7 +608,7 @@ impl Agent {
                             "metadata.name" => pod.name_any(),
                             "metadata.namespace" => ns.clone(),
                             "metadata.uid" => pod.uid().unwrap_or_default(),
-                            "spec.nodeName" => NODE_NAME.into(),
+                            "spec.nodeName" => self.ctx.node.name.clone(),
                             "spec.serviceAccountName" => pod.spec.as_ref().and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
                             _ => String::new(),
                         }

@@ -61,8 +61,9 @@ fn find_or_build(bin: &str, package: &str) -> Result<PathBuf> {
         return Ok(path);
     }
     let exe = std::env::current_exe().context("locating the test binary")?;
-    // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe.parent().and_then(Path::parent).ok_or_else(|| anyhow!("{} is not in <target>/<profile>/deps", exe.display()))?;
+    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<program> (tfjob-soak).
+    let dir = exe.parent().ok_or_else(|| anyhow!("{} has no parent", exe.display()))?;
+    let profile_dir = if dir.ends_with("deps") { dir.parent().ok_or_else(|| anyhow!("{} has no parent", dir.display()))? } else { dir };
     let target = profile_dir.parent().ok_or_else(|| anyhow!("{} has no parent", profile_dir.display()))?;
     for dir in [target.join("release"), profile_dir.to_path_buf()] {
         let path = dir.join(bin);
@@ -330,6 +331,24 @@ impl Operator {
     pub fn metrics(&self) -> Result<String> {
         let resp = http_get(self.metrics_port, "/metrics")?;
         Ok(resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    /// Body of `GET <path>` of the operator's HTTP server (`/debug/caches`, ...).
+    pub fn page(&self, path: &str) -> Result<String> {
+        let resp = http_get(self.metrics_port, path)?;
+        Ok(resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    /// The process's resident memory (`VmRSS`), in MiB.
+    pub fn rss_mib(&self) -> Result<f64> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).context("the operator's /proc status")?;
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("no VmRSS in /proc/{}/status", self.child.id()))?;
+        Ok(kib / 1024.0)
     }
 
     /// The value of an unlabelled metric sample (e.g. `tfjob_reconcile_duration_seconds_count`).

@@ -15,172 +15,29 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
-use serde_json::Value;
+use anyhow::{Context, Result, ensure};
 use tfjob_tests::controlplane::ControlPlane;
 use tfjob_tests::node_agent::{LABEL_POD, NodeAgent};
 use tfjob_tests::operator::{eventually, repo_root};
-use tfjob_tests::podman::{LABEL, OPERATOR_IMAGE, Podman, PodmanService, build_images, release_bin_dir};
-use tfjob_tests::report::{ensure_linear, final_report};
+use tfjob_tests::podman::{LABEL, Podman, PodmanService, build_images, release_bin_dir};
+use tfjob_tests::report::ensure_linear;
+use tfjob_tests::scene::{RELEASE, Scene, install_operator};
 
-const RELEASE: &str = "tfjob-operator";
-
-/// Milestones of one job, printed at the end.
-struct Timeline {
-    job: String,
-    start: Instant,
-    marks: Vec<(String, Duration)>,
-}
-
-impl Timeline {
-    fn new(job: &str) -> Timeline {
-        Timeline { job: job.into(), start: Instant::now(), marks: Vec::new() }
-    }
-    fn mark(&mut self, what: &str) {
-        self.marks.push((what.into(), self.start.elapsed()));
-    }
-    fn mark_at(&mut self, what: &str, at: Instant) {
-        self.marks.push((what.into(), at.saturating_duration_since(self.start)));
-    }
-    fn print(&mut self) {
-        self.marks.sort_by_key(|(_, d)| *d);
-        let marks: Vec<String> = self.marks.iter().map(|(w, d)| format!("{w} {:.1}s", d.as_secs_f64())).collect();
-        eprintln!("timeline {}: {}", self.job, marks.join(" | "));
-    }
-}
-
-struct Scene<'a> {
-    cp: &'a ControlPlane,
-    ns: String,
-    agent: NodeAgent,
-}
-
-impl Scene<'_> {
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let mut all: Vec<&str> = args.to_vec();
-        all.extend(["-n", &self.ns]);
-        self.cp.kubectl_ok(all)
-    }
-
-    fn json(&self, args: &[&str]) -> Result<Value> {
-        let mut all: Vec<&str> = args.to_vec();
-        all.extend(["-o", "json"]);
-        serde_json::from_str(&self.kubectl(&all)?).context("kubectl JSON")
-    }
-
-    /// Pods of a job: (name, phase, restart count of the `tensorflow` container).
-    fn job_pods(&self, job: &str) -> Result<Vec<(String, String, i64)>> {
-        let list = self.json(&["get", "pods", "-l", &format!("training.kubeflow.org/job-name={job}")])?;
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| {
-                let restarts = p["status"]["containerStatuses"].as_array().and_then(|cs| cs.first()).and_then(|c| c["restartCount"].as_i64()).unwrap_or(0);
-                (p["metadata"]["name"].as_str().unwrap_or("").to_string(), p["status"]["phase"].as_str().unwrap_or("").to_string(), restarts)
-            })
-            .collect())
-    }
-
-    /// The operator (in its pod) read the job's progress from ps 0 into its status, and its
-    /// throughput autoscaler grew the job from 1 worker, with an `Autoscaled` event that has the
-    /// numbers; every example was still trained once per epoch.
-    fn assert_autoscaled(&self, job: &str) -> Result<()> {
-        let status = self.json(&["get", "tfjob", job])?["status"].clone();
-        let progress = &status["trainingProgress"];
-        ensure!(progress["numEpochs"] == 250 && progress["examplesTrained"].as_i64().unwrap_or(0) > 0, "no progress read: {status}");
-        ensure!(progress["lastUpdatedTime"].is_string() && status["autoscaler"]["replicas"].as_i64().unwrap_or(0) >= 1, "{status}");
-        let events = self.json(&["get", "events", "--field-selector", &format!("involvedObject.name={job},reason=Autoscaled")])?;
-        let notes: Vec<String> =
-            events["items"].as_array().into_iter().flatten().filter_map(|e| e["note"].as_str().or(e["message"].as_str()).map(String::from)).collect();
-        ensure!(notes.iter().any(|n| n.starts_with("Worker 1 → 2: ")), "no Autoscaled event from 1 worker: {notes:?}\nstatus: {status}");
-        let chief = self.report(&format!("{job}-worker-0"))?;
-        ensure!(chief["epochs_completed"].as_u64() == Some(250) && chief["examples_trained"].as_u64() == Some(250 * 20_000), "{chief}");
-        Ok(())
-    }
-
-    /// The condition of type `kind` with status True, if the job has it: (reason, message).
-    fn condition(&self, job: &str, kind: &str) -> Result<Option<(String, String)>> {
-        let j = self.json(&["get", "tfjob", job])?;
-        Ok(j["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == kind && c["status"] == "True")
-            .map(|c| (c["reason"].as_str().unwrap_or("").to_string(), c["message"].as_str().unwrap_or("").to_string())))
-    }
-
-    /// Applies a manifest and follows the job to an end (`Succeeded` or `Failed`), marking the
-    /// timeline; `during` runs on every look while the job runs (it returns true once done).
-    fn run_job(&self, job: &str, manifest: &str, mut during: impl FnMut(&Scene, &[(String, String, i64)]) -> Result<bool>) -> Result<(Timeline, String)> {
-        let mut tl = Timeline::new(job);
-        self.cp.kubectl_stdin(["apply", "-n", &self.ns, "-f", "-"], manifest)?;
-        tl.mark("applied");
-        let (mut created, mut running, mut done) = (false, false, false);
-        let deadline = Instant::now() + Duration::from_secs(240);
-        let end = loop {
-            let pods = self.job_pods(job)?;
-            if !created && !pods.is_empty() {
-                tl.mark("pods created");
-                created = true;
-            }
-            if !running && !pods.is_empty() && pods.iter().all(|(_, phase, _)| phase == "Running") {
-                tl.mark("all running");
-                running = true;
-            }
-            if !done {
-                done = during(self, &pods)?;
-            }
-            if self.condition(job, "Succeeded")?.is_some() {
-                tl.mark("succeeded");
-                break "Succeeded".to_string();
-            }
-            if self.condition(job, "Failed")?.is_some() {
-                tl.mark("failed");
-                break "Failed".to_string();
-            }
-            if Instant::now() > deadline {
-                bail!("{job} did not finish in 240s; pods {pods:?}; status {}", self.json(&["get", "tfjob", job])?["status"]);
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        };
-        if let Some(at) = self.agent.first_step(&self.ns, &format!("{job}-")) {
-            tl.mark_at("first step", at);
-        }
-        Ok((tl, end))
-    }
-
-    /// Deletes the job and waits until nothing of it is left.
-    fn delete_job(&self, job: &str, tl: &mut Timeline) -> Result<()> {
-        self.kubectl(&["delete", "tfjob", job, "--wait=false"])?;
-        let selector = format!("training.kubeflow.org/job-name={job}");
-        eventually(&format!("pods, Services and Secrets of {job} are gone"), Duration::from_secs(90), || {
-            let left = self.kubectl(&["get", "pods,services,secrets", "-l", &selector, "-o", "name"])?;
-            Ok(left.trim().is_empty().then_some(()))
-        })?;
-        tl.mark("cleaned");
-        Ok(())
-    }
-
-    /// (name, uid) of the pods of a job.
-    fn pod_uids(&self, job: &str) -> Result<Vec<(String, String)>> {
-        let list = self.json(&["get", "pods", "-l", &format!("training.kubeflow.org/job-name={job}")])?;
-        Ok(list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| (p["metadata"]["name"].as_str().unwrap_or("").to_string(), p["metadata"]["uid"].as_str().unwrap_or("").to_string()))
-            .collect())
-    }
-
-    /// The final JSON report of a pod, from its log.
-    fn report(&self, pod: &str) -> Result<Value> {
-        final_report(&self.agent.pod_log(&self.ns, pod), pod)
-    }
-
-    fn assert_linear(&self, pod: &str) -> Result<()> {
-        ensure_linear(&self.report(pod)?, pod)
-    }
+/// The operator (in its pod) read the job's progress from ps 0 into its status, and its
+/// throughput autoscaler grew the job from 1 worker, with an `Autoscaled` event that has the
+/// numbers; every example was still trained once per epoch.
+fn assert_autoscaled(scene: &Scene, job: &str) -> Result<()> {
+    let status = scene.json(&["get", "tfjob", job])?["status"].clone();
+    let progress = &status["trainingProgress"];
+    ensure!(progress["numEpochs"] == 250 && progress["examplesTrained"].as_i64().unwrap_or(0) > 0, "no progress read: {status}");
+    ensure!(progress["lastUpdatedTime"].is_string() && status["autoscaler"]["replicas"].as_i64().unwrap_or(0) >= 1, "{status}");
+    let events = scene.json(&["get", "events", "--field-selector", &format!("involvedObject.name={job},reason=Autoscaled")])?;
+    let notes: Vec<String> =
+        events["items"].as_array().into_iter().flatten().filter_map(|e| e["note"].as_str().or(e["message"].as_str()).map(String::from)).collect();
+    ensure!(notes.iter().any(|n| n.starts_with("Worker 1 → 2: ")), "no Autoscaled event from 1 worker: {notes:?}\nstatus: {status}");
+    let chief = scene.report(&format!("{job}-worker-0"))?;
+    ensure!(chief["epochs_completed"].as_u64() == Some(250) && chief["examples_trained"].as_u64() == Some(250 * 20_000), "{chief}");
+    Ok(())
 }
 
 fn examples() -> Result<Vec<(String, String)>> {
@@ -224,33 +81,8 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
     eprintln!("control plane, images, node agent ready in {:.1}s", started.elapsed().as_secs_f64());
 
     // helm install: the operator runs from the chart's Deployment.
-    let (repo, tag) = OPERATOR_IMAGE.rsplit_once(':').expect("image:tag");
-    let chart = repo_root().join("charts/tfjob-operator");
-    let chart = chart.display().to_string();
     let t = Instant::now();
-    let set = [format!("watchNamespace={ns}"), format!("image.repository={repo}"), format!("image.tag={tag}"), "image.pullPolicy=Never".to_string()];
-    let mut args = vec!["install", RELEASE, &chart, "-n", &ns];
-    for s in &set {
-        args.extend(["--set", s]);
-    }
-    let out = cp.helm_ok(args)?;
-    ensure!(out.contains("STATUS: deployed"), "{out}");
-    cp.wait_established(&["tfjobs.kubeflow.org"])?;
-    let operator_pod = eventually("the operator's pod runs", Duration::from_secs(90), || {
-        let pods = scene.json(&["get", "pods", "-l", "app.kubernetes.io/name=tfjob-operator"])?;
-        Ok(pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["status"]["phase"] == "Running")
-            .and_then(|p| p["metadata"]["name"].as_str().map(String::from)))
-    })?;
-    // It leads (its Lease names it) once it talks to the API server from its container.
-    eventually("the operator holds its Lease", Duration::from_secs(90), || {
-        let lease = scene.json(&["get", "lease", RELEASE]).ok();
-        Ok(lease.and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from)).filter(|h| h.contains(&operator_pod)))
-    })
-    .with_context(|| format!("operator log:\n{}", scene.agent.pod_log(&ns, &operator_pod)))?;
+    let operator_pod = install_operator(&scene, &[])?;
     eprintln!("helm install: operator pod {operator_pod} leads after {:.1}s", t.elapsed().as_secs_f64());
 
     // Every example, one after the other, but those that need what this control plane lacks:
@@ -270,7 +102,7 @@ fn helm_install_kubectl_apply_train_and_clean_up() -> Result<()> {
             "mnist-mlp" => ensure!(scene.report(&format!("{name}-worker-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "chief-evaluator" => ensure!(scene.report(&format!("{name}-chief-0"))?["accuracy"].as_f64().unwrap_or(0.0) > 0.5),
             "ctr-wide-deep" => ensure!(scene.report(&format!("{name}-worker-0"))?["auc"].as_f64().unwrap_or(0.0) > 0.85),
-            "autoscale-throughput" => scene.assert_autoscaled(&name)?,
+            "autoscale-throughput" => assert_autoscaled(&scene, &name)?,
             _ => {}
         }
         scene.delete_job(&name, &mut tl)?;

@@ -1352,3 +1352,21 @@ fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Re
     })();
     with_log(r, &[&op])
 }
+
+// ---------------------------------------------------------------------------------------------
+// A day of churn, in seconds.
+
+/// The short soak (`tfjob-soak` runs the long one): 30 s of jobs created, started, scaled, failed
+/// on purpose, finished and deleted against one operator; then its watch caches equal the API
+/// server's state (with the jobs, and after deleting them all), nothing of any job is left, its
+/// memory stayed flat, and its reconcile latency percentiles are printed.
+#[test]
+fn a_short_soak_of_job_churn_leaves_the_caches_equal_to_the_api_server_and_nothing_behind() -> Result<()> {
+    let cp = ControlPlane::shared()?;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64;
+    let options = tfjob_tests::soak::SoakOptions { duration: Duration::from_secs(30), jobs: 6, sample_every: Duration::from_secs(5), seed };
+    let report = tfjob_tests::soak::run(cp, &options).with_context(|| format!("soak seed {seed}"))?;
+    eprint!("{}", report.render());
+    ensure!(report.operations.len() >= 4 && report.jobs_created >= 6, "too little churn: {report:?}");
+    Ok(())
+}

@@ -318,6 +318,9 @@ pub struct ContainerKubelet {
     docker: Docker,
     /// The network; `None` once removed.
     network: Option<String>,
+    /// Whether the network is this kubelet's, removed at [`shutdown`](Self::shutdown), or
+    /// another's it joined.
+    owns_network: bool,
     output: Arc<dyn PodOutput>,
     pods: BTreeMap<String, Pod>,
     next_poll: Instant,
@@ -339,7 +342,17 @@ impl ContainerKubelet {
         let request =
             NetworkCreateRequest { name: network.clone(), driver: Some("bridge".into()), labels: Some(labels.iter().cloned().collect()), ..Default::default() };
         rt.block_on(docker.create_network(request)).map_err(|e| ContainerError::Network { network: network.clone(), reason: e.to_string() })?;
-        Ok(ContainerKubelet { rt, docker, network: Some(network), output, pods: BTreeMap::new(), next_poll: Instant::now() })
+        Ok(ContainerKubelet { rt, docker, network: Some(network), owns_network: true, output, pods: BTreeMap::new(), next_poll: Instant::now() })
+    }
+
+    /// Connects to the first engine of `hosts` that answers and runs pods on the existing
+    /// `network` (another kubelet's: a second node of one cluster network), which it leaves in
+    /// place at [`shutdown`](Self::shutdown).
+    pub fn join(hosts: &[String], network: &str, output: Arc<dyn PodOutput>) -> Result<Self, ContainerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| ContainerError::Client(e.to_string()))?;
+        let docker = rt.block_on(connect(hosts))?;
+        rt.block_on(docker.inspect_network(network, None)).map_err(|e| ContainerError::Network { network: network.into(), reason: e.to_string() })?;
+        Ok(ContainerKubelet { rt, docker, network: Some(network.into()), owns_network: false, output, pods: BTreeMap::new(), next_poll: Instant::now() })
     }
 
     /// The network's name (while it exists).
@@ -585,11 +598,21 @@ impl ContainerKubelet {
         self.pods.iter().map(|(n, p)| (n.clone(), p.state.clone())).collect()
     }
 
-    /// Removes every container and the network.
+    /// Removes every container (SIGTERM, killed after 3 s) and the network if it is this
+    /// kubelet's.
     pub fn shutdown(&mut self) {
+        self.shutdown_with_grace(3);
+    }
+
+    /// [`shutdown`](Self::shutdown) with `grace_secs` before the containers are killed (0: at
+    /// once, as a machine that is lost).
+    pub fn shutdown_with_grace(&mut self, grace_secs: i32) {
         let pods: Vec<Pod> = std::mem::take(&mut self.pods).into_values().collect();
         if !pods.is_empty() {
-            self.remove_containers(pods, 3);
+            self.remove_containers(pods, grace_secs);
+        }
+        if !self.owns_network {
+            self.network = None;
         }
         if let Some(network) = self.network.take()
             && let Err(e) = self.rt.block_on(self.docker.remove_network(&network))
