@@ -411,6 +411,48 @@ fn conditions_and_replica_counts_follow_pod_phases_under_every_restart_policy() 
 }
 
 /// `kubectl get tfjob NAME --subresource=scale`: what an HPA or Kueue reads.
+/// `workerShares` (tfjob-rs): a worker that failed for good is left alone while the failed ones
+/// are within `failedPercent`, and the job succeeds once `succeededPercent` of its workers did.
+#[test]
+fn a_share_of_the_workers_decides_success_and_tolerates_failures() -> Result<()> {
+    let (cp, ns, _account, op) = setup("op-shares")?;
+    let k = Cluster::new(cp, &ns);
+    let r = (|| -> Result<()> {
+        let mut job = tfjob("shares", &[("PS", 1, "Never"), ("Worker", 4, "Never")], json!({"cleanPodPolicy": "None"}));
+        job["spec"]["successPolicy"] = json!("AllWorkers");
+        job["spec"]["workerShares"] = json!({"succeededPercent": 75, "failedPercent": 25});
+        create_job(&k, &job)?;
+        let pods = ["shares-ps-0", "shares-worker-0", "shares-worker-1", "shares-worker-2", "shares-worker-3"];
+        k.wait_pods("shares", &pods, REACT)?;
+        for p in pods {
+            k.set_pod(p, PodState::RUNNING)?;
+        }
+        k.wait_status("shares", "Running", REACT, |s| condition_true(s, "Running"))?;
+        let failed_uid = k.uid("pod", "shares-worker-3")?;
+        k.set_pod("shares-worker-3", PodState::failed(1))?;
+        k.wait_status("shares", "1 failed worker counted", REACT, |s| replica_count(s, "Worker", "failed") == 1)?;
+        std::thread::sleep(Duration::from_secs(1));
+        let st = k.job_status("shares")?.unwrap_or_default();
+        ensure!(condition_true(&st, "Running") && !condition_true(&st, "Failed"), "1 of 4 failed is within 25 %: {st:#}");
+        assert_eq!(k.uid("pod", "shares-worker-3")?, failed_uid, "a tolerated failed worker is left as it is");
+        for p in ["shares-worker-1", "shares-worker-2"] {
+            k.set_pod(p, PodState::SUCCEEDED)?;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        ensure!(!condition_true(&k.job_status("shares")?.unwrap_or_default(), "Succeeded"), "2 of 4 is not 75 %");
+        k.set_pod("shares-worker-0", PodState::SUCCEEDED)?;
+        k.wait_status("shares", "Succeeded at 3 of 4 workers", REACT, |s| condition_true(s, "Succeeded"))?;
+        // A share out of range is refused at the door, by the CRD's bounds.
+        let mut bad = tfjob("bad-shares", &[("Worker", 2, "Never")], json!({}));
+        bad["spec"]["workerShares"] = json!({"failedPercent": 100});
+        let out = cp.kubectl_stdin(["apply", "-n", &ns, "-f", "-"], &bad.to_string());
+        let msg = format!("{out:?}");
+        ensure!(out.is_err() && msg.contains("failedPercent"), "{msg}");
+        Ok(())
+    })();
+    with_log(r, &[&op])
+}
+
 fn scale_of(k: &Cluster<'_>, job: &str) -> Result<Value> {
     let out = k.cp.kubectl_ok(["get", "tfjob", job, "-n", &k.ns, "--subresource=scale", "-o", "json"])?;
     Ok(serde_json::from_str(&out)?)

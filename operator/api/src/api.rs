@@ -155,6 +155,30 @@ pub struct TFJobSpec {
     /// `metrics`, or the built-in `autoscale: Throughput` policy ([`crate::autoscale`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elastic_policy: Option<ElasticPolicy>,
+
+    /// Success and failure by a share of the `Worker` replicas (tfjob-rs; not in Kubeflow's
+    /// TFJob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_shares: Option<WorkerShares>,
+}
+
+/// Success and failure decided by a share of the `Worker` replicas planned (tfjob-rs; Kubeflow's
+/// TFJob has only `successPolicy` and `enableDynamicWorker`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerShares {
+    /// A job without `Chief` or `Master` also succeeds once at least this percentage of its
+    /// workers have succeeded (rounded up: 75 of 3 workers is 3), the others stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub succeeded_percent: Option<i32>,
+    /// Workers that failed for good (their restart policy does not restart them) are left as
+    /// they are and the job goes on while they are at most this percentage of its workers; one
+    /// more fails the job. Worker 0 of a job without `Chief` or `Master` (its chief) fails it
+    /// whatever the share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 99))]
+    pub failed_percent: Option<i32>,
 }
 
 /// Why a job without `Chief` or `Master` needs a Worker (the message of the validation error
@@ -877,11 +901,31 @@ pub fn validate_spec(spec: &TFJobSpec) -> Vec<FieldError> {
         errs.push(unsupported("spec.successPolicy", v, &["", "AllWorkers"]));
     }
     check_run_policy(&spec.run_policy, &mut errs);
+    if let Some(shares) = &spec.worker_shares {
+        check_worker_shares(spec, shares, &mut errs);
+    }
     if let Some(policy) = &spec.elastic_policy {
         let workers = replica_specs(spec).get(&ReplicaType::Worker).map(|rs| (rs.replicas, runtime_args(rs)));
         crate::autoscale::check_policy(policy, workers.as_ref().map(|(n, a)| (*n, a.as_slice())), &mut errs);
     }
     errs
+}
+
+/// `workerShares`: percentages in range, on a job with workers, `succeededPercent` only where
+/// the workers decide (no `Chief` or `Master`: there the chief does).
+fn check_worker_shares(spec: &TFJobSpec, shares: &WorkerShares, errs: &mut Vec<FieldError>) {
+    let field = "spec.workerShares";
+    if let Some(p) = shares.succeeded_percent.filter(|p| !(1..=100).contains(p)) {
+        errs.push(FieldError::new(format!("{field}.succeededPercent"), format!("{p} is not a percentage from 1 to 100")));
+    }
+    if let Some(p) = shares.failed_percent.filter(|p| !(0..=99).contains(p)) {
+        errs.push(FieldError::new(format!("{field}.failedPercent"), format!("{p} is not a percentage from 0 to 99")));
+    }
+    if !replica_specs(spec).contains_key(&ReplicaType::Worker) {
+        errs.push(FieldError::new(field, "the job has no Worker replicas to count"));
+    } else if shares.succeeded_percent.is_some() && !worker0_is_chief(spec) {
+        errs.push(FieldError::new(format!("{field}.succeededPercent"), "the job has a Chief or Master, which decides when it succeeds"));
+    }
 }
 
 /// The command and args of a replica set's `tensorflow` container (where `tfjob-runtime`'s
@@ -1104,9 +1148,19 @@ pub fn raw_checks(doc: &serde_json::Value) -> Vec<FieldError> {
     check_object(
         spec,
         "spec",
-        &[("runPolicy", Object), ("successPolicy", Str), ("tfReplicaSpecs", Object), ("enableDynamicWorker", Bool), ("elasticPolicy", Object)],
+        &[
+            ("runPolicy", Object),
+            ("successPolicy", Str),
+            ("tfReplicaSpecs", Object),
+            ("enableDynamicWorker", Bool),
+            ("elasticPolicy", Object),
+            ("workerShares", Object),
+        ],
         &mut errs,
     );
+    if let Some(ws) = spec.get("workerShares") {
+        check_object(ws, "spec.workerShares", &[("succeededPercent", Int), ("failedPercent", Int)], &mut errs);
+    }
     if let Some(ep) = spec.get("elasticPolicy") {
         check_object(
             ep,
@@ -1336,6 +1390,32 @@ spec:
             y.push_str(&format!("    {t}: {{replicas: {n}, template: {{spec: {{containers: [{{name: tensorflow, image: x}}]}}}}}}\n"));
         }
         job(&y)
+    }
+
+    #[test]
+    fn worker_shares_are_percentages_of_a_job_whose_workers_decide() {
+        let with = |types: &str, shares: serde_json::Value| {
+            let mut j = job_of(types);
+            j["spec"]["workerShares"] = shares;
+            parse_and_validate(j).err().map(|e| e.0).unwrap_or_default()
+        };
+        assert_eq!(with("PS=1,Worker=4", serde_json::json!({"succeededPercent": 75, "failedPercent": 25})), vec![]);
+        assert_eq!(
+            with("PS=1,Worker=4", serde_json::json!({"succeededPercent": 0, "failedPercent": 100})),
+            vec![
+                FieldError::new("spec.workerShares.succeededPercent", "0 is not a percentage from 1 to 100"),
+                FieldError::new("spec.workerShares.failedPercent", "100 is not a percentage from 0 to 99"),
+            ]
+        );
+        assert_eq!(
+            with("Chief=1,Worker=4", serde_json::json!({"succeededPercent": 75})),
+            vec![FieldError::new("spec.workerShares.succeededPercent", "the job has a Chief or Master, which decides when it succeeds")]
+        );
+        assert_eq!(with("Chief=1,Worker=4", serde_json::json!({"failedPercent": 25})), vec![]);
+        assert_eq!(
+            with("Chief=1", serde_json::json!({"failedPercent": 25})),
+            vec![FieldError::new("spec.workerShares", "the job has no Worker replicas to count")]
+        );
     }
 
     #[test]

@@ -253,7 +253,8 @@ struct Tally<'o> {
     planned: BTreeMap<ReplicaType, i32>,
     /// Replicas that failed and must not be restarted (dynamic workers aside).
     permanent_failures: Vec<&'o ObservedReplica>,
-    /// Dynamic workers (`enableDynamicWorker`) that failed for good.
+    /// Workers that failed for good and are tolerated for now (`enableDynamicWorker`,
+    /// `workerShares.failedPercent`).
     failed_dynamic_workers: Vec<&'o ObservedReplica>,
     /// Failed replicas that their restart policy recreates.
     to_recreate: Vec<&'o ObservedReplica>,
@@ -423,6 +424,21 @@ pub fn interrupt(st: &mut TFJobStatus, now: Timestamp, message: &str) -> Vec<Act
     finish(st, &Time(now), FAILED, INTERRUPTED, message)
 }
 
+/// `workerShares.succeededPercent`, when set.
+fn succeeded_share(spec: &TFJobSpec) -> Option<i32> {
+    spec.worker_shares.as_ref().and_then(|s| s.succeeded_percent)
+}
+
+/// `workerShares.failedPercent`, when set.
+fn failed_share(spec: &TFJobSpec) -> Option<i32> {
+    spec.worker_shares.as_ref().and_then(|s| s.failed_percent)
+}
+
+/// Whether `count` of `total` is at least `percent` % of it (rounded up), and not none.
+fn share_reached(count: i32, percent: i32, total: i32) -> bool {
+    count > 0 && i64::from(count) * 100 >= i64::from(percent) * i64::from(total)
+}
+
 /// A pod the API server refused to create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRefusal {
@@ -588,7 +604,8 @@ impl<'a> Machine<'a> {
     /// missing ones and sorts the failed ones by what their restart policy says.
     fn count_replicas(&mut self) -> Tally<'a> {
         let obs = self.obs;
-        let dynamic = obs.spec.enable_dynamic_worker.unwrap_or(false);
+        // Workers that failed for good may be tolerated: dynamic workers, or up to a share.
+        let dynamic = obs.spec.enable_dynamic_worker.unwrap_or(false) || failed_share(obs.spec).is_some();
         // Observed replicas by (type, index), in observation order: one pass, not one per index.
         let mut observed: HashMap<(ReplicaType, i32), Vec<&'a ObservedReplica>> = HashMap::new();
         for r in obs.replicas {
@@ -683,7 +700,9 @@ impl<'a> Machine<'a> {
             let worker0 = self.obs.replicas.iter().any(|r| {
                 r.replica_type == ReplicaType::Worker && r.index == 0 && !r.terminating && r.phase == Phase::Succeeded && r.exit_code.unwrap_or(0) == 0
             });
-            all || (worker0 && self.obs.spec.success_policy != Some(SuccessPolicy::AllWorkers))
+            let share = succeeded_share(self.obs.spec)
+                .is_some_and(|p| share_reached(self.count(ReplicaType::Worker, |s| s.succeeded), p, planned(ReplicaType::Worker)));
+            all || share || (worker0 && self.obs.spec.success_policy != Some(SuccessPolicy::AllWorkers))
         } else {
             self.specs.keys().filter(|t| t.is_chief()).all(|t| self.count(*t, |s| s.succeeded) >= planned(*t))
         };
@@ -723,15 +742,19 @@ impl<'a> Machine<'a> {
 
     /// With `enableDynamicWorker`, a worker that failed for good is tolerated while another
     /// can finish the job: the job fails when every planned worker failed for good, or when
-    /// worker 0 did and it is the chief (no `Chief` or `Master`). A `Chief` or `Master` that
-    /// fails fails the job as always.
+    /// worker 0 did and it is the chief (no `Chief` or `Master`). With
+    /// `workerShares.failedPercent`, also when more than that share of the workers failed for
+    /// good. A `Chief` or `Master` that fails fails the job as always.
     fn lost_dynamic_workers(&self, tally: &Tally) -> Option<String> {
         let failed = &tally.failed_dynamic_workers;
         let workers = tally.planned.get(&ReplicaType::Worker).copied().unwrap_or(0);
+        let n = i32::try_from(failed.len()).unwrap_or(i32::MAX);
         if failed.is_empty() {
             None
-        } else if failed.len() >= usize::try_from(workers).unwrap_or(0) {
+        } else if n >= workers {
             Some(format!("all {} Worker replica(s) failed", failed.len()))
+        } else if let Some(p) = failed_share(self.obs.spec).filter(|p| n.saturating_mul(100) > p.saturating_mul(workers)) {
+            Some(format!("{n} of {workers} Worker replica(s) failed, more than workerShares.failedPercent ({p} %)"))
         } else if failed.iter().any(|r| r.index == 0) && api::worker0_is_chief(self.obs.spec) {
             Some(format!(
                 "Worker 0, the chief of a job without Chief or Master, failed ({} of {workers} \

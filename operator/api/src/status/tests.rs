@@ -859,6 +859,79 @@ fn dynamic_worker_failures() {
     }
 }
 
+/// `workerShares`: (name, succeededPercent, failedPercent, the workers' phases (1 ps running,
+/// 4 workers, `Never`), expected last condition (type, message) or None when the job runs on).
+#[test]
+fn success_and_failure_by_a_share_of_the_workers() {
+    use Phase::{Failed as F, Running as R, Succeeded as S};
+    type Case = (&'static str, Option<i32>, Option<i32>, [Phase; 4], Option<(&'static str, &'static str)>);
+    let cases: Vec<Case> = vec![
+        ("1 of 4 failed, 25 % tolerated: runs on, not restarted", None, Some(25), [R, R, R, F], None),
+        (
+            "2 of 4 failed, 25 % tolerated: fails, saying the share",
+            None,
+            Some(25),
+            [R, R, F, F],
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because 2 of 4 Worker replica(s) failed, more than \
+                 workerShares.failedPercent (25 %): pod job-worker-2 exited with code 1 (Error); \
+                 pod job-worker-3 exited with code 1 (Error).",
+            )),
+        ),
+        (
+            "0 % tolerated: the first failure fails the job",
+            None,
+            Some(0),
+            [R, F, R, R],
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because 1 of 4 Worker replica(s) failed, more than \
+                 workerShares.failedPercent (0 %): pod job-worker-1 exited with code 1 (Error).",
+            )),
+        ),
+        (
+            "worker 0, the chief, failed: fails whatever the share",
+            None,
+            Some(50),
+            [F, R, R, R],
+            Some((
+                FAILED,
+                "TFJob ns/job has failed because Worker 0, the chief of a job without Chief or \
+                 Master, failed (1 of 4 Worker replica(s) failed): pod job-worker-0 exited with \
+                 code 1 (Error).",
+            )),
+        ),
+        ("3 of 4 succeeded, 75 % needed: succeeds", Some(75), None, [R, S, S, S], Some((SUCCEEDED, "TFJob ns/job successfully completed."))),
+        ("2 of 4 succeeded, 75 % needed: runs on", Some(75), None, [R, S, S, R], None),
+        (
+            "3 of 4 succeeded and 1 failed, both shares met: succeeds",
+            Some(75),
+            Some(25),
+            [S, S, S, F],
+            Some((SUCCEEDED, "TFJob ns/job successfully completed.")),
+        ),
+    ];
+    for (name, succeeded, failed, workers, want) in cases {
+        let mut s = spec(&[(PS, 1, Never), (Worker, 4, Never)]);
+        s.success_policy = Some(SuccessPolicy::AllWorkers);
+        s.worker_shares = Some(crate::api::WorkerShares { succeeded_percent: succeeded, failed_percent: failed });
+        let observed = in_phases(&[(PS, &[R]), (Worker, &workers)]);
+        let o = run(&s, &TFJobStatus::default(), &observed, t0());
+        assert!(!o.actions.iter().any(|a| matches!(a, Action::RecreateReplica { .. } | Action::CreateReplica { .. })), "{name}: {:?}", o.actions);
+        match want {
+            None => {
+                assert!(!has_condition(&o.status, FAILED) && !has_condition(&o.status, SUCCEEDED), "{name}: {o:#?}");
+                assert!(has_condition(&o.status, RUNNING), "{name}: {o:#?}");
+            }
+            Some((type_, message)) => {
+                let (t, status, _, msg) = conds(&o.status).pop().unwrap();
+                assert_eq!((t.as_str(), status.as_str(), msg.as_str()), (type_, "True", message), "{name}");
+            }
+        }
+    }
+}
+
 #[test]
 fn terminating_pods_are_neither_counted_nor_duplicated() {
     let s = spec(&[(Worker, 1, Never)]);
