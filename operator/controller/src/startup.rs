@@ -12,6 +12,7 @@ use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Controller;
+use kube::runtime::reflector::Store;
 use tfjob_api::api::{self, TFJob};
 use tfjob_api::plan::PlanOptions;
 use tokio::sync::{oneshot, watch};
@@ -186,11 +187,13 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
         AbortOnDrop(tokio::spawn(crate::progress::run(ctx.clone(), controller.store(), settings)))
     });
     let sweep = ctx.kueue_pod_groups.then(|| AbortOnDrop(tokio::spawn(crate::controller::kueue_group::sweep_finalizers(ctx.clone(), Duration::from_secs(10)))));
+    let forget = AbortOnDrop(tokio::spawn(forget_gone_jobs(ctx.clone(), controller.store(), Duration::from_secs(60))));
     ready.store(true, Ordering::SeqCst);
     run_controller(controller, ctx, stop.requested(), lost_leadership(lost)).await;
     ready.store(false, Ordering::SeqCst);
     drop(progress);
     drop(sweep);
+    drop(forget);
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }
@@ -219,6 +222,20 @@ async fn serve_metrics(addr: &str, ctx: &Context, ready: &Arc<AtomicBool>) -> Re
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| OperatorError::Listen { addr: addr.to_string(), source })?;
     tracing::info!(addr = %addr, "serving /metrics, /healthz, /readyz");
     Ok(tokio::spawn(crate::metrics::serve(listener, ctx.metrics.clone(), ready.clone())))
+}
+
+/// Every `period`, drops what the context remembers of jobs no longer in the watch cache (a job
+/// deleted while it ran is never reconciled again), so that the operator's memory does not grow
+/// with every job it has seen.
+async fn forget_gone_jobs(ctx: Arc<Context>, jobs: Store<TFJob>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        let live: std::collections::HashSet<String> = jobs.state().iter().filter_map(|j| j.metadata.uid.clone()).collect();
+        let gone = ctx.forget_gone(&live);
+        if gone > 0 {
+            tracing::debug!(entries = gone, "forgot jobs that are gone");
+        }
+    }
 }
 
 /// A task stopped when this is dropped.

@@ -201,6 +201,15 @@ impl Once {
     pub fn forget_prefix(&self, prefix: &str) {
         self.done.lock().unwrap_or_else(|p| p.into_inner()).retain(|k| !k.starts_with(prefix));
     }
+
+    /// Keeps only the keys of jobs in `live` (a key is `<uid>` or `<uid>/...`); returns how many
+    /// it forgot.
+    pub fn retain_jobs(&self, live: &HashSet<String>) -> usize {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let before = done.len();
+        done.retain(|k| live.contains(k.split('/').next().unwrap_or_default()));
+        before - done.len()
+    }
 }
 
 /// Whether an existing Service already is what the controller would apply: the same selector,
@@ -277,6 +286,18 @@ mod tests {
         e.deleted("ns/j", "w0", "u1", t0);
         e.forget("ns/j");
         assert_eq!(e.wait("ns/j", &[pod("w0", "u1", false)], t0, ttl), None);
+    }
+
+    #[test]
+    fn once_keeps_only_the_jobs_still_there() {
+        let once = Once::default();
+        for key in ["u1", "u1/j-worker-0-tls", "u2/j-worker-0-tls", "u2/3", "u3"] {
+            once.insert(key);
+        }
+        let live: HashSet<String> = ["u2".to_string()].into();
+        assert_eq!(once.retain_jobs(&live), 3);
+        assert!(once.contains("u2/j-worker-0-tls") && once.contains("u2/3"));
+        assert!(!once.contains("u1") && !once.contains("u1/j-worker-0-tls") && !once.contains("u3"));
     }
 
     #[test]

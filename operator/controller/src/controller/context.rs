@@ -96,6 +96,16 @@ impl Context {
         self.forget_once_objects(uid);
     }
 
+    /// Forgets the once-per-job objects of every job not in `live` (uids): a job deleted while
+    /// it ran is not reconciled again, so [`forget`](Self::forget) never ran for it. Returns
+    /// how many entries went.
+    pub fn forget_gone(&self, live: &std::collections::HashSet<String>) -> usize {
+        [&self.secrets, &self.tls_secrets, &self.pod_groups, &self.released_pod_groups, &self.held, &self.autoscalers]
+            .iter()
+            .map(|once| once.retain_jobs(live))
+            .sum()
+    }
+
     /// A finished job creates nothing any more: its token Secret and PodGroup are not written
     /// again.
     pub fn forget_once_objects(&self, uid: &str) {
