@@ -92,9 +92,14 @@ impl ParameterStore {
         }
     }
 
-    /// A task left, or was told training is over: the ps no longer waits for it.
-    pub fn release(&self, task: &TaskId) {
-        self.lock().members.pending.remove(&task.to_string());
+    /// A task was told training is over: the ps no longer waits for it. An
+    /// evaluator still is: told, it starts its final evaluation, and the
+    /// chief (which ends the job once the ps waits for no evaluator) must
+    /// not end the job under it; it is released when it leaves.
+    pub fn told_training_is_over(&self, task: &TaskId) {
+        if task.job != "evaluator" {
+            self.lock().members.pending.remove(&task.to_string());
+        }
     }
 
     /// Tasks the ps still waits for before exiting after training ended.

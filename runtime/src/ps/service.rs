@@ -175,7 +175,7 @@ impl PsService {
             self.store.push_for_layout(header, &task, parts, rows)?
         };
         if reply.done {
-            self.store.release(&task);
+            self.store.told_training_is_over(&task);
         }
         Ok((task, reply))
     }
@@ -265,7 +265,7 @@ impl PsService {
         let progress = self.store.progress();
         if progress.done && !progress.initialized {
             if let Some(t) = task {
-                self.store.release(t);
+                self.store.told_training_is_over(t);
             }
             return Ok(Pulled { step: progress.step, done: true, waited_micros, values: None });
         }
@@ -273,7 +273,7 @@ impl PsService {
         if progress.done
             && let Some(t) = task
         {
-            self.store.release(t);
+            self.store.told_training_is_over(t);
         }
         Ok(Pulled { step: progress.step, done: progress.done, waited_micros, values: Some(values) })
     }

@@ -152,7 +152,22 @@ fn listed_tasks_are_waited_for_even_before_they_join() {
     s.expect(&[TaskId::new("worker", 0), TaskId::new("worker", 1)]);
     // The chief (worker:0 here) is not waited for; worker:1 is, until it is told.
     assert_eq!(s.pending(), vec!["worker:1".to_string()]);
-    s.release(&TaskId::new("worker", 1));
+    s.told_training_is_over(&TaskId::new("worker", 1));
+    assert!(s.pending().is_empty());
+}
+
+/// An evaluator told that training is over makes its final evaluation
+/// then: the ps (and so the chief, which ends the job) waits for it until
+/// it leaves, not until it hears the news.
+#[test]
+fn an_evaluator_is_waited_for_until_it_leaves_not_until_it_is_told() {
+    let s = store(UpdateMode::Async, 1);
+    let (worker, evaluator) = (TaskId::new("worker", 1), TaskId::new("evaluator", 0));
+    s.expect(&[worker.clone(), evaluator.clone()]);
+    s.told_training_is_over(&worker);
+    s.told_training_is_over(&evaluator);
+    assert_eq!(s.pending(), vec!["evaluator:0".to_string()]);
+    s.leave(&evaluator);
     assert!(s.pending().is_empty());
 }
 
