@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use crate::auth::TokenCheck;
-use crate::connection::Connection;
+use crate::connection::{Connection, tls_socket};
 use crate::proto::{self, RawRowsPart, RawTensorPart, RowsPart, TensorChannelReply, TensorChannelRequest, TensorPart};
 use crate::ps::{PsService, Pulled, SharedPull};
 
@@ -391,7 +391,7 @@ impl ChannelClient {
             let tcp = TcpStream::connect(&self.address).await?;
             tcp.set_nodelay(true)?;
             let mut stream = match &self.tls {
-                Some((connector, name)) => Connection::from(connector.connect(name.clone(), tcp).await?),
+                Some((connector, name)) => Connection::from(connector.connect(name.clone(), tls_socket(tcp)).await?),
                 None => Connection::Plain(tcp),
             };
             let mut opening = MAGIC.to_vec();

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{self, Credentials, TokenCheck};
 use crate::channel;
 use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
-use crate::connection::Connection;
+use crate::connection::{Connection, tls_socket};
 use crate::proto::{
     self,
     parameter_server_server::ParameterServerServer,
@@ -205,7 +205,7 @@ enum Opened {
 async fn open(stream: TcpStream, peer: std::net::SocketAddr, tls: Option<&tokio_rustls::TlsAcceptor>, serves_channel: bool) -> Option<Opened> {
     let opening = async {
         match tls {
-            Some(acceptor) => match acceptor.accept(stream).await {
+            Some(acceptor) => match acceptor.accept(tls_socket(stream)).await {
                 Ok(s) => {
                     let c = Connection::from(s);
                     Some(if c.alpn() == Some(auth::CHANNEL_ALPN) { Opened::Channel(c) } else { Opened::Grpc(c) })
