@@ -278,7 +278,7 @@ struct ModelArgs {
     /// done (with --train_steps too: whichever comes first).
     #[arg(long = "num_epochs", visible_alias = "num-epochs")]
     num_epochs: Option<u64>,
-    /// Examples per shard of the training set (default: 10 batches). Ps task 0 hands shards
+    /// Examples per shard of the training set (default: 10 batches, at least 1,000). Ps task 0 hands shards
     /// to the workers as they ask; a lost worker's shard is handed out again.
     #[arg(long = "shard_size", visible_alias = "shard-size")]
     shard_size: Option<u64>,

@@ -41,14 +41,27 @@ pub struct Workload {
 }
 
 /// Shards hold this many batches unless `--shard_size` says otherwise: a
-/// dispatcher round trip every ten steps, and little work redone when a
-/// worker is lost.
+/// dispatcher round trip every ten steps at most, and little work redone
+/// when a worker is lost.
 pub const DEFAULT_BATCHES_PER_SHARD: u64 = 10;
+
+/// ...and at least this many examples. A `NextShard` round trip costs the
+/// two shared cores about 0.3 ms of CPU (tonic and HTTP/2 on both sides):
+/// every 10 steps of a small model at batch 1 that was 40 % of the linear
+/// sync rate (BENCHMARKS.md, "Where the linear sync rate went"). A thousand
+/// examples make it under 1 % for any model, and a lost worker still
+/// costs at most a thousand examples redone.
+pub const MIN_EXAMPLES_PER_SHARD: u64 = 1_000;
+
+/// Examples per shard when `--shard_size` is not given.
+pub fn default_shard_size(batch_size: usize) -> u64 {
+    (DEFAULT_BATCHES_PER_SHARD * batch_size as u64).max(MIN_EXAMPLES_PER_SHARD)
+}
 
 /// How the training set is cut into shards: the plan every task of a job
 /// presents to the dispatcher.
 pub fn shard_plan(workload: &Workload, settings: &TrainSettings) -> Result<ShardPlan, TrainError> {
-    let shard_size = settings.shard_size.unwrap_or(DEFAULT_BATCHES_PER_SHARD * workload.batch_size as u64);
+    let shard_size = settings.shard_size.unwrap_or_else(|| default_shard_size(workload.batch_size));
     ShardPlan::new(workload.train.num_examples() as u64, shard_size, settings.seed, settings.num_epochs).map_err(|e| TrainError::Config(e.to_string()))
 }
 
@@ -810,4 +823,18 @@ pub(crate) fn eval_scalars(m: &Metrics) -> Vec<(&'static str, f32)> {
 /// The task id of the single-process mode.
 pub fn local_task() -> TaskId {
     TaskId::new("local", 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_shards_hold_ten_batches_and_at_least_a_thousand_examples() {
+        // (batch size, examples per shard)
+        let cases = [(1, 1_000), (32, 1_000), (100, 1_000), (101, 1_010), (256, 2_560), (4_096, 40_960)];
+        for (batch_size, expected) in cases {
+            assert_eq!(default_shard_size(batch_size), expected, "batch size {batch_size}");
+        }
+    }
 }
