@@ -2,8 +2,22 @@
 # The project's test command (README.md): installs or builds what the tests
 # need, then runs every test of the workspace. Works on a fresh clone with no
 # standard input.
+#
+# `bash tests/run.sh --long` runs, after the same installs and build, only the
+# long tests kept out of the default run (marked `#[ignore = "long ..."]`: the
+# chaos tests, the 1,000-worker job; about 5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+long=false
+case "${1:-}" in
+    "") ;;
+    --long) long=true ;;
+    *)
+        echo "usage: bash tests/run.sh [--long]" >&2
+        exit 2
+        ;;
+esac
 
 export CARGO_TERM_COLOR=never
 echo "== toolchain: $(cargo --version), $(go version 2>/dev/null || echo 'no go')"
@@ -78,7 +92,12 @@ started=$SECONDS
 cargo test "${test_profile[@]}" --workspace --no-run --timings
 echo "== build took $((SECONDS - started)) s"
 
-echo "== tests"
 started=$SECONDS
-cargo test "${test_profile[@]}" --workspace --no-fail-fast -- --test-threads=2
+if $long; then
+    echo "== the long tests"
+    cargo test "${test_profile[@]}" --workspace --no-fail-fast -- --ignored --test-threads=2
+else
+    echo "== tests"
+    cargo test "${test_profile[@]}" --workspace --no-fail-fast -- --test-threads=2
+fi
 echo "== tests took $((SECONDS - started)) s"

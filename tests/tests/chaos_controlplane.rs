@@ -21,6 +21,8 @@
 //!   all at once (containers killed, nothing written) and its Node object is deleted; the pod
 //!   garbage collector marks the pod Failed and deletes it (or the operator deletes the Failed pod
 //!   first), the operator creates it again, the first node runs it.
+//!
+//! Long (~3 minutes together): not in the default run, but in `bash tests/run.sh --long`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -152,6 +154,7 @@ fn images() -> Result<()> {
 }
 
 #[test]
+#[ignore = "long (~3 min): bash tests/run.sh --long"]
 fn the_operator_and_the_api_server_die_under_training_jobs_and_the_jobs_finish() -> Result<()> {
     let started = Instant::now();
     images()?;
@@ -174,6 +177,7 @@ fn the_operator_and_the_api_server_die_under_training_jobs_and_the_jobs_finish()
 }
 
 #[test]
+#[ignore = "long (~3 min): bash tests/run.sh --long"]
 fn a_node_lost_under_a_training_job_is_recovered() -> Result<()> {
     let started = Instant::now();
     images()?;

@@ -1360,6 +1360,7 @@ fn random_tfjob() -> impl proptest::strategy::Strategy<Value = Value> {
 /// TLS Secret once, each pod's `TF_CONFIG` naming all 1,001 replicas), with a handful of status
 /// writes for the whole job, not one per pod.
 #[test]
+#[ignore = "long (~1 min): bash tests/run.sh --long"]
 fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Result<()> {
     const WORKERS: usize = 1000;
     let (cp, ns, account, op) = setup("op-thousand")?;
