@@ -299,7 +299,8 @@ impl Drop for NodeAgent {
     }
 }
 
-async fn admin_client(kubeconfig: &Path) -> Result<Client> {
+/// A client of the control plane with its admin kubeconfig.
+pub async fn admin_client(kubeconfig: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig).context("reading the admin kubeconfig")?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.context("admin kubeconfig")?;
     Client::try_from(config).context("admin client")

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]
-//! sections: raw ps linear mlp startup elastic elastic-ps operator sparse autoscale tls
+//! sections: raw ps linear mlp startup elastic elastic-ps operator sparse autoscale tls limit operator-load
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
@@ -15,6 +15,10 @@
 
 #[path = "tfjob-bench/autoscale.rs"]
 mod autoscale;
+#[path = "tfjob-bench/limit.rs"]
+mod limit;
+#[path = "tfjob-bench/operator_load.rs"]
+mod operator_load;
 #[path = "tfjob-bench/tls.rs"]
 mod tls;
 
@@ -28,7 +32,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-const SECTIONS: &[&str] = &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale", "tls"];
+const SECTIONS: &[&str] =
+    &["raw", "ps", "linear", "mlp", "startup", "elastic", "elastic-ps", "operator", "sparse", "autoscale", "tls", "limit", "operator-load"];
 
 // TensorFlow 2.20 reference figures quoted by the issue (same kind of 2-core machine).
 const TF_LINEAR_SINGLE: f64 = 4_432.0;
@@ -186,12 +191,20 @@ fn run(args: &[String]) -> Result<()> {
     if want("ps") {
         ps_bandwidth(&opts, &mut report, loopback_mbs.unwrap_or(f64::NAN))?;
     }
-    let runtime =
-        if want("linear") || want("mlp") || want("startup") || want("elastic") || want("elastic-ps") || want("sparse") || want("autoscale") || want("tls") {
-            Some(runtime_binary()?)
-        } else {
-            None
-        };
+    let runtime = if want("linear")
+        || want("mlp")
+        || want("startup")
+        || want("elastic")
+        || want("elastic-ps")
+        || want("sparse")
+        || want("autoscale")
+        || want("tls")
+        || want("limit")
+    {
+        Some(runtime_binary()?)
+    } else {
+        None
+    };
     if want("linear") {
         linear(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
@@ -216,9 +229,16 @@ fn run(args: &[String]) -> Result<()> {
     if want("tls") {
         tls::tls(&opts, &mut report, runtime.as_ref().unwrap())?;
     }
+    if want("limit") {
+        limit::limit(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
     // Twenty minutes of whole jobs: run when named (and by `--quick`, in seconds).
     if opts.only.iter().any(|o| o == "autoscale") || (opts.only.is_empty() && opts.quick) {
         autoscale::autoscale(&opts, &mut report, runtime.as_ref().unwrap())?;
+    }
+    // A control plane of its own and 10,000 TFJobs (minutes): run when named.
+    if opts.only.iter().any(|o| o == "operator-load") {
+        operator_load::operator_load(&opts, &mut report)?;
     }
     report.details.insert("total_secs".into(), json!(started.elapsed().as_secs_f64()));
     let doc = json!({ "rows": report.rows, "details": report.details });
@@ -1656,8 +1676,13 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
     };
     let figure = Figure {
         title: "tfjob-bench: tfjob-rs against TensorFlow 2.20 and the machine's own limits".into(),
-        columns: 3,
-        charts: vec![comparison("MLP 784-100-10, batch 100", "examples/s", mlp), comparison("Linear regression y = 2x + 10", "global steps/s", linear), ps],
+        columns: 4,
+        charts: vec![
+            comparison("MLP 784-100-10, batch 100", "examples/s", mlp),
+            comparison("Linear regression y = 2x + 10", "global steps/s", linear),
+            ps,
+            limit::chart(rows),
+        ],
     };
-    write_png(&figure, path, (1800, 600)).map_err(|e| anyhow::anyhow!("{e}"))
+    write_png(&figure, path, (2400, 600)).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -1,0 +1,361 @@
+//! `--only operator-load`: the operator against a real API server (a test control plane of its
+//! own, `tests/controlplane`), beside what the same API server does for a bare client.
+//!
+//! - **Creation rate.** A bare client (the same kube client, no controller logic, as many
+//!   objects in flight as the operator has reconciles: `TFJOB_CONCURRENCY`, 8) creates exactly
+//!   the objects the operator writes for `jobs` TFJobs of 5 replicas (per job a Service, the token
+//!   Secret, and per pod its TLS Secret and the pod, from the operator's own planner, owner
+//!   references left out), and then only the pods and Services. Then the operator, running,
+//!   gets the same TFJobs created as fast as the client can: the time from the first create to
+//!   the last pod seen on a watch, and its API requests per job from the audit log.
+//! - **Memory.** The operator's RSS with 1,000 and 10,000 finished TFJobs (created, their status
+//!   set to Succeeded, before the operator starts: what its caches hold on a cluster that ran
+//!   jobs for months), against the RSS of the same operator watching an empty namespace.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, ensure};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::{Client, Resource};
+use serde_json::json;
+use tfjob_api::api::TFJob;
+use tfjob_tests::controlplane::ControlPlane;
+use tfjob_tests::node_agent::admin_client;
+use tfjob_tests::operator::{Operator, operator_account};
+
+use super::{Options, Report, controller_pass};
+
+/// Replicas per job (1 ps + 4 workers).
+const REPLICAS: usize = 5;
+/// Objects in flight at once: the operator's default `TFJOB_CONCURRENCY`.
+const CONCURRENCY: usize = 8;
+
+pub fn operator_load(opts: &Options, report: &mut Report) -> Result<()> {
+    let jobs = if opts.quick { 10 } else { 100 };
+    let finished: &[usize] = if opts.quick { &[100, 300] } else { &[1_000, 10_000] };
+    // Kept afterwards: the operators' logs are in its operator-logs/, the audit log in logs/.
+    let dir = opts.out.join("controlplane");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    println!("          (operator-load: starting a control plane of its own in {})", dir.display());
+    let cp = ControlPlane::start_with(tfjob_tests::controlplane::Options { dir: Some(dir), ..Default::default() })?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let client = rt.block_on(admin_client(cp.kubeconfig_path()))?;
+    creation(&cp, &rt, &client, jobs, report)?;
+    memory(&cp, &rt, &client, finished, report)
+}
+
+// ---------------------------------------------------------------- creation rate
+
+/// The objects the operator writes for one job, in its order.
+struct JobObjects {
+    service: Service,
+    token: Secret,
+    pods: Vec<(Secret, Pod)>,
+}
+
+fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, jobs: usize, report: &mut Report) -> Result<()> {
+    let names: Vec<String> = (0..jobs).map(|i| format!("load-{i}")).collect();
+    let objects = |ns: &str| names.iter().map(|n| job_objects(ns, n)).collect::<Result<Vec<_>>>();
+    let ns = cp.create_namespace("bare")?;
+    let all = objects(&ns)?;
+    let pods = (jobs * REPLICAS) as f64;
+    let t = Instant::now();
+    let writes = rt.block_on(create_all(client, &ns, all, true))?;
+    let bare_secs = t.elapsed().as_secs_f64();
+    let ns = cp.create_namespace("bare-pods")?;
+    let all = objects(&ns)?;
+    let t = Instant::now();
+    let pod_writes = rt.block_on(create_all(client, &ns, all, false))?;
+    let bare_pods_secs = t.elapsed().as_secs_f64();
+
+    let (op_secs, requests) = operator_creation(cp, rt, client, &names)?;
+    let per_job: usize = requests.values().sum::<usize>() / jobs;
+    let what = format!("{jobs} TFJobs x {REPLICAS} pods");
+    let bare = pods / bare_secs;
+    let ours = pods / op_secs;
+    report.row(
+        "operator-load",
+        &format!("{what}: pods/s, operator"),
+        ours,
+        "pods/s",
+        Some(("bare client, same objects", bare)),
+        None,
+        ">= 0.8 x bare",
+        Some(ours >= 0.8 * bare),
+    );
+    report.row(
+        "operator-load",
+        &format!("{what}: pods/s, operator"),
+        ours,
+        "pods/s",
+        Some(("bare client, pods + Services", pods / bare_pods_secs)),
+        None,
+        "",
+        None,
+    );
+    report.row(
+        "operator-load",
+        &format!("{what}: API requests per job, operator"),
+        per_job as f64,
+        "req",
+        Some(("bare client's writes", (writes / jobs) as f64)),
+        None,
+        "",
+        None,
+    );
+    println!("          operator's requests for {jobs} jobs (the Lease aside): {requests:?}");
+    report.details.insert(
+        "operator_load_creation".into(),
+        json!({ "jobs": jobs, "replicas": REPLICAS, "bare_secs": bare_secs, "bare_writes": writes, "bare_pods_secs": bare_pods_secs,
+                "bare_pod_writes": pod_writes, "operator_secs": op_secs, "operator_requests": requests }),
+    );
+    Ok(())
+}
+
+/// A TFJob of [`REPLICAS`] replicas in `ns`, as the bench's planning section parses it.
+fn tfjob(ns: &str, name: &str) -> Result<TFJob> {
+    let mut job = super::parse_job(name, REPLICAS)?;
+    job.metadata.namespace = Some(ns.to_string());
+    Ok(job)
+}
+
+/// What the operator writes for job `name`, from its own planner; no owner references (the job
+/// does not exist: the garbage collector would delete them).
+fn job_objects(ns: &str, name: &str) -> Result<JobObjects> {
+    use tfjob_api::{api, plan, tls};
+    let job = tfjob(ns, name)?;
+    let mut defaulted = job.clone();
+    api::apply_defaults(&mut defaulted.spec);
+    let ca = tfjob_api::pki::JobCa::generate(name).map_err(|e| anyhow!("{e}"))?;
+    let ca_pem = ca.cert_pem().map_err(|e| anyhow!("{e}"))?;
+    let mut planned = vec![];
+    controller_pass(&job, &[], &tfjob_api::plan::PlanOptions::default(), |p| planned.push(p.into_pod()));
+    let mut pods = vec![];
+    for mut pod in planned {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let issued = ca.issue(std::slice::from_ref(&pod_name)).map_err(|e| anyhow!("{e}"))?;
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta { name: Some(tls::tls_secret_name(&pod_name)), namespace: Some(ns.to_string()), ..Default::default() },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(tls::tls_secret_data(&ca_pem, &issued)),
+            ..Default::default()
+        };
+        pod.metadata.owner_references = None;
+        pod.metadata.namespace = Some(ns.to_string());
+        pods.push((secret, pod));
+    }
+    let mut service = plan::build_service(&defaulted);
+    service.metadata.owner_references = None;
+    let mut token = plan::build_secret(&defaulted, "a-token-of-the-usual-length-0123456789");
+    token.metadata.owner_references = None;
+    Ok(JobObjects { service, token, pods })
+}
+
+/// Creates every job's objects, [`CONCURRENCY`] jobs at a time, each job's in order (with the
+/// Secrets, or only its Service and pods). Returns the number of writes.
+async fn create_all(client: &Client, ns: &str, all: Vec<JobObjects>, with_secrets: bool) -> Result<usize> {
+    let (pods, services, secrets) =
+        (Api::<Pod>::namespaced(client.clone(), ns), Api::<Service>::namespaced(client.clone(), ns), Api::<Secret>::namespaced(client.clone(), ns));
+    let pp = PostParams::default();
+    let writes = stream::iter(all)
+        .map(|job| {
+            let (pods, services, secrets, pp) = (&pods, &services, &secrets, &pp);
+            async move {
+                let mut n = 0;
+                if with_secrets {
+                    secrets.create(pp, &job.token).await?;
+                    n += 1;
+                }
+                services.create(pp, &job.service).await?;
+                n += 1;
+                for (secret, pod) in &job.pods {
+                    if with_secrets {
+                        secrets.create(pp, secret).await?;
+                        n += 1;
+                    }
+                    pods.create(pp, pod).await?;
+                    n += 1;
+                }
+                Ok::<usize, kube::Error>(n)
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_fold(0, |sum, n| async move { Ok(sum + n) })
+        .await?;
+    Ok(writes)
+}
+
+/// The running operator given `names` as TFJobs: seconds from the first create to the last of
+/// their pods seen on a watch, and its requests by `verb resource[/subresource]` (the Lease aside).
+/// A first job, not timed, waits out the operator's start (its first watches).
+fn operator_creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, names: &[String]) -> Result<(f64, BTreeMap<String, usize>)> {
+    let ns = cp.create_namespace("load")?;
+    let account = operator_account(cp, &ns)?;
+    let op = Operator::start_ready(cp, &account, "load-operator")?;
+    let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
+    let timed = |jobs: Vec<TFJob>| rt.block_on(create_and_wait(client, &ns, jobs)).map_err(|e| anyhow!("{e:#}\n{}", op.log_tail(30)));
+    timed(vec![tfjob(&ns, "warm-up")?])?;
+    std::thread::sleep(Duration::from_secs(2));
+    let before = requests(cp, &user)?;
+    let secs = timed(names.iter().map(|n| tfjob(&ns, n)).collect::<Result<Vec<_>>>()?)?;
+    // Settled: the status writes and events that follow the pods.
+    std::thread::sleep(Duration::from_secs(5));
+    let after = requests(cp, &user)?;
+    let used = after.into_iter().map(|(k, n)| (k.clone(), n - before.get(&k).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+    Ok((secs, used))
+}
+
+/// Creates `jobs` ([`CONCURRENCY`] at a time) and waits until all their pods were added: the
+/// seconds from the first create to the last pod.
+async fn create_and_wait(client: &Client, ns: &str, jobs: Vec<TFJob>) -> Result<f64> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let version = pods.list_metadata(&ListParams::default()).await?.metadata.resource_version.unwrap_or_default();
+    let seen = tokio::spawn(count_added(pods, version, jobs.len() * REPLICAS));
+    let t = Instant::now();
+    let api = Api::<TFJob>::namespaced(client.clone(), ns);
+    stream::iter(jobs)
+        .map(|mut job| {
+            let api = &api;
+            job.metadata.uid = None;
+            async move { api.create(&PostParams::default(), &job).await }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    tokio::time::timeout(Duration::from_secs(600), seen).await.context("the operator's pods did not all appear within 10 minutes")???;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Waits on a watch from `version` until `expected` pods were added.
+async fn count_added(pods: Api<Pod>, mut version: String, expected: usize) -> Result<()> {
+    let mut added = 0;
+    while added < expected {
+        let mut events = pods.watch(&WatchParams::default().timeout(290), &version).await?.boxed();
+        while let Some(event) = events.try_next().await? {
+            match event {
+                WatchEvent::Added(p) => {
+                    added += 1;
+                    version = p.meta().resource_version.clone().unwrap_or(version);
+                }
+                WatchEvent::Modified(p) | WatchEvent::Deleted(p) => version = p.meta().resource_version.clone().unwrap_or(version),
+                WatchEvent::Bookmark(b) => version = b.metadata.resource_version,
+                WatchEvent::Error(e) => return Err(anyhow!("watching pods: {e:?}")),
+            }
+            if added >= expected {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The requests of `user` by `verb resource[/subresource]`, from the audit log, Leases aside.
+fn requests(cp: &ControlPlane, user: &str) -> Result<BTreeMap<String, usize>> {
+    let mut by_kind = BTreeMap::new();
+    for e in cp.audit_events(user)? {
+        let r = &e["objectRef"];
+        let resource = r["resource"].as_str().unwrap_or_default();
+        if resource == "leases" {
+            continue;
+        }
+        let mut what = format!("{} {resource}", e["verb"].as_str().unwrap_or_default());
+        if let Some(sub) = r["subresource"].as_str() {
+            what = format!("{what}/{sub}");
+        }
+        *by_kind.entry(what).or_insert(0) += 1;
+    }
+    Ok(by_kind)
+}
+
+// ---------------------------------------------------------------- memory
+
+fn memory(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, counts: &[usize], report: &mut Report) -> Result<()> {
+    let ns = cp.create_namespace("finished")?;
+    let account = operator_account(cp, &ns)?;
+    let empty = settled_rss(cp, &account, 0)?;
+    let mut created = 0;
+    let mut samples = vec![json!({ "jobs": 0, "rss_mib": empty })];
+    for &n in counts {
+        let t = Instant::now();
+        rt.block_on(create_finished(client, &ns, created..n))?;
+        println!("          {} finished TFJobs created in {:.1} s", n - created, t.elapsed().as_secs_f64());
+        created = n;
+        let rss = settled_rss(cp, &account, n)?;
+        let goal = (n == 10_000).then_some(rss < 100.0);
+        report.row(
+            "operator-load",
+            &format!("operator RSS, {n} finished TFJobs"),
+            rss,
+            "MiB",
+            Some(("no TFJob", empty)),
+            None,
+            if n == 10_000 { "< 100 MiB" } else { "" },
+            goal,
+        );
+        samples.push(json!({ "jobs": n, "rss_mib": rss }));
+    }
+    report.details.insert("operator_load_memory".into(), json!(samples));
+    Ok(())
+}
+
+/// Creates TFJobs `load-<i>` for `range` and sets each one's status to Succeeded.
+async fn create_finished(client: &Client, ns: &str, range: std::ops::Range<usize>) -> Result<()> {
+    let api = Api::<TFJob>::namespaced(client.clone(), ns);
+    let now = jiff::Timestamp::now().to_string();
+    let status = json!({ "status": {
+        "conditions": [
+            { "type": "Created", "status": "True", "reason": "TFJobCreated", "message": "created", "lastUpdateTime": now, "lastTransitionTime": now },
+            { "type": "Succeeded", "status": "True", "reason": "TFJobSucceeded", "message": "succeeded", "lastUpdateTime": now, "lastTransitionTime": now },
+        ],
+        "replicaStatuses": { "PS": { "succeeded": 1 }, "Worker": { "succeeded": 4 } },
+        "startTime": now,
+        "completionTime": now,
+    }});
+    stream::iter(range)
+        .map(|i| {
+            let (api, status) = (&api, &status);
+            async move {
+                let name = format!("load-{i}");
+                let mut job = tfjob(ns, &name)?;
+                job.metadata.uid = None;
+                api.create(&PostParams::default(), &job).await?;
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await?;
+                Ok::<(), anyhow::Error>(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Starts an operator on the namespace of `account`, waits until it has reconciled the `jobs`
+/// TFJobs there and gone quiet, and returns its largest RSS over 5 s; stops it.
+fn settled_rss(cp: &ControlPlane, account: &tfjob_tests::operator::OperatorSetup, jobs: usize) -> Result<f64> {
+    let mut op = Operator::start_ready(cp, account, &format!("memory-{jobs}"))?;
+    let reconciles = |op: &Operator| op.metric("tfjob_reconcile_duration_seconds_count").unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = -1.0;
+    loop {
+        std::thread::sleep(Duration::from_secs(3));
+        let now = reconciles(&op);
+        if now >= jobs as f64 && now == last {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "{now} reconciles of {jobs} jobs after 10 minutes:\n{}", op.log_tail(30));
+        last = now;
+    }
+    let mut rss: f64 = 0.0;
+    for _ in 0..5 {
+        rss = rss.max(op.rss_mib()?);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    println!("          operator with {jobs} finished TFJobs: {last} reconciles, RSS {rss:.1} MiB");
+    op.terminate()?;
+    Ok(rss)
+}
