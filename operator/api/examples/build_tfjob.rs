@@ -29,7 +29,7 @@ fn runtime_replicas(replicas: i32, args: &[&str]) -> ReplicaSpec {
     ReplicaSpec {
         replicas,
         restart_policy: RestartPolicy::OnFailure,
-        template: PodTemplateSpec { spec: Some(PodSpec { containers: vec![container], ..Default::default() }), ..Default::default() },
+        template: Box::new(PodTemplateSpec { spec: Some(PodSpec { containers: vec![container], ..Default::default() }), ..Default::default() }),
         ..Default::default()
     }
 }

@@ -40,9 +40,46 @@ pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u1
         .modify(|s| s.managed_fields_mut().clear())
         .reflect(service_writer)
         .touched_objects();
-    let controller = Controller::new(api_in::<TFJob>(&client, namespace), watcher::Config::default())
-        .owns_stream(pod_events)
-        .owns_stream(service_events)
-        .with_config(Config::default().concurrency(concurrency));
+    // The TFJob cache too: no managed fields, no `kubectl apply` copy of the manifest (the
+    // operator reads neither, and writes a job only by patches, never from this copy). With
+    // the boxed pod templates of `ReplicaSpec`, that took a finished job from ~34 KB to ~14.5 KB of
+    // the operator's memory (BENCHMARKS.md, "The operator against its limit").
+    let (jobs, job_writer) = reflector::store::<TFJob>();
+    let job_events =
+        watcher(api_in::<TFJob>(&client, namespace), watcher::Config::default()).default_backoff().modify(slim_job).reflect(job_writer).applied_objects();
+    let controller =
+        Controller::for_stream(job_events, jobs).owns_stream(pod_events).owns_stream(service_events).with_config(Config::default().concurrency(concurrency));
     (controller, Caches { pods, services })
+}
+
+/// What the TFJob cache leaves out of a job: its managed fields and `kubectl apply`'s copy of
+/// the manifest it was applied from.
+fn slim_job(job: &mut TFJob) {
+    job.managed_fields_mut().clear();
+    if let Some(annotations) = job.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// The annotation `kubectl apply` keeps the applied manifest in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_no_managed_fields_and_no_applied_manifest_but_every_other_annotation() {
+        let mut job: TFJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+            "metadata": { "name": "j", "annotations": { LAST_APPLIED: "{...}", "tfjob-rs.io/tls": "false" },
+                          "managedFields": [{ "manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": { "f:spec": {} } }] },
+            "spec": { "tfReplicaSpecs": {} }
+        }))
+        .unwrap();
+        slim_job(&mut job);
+        assert!(job.metadata.managed_fields.as_ref().is_none_or(|m| m.is_empty()));
+        let annotations = job.metadata.annotations.unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["tfjob-rs.io/tls"]);
+    }
 }
