@@ -250,6 +250,8 @@ async fn serve_inner(
             return Ok(());
         }
         let (parts, rows) = read_push(stream, &request, &mut pool).await?;
+        // The reply may tell this task that training is over: the ps waits for it to be written.
+        let _on_its_way = service.store().reply_on_its_way();
         let answer = service.exchange(request.push, &parts, &rows, request.pull).await;
         recycle(&mut pool, parts);
         match answer {

@@ -470,7 +470,7 @@ async fn run_ps(cluster: &ClusterConfig, store: Arc<ParameterStore>, status: &Ta
     let step = store.progress().step;
     status.set(proto::TaskState::Done, 0, step, "training is over");
     let deadline = Instant::now() + grace;
-    while !store.pending().is_empty() && Instant::now() < deadline {
+    while store.still_telling() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let pending = store.pending();

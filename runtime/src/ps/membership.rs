@@ -1,6 +1,7 @@
 //! A training task's lease, its departure or loss (one `forget_task` for
 //! both), and the tasks a ps waits for at the end, under the store's lock.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::state::State;
@@ -105,5 +106,28 @@ impl ParameterStore {
     /// Tasks the ps still waits for before exiting after training ended.
     pub fn pending(&self) -> Vec<String> {
         self.lock().members.pending()
+    }
+
+    /// A reply about to be computed and written. A task counts as told that training is over
+    /// when its reply is computed; until that reply is written, the ps must not exit (its
+    /// connections would close under it, and the task would take the lost reply for a lost ps
+    /// and wait to rejoin one that is gone). Held until the reply is written.
+    pub fn reply_on_its_way(&self) -> ReplyOnItsWay<'_> {
+        self.replies_on_their_way.fetch_add(1, Ordering::SeqCst);
+        ReplyOnItsWay(self)
+    }
+
+    /// Whether the ps must wait before it exits: a task not told yet, or a reply on its way.
+    pub fn still_telling(&self) -> bool {
+        self.replies_on_their_way.load(Ordering::SeqCst) > 0 || !self.pending().is_empty()
+    }
+}
+
+/// A reply on its way ([`ParameterStore::reply_on_its_way`]), until dropped.
+pub struct ReplyOnItsWay<'a>(&'a ParameterStore);
+
+impl Drop for ReplyOnItsWay<'_> {
+    fn drop(&mut self) {
+        self.0.replies_on_their_way.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -49,6 +49,7 @@ mod variables;
 mod tests;
 
 pub use error::StoreError;
+pub use membership::ReplyOnItsWay;
 pub use moving::add_message;
 pub use service::{FragmentSource, PsService, Pulled};
 pub use state::{Counters, GrpcPull, MAX_PUSH_ROWS_BYTES, Progress, PulledRows, SharedPull, SharedVariable, check_training_config};

@@ -180,6 +180,11 @@ impl PsService {
         Ok((task, reply))
     }
 
+    /// The store this service serves.
+    pub fn store(&self) -> &ParameterStore {
+        &self.store
+    }
+
     /// The size of the parts pulls are cut into.
     pub fn part_bytes(&self) -> usize {
         self.part_bytes

@@ -2,6 +2,7 @@
 //! the progress it publishes to waiters. What a request does under the lock
 //! is in the files named after the part it concerns.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub struct ParameterStore {
     pub(super) config: PsConfig,
     state: Mutex<State>,
     progress: watch::Sender<Progress>,
+    /// Replies of the tensor channel being computed or written ([`Self::reply_on_its_way`]).
+    pub(super) replies_on_their_way: AtomicUsize,
 }
 
 impl ParameterStore {
@@ -54,7 +57,7 @@ impl ParameterStore {
             layout: LayoutState::new(config.ps_addresses.clone()),
             reports: Reports::default(),
         };
-        ParameterStore { config, state: Mutex::new(state), progress }
+        ParameterStore { config, state: Mutex::new(state), progress, replies_on_their_way: AtomicUsize::new(0) }
     }
 
     pub fn config(&self) -> &PsConfig {

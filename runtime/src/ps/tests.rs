@@ -156,6 +156,25 @@ fn listed_tasks_are_waited_for_even_before_they_join() {
     assert!(s.pending().is_empty());
 }
 
+/// A task is told that training is over by a reply: the ps, which exits once it waits for no
+/// task, waits too while that reply is being written (its exit would cut it off).
+#[test]
+fn a_reply_on_its_way_keeps_the_ps_until_it_is_written() {
+    let s = store(UpdateMode::Async, 1);
+    let worker = TaskId::new("worker", 1);
+    s.expect(std::slice::from_ref(&worker));
+    assert!(s.still_telling());
+    let reply = s.reply_on_its_way();
+    s.told_training_is_over(&worker);
+    assert!(s.pending().is_empty());
+    assert!(s.still_telling(), "the reply telling worker:1 is not written yet");
+    let other = s.reply_on_its_way();
+    drop(reply);
+    assert!(s.still_telling(), "another reply is on its way");
+    drop(other);
+    assert!(!s.still_telling());
+}
+
 /// An evaluator told that training is over makes its final evaluation
 /// then: the ps (and so the chief, which ends the job) waits for it until
 /// it leaves, not until it hears the news.
