@@ -256,6 +256,25 @@ pub fn operator_account_with(cp: &ControlPlane, namespace: &str, extra: &[(&str,
     Ok(account)
 }
 
+/// The requests `user` made, by `verb resource[/subresource]`, from the API server's audit log,
+/// without the Lease (leader election renews it every few seconds whatever the jobs do).
+pub fn requests_by_kind(cp: &ControlPlane, user: &str) -> Result<std::collections::BTreeMap<String, usize>> {
+    let mut by_kind = std::collections::BTreeMap::new();
+    for e in cp.audit_events(user)? {
+        let r = &e["objectRef"];
+        let resource = r["resource"].as_str().unwrap_or_default();
+        if resource == "leases" {
+            continue;
+        }
+        let mut what = format!("{} {resource}", e["verb"].as_str().unwrap_or_default());
+        if let Some(sub) = r["subresource"].as_str() {
+            what = format!("{what}/{sub}");
+        }
+        *by_kind.entry(what).or_insert(0) += 1;
+    }
+    Ok(by_kind)
+}
+
 /// One `tfjob-operator` process, watching one namespace. Killed (SIGKILL) when dropped.
 pub struct Operator {
     /// Value of `POD_NAME` (the events' `reportingInstance` and the lease identity's prefix).

@@ -1034,23 +1034,9 @@ fn a_pod_the_api_server_refuses_is_an_event_and_a_condition_on_the_job() -> Resu
 // Light on the API server; least privilege.
 
 /// The requests the operator made, by `verb resource[/subresource]`, from the API server's audit
-/// log, without the Lease (leader election renews it every 5 s whatever the jobs do).
+/// log, without the Lease.
 fn requests(cp: &ControlPlane, account: &OperatorSetup) -> Result<std::collections::BTreeMap<String, usize>> {
-    let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
-    let mut by_kind = std::collections::BTreeMap::new();
-    for e in cp.audit_events(&user)? {
-        let r = &e["objectRef"];
-        let resource = r["resource"].as_str().unwrap_or_default();
-        if resource == "leases" {
-            continue;
-        }
-        let mut what = format!("{} {resource}", e["verb"].as_str().unwrap_or_default());
-        if let Some(sub) = r["subresource"].as_str() {
-            what = format!("{what}/{sub}");
-        }
-        *by_kind.entry(what).or_insert(0) += 1;
-    }
-    Ok(by_kind)
+    tfjob_tests::operator::requests_by_kind(cp, &format!("system:serviceaccount:{}:{}", account.namespace, account.service_account))
 }
 
 #[test]

@@ -24,7 +24,7 @@ use serde_json::json;
 use tfjob_api::api::TFJob;
 use tfjob_tests::controlplane::ControlPlane;
 use tfjob_tests::node_agent::admin_client;
-use tfjob_tests::operator::{Operator, operator_account};
+use tfjob_tests::operator::{Operator, operator_account, requests_by_kind as requests};
 
 use super::{Options, Report, controller_pass};
 
@@ -252,24 +252,6 @@ async fn count_added(pods: Api<Pod>, mut version: String, expected: usize) -> Re
         }
     }
     Ok(())
-}
-
-/// The requests of `user` by `verb resource[/subresource]`, from the audit log, Leases aside.
-fn requests(cp: &ControlPlane, user: &str) -> Result<BTreeMap<String, usize>> {
-    let mut by_kind = BTreeMap::new();
-    for e in cp.audit_events(user)? {
-        let r = &e["objectRef"];
-        let resource = r["resource"].as_str().unwrap_or_default();
-        if resource == "leases" {
-            continue;
-        }
-        let mut what = format!("{} {resource}", e["verb"].as_str().unwrap_or_default());
-        if let Some(sub) = r["subresource"].as_str() {
-            what = format!("{what}/{sub}");
-        }
-        *by_kind.entry(what).or_insert(0) += 1;
-    }
-    Ok(by_kind)
 }
 
 // ---------------------------------------------------------------- memory
