@@ -5,7 +5,7 @@
 #
 # `bash tests/run.sh --long` runs, after the same installs and build, only the
 # long tests kept out of the default run (marked `#[ignore = "long ..."]`: the
-# chaos tests, the 1,000-worker job; about 5 minutes).
+# chaos tests, the 1,000-worker job; about 3 minutes: 174 s on a cached run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
