@@ -336,6 +336,17 @@ pub struct GroupPlan {
     /// Pods that are not in it (an earlier size of the job): deleted first, and no pod is
     /// created while they are there.
     pub stale: Vec<String>,
+    /// Pods not in it that are being deleted already (by the operator's own regroup, by
+    /// Kueue, by hand): no pod is created while they are there either.
+    pub leaving: Vec<String>,
+}
+
+impl GroupPlan {
+    /// The job is changing groups: pods of another group or size are still there, live or
+    /// being deleted.
+    pub fn regrouping(&self) -> bool {
+        !self.stale.is_empty() || !self.leaving.is_empty()
+    }
 }
 
 /// The name of the group a job forms at spec `generation`: the job's name (cut to fit a label
@@ -364,10 +375,15 @@ pub fn kueue_pod_group(
     let queue = kueue_queue(labels)?.to_string();
     let priority_class = labels.and_then(|l| l.get(KUEUE_PRIORITY_LABEL)).cloned();
     let live: Vec<&GroupMember> = members.iter().filter(|m| !m.terminating).collect();
-    let current = live.iter().find(|m| m.total == Some(total)).and_then(|m| m.group.clone());
+    // Pods created again join the group of this size (live pods first: the pods being deleted
+    // may be of an earlier group of the same size).
+    let of_size = |m: &&GroupMember| m.total == Some(total) && m.group.is_some();
+    let current = live.iter().copied().find(of_size).or_else(|| members.iter().find(of_size)).and_then(|m| m.group.clone());
     let name = current.unwrap_or_else(|| kueue_group_name(job, uid, generation));
-    let stale = live.iter().filter(|m| m.group.as_deref() != Some(&name) || m.total != Some(total)).map(|m| m.name.clone()).collect();
-    Some(GroupPlan { group: KueuePodGroup { name, queue, total, priority_class }, stale })
+    let other = |m: &&GroupMember| m.group.as_deref() != Some(&name) || m.total != Some(total);
+    let (leaving, stale): (Vec<&GroupMember>, Vec<&GroupMember>) = members.iter().filter(other).partition(|m| m.terminating);
+    let names = |ms: Vec<&GroupMember>| ms.into_iter().map(|m| m.name.clone()).collect();
+    Some(GroupPlan { group: KueuePodGroup { name, queue, total, priority_class }, stale: names(stale), leaving: names(leaving) })
 }
 
 fn condition_true(object: &Value, kind: &str) -> bool {

@@ -179,16 +179,26 @@ fn a_queued_jobs_pods_form_one_kueue_pod_group_per_size() {
     };
     let g1 = kueue_group_name("j", "0123abcd-ffff", 1);
     assert_eq!(g1, "j-0123abcd-g1");
-    // (case, generation, total, members) -> (group, stale)
-    type Case<'a> = (&'a str, i64, i32, Vec<GroupMember>, &'a str, Vec<&'a str>);
+    // (case, generation, total, members) -> (group, stale, leaving)
+    type Case<'a> = (&'a str, i64, i32, Vec<GroupMember>, &'a str, Vec<&'a str>, Vec<&'a str>);
     let cases: Vec<Case> = vec![
-        ("no pod yet: a group of this generation", 1, 3, vec![], "j-0123abcd-g1", vec![]),
+        ("no pod yet: a group of this generation", 1, 3, vec![], "j-0123abcd-g1", vec![], vec![]),
         (
             "a pod created again joins its group, whatever the generation now",
             4,
             3,
             vec![member("j-ps-0", Some(&g1), Some(3), false), member("j-worker-0", Some(&g1), Some(3), false)],
             "j-0123abcd-g1",
+            vec![],
+            vec![],
+        ),
+        (
+            "all pods being deleted (preempted): the pods created again join their group",
+            4,
+            3,
+            vec![member("j-ps-0", Some(&g1), Some(3), true), member("j-worker-0", Some(&g1), Some(3), true)],
+            "j-0123abcd-g1",
+            vec![],
             vec![],
         ),
         (
@@ -198,19 +208,42 @@ fn a_queued_jobs_pods_form_one_kueue_pod_group_per_size() {
             vec![member("j-ps-0", Some(&g1), Some(3), false), member("j-worker-0", Some(&g1), Some(3), false)],
             "j-0123abcd-g4",
             vec!["j-ps-0", "j-worker-0"],
+            vec![],
         ),
         (
-            "pods being deleted do not count; a pod of no group is stale",
+            "scaled while the old size's pods are being deleted already: they are leaving",
+            4,
+            4,
+            vec![member("j-ps-0", Some(&g1), Some(3), true), member("j-worker-0", Some(&g1), Some(3), false)],
+            "j-0123abcd-g4",
+            vec!["j-worker-0"],
+            vec!["j-ps-0"],
+        ),
+        (
+            "scaled after every pod of the old size was deleted: all leaving, none to delete",
+            4,
+            4,
+            vec![member("j-ps-0", Some(&g1), Some(3), true), member("j-worker-0", Some(&g1), Some(3), true)],
+            "j-0123abcd-g4",
+            vec![],
+            vec!["j-ps-0", "j-worker-0"],
+        ),
+        (
+            "a live pod of no group is stale",
             4,
             3,
             vec![member("j-ps-0", Some(&g1), Some(3), true), member("j-worker-0", None, None, false)],
-            "j-0123abcd-g4",
+            "j-0123abcd-g1",
             vec!["j-worker-0"],
+            vec![],
         ),
     ];
-    for (case, generation, total, members, group, stale) in cases {
+    let names = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join(",");
+    for (case, generation, total, members, group, stale, leaving) in cases {
         let plan = kueue_pod_group("j", "0123abcd-ffff", generation, Some(&labels), total, &members).unwrap();
-        assert_eq!((plan.group.name.as_str(), plan.stale.iter().map(String::as_str).collect::<Vec<_>>()), (group, stale), "{case}");
+        let got = (plan.group.name.as_str(), names(&plan.stale), names(&plan.leaving));
+        assert_eq!(got, (group, stale.join(","), leaving.join(",")), "{case}");
+        assert_eq!(plan.regrouping(), !stale.is_empty() || !leaving.is_empty(), "{case}");
         assert_eq!((plan.group.queue.as_str(), plan.group.total), ("team", total), "{case}");
     }
     assert_eq!(kueue_pod_group("j", "u", 1, None, 3, &[]), None, "a job not queued has no group");

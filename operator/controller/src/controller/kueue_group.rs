@@ -53,11 +53,19 @@ fn member(pod: &Pod) -> GroupMember {
 
 /// A job whose size changed since its group formed: deletes the pods of the old size (those
 /// the status machine does not delete already) and holds every creation until they are gone;
-/// `true` when it held any.
+/// `true` when it held any. The event goes out before the deletions, and also when the old
+/// size's pods were being deleted already (by Kueue, by hand) when the change was first seen.
 pub async fn regroup(ctx: &Context, target: &Target<'_>, actions: &mut Vec<Action>, group: &GroupPlan) -> Result<bool, Error> {
-    if group.stale.is_empty() {
+    if !group.regrouping() {
         return Ok(false);
     }
+    tracing::debug!(job = %target.name, group = %group.group.name, stale = ?group.stale, leaving = ?group.leaving, "regrouping");
+    let message = format!(
+        "the job's size changed since Kueue admitted it: its pods stop, and the job queues again as pod group {} of {} pods",
+        group.group.name, group.group.total
+    );
+    let old_pods: Vec<String> = group.stale.iter().chain(&group.leaving).cloned().collect();
+    admission::announce(ctx, target, &[("KueueRegroup", message, old_pods)]).await;
     let deleted_already: Vec<&str> = actions
         .iter()
         .filter_map(|a| match a {
@@ -70,11 +78,6 @@ pub async fn regroup(ctx: &Context, target: &Target<'_>, actions: &mut Vec<Actio
         execute::delete_pod(ctx, target, pod).await?;
     }
     actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
-    let message = format!(
-        "the job's size changed since Kueue admitted it: its pods stop, and the job queues again as pod group {} of {} pods",
-        group.group.name, group.group.total
-    );
-    admission::announce(ctx, target, &[("KueueRegroup", message, group.stale.clone())]).await;
     Ok(true)
 }
 
