@@ -29,7 +29,7 @@ fn runtime_replicas(replicas: i32, args: &[&str]) -> ReplicaSpec {
     ReplicaSpec {
         replicas,
         restart_policy: RestartPolicy::OnFailure,
-        template: Box::new(PodTemplateSpec { spec: Some(PodSpec { containers: vec![container], ..Default::default() }), ..Default::default() }),
+        template: PodTemplateSpec { spec: Some(PodSpec { containers: vec![container], ..Default::default() }), ..Default::default() }.into(),
         ..Default::default()
     }
 }

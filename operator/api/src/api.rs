@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{ContainerPort, PodTemplateSpec};
+use k8s_openapi::api::core::v1::ContainerPort;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
@@ -398,12 +398,13 @@ pub struct ReplicaSpec {
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0))]
     pub replicas: i32,
-    // Boxed: a `BTreeMap` node holds room for 11 values whatever the count, and an unboxed
-    // template (1.8 KB) made every cached job's two-entry map cost 22 KB.
+    // Not inline (`crate::template::PodTemplate`): a `BTreeMap` node holds room for 11 values
+    // whatever the count, and an inline template (1.8 KB) made every cached job's two-entry
+    // map cost 22 KB.
     /// The pod template of every replica of this type.
     #[serde(default)]
     #[schemars(schema_with = "template_schema")]
-    pub template: Box<PodTemplateSpec>,
+    pub template: crate::template::PodTemplate,
     /// What happens when a replica exits (default `Never`).
     #[serde(default)]
     pub restart_policy: RestartPolicy,
@@ -433,7 +434,7 @@ impl<'de> Deserialize<'de> for ReplicaSpec {
             None | Some(serde_json::Value::Null) => Default::default(),
             Some(v) => crate::template::read(v),
         };
-        Ok(ReplicaSpec { replicas: raw.replicas, template: Box::new(template), restart_policy: raw.restart_policy, template_reading })
+        Ok(ReplicaSpec { replicas: raw.replicas, template: template.into(), restart_policy: raw.restart_policy, template_reading })
     }
 }
 
@@ -1615,7 +1616,7 @@ spec:
         let jobs: Vec<TFJob> = serde_json::from_value(list["items"].clone()).unwrap();
         let job = &jobs[0];
         let worker = &job.spec.tf_replica_specs["Worker"];
-        assert_eq!(*worker.template, PodTemplateSpec::default());
+        assert!(worker.template.is_empty());
         let why = worker.template_reading.error.clone().unwrap();
         assert_eq!(why.field, "spec.containers");
         assert!(why.message.contains("expected a sequence"), "{why}");

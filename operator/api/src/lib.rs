@@ -35,7 +35,7 @@
 //! let replicas = |replicas| {
 //!     let container = Container { name: "tensorflow".into(), image: Some("tfjob-runtime:0.1.0".into()), ..Default::default() };
 //!     let template = PodTemplateSpec { spec: Some(PodSpec { containers: vec![container], ..Default::default() }), ..Default::default() };
-//!     ReplicaSpec { replicas, template: Box::new(template), ..Default::default() }
+//!     ReplicaSpec { replicas, template: template.into(), ..Default::default() }
 //! };
 //! let spec = TFJobSpec { tf_replica_specs: BTreeMap::from([("PS".into(), replicas(1)), ("Worker".into(), replicas(2))]), ..Default::default() };
 //! let mut job = TFJob::new("linear", spec);

@@ -23,6 +23,59 @@ use serde_json::Value;
 
 use crate::field::{FieldError, is_dns1123_label, unsupported};
 
+/// A replica's pod template, on the heap only when it is not empty. It reads as a
+/// `PodTemplateSpec` (an empty one when there is none), so code uses it as one. Why not a plain
+/// `PodTemplateSpec` or `Box`: the operator's TFJob cache drops the templates of finished jobs
+/// (most jobs of a long-lived cluster), and even an empty `PodTemplateSpec` is 1.8 KB, which
+/// a `BTreeMap` node or a `Box` would keep for every replica type of every job.
+#[derive(Clone, Default)]
+pub struct PodTemplate(Option<Box<PodTemplateSpec>>);
+
+impl PodTemplate {
+    /// Whether the template is empty (and takes no heap).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl From<PodTemplateSpec> for PodTemplate {
+    fn from(template: PodTemplateSpec) -> Self {
+        PodTemplate((template != PodTemplateSpec::default()).then(|| Box::new(template)))
+    }
+}
+
+impl std::ops::Deref for PodTemplate {
+    type Target = PodTemplateSpec;
+    fn deref(&self) -> &PodTemplateSpec {
+        static EMPTY: OnceLock<PodTemplateSpec> = OnceLock::new();
+        self.0.as_deref().unwrap_or_else(|| EMPTY.get_or_init(PodTemplateSpec::default))
+    }
+}
+
+impl std::ops::DerefMut for PodTemplate {
+    fn deref_mut(&mut self) -> &mut PodTemplateSpec {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for PodTemplate {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for PodTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl serde::Serialize for PodTemplate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(serializer)
+    }
+}
+
 /// What reading a template found besides the template itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reading {

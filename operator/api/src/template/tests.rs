@@ -249,3 +249,26 @@ fn port_names() {
         assert_eq!(check_port_name(name).is_ok(), ok, "{name:?}");
     }
 }
+
+#[test]
+fn a_pod_template_reads_as_its_spec_and_takes_no_heap_when_empty() {
+    let full: PodTemplateSpec = serde_json::from_value(json!({"spec": {"containers": [{"name": "tensorflow", "image": "i"}]}})).unwrap();
+    // (case, template) -> (empty, its JSON)
+    let cases = [
+        ("default", PodTemplate::default(), true, json!({})),
+        ("from an empty spec", PodTemplate::from(PodTemplateSpec::default()), true, json!({})),
+        ("from a spec", PodTemplate::from(full.clone()), false, serde_json::to_value(&full).unwrap()),
+    ];
+    for (case, template, empty, as_json) in cases {
+        assert_eq!(template.is_empty(), empty, "{case}");
+        assert_eq!(serde_json::to_value(&template).unwrap(), as_json, "{case}");
+        assert_eq!(*template == PodTemplateSpec::default(), empty, "{case}");
+    }
+    assert_eq!(PodTemplate::default(), PodTemplate::from(PodTemplateSpec::default()));
+    assert_ne!(PodTemplate::default(), PodTemplate::from(full.clone()));
+    // Written through, an empty template takes a spec of its own.
+    let mut written = PodTemplate::default();
+    let through: &mut PodTemplateSpec = &mut written;
+    through.spec = full.spec.clone();
+    assert_eq!((written.is_empty(), written), (false, PodTemplate::from(full)));
+}

@@ -110,7 +110,9 @@ struct Decision {
 /// Validation, defaults, the observed replicas and the status machine at `now`: pure.
 fn decide(target: &Target<'_>, now: Timestamp) -> Decision {
     let job = target.job;
-    let invalid = api::validate(job);
+    // A finished job is not validated again: nothing is created from its spec, and the cache
+    // keeps no pod templates of it (`watch::slim_job`).
+    let invalid = if target.finished { Vec::new() } else { api::validate(job) };
     let mut defaulted = job.clone();
     api::apply_defaults(&mut defaulted.spec);
     let old_status = job.status.clone().unwrap_or_default();
