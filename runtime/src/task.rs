@@ -144,6 +144,9 @@ async fn run_cluster_task(ctx: &TaskContext, spec: &WorkloadSpec, ends: &Ends) -
     for h in background {
         h.abort();
     }
+    // Graceful: a gRPC reply still being written when the role ended (one telling a worker that
+    // training is over) is written first, as tonic's shutdown waits for every connection's
+    // streams to end; the tensor channel's replies were waited for in `run_ps`.
     let _ = stop_tx.send(());
     if let Some(handle) = server {
         let _ = tokio::time::timeout(Duration::from_secs(2), handle).await;
