@@ -128,8 +128,10 @@ fn parse_libsvm(line: &str) -> Result<Option<SparseExample>, String> {
             ));
         }
     };
-    let mut example = SparseExample { label, ..Default::default() };
-    let (mut indices, mut ascending): (Vec<u64>, bool) = (Vec::new(), true);
+    // One allocation each: a feature per `:` (a `qid:` leaves one unused).
+    let features = line.bytes().filter(|&b| b == b':').count();
+    let mut example = SparseExample { label, dense: Vec::new(), features: Vec::with_capacity(features) };
+    let (mut indices, mut ascending): (Vec<u64>, bool) = (Vec::with_capacity(features), true);
     for token in tokens {
         let (index, value) = token.split_once(':').ok_or_else(|| format!("feature {token:?} is not index:value"))?;
         if index == "qid" {
@@ -142,8 +144,12 @@ fn parse_libsvm(line: &str) -> Result<Option<SparseExample>, String> {
             return Err(format!("feature index {index} appears twice"));
         }
         indices.push(index);
-        let value: f32 =
-            value.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| format!("feature {token:?}: value {value:?} is not a finite number"))?;
+        // One-hot files write `1` for nearly every value: read without the float parser.
+        let value: f32 = if value == "1" {
+            1.0
+        } else {
+            value.parse().ok().filter(|v: &f32| v.is_finite()).ok_or_else(|| format!("feature {token:?}: value {value:?} is not a finite number"))?
+        };
         example.features.push(Feature { field: 0, key: feature_key(0, &index.to_le_bytes()), value });
     }
     Ok(Some(example))
@@ -184,7 +190,15 @@ fn parse_criteo(line: &str) -> Result<Option<SparseExample>, String> {
 pub fn sparse_batch(examples: &[SparseExample], format: SparseFormat) -> Batch {
     let dense_dim = format.dense_dim();
     let mut x = Array2::zeros((examples.len(), dense_dim));
-    let mut f = SparseFeatures { offsets: Vec::with_capacity(examples.len() + 1), num_fields: format.fields(), ..Default::default() };
+    let total: usize = examples.iter().map(|e| e.features.len()).sum();
+    let mut f = SparseFeatures {
+        offsets: Vec::with_capacity(examples.len() + 1),
+        fields: Vec::with_capacity(total),
+        keys: Vec::with_capacity(total),
+        values: Vec::with_capacity(total),
+        num_fields: format.fields(),
+        rows_memo: Default::default(),
+    };
     f.offsets.push(0);
     for (i, e) in examples.iter().enumerate() {
         for (j, v) in e.dense.iter().take(dense_dim).enumerate() {

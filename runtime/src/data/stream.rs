@@ -302,8 +302,9 @@ fn shard_order(plan: &ShardPlan, shard: ShardId) -> (Range<u64>, Vec<usize>) {
     (range, order)
 }
 
-fn batches(examples: Vec<SparseExample>, order: &[usize], format: SparseFormat, batch_size: usize) -> Vec<Batch> {
-    let shuffled: Vec<SparseExample> = order.iter().map(|&k| examples[k].clone()).collect();
+fn batches(mut examples: Vec<SparseExample>, order: &[usize], format: SparseFormat, batch_size: usize) -> Vec<Batch> {
+    // Moved, not cloned: `order` is a permutation, so each example is taken once.
+    let shuffled: Vec<SparseExample> = order.iter().map(|&k| std::mem::take(&mut examples[k])).collect();
     shuffled.chunks(batch_size.max(1)).map(|c| sparse_batch(c, format)).collect()
 }
 

@@ -396,3 +396,34 @@ proptest! {
         prop_assert_eq!(all, (0..n).collect::<Vec<_>>());
     }
 }
+
+// ------------------------------------------------------------- sparse rows
+
+#[test]
+fn a_batchs_unique_rows_are_sorted_computed_once_per_bucket_count_and_not_cloned() {
+    let f = SparseFeatures { offsets: vec![0, 3, 5], fields: vec![0; 5], keys: vec![7, 3, 17, 3, 10], values: vec![1.0; 5], ..Default::default() };
+    // (buckets) -> rows
+    let cases: [(u64, &[i64]); 4] = [(100, &[3, 7, 10, 17]), (10, &[0, 3, 7]), (5, &[0, 2, 3]), (100, &[3, 7, 10, 17])];
+    for (buckets, rows) in cases {
+        assert_eq!(&*f.unique_rows(buckets), rows, "{buckets} buckets");
+    }
+    // The first count asked is kept, borrowed; another is computed each time.
+    assert!(matches!(f.unique_rows(100), std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(f.unique_rows(10), std::borrow::Cow::Owned(_)));
+    // A clone whose keys change computes its own rows, and memos never make batches unequal.
+    let mut other = f.clone();
+    assert_eq!(other, f);
+    other.keys[0] = 55;
+    assert_eq!(&*other.unique_rows(100), &[3, 10, 17, 55]);
+    assert_eq!(&*f.unique_rows(100), &[3, 7, 10, 17]);
+}
+
+#[test]
+fn libsvm_values_of_one_read_as_the_float_parser_reads_them() {
+    for line in ["1 3:1 5:1.0 9:1e0 12:0.5", "0 1:1 2:10 3:-1"] {
+        let e = SparseFormat::Libsvm.parse(line).unwrap().unwrap();
+        let want: Vec<f32> = line.split_ascii_whitespace().skip(1).map(|t| t.split_once(':').unwrap().1.parse().unwrap()).collect();
+        assert_eq!(e.features.iter().map(|f| f.value).collect::<Vec<_>>(), want, "{line}");
+        assert_eq!(e.features.capacity(), want.len(), "{line}: one allocation");
+    }
+}

@@ -107,11 +107,8 @@ impl SparseModel {
     }
 
     /// The row ids of each embedding the batch touches (sorted, unique).
-    fn rows_of(&self, f: &SparseFeatures) -> Vec<i64> {
-        let mut ids: Vec<i64> = f.keys.iter().map(|&k| self.row(k)).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
+    fn rows_of<'f>(&self, f: &'f SparseFeatures) -> std::borrow::Cow<'f, [i64]> {
+        f.unique_rows(self.cfg.hash_buckets as u64)
     }
 
     /// The position of row `id` in an embedding's parameter.
@@ -123,7 +120,7 @@ impl SparseModel {
     pub(crate) fn pass<F: Real>(&self, params: &[ArrayD<F>], batch: &Batch, want_gradients: bool) -> (f64, Vec<f64>, Vec<ArrayD<F>>) {
         let f = batch.sparse.as_ref().expect("a sparse model needs a batch of sparse features");
         let Targets::Labels(labels) = &batch.targets else { panic!("{}: labels must be classes 0 and 1", self.name) };
-        let rows = if self.cfg.sparse_embeddings { self.rows_of(f) } else { Vec::new() };
+        let rows = if self.cfg.sparse_embeddings { self.rows_of(f) } else { std::borrow::Cow::Borrowed(&[][..]) };
         let held: Vec<usize> = self.specs.iter().map(|s| if s.is_sparse() { rows.len() } else { s.shape[0] }).collect();
         let specs: Vec<VariableSpec> = self.specs.iter().zip(&held).map(|(s, &n)| VariableSpec { shape: s.held_shape(n), ..s.clone() }).collect();
         check_params(self.name, &specs, params);
@@ -303,9 +300,9 @@ impl Model for SparseModel {
     fn row_ids(&self, batch: &Batch) -> Vec<Vec<i64>> {
         let rows = match (&batch.sparse, self.cfg.sparse_embeddings) {
             (Some(f), true) => self.rows_of(f),
-            _ => Vec::new(),
+            _ => std::borrow::Cow::Borrowed(&[][..]),
         };
-        self.specs.iter().map(|s| if s.is_sparse() { rows.clone() } else { Vec::new() }).collect()
+        self.specs.iter().map(|s| if s.is_sparse() { rows.to_vec() } else { Vec::new() }).collect()
     }
 }
 
