@@ -108,6 +108,11 @@ impl SparseFeatures {
         if *memo_buckets == buckets { std::borrow::Cow::Borrowed(rows) } else { std::borrow::Cow::Owned(compute()) }
     }
 
+    /// The positions of example `i`'s features in `fields`, `keys` and `values`.
+    pub fn range(&self, i: usize) -> std::ops::Range<usize> {
+        self.offsets[i]..self.offsets[i + 1]
+    }
+
     /// Example `i`'s features: (field, key, value).
     pub fn example(&self, i: usize) -> impl Iterator<Item = (u32, u64, f32)> + '_ {
         let r = self.offsets[i]..self.offsets[i + 1];

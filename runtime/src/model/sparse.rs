@@ -121,13 +121,14 @@ impl SparseModel {
         let f = batch.sparse.as_ref().expect("a sparse model needs a batch of sparse features");
         let Targets::Labels(labels) = &batch.targets else { panic!("{}: labels must be classes 0 and 1", self.name) };
         let rows = if self.cfg.sparse_embeddings { self.rows_of(f) } else { std::borrow::Cow::Borrowed(&[][..]) };
+        // Each feature's place in the weights and embeddings, looked up once for the pass.
+        let slots: Vec<usize> = f.keys.iter().map(|&k| self.position(&rows, self.row(k))).collect();
         let held: Vec<usize> = self.specs.iter().map(|s| if s.is_sparse() { rows.len() } else { s.shape[0] }).collect();
         let specs: Vec<VariableSpec> = self.specs.iter().zip(&held).map(|(s, &n)| VariableSpec { shape: s.held_shape(n), ..s.clone() }).collect();
         check_params(self.name, &specs, params);
         let n = batch.len();
         let w = params[WEIGHTS].as_slice().expect("standard layout");
-        let mut logits: Vec<F> =
-            (0..n).map(|i| f.example(i).fold(params[BIAS][[0]], |z, (_, key, v)| z + F::cst(f64::from(v)) * w[self.position(&rows, self.row(key))])).collect();
+        let mut logits: Vec<F> = (0..n).map(|i| f.range(i).fold(params[BIAS][[0]], |z, j| z + F::cst(f64::from(f.values[j])) * w[slots[j]])).collect();
         if let Some(d) = self.dense_index() {
             let x = batch.x.mapv(|v| F::cst(f64::from(v)));
             let u = params[d].view().into_dimensionality::<Ix2>().expect("2-d");
@@ -135,7 +136,7 @@ impl SparseModel {
                 *z += *extra;
             }
         }
-        let deep = self.deep.then(|| self.deep_forward(params, batch, f, &rows));
+        let deep = self.deep.then(|| self.deep_forward(params, batch, f, &slots));
         if let Some(d) = &deep {
             for (z, extra) in logits.iter_mut().zip(d.logits.column(0)) {
                 *z += *extra;
@@ -159,8 +160,8 @@ impl SparseModel {
         {
             let gw = grads[WEIGHTS].as_slice_mut().expect("standard layout");
             for (i, &d) in dz.iter().enumerate() {
-                for (_, key, v) in f.example(i) {
-                    gw[self.position(&rows, self.row(key))] += d * F::cst(f64::from(v));
+                for j in f.range(i) {
+                    gw[slots[j]] += d * F::cst(f64::from(f.values[j]));
                 }
             }
         }
@@ -172,7 +173,7 @@ impl SparseModel {
             grads[d] = g.insert_axis(Axis(1)).into_dyn();
         }
         if let Some(d) = deep {
-            self.deep_backward(params, f, &rows, d, &dz, &mut grads);
+            self.deep_backward(params, f, &slots, d, &dz, &mut grads);
         }
         let grads = grads.into_iter().map(|g| if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() }).collect();
         (loss, out, grads)
@@ -199,16 +200,15 @@ fn row_vector<F: Clone>(p: &ArrayD<F>) -> ndarray::ArrayView1<'_, F> {
 }
 
 impl SparseModel {
-    fn deep_forward<F: Real>(&self, params: &[ArrayD<F>], batch: &Batch, f: &SparseFeatures, rows: &[i64]) -> DeepForward<F> {
+    fn deep_forward<F: Real>(&self, params: &[ArrayD<F>], batch: &Batch, f: &SparseFeatures, slots: &[usize]) -> DeepForward<F> {
         let (n, dim, fields, dd) = (batch.len(), self.cfg.embedding_dim, self.cfg.fields, self.cfg.dense_dim);
         let e = params[self.embeddings_index()].as_slice().expect("standard layout");
         let mut h0 = Array2::<F>::zeros((n, fields * dim + dd));
         let mut norms = Array2::<F>::zeros((n, fields));
         for i in 0..n {
-            for (field, key, v) in f.example(i) {
-                let field = (field as usize).min(fields - 1);
+            for j in f.range(i) {
+                let (field, v, r) = ((f.fields[j] as usize).min(fields - 1), f.values[j], slots[j]);
                 norms[[i, field]] += F::cst(f64::from(v.abs()));
-                let r = self.position(rows, self.row(key));
                 for k in 0..dim {
                     h0[[i, field * dim + k]] += F::cst(f64::from(v)) * e[r * dim + k];
                 }
@@ -238,7 +238,7 @@ impl SparseModel {
         DeepForward { inputs, pre, logits, norms }
     }
 
-    fn deep_backward<F: Real>(&self, params: &[ArrayD<F>], f: &SparseFeatures, rows: &[i64], d: DeepForward<F>, dz: &[F], grads: &mut [ArrayD<F>]) {
+    fn deep_backward<F: Real>(&self, params: &[ArrayD<F>], f: &SparseFeatures, slots: &[usize], d: DeepForward<F>, dz: &[F], grads: &mut [ArrayD<F>]) {
         let first = self.embeddings_index() + 1;
         let layers = self.cfg.hidden_units.len();
         let last = first + 2 * layers;
@@ -256,11 +256,10 @@ impl SparseModel {
         let (dim, fields) = (self.cfg.embedding_dim, self.cfg.fields);
         let ge = grads[self.embeddings_index()].as_slice_mut().expect("standard layout");
         for i in 0..dz.len() {
-            for (field, key, v) in f.example(i) {
-                let field = (field as usize).min(fields - 1);
+            for j in f.range(i) {
+                let (field, v, r) = ((f.fields[j] as usize).min(fields - 1), f.values[j], slots[j]);
                 let norm = d.norms[[i, field]];
                 let scale = if norm > F::zero() { F::cst(f64::from(v)) / norm } else { F::cst(f64::from(v)) };
-                let r = self.position(rows, self.row(key));
                 for k in 0..dim {
                     ge[r * dim + k] += scale * upstream[[i, field * dim + k]];
                 }
