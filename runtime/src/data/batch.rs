@@ -25,6 +25,11 @@ impl Batch {
     pub fn len(&self) -> usize {
         self.x.nrows()
     }
+
+    /// The examples at `indices`, in that order: what building a batch of those examples gives.
+    pub fn select(&self, indices: &[usize]) -> Batch {
+        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices), sparse: self.sparse.as_ref().map(|f| f.select(indices)) }
+    }
     pub fn is_empty(&self) -> bool {
         self.x.nrows() == 0
     }
@@ -106,6 +111,28 @@ impl SparseFeatures {
         };
         let (memo_buckets, rows) = self.rows_memo.0.get_or_init(|| (buckets, compute()));
         if *memo_buckets == buckets { std::borrow::Cow::Borrowed(rows) } else { std::borrow::Cow::Owned(compute()) }
+    }
+
+    /// The features of the examples at `indices`, in that order.
+    pub fn select(&self, indices: &[usize]) -> SparseFeatures {
+        let total = indices.iter().map(|&i| self.range(i).len()).sum();
+        let mut out = SparseFeatures {
+            offsets: Vec::with_capacity(indices.len() + 1),
+            fields: Vec::with_capacity(total),
+            keys: Vec::with_capacity(total),
+            values: Vec::with_capacity(total),
+            num_fields: self.num_fields,
+            rows_memo: RowsMemo::default(),
+        };
+        out.offsets.push(0);
+        for &i in indices {
+            let r = self.range(i);
+            out.fields.extend_from_slice(&self.fields[r.clone()]);
+            out.keys.extend_from_slice(&self.keys[r.clone()]);
+            out.values.extend_from_slice(&self.values[r]);
+            out.offsets.push(out.keys.len());
+        }
+        out
     }
 
     /// The positions of example `i`'s features in `fields`, `keys` and `values`.

@@ -308,9 +308,19 @@ fn batches(mut examples: Vec<SparseExample>, order: &[usize], format: SparseForm
     shuffled.chunks(batch_size.max(1)).map(|c| sparse_batch(c, format)).collect()
 }
 
+/// Bytes of parsed shards a training set keeps ([`ShardCache`]).
+pub const SHARD_CACHE_BYTES: usize = 64 << 20;
+
 /// A training set of files, read shard by shard.
 pub struct StreamedTrainingSet {
     pub files: FileSet,
+    cache: ShardCache,
+}
+
+impl StreamedTrainingSet {
+    pub fn new(files: FileSet) -> Self {
+        StreamedTrainingSet { files, cache: ShardCache::new(SHARD_CACHE_BYTES) }
+    }
 }
 
 impl TrainingSet for StreamedTrainingSet {
@@ -323,9 +333,51 @@ impl TrainingSet for StreamedTrainingSet {
     /// cannot go on with its data gone; the message names the file).
     fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
         let (range, order) = shard_order(plan, shard);
-        let examples = self.files.read(range).unwrap_or_else(|e| panic!("reading the training data: {e}"));
-        batches(examples, &order, self.files.format, batch_size)
+        let parsed = self.cache.get_or_read(range.clone(), || {
+            let examples = self.files.read(range).unwrap_or_else(|e| panic!("reading the training data: {e}"));
+            sparse_batch(&examples, self.files.format)
+        });
+        order.chunks(batch_size.max(1)).map(|picks| parsed.select(picks)).collect()
     }
+}
+
+/// Shards parsed once, kept as one batch each in file order (up to a byte budget; shards past it
+/// are parsed again each time): an epoch after the first reads no text. Parsing was a third of
+/// a sparse worker's time, epoch after epoch, for the same bytes. A shard's batches are then
+/// copies of its rows in the epoch's order.
+struct ShardCache {
+    budget: usize,
+    kept: std::sync::Mutex<(usize, KeptShards)>,
+}
+
+/// Parsed shards by their range of examples.
+type KeptShards = std::collections::HashMap<(u64, u64), std::sync::Arc<Batch>>;
+
+impl ShardCache {
+    fn new(budget: usize) -> Self {
+        ShardCache { budget, kept: Default::default() }
+    }
+
+    fn get_or_read(&self, range: Range<u64>, read: impl FnOnce() -> Batch) -> std::sync::Arc<Batch> {
+        let key = (range.start, range.end);
+        if let Some(b) = self.kept.lock().expect("shard cache").1.get(&key) {
+            return b.clone();
+        }
+        let parsed = std::sync::Arc::new(read());
+        let size = batch_bytes(&parsed);
+        let mut kept = self.kept.lock().expect("shard cache");
+        if kept.0 + size <= self.budget {
+            kept.0 += size;
+            kept.1.insert(key, parsed.clone());
+        }
+        parsed
+    }
+}
+
+/// The heap bytes of a sparse batch's arrays.
+fn batch_bytes(b: &Batch) -> usize {
+    let features = b.sparse.as_ref().map_or(0, |f| f.offsets.len() * 8 + f.keys.len() * (8 + 4 + 4));
+    b.x.len() * 4 + b.len() * 4 + features
 }
 
 /// The generator's training examples `0..examples`, made on demand.
@@ -380,7 +432,7 @@ mod tests {
         assert_eq!(set.len(), 700);
         assert_eq!(set.read(590..610).unwrap(), (590..610).map(|i| g.example(i).0).collect::<Vec<_>>(), "across the two files");
         assert_eq!(set.read(257..259).unwrap(), (257..259).map(|i| g.example(i).0).collect::<Vec<_>>(), "past an index mark");
-        let training = StreamedTrainingSet { files: set };
+        let training = StreamedTrainingSet::new(set);
         let plan = ShardPlan::new(700, 64, 9, Some(1)).unwrap();
         let mut seen: Vec<(u32, usize)> = Vec::new();
         for index in 0..plan.shards_per_epoch() {
@@ -409,6 +461,38 @@ mod tests {
         assert!(FileSet::index(&[corrupt], SparseFormat::Libsvm, false).unwrap_err().to_string().contains("c.gz: corrupt gzip data"));
         // Held-out: the first examples, read until there are enough.
         assert_eq!(read_head(&[a, b], SparseFormat::Libsvm, 3, false).unwrap(), (0..3).map(|i| g.example(i).0).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn cached_shards_give_the_batches_that_parsing_again_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        for format in [SparseFormat::Libsvm, SparseFormat::Criteo] {
+            let g = Generator::new(format, 5);
+            let path = write(dir.path(), &format!("{format}.txt"), &(0..300).map(|i| g.line(i)).collect::<String>(), false);
+            let files = FileSet::index(&[path], format, false).unwrap();
+            let cached = StreamedTrainingSet::new(files);
+            // The same examples made by the generator, batched without any cache.
+            let generated = GeneratedTrainingSet { generator: Generator::new(format, 5), examples: 300 };
+            let plan = ShardPlan::new(300, 64, 11, Some(1)).unwrap();
+            for epoch in 0..3 {
+                for index in 0..plan.shards_per_epoch() {
+                    let shard = ShardId { epoch, index };
+                    let want = generated.shard_batches(&plan, shard, 10);
+                    assert_eq!(cached.shard_batches(&plan, shard, 10), want, "{format} epoch {epoch} shard {index}");
+                }
+            }
+            let kept = cached.cache.kept.lock().unwrap();
+            assert_eq!(kept.1.len(), plan.shards_per_epoch() as usize, "{format}: every shard parsed once and kept");
+        }
+        // Past its budget the cache keeps nothing and the batches are the same.
+        let g = Generator::new(SparseFormat::Libsvm, 5);
+        let path = write(dir.path(), "small.txt", &(0..100).map(|i| g.line(i)).collect::<String>(), false);
+        let uncached = StreamedTrainingSet { files: FileSet::index(&[path], SparseFormat::Libsvm, false).unwrap(), cache: ShardCache::new(0) };
+        let generated = GeneratedTrainingSet { generator: g, examples: 100 };
+        let plan = ShardPlan::new(100, 30, 11, Some(1)).unwrap();
+        let shard = ShardId { epoch: 1, index: 2 };
+        assert_eq!(uncached.shard_batches(&plan, shard, 7), generated.shard_batches(&plan, shard, 7));
+        assert!(uncached.cache.kept.lock().unwrap().1.is_empty());
     }
 
     #[test]

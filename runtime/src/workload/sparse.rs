@@ -83,7 +83,7 @@ fn read_files(o: &SparseOptions, list: &str, format: SparseFormat, eval_n: usize
             set.read(0..(eval_n as u64).min(set.len()))?
         }
     };
-    Ok((Arc::new(StreamedTrainingSet { files: set }), eval))
+    Ok((Arc::new(StreamedTrainingSet::new(set)), eval))
 }
 
 /// Learnable examples generated from the seed, held-out ones apart.
