@@ -142,7 +142,7 @@ impl SparseFeatures {
 
     /// Example `i`'s features: (field, key, value).
     pub fn example(&self, i: usize) -> impl Iterator<Item = (u32, u64, f32)> + '_ {
-        let r = self.offsets[i]..self.offsets[i + 1];
+        let r = self.range(i);
         self.fields[r.clone()].iter().zip(&self.keys[r.clone()]).zip(&self.values[r]).map(|((&f, &k), &v)| (f, k, v))
     }
 }

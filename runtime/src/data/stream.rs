@@ -366,6 +366,10 @@ impl ShardCache {
         let parsed = std::sync::Arc::new(read());
         let size = batch_bytes(&parsed);
         let mut kept = self.kept.lock().expect("shard cache");
+        if let Some(first) = kept.1.get(&key) {
+            // Another thread parsed the same shard meanwhile: keep one copy, counted once.
+            return first.clone();
+        }
         if kept.0 + size <= self.budget {
             kept.0 += size;
             kept.1.insert(key, parsed.clone());
