@@ -208,10 +208,26 @@ impl RowTable {
 
     /// Checks that every id is in the table, belongs to this partition, and
     /// appears once.
-    pub fn check_ids<'a>(&self, ids: impl IntoIterator<Item = &'a i64>) -> Result<(), RowError> {
-        let mut seen: HashSet<i64, RowHasher> = HashSet::default();
-        for &id in ids {
+    pub fn check_ids<'a, I>(&self, ids: I) -> Result<(), RowError>
+    where
+        I: IntoIterator<Item = &'a i64>,
+        I::IntoIter: Clone,
+    {
+        let ids = ids.into_iter();
+        let mut previous = None;
+        let mut increasing = true;
+        for &id in ids.clone() {
             self.check_id(id)?;
+            increasing &= previous.is_none_or(|p| p < id);
+            previous = Some(id);
+        }
+        if increasing {
+            // A worker's rows come sorted: strictly increasing ids are unique. A set grown
+            // from empty for each push was a sixth of a sparse ps's time.
+            return Ok(());
+        }
+        let mut seen: HashSet<i64, RowHasher> = HashSet::with_capacity_and_hasher(ids.size_hint().0, RowHasher::default());
+        for &id in ids {
             if !seen.insert(id) {
                 return Err(RowError::Duplicate { name: self.name.clone(), id });
             }
@@ -371,12 +387,18 @@ mod tests {
             (vec![-1], RowError::OutOfTable { name: "emb/part_1".into(), id: -1, rows: 10 }),
             (vec![4], RowError::WrongPartition { name: "emb/part_1".into(), id: 4, owner: 0, partition: 1, strategy: PartitionStrategy::Mod }),
             (vec![1, 3, 1], RowError::Duplicate { name: "emb/part_1".into(), id: 1 }),
+            (vec![3, 3], RowError::Duplicate { name: "emb/part_1".into(), id: 3 }),
+            (vec![9, 3, 5, 3], RowError::Duplicate { name: "emb/part_1".into(), id: 3 }),
+            // Every id is checked against the table before any duplicate is looked for.
+            (vec![1, 1, 4], RowError::WrongPartition { name: "emb/part_1".into(), id: 4, owner: 0, partition: 1, strategy: PartitionStrategy::Mod }),
         ];
         for (ids, want) in cases {
             assert_eq!(t.check_ids(&ids), Err(want.clone()), "{ids:?}");
             assert!(want.to_string().contains("emb/part_1"));
         }
-        assert!(t.check_ids(&[1, 3, 9]).is_ok());
+        for ids in [&[1, 3, 9][..], &[9, 3, 1], &[5], &[]] {
+            assert!(t.check_ids(ids).is_ok(), "{ids:?}");
+        }
     }
 
     /// Row-wise optimizer state: a row's slots start fresh when it is
