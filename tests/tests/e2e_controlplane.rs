@@ -207,9 +207,12 @@ fn scale_a_training_job(scene: &Scene) -> Result<()> {
     const JOB: &str = "elastic-scale";
     let pod = |i: u32| format!("{JOB}-worker-{i}");
     let mut at = Scaling::default();
-    // Longer than the kind run's 600 epochs: on a loaded 2-core machine the
-    // job could otherwise end before the scale-down reaches the workers.
-    const EPOCHS: u64 = 1500;
+    // Longer than the kind run's 600 epochs: the scale-up is asked for at the
+    // first gradient, and the new workers must push theirs (pods created,
+    // containers started, the cluster joined: ~5 s here, 10 s and more on a
+    // loaded machine) before the job ends. 1500 epochs lasted ~6 s once sync
+    // steps got twice as fast, and a loaded CI run saw the job end first.
+    const EPOCHS: u64 = 4000;
     let job = manifest(SCALE_JOB)?;
     ensure!(job.matches("--num_epochs=600").count() == 2, "{SCALE_JOB}: expected --num_epochs=600 on every replica");
     let job = job.replace("--num_epochs=600", &format!("--num_epochs={EPOCHS}"));
@@ -363,7 +366,9 @@ fn scale_the_ps_of_a_training_job(scene: &Scene) -> Result<()> {
 /// job trains every example once per epoch to `Succeeded`.
 fn evict_a_worker(scene: &Scene) -> Result<()> {
     const JOB: &str = "evicted";
-    const EPOCHS: u64 = 1500;
+    // Enough for the recreated worker to be running before the job ends (as in
+    // scale_a_training_job).
+    const EPOCHS: u64 = 4000;
     let worker1 = format!("{JOB}-worker-1");
     let job = manifest(SCALE_JOB)?
         .replace("name: elastic-scale", &format!("name: {JOB}"))

@@ -17,7 +17,10 @@ use tfjob_tests::podman::{PodmanService, build_images, release_bin_dir};
 use tfjob_tests::report::final_report;
 
 const JOB: &str = "sdk-linreg";
-const EPOCHS: u64 = 40;
+/// Long enough (~3 s) for the operator to see the job running: at 40 epochs it trained in
+/// 0.3 s once, went from Created to Succeeded, and never had the Running condition that
+/// Kubeflow's operator (and so this test) turns to False on success.
+const EPOCHS: u64 = 400;
 /// Examples per epoch of the linear model's data.
 const EXAMPLES: u64 = 101;
 
@@ -35,7 +38,7 @@ fn sdk_python() -> Result<std::path::PathBuf> {
 /// it); `cleanPodPolicy: None` keeps the pods so that their names and logs can be read after
 /// the job succeeded.
 fn job_dict(ns: &str) -> Result<Value> {
-    let args = format!(r#"["--model=linear", "--learning_rate=0.01", "--num_epochs={EPOCHS}", "--log_every_steps=200"]"#);
+    let args = format!(r#"["--model=linear", "--learning_rate=0.01", "--num_epochs={EPOCHS}", "--log_every_steps=2000"]"#);
     let yaml = format!(
         "apiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata: {{name: {JOB}, namespace: {ns}}}\nspec:\n  runPolicy: {{cleanPodPolicy: None}}\n  tfReplicaSpecs:\n{}{}",
         runtime_replica_yaml("PS", 1, &args, "", ""),
