@@ -101,7 +101,16 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     let (ours, bare, bare_pods) = (rate(|r| r.operator_secs), rate(|r| r.bare_secs), rate(|r| r.bare_pods_secs));
     let per_job: usize = requests.values().sum::<usize>() / jobs;
     let what = format!("{jobs} TFJobs x {REPLICAS} pods");
-    report.row("operator-load", &format!("{what}: pods/s, operator"), ours, "pods/s", Some(("bare client, same objects", bare)), None, ">= 0.8 x bare", Some(ours >= 0.8 * bare));
+    report.row(
+        "operator-load",
+        &format!("{what}: pods/s, operator"),
+        ours,
+        "pods/s",
+        Some(("bare client, same objects", bare)),
+        None,
+        ">= 0.8 x bare",
+        Some(ours >= 0.8 * bare),
+    );
     report.row("operator-load", &format!("{what}: pods/s, operator"), ours, "pods/s", Some(("bare client, pods + Services", bare_pods)), None, "", None);
     report.row(
         "operator-load",
