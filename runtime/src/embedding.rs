@@ -222,8 +222,9 @@ impl RowTable {
             previous = Some(id);
         }
         if increasing {
-            // A worker's rows come sorted: strictly increasing ids are unique. A set grown
-            // from empty for each push was a sixth of a sparse ps's time.
+            // A worker's rows come sorted: strictly increasing ids are unique. This set, grown
+            // from empty for each request, and the tables' inserts were together about a
+            // sixth of a sparse ps's time in a profile (BENCHMARKS.md).
             return Ok(());
         }
         let mut seen: HashSet<i64, RowHasher> = HashSet::with_capacity_and_hasher(ids.size_hint().0, RowHasher::default());

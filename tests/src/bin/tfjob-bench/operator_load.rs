@@ -69,7 +69,7 @@ struct Round {
 }
 
 fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, opts: &Options, jobs: usize, report: &mut Report) -> Result<()> {
-    let mut operator = OperatorUnderLoad::start(cp, rt, client)?;
+    let operator = OperatorUnderLoad::start(cp, rt, client)?;
     // Rounds alternate the three, each on fresh names, so that a slower minute of the machine
     // falls on all of them alike; the figures are the rounds' medians.
     let rounds = if opts.quick { 1 } else { 3 };
@@ -220,18 +220,18 @@ impl<'a> OperatorUnderLoad<'a> {
         let account = operator_account(cp, &ns)?;
         let op = Operator::start_ready(cp, &account, "load-operator")?;
         let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
-        let mut me = OperatorUnderLoad { cp, rt, client, ns, user, op };
+        let me = OperatorUnderLoad { cp, rt, client, ns, user, op };
         me.timed(vec![tfjob(&me.ns, "warm-up")?])?;
         Ok(me)
     }
 
-    fn timed(&mut self, jobs: Vec<TFJob>) -> Result<f64> {
+    fn timed(&self, jobs: Vec<TFJob>) -> Result<f64> {
         self.rt.block_on(create_and_wait(self.client, &self.ns, jobs)).map_err(|e| anyhow!("{e:#}\n{}", self.op.log_tail(30)))
     }
 
     /// `names` created as TFJobs: seconds from the first create to the last of their pods seen
     /// on a watch, and the operator's requests by `verb resource[/subresource]` (the Lease aside).
-    fn create(&mut self, names: &[String]) -> Result<(f64, BTreeMap<String, usize>)> {
+    fn create(&self, names: &[String]) -> Result<(f64, BTreeMap<String, usize>)> {
         // Settled: the status writes and events of what came before.
         std::thread::sleep(Duration::from_secs(2));
         let before = requests(self.cp, &self.user)?;
