@@ -36,7 +36,7 @@ fn setup(prefix: &str) -> Result<(&'static ControlPlane, String, OperatorSetup, 
 /// Adds the operator's log to an error (what it did is the first thing one needs).
 fn with_log<T>(r: Result<T>, ops: &[&Operator]) -> Result<T> {
     r.map_err(|e| {
-        let logs: Vec<String> = ops.iter().map(|o| o.log_tail(60)).collect();
+        let logs: Vec<String> = ops.iter().map(|o| o.log_tail(200)).collect();
         anyhow!("{e:#}\n{}", logs.join("\n"))
     })
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{Controller, Error as ControllerError};
 use kube::runtime::reflector::Store;
 use tfjob_api::api::{self, TFJob};
 use tfjob_api::plan::PlanOptions;
@@ -331,6 +331,11 @@ async fn run_controller(
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => tracing::debug!(job = %obj, "reconciled"),
+                // A watch that fails is retried with backoff, and no reconcile sees what it
+                // misses meanwhile: worth a warning (client-go's reflectors warn too).
+                Err(e @ (ControllerError::QueueError(_) | ControllerError::RunnerError(_))) => tracing::warn!(error = %e, "watch or queue failed; retrying"),
+                // Failed reconciles are logged by `error_policy`; a reconcile of a job deleted
+                // meanwhile is expected.
                 Err(e) => tracing::debug!(error = %e, "controller event"),
             }
         })
