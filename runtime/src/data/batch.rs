@@ -70,16 +70,16 @@ pub struct SparseFeatures {
     pub values: Vec<f32>,
     /// Fields of the format (the bags of a wide & deep model).
     pub num_fields: usize,
-    /// [`SparseFeatures::unique_rows`] once computed.
+    /// [`SparseFeatures::batch_rows`] once computed.
     pub rows_memo: RowsMemo,
 }
 
-/// The sorted unique rows of a batch's keys, kept with the bucket count they were computed for:
-/// a step needs them twice (to pull or gather the rows, then in the model's pass), and sorting
-/// the keys was a tenth of a sparse step. A clone starts empty (its keys may then change), and
-/// it is no part of a batch's equality.
+/// The rows of a batch's keys, kept with the bucket count they were computed for: a step needs
+/// them twice (to pull or gather the rows, then in the model's pass), and sorting the keys was a
+/// tenth of a sparse step. A clone starts empty (its keys may then change), and it is no part of
+/// a batch's equality.
 #[derive(Default)]
-pub struct RowsMemo(std::sync::OnceLock<(u64, Vec<i64>)>);
+pub struct RowsMemo(std::sync::OnceLock<(u64, BatchRows)>);
 
 impl Clone for RowsMemo {
     fn clone(&self) -> Self {
@@ -99,18 +99,57 @@ impl std::fmt::Debug for RowsMemo {
     }
 }
 
+/// The rows of a table of `buckets` rows that a batch's keys fall in (`key % buckets`): each
+/// distinct row once, sorted (the rows a worker pulls and holds), and where each key's row is
+/// among them (the key's slot in what was pulled).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchRows {
+    /// The distinct rows, sorted.
+    pub rows: Vec<i64>,
+    /// Per key, in the batch's order: `rows[slots[j]]` is key `j`'s row.
+    pub slots: Vec<usize>,
+}
+
+impl BatchRows {
+    /// The rows of `keys` in a table of `buckets` rows.
+    ///
+    /// One sort of (row, key position) pairs gives both the distinct rows and every key's slot,
+    /// where sorting the rows alone and then finding each key's row by binary search took a
+    /// second pass of `log(rows)` probes per key. The pair is packed in one `u64` (row in the
+    /// high half) whenever both fit in 32 bits, as they do for any table under 2^32 rows.
+    pub fn of(keys: &[u64], buckets: u64) -> BatchRows {
+        let row = |k: u64| k % buckets;
+        if buckets <= 1 << 32 && keys.len() <= 1 << 32 {
+            let mut pairs: Vec<u64> = keys.iter().enumerate().map(|(j, &k)| (row(k) << 32) | j as u64).collect();
+            pairs.sort_unstable();
+            BatchRows::number(keys.len(), pairs.into_iter().map(|p| ((p >> 32) as i64, (p & 0xffff_ffff) as usize)))
+        } else {
+            let mut pairs: Vec<(i64, usize)> = keys.iter().enumerate().map(|(j, &k)| (row(k) as i64, j)).collect();
+            pairs.sort_unstable();
+            BatchRows::number(keys.len(), pairs.into_iter())
+        }
+    }
+
+    /// Numbers the distinct rows of (row, key position) pairs sorted by row.
+    fn number(keys: usize, sorted: impl Iterator<Item = (i64, usize)>) -> BatchRows {
+        let mut rows: Vec<i64> = Vec::new();
+        let mut slots = vec![0; keys];
+        for (row, j) in sorted {
+            if rows.last() != Some(&row) {
+                rows.push(row);
+            }
+            slots[j] = rows.len() - 1;
+        }
+        BatchRows { rows, slots }
+    }
+}
+
 impl SparseFeatures {
-    /// The rows the keys fall in, in a table of `buckets` rows (`key % buckets`): sorted,
-    /// unique. Computed once per bucket count asked first; another count is computed each time.
-    pub fn unique_rows(&self, buckets: u64) -> std::borrow::Cow<'_, [i64]> {
-        let compute = || {
-            let mut ids: Vec<i64> = self.keys.iter().map(|&k| (k % buckets) as i64).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        };
-        let (memo_buckets, rows) = self.rows_memo.0.get_or_init(|| (buckets, compute()));
-        if *memo_buckets == buckets { std::borrow::Cow::Borrowed(rows) } else { std::borrow::Cow::Owned(compute()) }
+    /// The rows the keys fall in, in a table of `buckets` rows. Computed once for the bucket
+    /// count asked first; another count is computed each time.
+    pub fn batch_rows(&self, buckets: u64) -> std::borrow::Cow<'_, BatchRows> {
+        let (memo_buckets, rows) = self.rows_memo.0.get_or_init(|| (buckets, BatchRows::of(&self.keys, buckets)));
+        if *memo_buckets == buckets { std::borrow::Cow::Borrowed(rows) } else { std::borrow::Cow::Owned(BatchRows::of(&self.keys, buckets)) }
     }
 
     /// The features of the examples at `indices`, in that order.

@@ -22,7 +22,7 @@ mod sparse;
 mod stream;
 mod synthetic;
 
-pub use batch::{Batch, SparseFeatures, Targets};
+pub use batch::{Batch, BatchRows, SparseFeatures, Targets};
 pub use dataset::{DataError, Dataset, InMemoryTrainingSet, Sampler, TrainingSet};
 pub use generate::{GENERATED_EVAL_BASE, Generator, auc};
 pub use sparse::{CRITEO_CATEGORICALS, CRITEO_INTEGERS, Feature, SparseExample, SparseFormat, feature_key, sparse_batch};

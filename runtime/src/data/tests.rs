@@ -400,22 +400,47 @@ proptest! {
 // ------------------------------------------------------------- sparse rows
 
 #[test]
-fn a_batchs_unique_rows_are_sorted_computed_once_per_bucket_count_and_not_cloned() {
+fn a_batchs_rows_are_sorted_unique_with_each_keys_slot_computed_once_per_bucket_count() {
     let f = SparseFeatures { offsets: vec![0, 3, 5], fields: vec![0; 5], keys: vec![7, 3, 17, 3, 10], values: vec![1.0; 5], ..Default::default() };
-    // (buckets) -> rows
-    let cases: [(u64, &[i64]); 4] = [(100, &[3, 7, 10, 17]), (10, &[0, 3, 7]), (5, &[0, 2, 3]), (100, &[3, 7, 10, 17])];
-    for (buckets, rows) in cases {
-        assert_eq!(&*f.unique_rows(buckets), rows, "{buckets} buckets");
+    // (buckets) -> (rows, slot of each key)
+    let cases: [(u64, &[i64], &[usize]); 4] = [
+        (100, &[3, 7, 10, 17], &[1, 0, 3, 0, 2]),
+        (10, &[0, 3, 7], &[2, 1, 2, 1, 0]),
+        (5, &[0, 2, 3], &[1, 2, 1, 2, 0]),
+        (100, &[3, 7, 10, 17], &[1, 0, 3, 0, 2]),
+    ];
+    for (buckets, rows, slots) in cases {
+        let got = f.batch_rows(buckets);
+        assert_eq!((&got.rows[..], &got.slots[..]), (rows, slots), "{buckets} buckets");
     }
     // The first count asked is kept, borrowed; another is computed each time.
-    assert!(matches!(f.unique_rows(100), std::borrow::Cow::Borrowed(_)));
-    assert!(matches!(f.unique_rows(10), std::borrow::Cow::Owned(_)));
+    assert!(matches!(f.batch_rows(100), std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(f.batch_rows(10), std::borrow::Cow::Owned(_)));
     // A clone whose keys change computes its own rows, and memos never make batches unequal.
     let mut other = f.clone();
     assert_eq!(other, f);
     other.keys[0] = 55;
-    assert_eq!(&*other.unique_rows(100), &[3, 10, 17, 55]);
-    assert_eq!(&*f.unique_rows(100), &[3, 7, 10, 17]);
+    assert_eq!(other.batch_rows(100).rows, [3, 10, 17, 55]);
+    assert_eq!(f.batch_rows(100).rows, [3, 7, 10, 17]);
+    // No keys, no rows.
+    assert_eq!(BatchRows::of(&[], 100), BatchRows::default());
+}
+
+proptest! {
+    /// The one sort of (row, position) pairs gives what sorting the distinct rows and a binary
+    /// search per key give; also for tables too large for the packed pairs.
+    #[test]
+    fn batch_rows_are_the_sorted_distinct_rows_and_each_keys_place_among_them(
+        keys in proptest::collection::vec(any::<u64>(), 0..300),
+        buckets in prop_oneof![1u64..50, 1u64..(1 << 20), Just(1u64 << 32), (1u64 << 32) + 1..u64::MAX],
+    ) {
+        let got = BatchRows::of(&keys, buckets);
+        let mut rows: Vec<i64> = keys.iter().map(|&k| (k % buckets) as i64).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let slots: Vec<usize> = keys.iter().map(|&k| rows.binary_search(&((k % buckets) as i64)).unwrap()).collect();
+        prop_assert_eq!(got, BatchRows { rows, slots });
+    }
 }
 
 #[test]

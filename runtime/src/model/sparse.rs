@@ -23,7 +23,7 @@
 use ndarray::{Array2, ArrayD, ArrayView2, Axis, Ix2};
 
 use super::spec::{EmbeddingDecl, LossAndGradients, Metrics, Model, Real, VariableSpec, check_params};
-use crate::data::{Batch, SparseFeatures, Targets};
+use crate::data::{Batch, BatchRows, SparseFeatures, Targets};
 use crate::init::Init;
 use crate::placement::PartitionStrategy;
 
@@ -106,24 +106,28 @@ impl SparseModel {
         (key % self.cfg.hash_buckets as u64) as i64
     }
 
-    /// The row ids of each embedding the batch touches (sorted, unique).
-    fn rows_of<'f>(&self, f: &'f SparseFeatures) -> std::borrow::Cow<'f, [i64]> {
-        f.unique_rows(self.cfg.hash_buckets as u64)
-    }
-
-    /// The position of row `id` in an embedding's parameter.
-    fn position(&self, rows: &[i64], id: i64) -> usize {
-        if self.cfg.sparse_embeddings { rows.binary_search(&id).expect("the batch's rows were pulled") } else { id as usize }
+    /// The rows of the embeddings the batch touches (sorted, unique), and each key's slot among
+    /// them.
+    fn rows_of<'f>(&self, f: &'f SparseFeatures) -> std::borrow::Cow<'f, BatchRows> {
+        f.batch_rows(self.cfg.hash_buckets as u64)
     }
 
     /// Loss, logits and (when asked) gradients, generically.
     pub(crate) fn pass<F: Real>(&self, params: &[ArrayD<F>], batch: &Batch, want_gradients: bool) -> (f64, Vec<f64>, Vec<ArrayD<F>>) {
         let f = batch.sparse.as_ref().expect("a sparse model needs a batch of sparse features");
         let Targets::Labels(labels) = &batch.targets else { panic!("{}: labels must be classes 0 and 1", self.name) };
-        let rows = if self.cfg.sparse_embeddings { self.rows_of(f) } else { std::borrow::Cow::Borrowed(&[][..]) };
-        // Each feature's place in the weights and embeddings, looked up once for the pass.
-        let slots: Vec<usize> = f.keys.iter().map(|&k| self.position(&rows, self.row(k))).collect();
-        let held: Vec<usize> = self.specs.iter().map(|s| if s.is_sparse() { rows.len() } else { s.shape[0] }).collect();
+        // Each feature's place in the weights and embeddings: among the batch's rows when the
+        // worker holds only those, else the row itself.
+        let batch_rows;
+        let dense_slots: Vec<usize>;
+        let (held_rows, slots): (usize, &[usize]) = if self.cfg.sparse_embeddings {
+            batch_rows = self.rows_of(f);
+            (batch_rows.rows.len(), &batch_rows.slots)
+        } else {
+            dense_slots = f.keys.iter().map(|&k| self.row(k) as usize).collect();
+            (0, &dense_slots)
+        };
+        let held: Vec<usize> = self.specs.iter().map(|s| if s.is_sparse() { held_rows } else { s.shape[0] }).collect();
         let specs: Vec<VariableSpec> = self.specs.iter().zip(&held).map(|(s, &n)| VariableSpec { shape: s.held_shape(n), ..s.clone() }).collect();
         check_params(self.name, &specs, params);
         let n = batch.len();
@@ -136,7 +140,7 @@ impl SparseModel {
                 *z += *extra;
             }
         }
-        let deep = self.deep.then(|| self.deep_forward(params, batch, f, &slots));
+        let deep = self.deep.then(|| self.deep_forward(params, batch, f, slots));
         if let Some(d) = &deep {
             for (z, extra) in logits.iter_mut().zip(d.logits.column(0)) {
                 *z += *extra;
@@ -173,7 +177,7 @@ impl SparseModel {
             grads[d] = g.insert_axis(Axis(1)).into_dyn();
         }
         if let Some(d) = deep {
-            self.deep_backward(params, f, &slots, d, &dz, &mut grads);
+            self.deep_backward(params, f, slots, d, &dz, &mut grads);
         }
         let grads = grads.into_iter().map(|g| if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() }).collect();
         (loss, out, grads)
@@ -299,9 +303,9 @@ impl Model for SparseModel {
     fn row_ids(&self, batch: &Batch) -> Vec<Vec<i64>> {
         let rows = match (&batch.sparse, self.cfg.sparse_embeddings) {
             (Some(f), true) => self.rows_of(f),
-            _ => std::borrow::Cow::Borrowed(&[][..]),
+            _ => std::borrow::Cow::Owned(BatchRows::default()),
         };
-        self.specs.iter().map(|s| if s.is_sparse() { rows.to_vec() } else { Vec::new() }).collect()
+        self.specs.iter().map(|s| if s.is_sparse() { rows.rows.clone() } else { Vec::new() }).collect()
     }
 }
 
