@@ -29,10 +29,26 @@ pub const GENERATED_EVAL_BASE: u64 = 1 << 40;
 const LIBSVM_VOCABULARY: u64 = 400;
 
 /// Learnable data of one format from one seed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Generator {
     pub format: SparseFormat,
     pub seed: u64,
+    /// The true model of this seed, drawn once.
+    truth: std::sync::Arc<TrueModel>,
+}
+
+impl PartialEq for Generator {
+    fn eq(&self, other: &Self) -> bool {
+        (self.format, self.seed) == (other.format, other.seed)
+    }
+}
+
+impl Eq for Generator {}
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator").field("format", &self.format).field("seed", &self.seed).finish_non_exhaustive()
+    }
 }
 
 /// A draw from N(0, 1) fixed by its parts.
@@ -44,68 +60,104 @@ fn criteo_vocabulary(field: usize) -> u64 {
     4 + (field as u64 * 13) % 37
 }
 
+/// The weights of a generator's true model, with the key of each feature they belong to.
+/// Each weight is a draw of [`normal`], which seeds a random generator of its own: drawn per
+/// example, the weights were most of the cost of an example (three quarters of a
+/// single-process `sparse_lr` step went to making its batch). Drawn once per generator, an
+/// example is the same to the bit.
+struct TrueModel {
+    /// libsvm: feature `i` (1-based) at `i - 1`: its key and weight.
+    libsvm: Vec<(u64, f64)>,
+    /// criteo: the integer fields' coefficients `a_j`.
+    criteo_integers: Vec<f64>,
+    /// criteo: per categorical field, per value, its key and weight.
+    criteo_categories: Vec<Vec<(u64, f64)>>,
+}
+
+impl TrueModel {
+    fn draw(format: SparseFormat, seed: u64) -> TrueModel {
+        let mut truth = TrueModel { libsvm: vec![], criteo_integers: vec![], criteo_categories: vec![] };
+        match format {
+            SparseFormat::Libsvm => {
+                truth.libsvm = (1..=LIBSVM_VOCABULARY)
+                    .map(|i| {
+                        let key = feature_key(0, &i.to_le_bytes());
+                        (key, 0.7 * normal(seed, 0x11B5, key))
+                    })
+                    .collect();
+            }
+            SparseFormat::Criteo => {
+                truth.criteo_integers = (0..CRITEO_INTEGERS).map(|j| 0.25 * normal(seed, 0xD0, j as u64)).collect();
+                truth.criteo_categories = (0..CRITEO_CATEGORICALS)
+                    .map(|f| {
+                        (0..criteo_vocabulary(f))
+                            .map(|value| {
+                                let key = feature_key(f as u32, category(seed, f, value).as_bytes());
+                                (key, 0.45 * normal(seed, 0xCA7 + f as u64, key))
+                            })
+                            .collect()
+                    })
+                    .collect();
+            }
+        }
+        truth
+    }
+}
+
+/// The text of value `value` of categorical field `field`.
+fn category(seed: u64, field: usize, value: u64) -> String {
+    format!("{:08x}", derive_seed(seed, field as u64, value) as u32)
+}
+
 impl Generator {
     pub fn new(format: SparseFormat, seed: u64) -> Self {
-        Generator { format, seed }
+        Generator { format, seed, truth: std::sync::Arc::new(TrueModel::draw(format, seed)) }
     }
 
     /// Example `index` and its true logit.
     pub fn example(&self, index: u64) -> (SparseExample, f64) {
         let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, index, 0x4558));
-        let mut example = match self.format {
+        let (mut example, logit) = match self.format {
             SparseFormat::Libsvm => self.libsvm(&mut rng),
             SparseFormat::Criteo => self.criteo(&mut rng),
         };
-        let logit = self.logit(&example);
         let p = 1.0 / (1.0 + (-logit).exp());
         example.label = u32::from(rng.random::<f64>() < p);
         (example, logit)
     }
 
-    /// The true logit of an example of this generator.
-    fn logit(&self, e: &SparseExample) -> f64 {
-        match self.format {
-            SparseFormat::Libsvm => -0.3 + e.features.iter().map(|f| self.libsvm_weight(f.key) * f64::from(f.value)).sum::<f64>(),
-            SparseFormat::Criteo => {
-                let dense: f64 = e.dense.iter().enumerate().map(|(j, &v)| 0.25 * normal(self.seed, 0xD0, j as u64) * (f64::from(v) - 2.0)).sum();
-                -0.5 + dense + e.features.iter().map(|f| 0.45 * normal(self.seed, 0xCA7 + u64::from(f.field), f.key)).sum::<f64>()
-            }
-        }
-    }
-
-    fn libsvm_weight(&self, key: u64) -> f64 {
-        0.7 * normal(self.seed, 0x11B5, key)
-    }
-
-    fn libsvm(&self, rng: &mut StdRng) -> SparseExample {
+    /// A libsvm example (label not drawn yet) and its true logit.
+    fn libsvm(&self, rng: &mut StdRng) -> (SparseExample, f64) {
         let k = rng.random_range(5..=12);
-        let mut indices: Vec<u64> = sample(rng, LIBSVM_VOCABULARY as usize, k).into_iter().map(|i| i as u64 + 1).collect();
+        let mut indices: Vec<usize> = sample(rng, LIBSVM_VOCABULARY as usize, k).into_vec();
         indices.sort_unstable();
-        let features = indices.iter().map(|&i| Feature { field: 0, key: feature_key(0, &i.to_le_bytes()), value: 1.0 }).collect();
-        SparseExample { label: 0, dense: vec![], features }
+        let drawn = indices.iter().map(|&i| self.truth.libsvm[i]);
+        let features = drawn.clone().map(|(key, _)| Feature { field: 0, key, value: 1.0 }).collect();
+        let logit = -0.3 + drawn.map(|(_, w)| w).sum::<f64>();
+        (SparseExample { label: 0, dense: vec![], features }, logit)
     }
 
-    fn criteo(&self, rng: &mut StdRng) -> SparseExample {
+    /// A criteo example (label not drawn yet) and its true logit.
+    fn criteo(&self, rng: &mut StdRng) -> (SparseExample, f64) {
         let mut e = SparseExample::default();
         for _ in 0..CRITEO_INTEGERS {
             let missing = rng.random::<f64>() < 0.1;
             let v = ((rng.random::<f64>() * 4.0).exp() - 1.0).floor();
             e.dense.push(if missing { 0.0 } else { v.ln_1p() as f32 });
         }
+        let mut weights = Vec::with_capacity(CRITEO_CATEGORICALS);
         for f in 0..CRITEO_CATEGORICALS {
             let value = rng.random_range(0..criteo_vocabulary(f));
             if rng.random::<f64>() < 0.05 {
                 continue;
             }
-            let text = self.category(f, value);
-            e.features.push(Feature { field: f as u32, key: feature_key(f as u32, text.as_bytes()), value: 1.0 });
+            let (key, w) = self.truth.criteo_categories[f][value as usize];
+            e.features.push(Feature { field: f as u32, key, value: 1.0 });
+            weights.push(w);
         }
-        e
-    }
-
-    /// The text of value `value` of categorical field `field`.
-    fn category(&self, field: usize, value: u64) -> String {
-        format!("{:08x}", derive_seed(self.seed, field as u64, value) as u32)
+        let dense: f64 = e.dense.iter().zip(&self.truth.criteo_integers).map(|(&v, a)| a * (f64::from(v) - 2.0)).sum();
+        let logit = -0.5 + dense + weights.iter().sum::<f64>();
+        (e, logit)
     }
 
     /// Example `index` as a line of its format (with its newline). Parsing
@@ -131,7 +183,7 @@ impl Generator {
                 for f in 0..CRITEO_CATEGORICALS {
                     let value = rng.random_range(0..criteo_vocabulary(f));
                     let missing = rng.random::<f64>() < 0.05;
-                    fields.push(if missing { String::new() } else { self.category(f, value) });
+                    fields.push(if missing { String::new() } else { category(self.seed, f, value) });
                 }
                 format!("{}\n", fields.join("\t"))
             }
@@ -196,6 +248,31 @@ mod tests {
             assert!((auc(&scores, &labels) - want).abs() < 1e-12, "{scores:?} {labels:?}");
         }
         assert!(auc(&[0.1f64, 0.2], &[1, 1]).is_nan());
+    }
+
+    /// The true logit of an example drawn weight by weight, as before the weights were drawn
+    /// once per generator: what the drawn-once weights must give to the bit.
+    fn logit_drawn_per_example(g: &Generator, e: &SparseExample) -> f64 {
+        match g.format {
+            SparseFormat::Libsvm => -0.3 + e.features.iter().map(|f| 0.7 * normal(g.seed, 0x11B5, f.key) * f64::from(f.value)).sum::<f64>(),
+            SparseFormat::Criteo => {
+                let dense: f64 = e.dense.iter().enumerate().map(|(j, &v)| 0.25 * normal(g.seed, 0xD0, j as u64) * (f64::from(v) - 2.0)).sum();
+                -0.5 + dense + e.features.iter().map(|f| 0.45 * normal(g.seed, 0xCA7 + u64::from(f.field), f.key)).sum::<f64>()
+            }
+        }
+    }
+
+    #[test]
+    fn weights_drawn_once_give_the_logits_drawn_per_example_to_the_bit() {
+        for format in [SparseFormat::Libsvm, SparseFormat::Criteo] {
+            for seed in [0, 5, 42] {
+                let g = Generator::new(format, seed);
+                for i in (0..300).chain(GENERATED_EVAL_BASE..GENERATED_EVAL_BASE + 50) {
+                    let (e, logit) = g.example(i);
+                    assert_eq!(logit.to_bits(), logit_drawn_per_example(&g, &e).to_bits(), "{format} seed {seed} example {i}");
+                }
+            }
+        }
     }
 
     /// Lines parse back to the examples; the data are learnable: the true
