@@ -302,12 +302,6 @@ fn shard_order(plan: &ShardPlan, shard: ShardId) -> (Range<u64>, Vec<usize>) {
     (range, order)
 }
 
-fn batches(mut examples: Vec<SparseExample>, order: &[usize], format: SparseFormat, batch_size: usize) -> Vec<Batch> {
-    // Moved, not cloned: `order` is a permutation, so each example is taken once.
-    let shuffled: Vec<SparseExample> = order.iter().map(|&k| std::mem::take(&mut examples[k])).collect();
-    shuffled.chunks(batch_size.max(1)).map(|c| sparse_batch(c, format)).collect()
-}
-
 /// Bytes of parsed shards a training set keeps ([`ShardCache`]).
 pub const SHARD_CACHE_BYTES: usize = 64 << 20;
 
@@ -332,19 +326,17 @@ impl TrainingSet for StreamedTrainingSet {
     /// When a file changed or vanished since it was indexed (the task
     /// cannot go on with its data gone; the message names the file).
     fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
-        let (range, order) = shard_order(plan, shard);
-        let parsed = self.cache.get_or_read(range.clone(), || {
+        self.cache.shard_batches(plan, shard, batch_size, |range| {
             let examples = self.files.read(range).unwrap_or_else(|e| panic!("reading the training data: {e}"));
             sparse_batch(&examples, self.files.format)
-        });
-        order.chunks(batch_size.max(1)).map(|picks| parsed.select(picks)).collect()
+        })
     }
 }
 
-/// Shards parsed once, kept as one batch each in file order (up to a byte budget; shards past it
-/// are parsed again each time): an epoch after the first reads no text. Parsing was a third of
-/// a sparse worker's time, epoch after epoch, for the same bytes. A shard's batches are then
-/// copies of its rows in the epoch's order.
+/// Shards parsed (or generated) once, kept as one batch each in file order (up to a byte budget;
+/// shards past it are made again each time): an epoch after the first reads no text. Parsing was
+/// a third of a sparse worker's time, epoch after epoch, for the same bytes. A shard's batches
+/// are then copies of its rows in the epoch's order.
 struct ShardCache {
     budget: usize,
     kept: std::sync::Mutex<(usize, KeptShards)>,
@@ -356,6 +348,14 @@ type KeptShards = std::collections::HashMap<(u64, u64), std::sync::Arc<Batch>>;
 impl ShardCache {
     fn new(budget: usize) -> Self {
         ShardCache { budget, kept: Default::default() }
+    }
+
+    /// The batches of `shard` in its epoch's order, its examples made by `make` (one batch of
+    /// the shard's range, in order) unless kept.
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize, make: impl FnOnce(Range<u64>) -> Batch) -> Vec<Batch> {
+        let (range, order) = shard_order(plan, shard);
+        let made = self.get_or_read(range.clone(), || make(range));
+        order.chunks(batch_size.max(1)).map(|picks| made.select(picks)).collect()
     }
 
     fn get_or_read(&self, range: Range<u64>, read: impl FnOnce() -> Batch) -> std::sync::Arc<Batch> {
@@ -384,10 +384,19 @@ fn batch_bytes(b: &Batch) -> usize {
     b.x.len() * 4 + b.len() * 4 + features
 }
 
-/// The generator's training examples `0..examples`, made on demand.
+/// The generator's training examples `0..examples`, made on demand, each shard kept once made
+/// (as parsed files are: [`ShardCache`], so within its budget an epoch after the first makes
+/// nothing: making an example was most of a single-process sparse step).
 pub struct GeneratedTrainingSet {
     pub generator: Generator,
     pub examples: u64,
+    cache: ShardCache,
+}
+
+impl GeneratedTrainingSet {
+    pub fn new(generator: Generator, examples: u64) -> Self {
+        GeneratedTrainingSet { generator, examples, cache: ShardCache::new(SHARD_CACHE_BYTES) }
+    }
 }
 
 impl TrainingSet for GeneratedTrainingSet {
@@ -396,9 +405,10 @@ impl TrainingSet for GeneratedTrainingSet {
     }
 
     fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
-        let (range, order) = shard_order(plan, shard);
-        let examples = range.map(|i| self.generator.example(i).0).collect();
-        batches(examples, &order, self.generator.format, batch_size)
+        self.cache.shard_batches(plan, shard, batch_size, |range| {
+            let examples: Vec<SparseExample> = range.map(|i| self.generator.example(i).0).collect();
+            sparse_batch(&examples, self.generator.format)
+        })
     }
 }
 
@@ -406,6 +416,15 @@ impl TrainingSet for GeneratedTrainingSet {
 mod tests {
     use super::*;
     use crate::data::Targets;
+
+    /// The batches of `shard` made without any cache: the generator's examples of the shard
+    /// put in the epoch's order, then batched.
+    fn batched_directly(g: &Generator, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
+        let (range, order) = shard_order(plan, shard);
+        let examples: Vec<SparseExample> = range.map(|i| g.example(i).0).collect();
+        let shuffled: Vec<SparseExample> = order.iter().map(|&k| examples[k].clone()).collect();
+        shuffled.chunks(batch_size).map(|c| sparse_batch(c, g.format)).collect()
+    }
 
     fn write(dir: &Path, name: &str, text: &str, gz: bool) -> PathBuf {
         let path = dir.join(name);
@@ -475,27 +494,29 @@ mod tests {
             let path = write(dir.path(), &format!("{format}.txt"), &(0..300).map(|i| g.line(i)).collect::<String>(), false);
             let files = FileSet::index(&[path], format, false).unwrap();
             let cached = StreamedTrainingSet::new(files);
-            // The same examples made by the generator, batched without any cache.
-            let generated = GeneratedTrainingSet { generator: Generator::new(format, 5), examples: 300 };
+            let generated = GeneratedTrainingSet::new(Generator::new(format, 5), 300);
             let plan = ShardPlan::new(300, 64, 11, Some(1)).unwrap();
             for epoch in 0..3 {
                 for index in 0..plan.shards_per_epoch() {
                     let shard = ShardId { epoch, index };
-                    let want = generated.shard_batches(&plan, shard, 10);
+                    // The same examples made by the generator, batched without any cache.
+                    let want = batched_directly(&g, &plan, shard, 10);
                     assert_eq!(cached.shard_batches(&plan, shard, 10), want, "{format} epoch {epoch} shard {index}");
+                    assert_eq!(generated.shard_batches(&plan, shard, 10), want, "{format} generated, epoch {epoch} shard {index}");
                 }
             }
-            let kept = cached.cache.kept.lock().unwrap();
-            assert_eq!(kept.1.len(), plan.shards_per_epoch() as usize, "{format}: every shard parsed once and kept");
+            for (set, kept) in [("files", &cached.cache), ("generated", &generated.cache)] {
+                let kept = kept.kept.lock().unwrap();
+                assert_eq!(kept.1.len(), plan.shards_per_epoch() as usize, "{format} {set}: every shard made once and kept");
+            }
         }
         // Past its budget the cache keeps nothing and the batches are the same.
         let g = Generator::new(SparseFormat::Libsvm, 5);
         let path = write(dir.path(), "small.txt", &(0..100).map(|i| g.line(i)).collect::<String>(), false);
         let uncached = StreamedTrainingSet { files: FileSet::index(&[path], SparseFormat::Libsvm, false).unwrap(), cache: ShardCache::new(0) };
-        let generated = GeneratedTrainingSet { generator: g, examples: 100 };
         let plan = ShardPlan::new(100, 30, 11, Some(1)).unwrap();
         let shard = ShardId { epoch: 1, index: 2 };
-        assert_eq!(uncached.shard_batches(&plan, shard, 7), generated.shard_batches(&plan, shard, 7));
+        assert_eq!(uncached.shard_batches(&plan, shard, 7), batched_directly(&g, &plan, shard, 7));
         assert!(uncached.cache.kept.lock().unwrap().1.is_empty());
     }
 

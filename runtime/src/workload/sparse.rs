@@ -95,5 +95,5 @@ fn generated(o: &SparseOptions, seed: u64, format: SparseFormat, eval_n: usize) 
         generator.achievable_auc(eval_n as u64)
     );
     let eval = (0..eval_n as u64).map(|i| generator.example(GENERATED_EVAL_BASE + i).0).collect();
-    (Arc::new(GeneratedTrainingSet { generator, examples: o.generated_examples.max(1) }), eval)
+    (Arc::new(GeneratedTrainingSet::new(generator, o.generated_examples.max(1))), eval)
 }
