@@ -116,12 +116,15 @@ impl BatchRows {
     /// One sort of (row, key position) pairs gives both the distinct rows and every key's slot,
     /// where sorting the rows alone and then finding each key's row by binary search took a
     /// second pass of `log(rows)` probes per key. The pair is packed in one `u64` (row in the
-    /// high half) whenever both fit in 32 bits, as they do for any table under 2^32 rows.
+    /// high half) whenever both fit in 32 bits, as they do for any table under 2^32 rows, and
+    /// sorted by its row with a radix sort: a pass per byte in which rows differ (three for
+    /// 2^20 buckets), where a comparison sort of a batch's ~2,000 keys was a tenth of a
+    /// distributed sparse_lr's time.
     pub fn of(keys: &[u64], buckets: u64) -> BatchRows {
         let row = |k: u64| k % buckets;
         if buckets <= 1 << 32 && keys.len() <= 1 << 32 {
             let mut pairs: Vec<u64> = keys.iter().enumerate().map(|(j, &k)| (row(k) << 32) | j as u64).collect();
-            pairs.sort_unstable();
+            radsort::sort_by_key(&mut pairs, |p| (p >> 32) as u32);
             BatchRows::number(keys.len(), pairs.into_iter().map(|p| ((p >> 32) as i64, (p & 0xffff_ffff) as usize)))
         } else {
             let mut pairs: Vec<(i64, usize)> = keys.iter().enumerate().map(|(j, &k)| (row(k) as i64, j)).collect();
