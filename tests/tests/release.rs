@@ -377,8 +377,14 @@ fn helm_installs_the_crd_once_and_keeps_it() -> Result<()> {
     let uninstalled = cp.helm_ok(["uninstall", RELEASE, "--namespace", RELEASE_NS])?;
     ensure!(crd("{.metadata.name}")? == "tfjobs.kubeflow.org", "helm uninstall deleted the CRD: {uninstalled}");
 
-    // Installed with kubectl: another release leaves it as it is.
-    cp.kubectl_ok(["delete", "crd", "tfjobs.kubeflow.org"])?;
+    // Installed with kubectl: another release leaves it as it is. On a cluster of its own, not by
+    // deleting this one's CRD: once in CI, deleted 3 s after helm had written it, the CRD stayed
+    // terminating for 5 minutes (kube-apiserver's CRD finalizer logged one failure, "storage is
+    // (re)initializing", and nothing more until it finished).
+    drop(cp);
+    let cp = ControlPlane::start()?;
+    let crd = |path: &str| cp.kubectl_ok(["get", "crd", "tfjobs.kubeflow.org", "-o", &format!("jsonpath={path}")]);
+    cp.kubectl_ok(["create", "namespace", RELEASE_NS])?;
     cp.kubectl_ok(["apply", "--server-side", "-f", &repo().join("crds/tfjob.yaml").display().to_string()])?;
     let version = crd("{.metadata.resourceVersion}")?;
     let notes = cp.helm_ok(["install", "other", &chart, "--namespace", RELEASE_NS])?;
