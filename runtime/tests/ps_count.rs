@@ -184,8 +184,10 @@ fn a_job_whose_ps_tasks_change_while_it_trains_ends_exactly_as_one_that_kept_the
     assert!(moved.rows == fixed.rows, "embedding rows differ");
 }
 
-/// wide_deep on generated sparse data: about 2,000 async steps, long
-/// enough for both moves to happen while it trains.
+/// wide_deep on generated sparse data: about 3,600 async steps, long
+/// enough for both moves, the checkpoint after them and a ps restarted to
+/// happen while it trains (3 epochs left ~1 s after the second move once
+/// the generator got faster).
 const WIDE_DEEP: &[&str] = &[
     "--model=wide_deep",
     "--hidden_units=16",
@@ -194,7 +196,7 @@ const WIDE_DEEP: &[&str] = &[
     "--optimizer=adagrad",
     "--learning_rate=0.2",
     "--eval_examples=5000",
-    "--num_epochs=3",
+    "--num_epochs=6",
     "--generated_examples=60000",
 ];
 
