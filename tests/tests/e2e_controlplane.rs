@@ -352,7 +352,7 @@ fn scale_the_ps_of_a_training_job(scene: &Scene) -> Result<()> {
     let ps0 = scene.agent.pod_log(&scene.ns, &format!("{JOB}-ps-0"));
     ensure!(ps0.contains("ps:1 leaves"), "ps-1 did not ask to leave when its pod was deleted; ps-0:\n{ps0}");
     let report = scene.report(&chief)?;
-    ensure!(report["epochs_completed"].as_u64() == Some(4) && report["examples_trained"].as_u64() == Some(1_000_000), "{report}");
+    ensure!(report["epochs_completed"].as_u64() == Some(10) && report["examples_trained"].as_u64() == Some(2_500_000), "{report}");
     ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
     scene.delete_job(JOB, &mut tl)?;
     tl.print();

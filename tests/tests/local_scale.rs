@@ -259,7 +259,7 @@ fn tfjob_scale_adds_and_removes_a_ps_of_a_training_job() -> Result<()> {
         let after = scaled_at.elapsed();
         ensure!(after >= Duration::from_secs(8), "the example ended {after:?} after the last scale: too short to scale by hand");
         let report = tfjob_tests::report::final_report(&chief_log(), "worker-0")?;
-        assert_eq!(report["epochs_completed"].as_u64(), Some(4), "{report}");
+        assert_eq!(report["epochs_completed"].as_u64(), Some(10), "{report}");
         ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");
         let ps2 = std::fs::read_to_string(run_dir.join("ps-2.log"))?;
         ensure!(ps2.contains("staged layout version 2") && ps2.contains("handed its state over"), "ps-2:\n{ps2}");

@@ -71,10 +71,10 @@ SCALE_MANIFEST=$here/elastic-scale.yaml
 SCALE_EPOCHS=600
 SCALE_EXAMPLES=$((SCALE_EPOCHS * 101))
 # The example whose ps set is patched 1 → 2 → 1 while it trains (run instead of its plain run),
-# and what its chief reports (4 epochs of 250,000 generated examples).
+# and what its chief reports (10 epochs of 250,000 generated examples).
 PS_SCALE_EXAMPLE=elastic-ps
-PS_SCALE_EPOCHS=4
-PS_SCALE_EXAMPLES=1000000
+PS_SCALE_EPOCHS=10
+PS_SCALE_EXAMPLES=2500000
 # The Failed condition's message (operator/api/src/status.rs) for one permanent Worker failure: it names
 # the pod and its exit code (then the kubelet's reason, e.g. "(Error)").
 FAILURE_MESSAGE='has failed because 1 Worker replica(s) failed: pod exitcode-failure-worker-0 exited with code 1'
