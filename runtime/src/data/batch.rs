@@ -118,8 +118,8 @@ impl BatchRows {
     /// second pass of `log(rows)` probes per key. The pair is packed in one `u64` (row in the
     /// high half) whenever both fit in 32 bits, as they do for any table under 2^32 rows, and
     /// sorted by its row with a radix sort: a pass per byte in which rows differ (three for
-    /// 2^20 buckets), where a comparison sort of a batch's ~2,000 keys was a tenth of a
-    /// distributed sparse_lr's time.
+    /// 2^20 buckets). Against a comparison sort of the pairs, single-process sparse_lr trained
+    /// 1.16x faster (BENCHMARKS.md); 1 ps + 2 workers did not move.
     pub fn of(keys: &[u64], buckets: u64) -> BatchRows {
         let row = |k: u64| k % buckets;
         if buckets <= 1 << 32 && keys.len() <= 1 << 32 {
