@@ -146,20 +146,27 @@ impl SparseModel {
                 *z += *extra;
             }
         }
-        // Log loss and its gradient with respect to each logit.
-        let mut loss = 0.0;
-        let mut dz = Vec::with_capacity(n);
-        for (&z, &y) in logits.iter().zip(labels) {
-            let zf = z.widen();
-            let y = f64::from(y.min(1));
-            loss += zf.max(0.0) - zf * y + (-zf.abs()).exp().ln_1p();
-            dz.push(F::cst((1.0 / (1.0 + (-zf).exp()) - y) / n.max(1) as f64));
-        }
-        let loss = if n == 0 { 0.0 } else { loss / n as f64 };
+        let (loss, dz) = log_loss(&logits, labels);
         let out: Vec<f64> = logits.iter().map(|z| z.widen()).collect();
         if !want_gradients {
             return (loss, out, Vec::new());
         }
+        let grads = self.backward(&specs, params, batch, slots, deep, &dz);
+        (loss, out, grads)
+    }
+
+    /// The gradients of every variable (shaped as `specs`: the weights and embeddings as the
+    /// rows held), from `dz`, the loss's gradient with respect to each example's logit.
+    fn backward<F: Real>(
+        &self,
+        specs: &[VariableSpec],
+        params: &[ArrayD<F>],
+        batch: &Batch,
+        slots: &[usize],
+        deep: Option<DeepForward<F>>,
+        dz: &[F],
+    ) -> Vec<ArrayD<F>> {
+        let f = batch.sparse.as_ref().expect("a sparse model needs a batch of sparse features");
         let mut grads: Vec<ArrayD<F>> = specs.iter().map(|s| ArrayD::zeros(s.shape.clone())).collect();
         {
             let gw = grads[WEIGHTS].as_slice_mut().expect("standard layout");
@@ -172,16 +179,31 @@ impl SparseModel {
         grads[BIAS][[0]] = dz.iter().fold(F::zero(), |a, &b| a + b);
         if let Some(d) = self.dense_index() {
             let x = batch.x.mapv(|v| F::cst(f64::from(v)));
-            let dzv = ndarray::Array1::from(dz.clone());
+            let dzv = ndarray::Array1::from(dz.to_vec());
             let g = x.t().dot(&dzv);
             grads[d] = g.insert_axis(Axis(1)).into_dyn();
         }
         if let Some(d) = deep {
-            self.deep_backward(params, f, slots, d, &dz, &mut grads);
+            self.deep_backward(params, f, slots, d, dz, &mut grads);
         }
-        let grads = grads.into_iter().map(|g| if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() }).collect();
-        (loss, out, grads)
+        grads.into_iter().map(|g| if g.is_standard_layout() { g } else { g.as_standard_layout().into_owned() }).collect()
     }
+}
+
+/// The mean log loss of `logits` against `labels` (a label above 1 counts as 1), and its
+/// gradient with respect to each logit.
+fn log_loss<F: Real>(logits: &[F], labels: &[u32]) -> (f64, Vec<F>) {
+    let n = logits.len();
+    let mut loss = 0.0;
+    let mut dz = Vec::with_capacity(n);
+    for (&z, &y) in logits.iter().zip(labels) {
+        let zf = z.widen();
+        let y = f64::from(y.min(1));
+        loss += zf.max(0.0) - zf * y + (-zf.abs()).exp().ln_1p();
+        dz.push(F::cst((1.0 / (1.0 + (-zf).exp()) - y) / n.max(1) as f64));
+    }
+    let loss = if n == 0 { 0.0 } else { loss / n as f64 };
+    (loss, dz)
 }
 
 /// What the deep part's forward pass keeps for its backward pass.
