@@ -228,7 +228,7 @@ fn delete_all(k: &Cluster<'_>) -> Result<()> {
 }
 
 /// The operator's `/debug/caches` equals the API server's lists (within 20 s: the caches lag).
-fn caches_match(k: &Cluster<'_>, op: &Operator) -> Result<()> {
+pub fn caches_match(k: &Cluster<'_>, op: &Operator) -> Result<()> {
     let mut last = (Value::Null, Value::Null);
     eventually("the operator's watch caches equal the API server's state", Duration::from_secs(20), || {
         let cached: Value = serde_json::from_str(&op.page("/debug/caches")?).context("/debug/caches")?;

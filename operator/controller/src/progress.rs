@@ -196,11 +196,11 @@ async fn autoscale(ctx: &Context, job: &TFJob, tracker: &ProgressTracker) -> Res
     let (next, decision) = autoscale::decide(state, look);
     match decision {
         Decision::Hold => {}
-        Decision::Settle { message } => events::job_event(ctx, job, EventKind::Normal, "AutoscalerSettled", &message).await,
+        Decision::Settle { message } => events::job_event(ctx, job, EventKind::Normal, "AutoscalerSettled", &message),
         Decision::Scale { to, message, .. } => {
             let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &job.namespace().unwrap_or_default());
             jobs.patch_scale(&job.name_any(), &PatchParams::default(), &Patch::Merge(&json!({ "spec": { "replicas": to } }))).await?;
-            events::job_event(ctx, job, EventKind::Normal, "Autoscaled", &message).await;
+            events::job_event(ctx, job, EventKind::Normal, "Autoscaled", &message);
         }
     }
     Ok(Some(next))

@@ -189,11 +189,12 @@ async fn operator_main(args: OperatorArgs) -> Result<(), OperatorError> {
     let sweep = ctx.kueue_pod_groups.then(|| AbortOnDrop(tokio::spawn(crate::controller::kueue_group::sweep_finalizers(ctx.clone(), Duration::from_secs(10)))));
     let forget = AbortOnDrop(tokio::spawn(forget_gone_jobs(ctx.clone(), controller.store(), Duration::from_secs(60))));
     ready.store(true, Ordering::SeqCst);
-    run_controller(controller, ctx, stop.requested(), lost_leadership(lost)).await;
+    run_controller(controller, ctx.clone(), stop.requested(), lost_leadership(lost)).await;
     ready.store(false, Ordering::SeqCst);
     drop(progress);
     drop(sweep);
     drop(forget);
+    ctx.events.flush(Duration::from_secs(5)).await;
     if let Some(leadership) = leadership {
         leadership.step_down().await;
     }

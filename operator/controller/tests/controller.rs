@@ -73,11 +73,20 @@ impl Harness {
     }
 
     fn build(opts: PlanOptions, claim: Claim) -> Self {
+        Self::build_with(opts, |ctx| ctx.claim = claim)
+    }
+
+    /// A harness whose context `change` sets up.
+    fn with_context(change: impl FnOnce(&mut Context)) -> Self {
+        Self::build_with(PlanOptions::default(), change)
+    }
+
+    fn build_with(opts: PlanOptions, change: impl FnOnce(&mut Context)) -> Self {
         let api = FakeApi::default();
         let (pods, pod_writer) = reflector::store();
         let (services, service_writer) = reflector::store();
         let mut ctx = Context::new(api.client(), opts, Caches { pods, services });
-        ctx.claim = claim;
+        change(&mut ctx);
         let h = Harness { api, ctx: Arc::new(ctx), writers: Mutex::new((pod_writer, service_writer)) };
         h.sync();
         h
@@ -106,10 +115,18 @@ impl Harness {
         self.reconcile_stale(name).await
     }
 
-    /// Reconciles the job with the caches as they are (maybe behind).
+    /// Reconciles the job with the caches as they are (maybe behind); returns once the events
+    /// it queued are written.
     async fn reconcile_stale(&self, name: &str) -> kube::runtime::controller::Action {
-        let job = self.job(name).expect("job exists");
-        reconcile(Arc::new(job), self.ctx.clone()).await.expect("reconcile succeeds")
+        self.reconcile_copy(self.job(name).expect("job exists")).await
+    }
+
+    /// Reconciles this copy of a job (maybe older than the API's); returns once the events it
+    /// queued are written.
+    async fn reconcile_copy(&self, job: TFJob) -> kube::runtime::controller::Action {
+        let action = reconcile(Arc::new(job), self.ctx.clone()).await.expect("reconcile succeeds");
+        self.ctx.events.flush(std::time::Duration::from_secs(5)).await;
+        action
     }
 
     fn pods(&self) -> Vec<String> {
@@ -319,7 +336,7 @@ async fn scaling_creates_and_deletes_replicas_and_announces_each_change_once() {
     h.api.put(JOBS, job("s", json!({"tfReplicaSpecs": {"Worker": replica(2, "Never")}})));
     let new = h.job("s").unwrap();
     h.reconcile("s").await;
-    reconcile(Arc::new(new), h.ctx.clone()).await.unwrap();
+    h.reconcile_copy(new).await;
     assert_eq!(notes_of(&h, "TFJobCreated"), vec!["TFJob s is created. x1"]);
 
     let scale_to = |n: i32| {
@@ -332,7 +349,7 @@ async fn scaling_creates_and_deletes_replicas_and_announces_each_change_once() {
     let w2 = h.api.get(&format!("{PODS}/s-worker-2")).unwrap();
     let cfg = env_of(&w2, "TF_CONFIG").unwrap();
     assert!(cfg.contains("s-worker-2.s.ns.svc:2222"), "{cfg}");
-    reconcile(Arc::new(before_up), h.ctx.clone()).await.unwrap();
+    h.reconcile_copy(before_up).await;
     h.reconcile("s").await;
     assert_eq!(notes_of(&h, "Scaled"), vec!["Worker 2 \u{2192} 3 x1"]);
 
@@ -396,7 +413,7 @@ async fn deleting_the_job_leaves_nothing_behind() {
     let mut deleting = h.job("d").unwrap();
     deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
     h.api.take_log();
-    reconcile(Arc::new(deleting), h.ctx.clone()).await.unwrap();
+    h.reconcile_copy(deleting).await;
     assert!(h.api.take_log().is_empty());
     let jobs: kube::Api<TFJob> = kube::Api::namespaced(h.api.client(), "ns");
     jobs.delete("d", &Default::default()).await.unwrap();
@@ -918,4 +935,40 @@ async fn a_job_queued_in_kueue_runs_only_what_its_workload_admitted() {
     h.api.put(JOBS, j);
     h.reconcile("q").await;
     assert_eq!(h.api.names(PODS).len(), 3);
+}
+
+/// A reconcile does not wait for its Events: one task writes them in the order they were
+/// queued. When the queue is full, the newest are dropped and counted; queuing never blocks.
+#[tokio::test]
+async fn events_are_written_in_order_and_a_full_queue_drops_the_newest_and_counts_them() {
+    use kube::runtime::events::Reporter;
+    use tfjob_operator::controller::events::{EventQueue, pod_event};
+    const QUEUE_CAPACITY: usize = 64;
+    let h = Harness::with_context(|ctx| {
+        let reporter = Reporter { controller: "tfjob-operator".into(), instance: None };
+        ctx.events = EventQueue::with_capacity(ctx.client.clone(), reporter, ctx.metrics.clone(), QUEUE_CAPACITY);
+    });
+    h.api.put(JOBS, job("q", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}})));
+    let job = h.job("q").unwrap();
+    // On this test's one-thread runtime the writer runs only once the test awaits: every event
+    // is queued before the first is written.
+    let extra = 10;
+    for i in 0..QUEUE_CAPACITY + extra {
+        pod_event(&h.ctx, &job, "Probe", &format!("probe {i:05}"), &format!("q-worker-{i}"));
+    }
+    h.ctx.events.flush(std::time::Duration::from_secs(60)).await;
+    let mut written: Vec<(u64, String)> = {
+        let st = h.api.state.lock().unwrap();
+        st.objects
+            .iter()
+            .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == "Probe")
+            .map(|(_, e)| (e["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap(), e["note"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    written.sort();
+    let notes: Vec<String> = written.into_iter().map(|(_, note)| note).collect();
+    let queued: Vec<String> = (0..QUEUE_CAPACITY).map(|i| format!("probe {i:05}")).collect();
+    assert!(notes == queued, "{} written; first {:?}, last {:?}", notes.len(), notes.first(), notes.last());
+    let text = h.ctx.metrics.render();
+    assert!(text.contains(&format!("tfjob_reconcile_errors_total{{category=\"event_dropped\"}} {extra}\n")), "{text}");
 }

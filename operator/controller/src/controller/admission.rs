@@ -93,7 +93,7 @@ pub async fn announce(ctx: &Context, target: &Target<'_>, held: &[Held]) {
         }
         ctx.held.insert(&key);
         tracing::info!(job = %target.name, reason, pods = ?pods, "{message}");
-        events::job_event(ctx, target.job, EventKind::Normal, reason, &format!("{message}; not created yet: {}", pods.join(", "))).await;
+        events::job_event(ctx, target.job, EventKind::Normal, reason, &format!("{message}; not created yet: {}", pods.join(", ")));
     }
 }
 

@@ -59,7 +59,7 @@ pub async fn commit(ctx: &Context, target: &Target<'_>, old: &TFJobStatus, outco
     // which the next reconcile computes again if they are still due. (Otherwise a `TFJobCreated`
     // or a `Scaled` would be sent again by every reconcile that runs before the watch delivers
     // the status just written.)
-    events::job_events(ctx, target.job, done.job_events).await;
+    events::job_events(ctx, target.job, done.job_events);
     Ok(requeue(outcome, &done.refused, done.held))
 }
 

@@ -1,4 +1,4 @@
-//! What every reconcile shares: the client, the event recorder, the planner's settings, the
+//! What every reconcile shares: the client, the event queue, the planner's settings, the
 //! metrics, the clock, which jobs this operator takes, the watch caches and what the controller
 //! remembers of its own writes.
 
@@ -7,11 +7,12 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::PostParams;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use tfjob_api::api;
 use tfjob_api::plan::PlanOptions;
 
 use super::cache::{Caches, Expectations, Once};
+use super::events::EventQueue;
 use crate::metrics::Metrics;
 
 /// Field manager of every server-side apply.
@@ -21,10 +22,8 @@ pub const FIELD_MANAGER: &str = "tfjob-operator";
 pub struct Context {
     /// API client.
     pub client: Client,
-    /// Event recorder of the events about a job's pods.
-    pub recorder: Recorder,
-    /// Who records the events.
-    pub reporter: Reporter,
+    /// Where reconciles queue their Events (written by a task of their own).
+    pub events: EventQueue,
     /// Planner settings.
     pub opts: PlanOptions,
     /// Metrics.
@@ -64,15 +63,16 @@ pub struct Context {
 
 impl Context {
     /// A context with the default reporter `tfjob-operator`, reading pods and Services from
-    /// `caches` (see [`super::build_controller`]).
+    /// `caches` (see [`super::build_controller`]). Starts the task that writes its Events on
+    /// the current tokio runtime.
     pub fn new(client: Client, opts: PlanOptions, caches: Caches) -> Self {
         let reporter = Reporter { controller: FIELD_MANAGER.to_string(), instance: std::env::var("POD_NAME").ok() };
+        let metrics = Arc::new(Metrics::default());
         Context {
-            recorder: Recorder::new(client.clone(), reporter.clone()),
-            reporter,
+            events: EventQueue::start(client.clone(), reporter, metrics.clone()),
             client,
             opts,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             now: Timestamp::now,
             claim: api::Claim::default(),
             caches,

@@ -1,13 +1,104 @@
 //! The Events a reconcile publishes: about a pod of the job (created, deleted, ...) and about
 //! the job itself (the status machine's, once the status they come with is written).
+//!
+//! A reconcile does not wait for its Events: it queues them, and one task writes them in the
+//! order queued ([`EventQueue`]), as client-go's event broadcaster does for Kubeflow's
+//! controllers. Events are best-effort (the status is what a job's state is read from), so the
+//! pods and status writes a reconcile makes come first, and an Event never holds up the next
+//! pod. The queue is bounded; when it is full an Event is dropped with a warning and counted.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tfjob_api::api::TFJob;
 use tfjob_api::status::{Action, EventKind};
+use tokio::sync::{mpsc, oneshot};
 
 use super::context::Context;
+use crate::metrics::Metrics;
+
+/// How many Events may wait for the writer: a 1,000-replica job queues 1,000 pod events in one
+/// reconcile, and the writer catches up at the API server's pace.
+const QUEUE_CAPACITY: usize = 8192;
+
+/// An Event waiting to be written.
+struct Pending {
+    /// The job the event is about.
+    regarding: ObjectReference,
+    kind: EventKind,
+    reason: String,
+    note: String,
+    /// The pod the event is about, if any.
+    related: Option<ObjectReference>,
+}
+
+enum Queued {
+    Event(Box<Pending>),
+    /// Answered once every event queued before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where reconciles queue their Events; one task ([`EventQueue::start`]) writes them.
+pub struct EventQueue {
+    tx: mpsc::Sender<Queued>,
+    metrics: Arc<Metrics>,
+    /// Set once an event was dropped (the warning is said once, the count is in the metrics).
+    dropped: AtomicBool,
+}
+
+impl EventQueue {
+    /// A queue and its writer task, which publishes as `reporter` (on the current tokio runtime;
+    /// it ends when the queue is dropped).
+    pub fn start(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
+        Self::with_capacity(client, reporter, metrics, QUEUE_CAPACITY)
+    }
+
+    /// [`start`](Self::start) with room for `capacity` events.
+    pub fn with_capacity(client: Client, reporter: Reporter, metrics: Arc<Metrics>, capacity: usize) -> Self {
+        let (tx, rx) = mpsc::channel(capacity);
+        tokio::spawn(write_events(rx, client, reporter, metrics.clone()));
+        EventQueue { tx, metrics, dropped: AtomicBool::new(false) }
+    }
+
+    fn push(&self, pending: Pending) {
+        if self.tx.try_send(Queued::Event(Box::new(pending))).is_err() {
+            if !self.dropped.swap(true, Ordering::Relaxed) {
+                tracing::warn!("the event queue is full; events are dropped until it drains");
+            }
+            self.metrics.error("event_dropped");
+        }
+    }
+
+    /// Waits (at most `timeout`) until every event queued so far is written: at shutdown.
+    pub async fn flush(&self, timeout: Duration) {
+        let (done_tx, done_rx) = oneshot::channel();
+        if self.tx.send(Queued::Flush(done_tx)).await.is_err() {
+            return;
+        }
+        if tokio::time::timeout(timeout, done_rx).await.is_err() {
+            tracing::warn!("events not written within {timeout:?} of the shutdown are lost");
+        }
+    }
+}
+
+/// The writer: each event in turn. Events about a pod go through one [`Recorder`], which
+/// folds repeats about the same pod into a series; each of the job's own events through a
+/// recorder of its own (see [`publish`]).
+async fn write_events(mut rx: mpsc::Receiver<Queued>, client: Client, reporter: Reporter, metrics: Arc<Metrics>) {
+    let pod_recorder = Recorder::new(client.clone(), reporter.clone());
+    while let Some(queued) = rx.recv().await {
+        match queued {
+            Queued::Event(pending) => publish(&pod_recorder, &client, &reporter, &metrics, *pending).await,
+            Queued::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
 
 /// A reference to a pod of the job (the `related` object of pod events; it also keeps the
 /// recorder from folding events about different pods into one series).
@@ -15,34 +106,40 @@ fn pod_ref(job: &TFJob, pod: &str) -> ObjectReference {
     ObjectReference { api_version: Some("v1".into()), kind: Some("Pod".into()), name: Some(pod.to_string()), namespace: job.namespace(), ..Default::default() }
 }
 
-/// Publishes a `Normal` event about pod `pod` of the job.
-pub async fn pod_event(ctx: &Context, job: &TFJob, reason: &str, message: &str, pod: &str) {
-    publish(ctx, job, EventKind::Normal, reason, message, Some(pod_ref(job, pod))).await;
+/// Queues a `Normal` event about pod `pod` of the job.
+pub fn pod_event(ctx: &Context, job: &TFJob, reason: &str, message: &str, pod: &str) {
+    queue(ctx, job, EventKind::Normal, reason, message, Some(pod_ref(job, pod)));
 }
 
-/// Publishes the status machine's events ([`Action::Event`]; other actions are skipped).
-pub async fn job_events(ctx: &Context, job: &TFJob, events: Vec<Action>) {
+/// Queues the status machine's events ([`Action::Event`]; other actions are skipped).
+pub fn job_events(ctx: &Context, job: &TFJob, events: Vec<Action>) {
     for event in events {
         if let Action::Event { kind, reason, message, pod } = event {
             let related = pod.map(|p| pod_ref(job, &p));
-            publish(ctx, job, kind, &reason, &message, related).await;
+            queue(ctx, job, kind, &reason, &message, related);
         }
     }
 }
 
-/// Publishes an event about the job itself (the progress reader's autoscaler decisions).
-pub async fn job_event(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str) {
-    publish(ctx, job, kind, reason, message, None).await;
+/// Queues an event about the job itself (the progress reader's autoscaler decisions).
+pub fn job_event(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str) {
+    queue(ctx, job, kind, reason, message, None);
 }
 
-async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
+fn queue(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
+    let note = message.chars().take(1000).collect();
+    ctx.events.push(Pending { regarding: job.object_ref(&()), kind, reason: reason.to_string(), note, related });
+}
+
+async fn publish(pod_recorder: &Recorder, client: &Client, reporter: &Reporter, metrics: &Metrics, pending: Pending) {
+    let Pending { regarding, kind, reason, note, related } = pending;
     let ev = Event {
         type_: match kind {
             EventKind::Normal => EventType::Normal,
             EventKind::Warning => EventType::Warning,
         },
-        reason: reason.to_string(),
-        note: Some(message.chars().take(1000).collect()),
+        reason,
+        note: Some(note),
         action: "Reconcile".to_string(),
         secondary: related,
     };
@@ -52,14 +149,11 @@ async fn publish(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, mess
     // published once (after the status they come with is written), so each is an Event of its
     // own; events about a pod name the pod, and fold only into repeats about that pod.
     let published = match &ev.secondary {
-        Some(_) => ctx.recorder.publish(&ev, &job.object_ref(&())).await,
-        None => {
-            let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-            recorder.publish(&ev, &job.object_ref(&())).await
-        }
+        Some(_) => pod_recorder.publish(&ev, &regarding).await,
+        None => Recorder::new(client.clone(), reporter.clone()).publish(&ev, &regarding).await,
     };
     if let Err(e) = published {
-        tracing::warn!(error = %e, reason, "cannot publish event");
-        ctx.metrics.error("event");
+        tracing::warn!(error = %e, reason = %ev.reason, "cannot publish event");
+        metrics.error("event");
     }
 }

@@ -193,7 +193,7 @@ pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod)
         Ok(created) => {
             let new_uid = created.metadata.uid.unwrap_or_default();
             ctx.expectations.created(&target.key, &pod_name, &new_uid, Instant::now());
-            events::pod_event(ctx, target.job, "SuccessfulCreatePod", &format!("Created pod: {pod_name}"), &pod_name).await;
+            events::pod_event(ctx, target.job, "SuccessfulCreatePod", &format!("Created pod: {pod_name}"), &pod_name);
             Ok(None)
         }
         // The cache was behind: the pod is there.
@@ -220,7 +220,7 @@ pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str) -> Result
     if let Some(u) = &pod_uid {
         ctx.expectations.deleted(&target.key, pod, u, Instant::now());
     }
-    events::pod_event(ctx, target.job, "SuccessfulDeletePod", &format!("Deleted pod: {pod}"), pod).await;
+    events::pod_event(ctx, target.job, "SuccessfulDeletePod", &format!("Deleted pod: {pod}"), pod);
     Ok(())
 }
 
