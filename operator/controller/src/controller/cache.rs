@@ -1,6 +1,7 @@
 //! What the controller knows without asking the API server: the watch caches of the pods and
 //! Services it owns, what it is still waiting to see in them after its own writes
-//! ([`Expectations`]), and which once-per-job objects it has already written ([`Once`]).
+//! ([`Expectations`], and [`StatusWrites`] for its status writes), and which once-per-job
+//! objects it has already written ([`Once`]).
 //!
 //! A reconcile reads the job's pods and Service from reflector stores fed by the watches that
 //! also trigger reconciles, instead of listing them. A cache lags behind the API server: right
@@ -173,6 +174,51 @@ impl Expectations {
     }
 }
 
+/// Per job (its uid), the version of the job that the controller's last status write was
+/// computed from, until the TFJob cache shows another version. A reconcile of that same version
+/// would start from a status older than the one just written, and its own write would be
+/// refused as stale (409 Conflict, a request for nothing): it waits for the watch instead, which
+/// triggers a reconcile once it delivers the write. As with the pod [`Expectations`], at most
+/// for [`EXPECTATION_TTL`].
+#[derive(Default)]
+pub struct StatusWrites {
+    jobs: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl StatusWrites {
+    /// The controller wrote `job`'s status at `now`, computed from the job's version `from`.
+    pub fn wrote(&self, job: &str, from: &str, now: Instant) {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(job.to_string(), (from.to_string(), now));
+    }
+
+    /// How long to wait before reconciling `job` as the cache shows it now (`version`): `None`
+    /// once the cache shows another version than the last write's (what was remembered goes),
+    /// or once the write is `ttl` old.
+    pub fn wait(&self, job: &str, version: Option<&str>, now: Instant, ttl: Duration) -> Option<Duration> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let (from, at) = jobs.get(job)?;
+        let age = now.saturating_duration_since(*at);
+        if version == Some(from.as_str()) && age < ttl {
+            return Some(ttl - age);
+        }
+        jobs.remove(job);
+        None
+    }
+
+    /// Forgets a job (deleted).
+    pub fn forget(&self, job: &str) {
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).remove(job);
+    }
+
+    /// Forgets every job whose uid is not in `live`; returns how many went.
+    pub fn retain_jobs(&self, live: &HashSet<String>) -> usize {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let before = jobs.len();
+        jobs.retain(|k, _| live.contains(k));
+        before - jobs.len()
+    }
+}
+
 /// The jobs (by uid) for which this process has written an object that is written once per
 /// job (the token Secret, the PodGroup): without reading it back, the controller knows it
 /// exists. After a restart each active job gets one more create, answered `AlreadyExists`.
@@ -237,6 +283,37 @@ mod tests {
 
     fn pod<'a>(name: &'a str, uid: &'a str, terminating: bool) -> CachedPod<'a> {
         CachedPod { name, uid, terminating }
+    }
+
+    #[test]
+    fn a_status_write_holds_reconciles_of_the_version_it_was_computed_from() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(30);
+        // (the write's version or none, the cache's version, seconds later, wait?, remembered after?)
+        type Case = (&'static str, Option<&'static str>, Option<&'static str>, u64, Option<u64>, bool);
+        let cases: Vec<Case> = vec![
+            ("no write", None, Some("7"), 0, None, false),
+            ("the cache shows the version written from", Some("7"), Some("7"), 1, Some(29), true),
+            ("the cache shows the write", Some("7"), Some("9"), 1, None, false),
+            ("a job without a version", Some("7"), None, 1, None, false),
+            ("the write never showed: given up after the TTL", Some("7"), Some("7"), 30, None, false),
+        ];
+        for (what, wrote, version, later, want, kept) in cases {
+            let writes = StatusWrites::default();
+            if let Some(from) = wrote {
+                writes.wrote("uid", from, t0);
+            }
+            let wait = writes.wait("uid", version, t0 + Duration::from_secs(later), ttl);
+            assert_eq!(wait, want.map(Duration::from_secs), "{what}");
+            assert_eq!(writes.jobs.lock().unwrap().contains_key("uid"), kept, "{what}: remembered");
+        }
+        // Deleted or gone jobs are forgotten.
+        let writes = StatusWrites::default();
+        writes.wrote("a", "1", t0);
+        writes.wrote("b", "1", t0);
+        writes.forget("a");
+        assert_eq!(writes.retain_jobs(&HashSet::new()), 1);
+        assert!(writes.jobs.lock().unwrap().is_empty());
     }
 
     #[test]

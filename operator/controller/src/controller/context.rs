@@ -11,7 +11,7 @@ use kube::runtime::events::Reporter;
 use tfjob_api::api;
 use tfjob_api::plan::PlanOptions;
 
-use super::cache::{Caches, Expectations, Once};
+use super::cache::{Caches, Expectations, Once, StatusWrites};
 use super::events::EventQueue;
 use crate::metrics::Metrics;
 
@@ -36,6 +36,8 @@ pub struct Context {
     pub caches: Caches,
     /// Pod writes the pod cache does not show yet, per job.
     pub expectations: Expectations,
+    /// Status writes the TFJob cache does not show yet, per job.
+    pub status_writes: StatusWrites,
     /// Jobs whose token Secret this process has created (or found to exist).
     pub secrets: Once,
     /// The seed every job's TLS CA is derived from ([`tfjob_api::pki::JobCa::derive`]): the
@@ -77,6 +79,7 @@ impl Context {
             claim: api::Claim::default(),
             caches,
             expectations: Expectations::default(),
+            status_writes: StatusWrites::default(),
             secrets: Once::default(),
             tls_seed: tfjob_api::pki::random_seed().to_vec(),
             tls_secrets: Once::default(),
@@ -93,6 +96,7 @@ impl Context {
     /// `<namespace>/<name>` without one).
     pub fn forget(&self, key: &str, uid: &str) {
         self.expectations.forget(key);
+        self.status_writes.forget(key);
         self.forget_once_objects(uid);
     }
 
@@ -103,7 +107,8 @@ impl Context {
         [&self.secrets, &self.tls_secrets, &self.pod_groups, &self.released_pod_groups, &self.held, &self.autoscalers]
             .iter()
             .map(|once| once.retain_jobs(live))
-            .sum()
+            .sum::<usize>()
+            + self.status_writes.retain_jobs(live)
     }
 
     /// A finished job creates nothing any more: its token Secret and PodGroup are not written

@@ -1,7 +1,7 @@
 //! One reconcile of a TFJob, as named steps:
 //!
 //! 1. [`gate`]: whether there is anything to do (a job being deleted, another controller's job,
-//!    caches not ready or not yet showing the controller's last writes);
+//!    caches not ready or not yet showing the controller's last writes, pods or status);
 //! 2. [`decide`]: validation, defaults, the observed replicas and the status machine (pure);
 //! 3. [`execute`]: the once-per-job objects, then each action of the status machine by the
 //!    function of its kind ([`super::execute`]), then what the status records of it;
@@ -85,6 +85,12 @@ async fn gate<'a>(job: &'a TFJob, ctx: &Context) -> Result<Gate<'a>, Error> {
     if let Some(wait) = ctx.expectations.wait(&key, &cached, Instant::now(), EXPECTATION_TTL) {
         tracing::debug!(job = %name, "waiting for the pod cache to show the last writes");
         return Ok(Gate::Stop(CtrlAction::requeue(wait)));
+    }
+    // The watch delivers the job's new version and with it a reconcile; the requeue is the
+    // safety net of a watch that is late.
+    if let Some(wait) = ctx.status_writes.wait(&key, job.metadata.resource_version.as_deref(), Instant::now(), EXPECTATION_TTL) {
+        tracing::debug!(job = %name, "waiting for the job cache to show the status just written");
+        return Ok(Gate::Stop(CtrlAction::requeue(wait.min(Duration::from_secs(1)))));
     }
     let finished = status::is_finished(job.status.as_ref().unwrap_or(&TFJobStatus::default()));
     if finished {

@@ -112,7 +112,7 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     let pods = (jobs * REPLICAS) as f64;
     let rate = |secs: fn(&Round) -> f64| super::median(all_rounds.iter().map(|r| pods / secs(r)).collect());
     let (ours, bare, bare_pods) = (rate(|r| r.operator_secs), rate(|r| r.bare_secs), rate(|r| r.bare_pods_secs));
-    let per_job: usize = requests.values().sum::<usize>() / jobs;
+    let per_job = requests.values().sum::<usize>() as f64 / jobs as f64;
     let what = format!("{jobs} TFJobs x {REPLICAS} pods");
     report.row(
         "operator-load",
@@ -139,7 +139,7 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     report.row(
         "operator-load",
         &format!("{what}: API requests per job, operator"),
-        per_job as f64,
+        per_job,
         "req",
         Some(("bare client's writes", (writes / jobs) as f64)),
         None,
