@@ -942,7 +942,8 @@ async fn a_job_queued_in_kueue_runs_only_what_its_workload_admitted() {
 #[tokio::test]
 async fn events_are_written_in_order_and_a_full_queue_drops_the_newest_and_counts_them() {
     use kube::runtime::events::Reporter;
-    use tfjob_operator::controller::events::{EventQueue, pod_event};
+    use tfjob_operator::controller::event_queue::EventQueue;
+    use tfjob_operator::controller::events::pod_event;
     const QUEUE_CAPACITY: usize = 64;
     let h = Harness::with_context(|ctx| {
         let reporter = Reporter { controller: "tfjob-operator".into(), instance: None };

@@ -12,7 +12,7 @@ use tfjob_api::api;
 use tfjob_api::plan::PlanOptions;
 
 use super::cache::{Caches, Expectations, Once, StatusWrites};
-use super::events::EventQueue;
+use super::event_queue::EventQueue;
 use crate::metrics::Metrics;
 
 /// Field manager of every server-side apply.

@@ -1,104 +1,14 @@
 //! The Events a reconcile publishes: about a pod of the job (created, deleted, ...) and about
-//! the job itself (the status machine's, once the status they come with is written).
-//!
-//! A reconcile does not wait for its Events: it queues them, and one task writes them in the
-//! order queued ([`EventQueue`]), as client-go's event broadcaster does for Kubeflow's
-//! controllers. Events are best-effort (the status is what a job's state is read from), so the
-//! pods and status writes a reconcile makes come first, and an Event never holds up the next
-//! pod. The queue is bounded; when it is full an Event is dropped with a warning and counted.
+//! the job itself (the status machine's, once the status they come with is written). They are
+//! queued, not awaited: [`super::event_queue`] writes them.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 use tfjob_api::api::TFJob;
 use tfjob_api::status::{Action, EventKind};
-use tokio::sync::{mpsc, oneshot};
 
 use super::context::Context;
-use crate::metrics::Metrics;
-
-/// How many Events may wait for the writer: a 1,000-replica job queues 1,000 pod events in one
-/// reconcile, and the writer catches up at the API server's pace.
-const QUEUE_CAPACITY: usize = 8192;
-
-/// An Event waiting to be written.
-struct Pending {
-    /// The job the event is about.
-    regarding: ObjectReference,
-    kind: EventKind,
-    reason: String,
-    note: String,
-    /// The pod the event is about, if any.
-    related: Option<ObjectReference>,
-}
-
-enum Queued {
-    Event(Box<Pending>),
-    /// Answered once every event queued before it is written.
-    Flush(oneshot::Sender<()>),
-}
-
-/// Where reconciles queue their Events; one task ([`EventQueue::start`]) writes them.
-pub struct EventQueue {
-    tx: mpsc::Sender<Queued>,
-    metrics: Arc<Metrics>,
-    /// Set once an event was dropped (the warning is said once, the count is in the metrics).
-    dropped: AtomicBool,
-}
-
-impl EventQueue {
-    /// A queue and its writer task, which publishes as `reporter` (on the current tokio runtime;
-    /// it ends when the queue is dropped).
-    pub fn start(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
-        Self::with_capacity(client, reporter, metrics, QUEUE_CAPACITY)
-    }
-
-    /// [`start`](Self::start) with room for `capacity` events.
-    pub fn with_capacity(client: Client, reporter: Reporter, metrics: Arc<Metrics>, capacity: usize) -> Self {
-        let (tx, rx) = mpsc::channel(capacity);
-        tokio::spawn(write_events(rx, client, reporter, metrics.clone()));
-        EventQueue { tx, metrics, dropped: AtomicBool::new(false) }
-    }
-
-    fn push(&self, pending: Pending) {
-        if self.tx.try_send(Queued::Event(Box::new(pending))).is_err() {
-            if !self.dropped.swap(true, Ordering::Relaxed) {
-                tracing::warn!("the event queue is full; events are dropped until it drains");
-            }
-            self.metrics.error("event_dropped");
-        }
-    }
-
-    /// Waits (at most `timeout`) until every event queued so far is written: at shutdown.
-    pub async fn flush(&self, timeout: Duration) {
-        let (done_tx, done_rx) = oneshot::channel();
-        if self.tx.send(Queued::Flush(done_tx)).await.is_err() {
-            return;
-        }
-        if tokio::time::timeout(timeout, done_rx).await.is_err() {
-            tracing::warn!("events not written within {timeout:?} of the shutdown are lost");
-        }
-    }
-}
-
-/// The writer: each event in turn. Events about a pod go through one [`Recorder`], which
-/// folds repeats about the same pod into a series; each of the job's own events through a
-/// recorder of its own (see [`publish`]).
-async fn write_events(mut rx: mpsc::Receiver<Queued>, client: Client, reporter: Reporter, metrics: Arc<Metrics>) {
-    let pod_recorder = Recorder::new(client.clone(), reporter.clone());
-    while let Some(queued) = rx.recv().await {
-        match queued {
-            Queued::Event(pending) => publish(&pod_recorder, &client, &reporter, &metrics, *pending).await,
-            Queued::Flush(done) => {
-                let _ = done.send(());
-            }
-        }
-    }
-}
+use super::event_queue::Pending;
 
 /// A reference to a pod of the job (the `related` object of pod events; it also keeps the
 /// recorder from folding events about different pods into one series).
@@ -129,31 +39,4 @@ pub fn job_event(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, mess
 fn queue(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
     let note = message.chars().take(1000).collect();
     ctx.events.push(Pending { regarding: job.object_ref(&()), kind, reason: reason.to_string(), note, related });
-}
-
-async fn publish(pod_recorder: &Recorder, client: &Client, reporter: &Reporter, metrics: &Metrics, pending: Pending) {
-    let Pending { regarding, kind, reason, note, related } = pending;
-    let ev = Event {
-        type_: match kind {
-            EventKind::Normal => EventType::Normal,
-            EventKind::Warning => EventType::Warning,
-        },
-        reason,
-        note: Some(note),
-        action: "Reconcile".to_string(),
-        secondary: related,
-    };
-    // A recorder folds an event into a `series` of the last one with the same type, reason and
-    // related object, and keeps that one's note: a second `Scaled` would read as a repeat of the
-    // first (`Worker 2 → 4` again instead of `Worker 4 → 1`). The job's own events are each
-    // published once (after the status they come with is written), so each is an Event of its
-    // own; events about a pod name the pod, and fold only into repeats about that pod.
-    let published = match &ev.secondary {
-        Some(_) => pod_recorder.publish(&ev, &regarding).await,
-        None => Recorder::new(client.clone(), reporter.clone()).publish(&ev, &regarding).await,
-    };
-    if let Err(e) = published {
-        tracing::warn!(error = %e, reason = %ev.reason, "cannot publish event");
-        metrics.error("event");
-    }
 }

@@ -6,13 +6,13 @@
 //! controller's own watch, its pods and Service from the watch caches; it writes only what
 //! changes: a pod created or deleted, the Service when it is missing or differs, the status when
 //! it changed, the token Secret once per job (it never reads or watches Secrets), each Event
-//! once.
+//! once (queued, and written by a task of its own: [`event_queue`]).
 //!
 //! A reconcile is a pipeline ([`reconcile`]): gate -> decide (pure) -> execute ([`execute`], one
 //! function per kind of action) -> commit ([`commit`]: status, events, metrics).
 //!
 //! Layers, lowest first (a module imports only modules before it): [`error`], [`cache`],
-//! [`observe`], [`target`], [`watch`] -> [`context`] -> [`events`] -> [`admission`] -> [`execute`]
+//! [`observe`], [`target`], [`watch`], [`event_queue`] -> [`context`] -> [`events`] -> [`admission`] -> [`execute`]
 //! -> [`kueue_group`] -> [`commit`]
 //! -> [`reconcile`]. This file only declares and re-exports.
 
@@ -21,6 +21,7 @@ pub mod cache;
 pub mod commit;
 pub mod context;
 pub mod error;
+pub mod event_queue;
 pub mod events;
 pub mod execute;
 pub mod kueue_group;
