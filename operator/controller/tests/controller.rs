@@ -937,6 +937,42 @@ async fn a_job_queued_in_kueue_runs_only_what_its_workload_admitted() {
     assert_eq!(h.api.names(PODS).len(), 3);
 }
 
+/// At shutdown the queue is flushed within its deadline even when the API server stops
+/// answering and the queue is full (the flush marker itself waits for a slot then).
+#[tokio::test]
+async fn a_flush_returns_within_its_deadline_when_the_api_server_hangs_and_the_queue_is_full() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::Reporter;
+    use tfjob_api::status::EventKind;
+    use tfjob_operator::controller::event_queue::{EventQueue, Pending};
+    use tfjob_operator::metrics::Metrics;
+    let hangs = tower::service_fn(|_: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    let client = kube::Client::new(hangs, "default");
+    let reporter = Reporter { controller: "tfjob-operator".into(), instance: None };
+    let metrics = Arc::new(Metrics::default());
+    let queue = EventQueue::with_capacity(client, reporter, metrics.clone(), 1);
+    let probe = |i: usize| Pending {
+        regarding: ObjectReference { kind: Some("TFJob".into()), name: Some("q".into()), namespace: Some("default".into()), ..Default::default() },
+        kind: EventKind::Normal,
+        reason: "Probe".into(),
+        note: format!("probe {i}"),
+        related: None,
+    };
+    // The writer takes the first and hangs on the API server; the second fills the queue.
+    queue.push(probe(0));
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    queue.push(probe(1));
+    let started = std::time::Instant::now();
+    tokio::time::timeout(std::time::Duration::from_secs(10), queue.flush(std::time::Duration::from_millis(200)))
+        .await
+        .expect("the flush did not keep its deadline");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
 /// A reconcile does not wait for its Events: one task writes them in the order they were
 /// queued. When the queue is full, the newest are dropped and counted; queuing never blocks.
 #[tokio::test]

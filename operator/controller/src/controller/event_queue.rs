@@ -75,10 +75,13 @@ impl EventQueue {
     /// Waits (at most `timeout`) until every event queued so far is written: at shutdown.
     pub async fn flush(&self, timeout: Duration) {
         let (done_tx, done_rx) = oneshot::channel();
-        if self.tx.send(Queued::Flush(done_tx)).await.is_err() {
-            return;
-        }
-        if tokio::time::timeout(timeout, done_rx).await.is_err() {
+        // One deadline for both waits: a full queue makes the marker itself wait for a slot.
+        let flushed = async {
+            if self.tx.send(Queued::Flush(done_tx)).await.is_ok() {
+                let _ = done_rx.await;
+            }
+        };
+        if tokio::time::timeout(timeout, flushed).await.is_err() {
             tracing::warn!("events not written within {timeout:?} of the shutdown are lost");
         }
     }
