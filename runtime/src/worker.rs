@@ -11,7 +11,6 @@
 //!   abstention, so no step waits for a task with no data), the chief's
 //!   checkpoints, the final report.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
 use crate::client::{ClientError, PsSet, Pulled, StepRequest};
-use crate::data::{Batch, TrainingSet};
+use crate::data::{Batch, ShardBatches, TrainingSet};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::metrics::TrainingMetrics;
 use crate::model::Model;
@@ -37,6 +36,10 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// How often the chief asks ps 0 whether a ps set was proposed.
 const LAYOUT_POLL: Duration = Duration::from_millis(500);
+
+/// Batches a worker makes ahead while a step's round trip is on the wire:
+/// the next (whose rows the step pulls) and the one after it.
+const BATCHES_AHEAD: usize = 2;
 
 /// Layout changes one step may follow before the task gives up.
 const MAX_FOLLOWS: u32 = 20;
@@ -59,7 +62,7 @@ struct ShardFeed {
     batch_size: usize,
     /// The shard being trained, the generation it was handed out under, and
     /// its batches not yet taken.
-    current: Option<(ShardId, u64, VecDeque<Batch>)>,
+    current: Option<(ShardId, u64, ShardBatches)>,
     /// The dispatcher's figures, as of the last reply.
     progress: Option<proto::DispatchProgress>,
 }
@@ -89,12 +92,24 @@ impl ShardFeed {
     }
 
     /// The batch after the one just taken, when it is in the shard in hand.
-    fn peek(&self) -> Option<&Batch> {
-        self.current.as_ref().and_then(|(_, _, rest)| rest.front())
+    fn peek(&mut self) -> Option<&Batch> {
+        self.current.as_mut().and_then(|(_, _, rest)| rest.peek())
+    }
+
+    /// Makes the shard's next [`BATCHES_AHEAD`] batches and what `model`
+    /// needs of them before their steps: work for the time a step's round
+    /// trip is on the wire.
+    fn make_ahead(&mut self, model: &dyn Model) {
+        if let Some((_, _, rest)) = &mut self.current {
+            rest.make_ahead(BATCHES_AHEAD);
+            for batch in (0..BATCHES_AHEAD).map_while(|i| rest.ahead(i)) {
+                model.prepare(batch);
+            }
+        }
     }
 
     async fn next(&mut self, ps: &PsSet) -> Result<Fed, TrainError> {
-        if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.pop_front()) {
+        if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.next()) {
             return Ok(Fed::Batch(Box::new(batch)));
         }
         let finished = self.finished();
@@ -109,8 +124,8 @@ impl ShardFeed {
                 if shard.index >= self.plan.shards_per_epoch() {
                     return Err(protocol(&format!("the dispatcher assigned {shard}, which does not exist")));
                 }
-                let mut batches: VecDeque<Batch> = self.data.shard_batches(&self.plan, shard, self.batch_size).into();
-                let first = batches.pop_front().ok_or_else(|| protocol(&format!("{shard} holds no example")))?;
+                let mut batches = self.data.shard_batches(&self.plan, shard, self.batch_size);
+                let first = batches.next().ok_or_else(|| protocol(&format!("{shard} holds no example")))?;
                 self.current = Some((shard, reply.generation, batches));
                 Ok(Fed::Batch(Box::new(first)))
             }
@@ -152,6 +167,18 @@ impl ShardFeed {
             }
         }
     }
+}
+
+/// Awaits `call` with `work` done while it waits: `call` is polled once (so
+/// its requests are sent), then `work` runs, then `call` is awaited. A call
+/// answered at once leaves `work` undone.
+async fn overlapped<T>(call: impl std::future::Future<Output = T>, work: impl FnOnce()) -> T {
+    let mut call = std::pin::pin!(call);
+    if let std::task::Poll::Ready(answer) = futures::poll!(call.as_mut()) {
+        return answer;
+    }
+    work();
+    call.await
 }
 
 /// What a training task's heartbeat reports: its latest loss once it took a
@@ -497,7 +524,9 @@ impl<'a> Trainer<'a> {
             _ => Vec::new(),
         };
         let step = StepRequest { steps: &self.pulled.steps, push_to: &push_to, gradients: &lg.gradients, pushed_rows: &rows, pulled_rows: &next_rows };
-        let stepped = self.ps.push_pull(step, &mut self.params, &min_steps, self.settings.step_timeout).await;
+        let model = self.model;
+        let stepped = self.ps.push_pull(step, &mut self.params, &min_steps, self.settings.step_timeout);
+        let stepped = overlapped(stepped, || feed.make_ahead(model)).await;
         let crate::client::Stepped { pushed: replies, pulled: next, first_reply } = match stepped {
             Ok(r) => r,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
@@ -851,4 +880,39 @@ async fn train_until_done<'a>(mut trainer: Trainer<'a>, feed: &mut ShardFeed, se
         }
     }
     Ok(Trained { trainer, checkpointer, summaries, train_secs: loop_start.elapsed().as_secs_f64(), _lease: lease })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlapped;
+
+    /// The work runs after the call's first poll and before its answer is taken; a call
+    /// answered at once leaves it undone (its batches are then made when taken).
+    #[tokio::test]
+    async fn work_overlaps_a_call_that_waits_and_is_skipped_for_one_answered_at_once() {
+        use std::sync::{Arc, Mutex};
+        for answered_at_once in [false, true] {
+            let seen = Arc::new(Mutex::new(Vec::<&str>::new()));
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let call = {
+                let seen = seen.clone();
+                async move {
+                    seen.lock().unwrap().push("sent");
+                    if !answered_at_once {
+                        rx.await.unwrap();
+                    }
+                    seen.lock().unwrap().push("answered");
+                    7
+                }
+            };
+            let answer = overlapped(call, || {
+                seen.lock().unwrap().push("work");
+                let _ = tx.send(());
+            })
+            .await;
+            assert_eq!(answer, 7);
+            let want: &[&str] = if answered_at_once { &["sent", "answered"] } else { &["sent", "work", "answered"] };
+            assert_eq!(*seen.lock().unwrap(), want);
+        }
+    }
 }

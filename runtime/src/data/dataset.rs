@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 use super::batch::{Batch, Targets};
+use super::shard::{PickExamples, ShardBatches};
 use crate::dispatch::{ShardId, ShardPlan};
 
 /// What can be wrong with data: a file (named, with what is wrong in it)
@@ -160,6 +161,12 @@ impl Dataset {
     }
 }
 
+impl PickExamples for Dataset {
+    fn pick(&self, indices: &[usize]) -> Batch {
+        self.select(indices)
+    }
+}
+
 /// A training set as the shard dispatcher sees it: its size, and the batches
 /// of any shard of any epoch. Which shards a worker trains is decided by the
 /// dispatcher on ps 0, never by the worker itself.
@@ -167,8 +174,9 @@ pub trait TrainingSet: Send + Sync {
     /// Examples in the set.
     fn num_examples(&self) -> usize;
     /// The examples of `shard` under `plan`, in batches of `batch_size`
-    /// (the last batch of a shard may hold fewer), in training order.
-    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch>;
+    /// (the last batch of a shard may hold fewer), in training order, each
+    /// made when it is first needed.
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> ShardBatches;
 }
 
 /// A dataset held in memory, read shard by shard: epoch `e` visits the
@@ -177,7 +185,7 @@ pub trait TrainingSet: Send + Sync {
 /// shards of an epoch hold every example once, in an order shuffled anew for
 /// every epoch (like `shuffle().batch()` per epoch).
 pub struct InMemoryTrainingSet {
-    data: Dataset,
+    data: Arc<Dataset>,
     /// The last epoch's order of examples (shards come mostly from one epoch
     /// at a time; computing an order costs a shuffle of the whole set).
     order: Mutex<Option<CachedOrder>>,
@@ -188,7 +196,7 @@ type CachedOrder = (u64, u64, Arc<Vec<u64>>);
 
 impl InMemoryTrainingSet {
     pub fn new(data: Dataset) -> Self {
-        InMemoryTrainingSet { data, order: Mutex::new(None) }
+        InMemoryTrainingSet { data: Arc::new(data), order: Mutex::new(None) }
     }
 
     pub fn dataset(&self) -> &Dataset {
@@ -216,13 +224,12 @@ impl TrainingSet for InMemoryTrainingSet {
     /// # Panics
     /// If `plan` is not a plan of this set (another number of examples) or
     /// `batch_size` is 0: bugs of the caller.
-    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> ShardBatches {
         assert_eq!(plan.examples, self.data.len() as u64, "the plan is for another training set");
-        assert!(batch_size > 0, "batch_size must be at least 1");
         let order = self.example_order(plan, shard.epoch);
         let positions = plan.shard_positions(shard.index);
         let indices: Vec<usize> = order[positions.start as usize..positions.end as usize].iter().map(|&i| i as usize).collect();
-        indices.chunks(batch_size).map(|chunk| self.data.select(chunk)).collect()
+        ShardBatches::picked(self.data.clone(), indices, batch_size)
     }
 }
 

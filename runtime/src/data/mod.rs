@@ -17,6 +17,7 @@ mod csv;
 mod dataset;
 mod generate;
 mod idx;
+mod shard;
 mod source;
 mod sparse;
 mod stream;
@@ -25,6 +26,7 @@ mod synthetic;
 pub use batch::{Batch, BatchRows, SparseFeatures, Targets};
 pub use dataset::{DataError, Dataset, InMemoryTrainingSet, Sampler, TrainingSet};
 pub use generate::{GENERATED_EVAL_BASE, Generator, auc};
+pub use shard::{PickExamples, ShardBatches};
 pub use sparse::{CRITEO_CATEGORICALS, CRITEO_INTEGERS, Feature, SparseExample, SparseFormat, feature_key, sparse_batch};
 pub use stream::{FileSet, GeneratedTrainingSet, StreamedTrainingSet, expand_files, read_head};
 

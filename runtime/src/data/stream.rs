@@ -29,6 +29,7 @@ use rand::seq::SliceRandom;
 use super::batch::Batch;
 use super::dataset::{DataError, TrainingSet};
 use super::generate::Generator;
+use super::shard::ShardBatches;
 use super::sparse::{SparseExample, SparseFormat, sparse_batch};
 use crate::dispatch::{ShardId, ShardPlan};
 use crate::hash::derive_seed;
@@ -325,7 +326,7 @@ impl TrainingSet for StreamedTrainingSet {
     /// # Panics
     /// When a file changed or vanished since it was indexed (the task
     /// cannot go on with its data gone; the message names the file).
-    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> ShardBatches {
         self.cache.shard_batches(plan, shard, batch_size, |range| {
             let examples = self.files.read(range).unwrap_or_else(|e| panic!("reading the training data: {e}"));
             sparse_batch(&examples, self.files.format)
@@ -352,10 +353,10 @@ impl ShardCache {
 
     /// The batches of `shard` in its epoch's order, its examples made by `make` (one batch of
     /// the shard's range, in order) unless kept.
-    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize, make: impl FnOnce(Range<u64>) -> Batch) -> Vec<Batch> {
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize, make: impl FnOnce(Range<u64>) -> Batch) -> ShardBatches {
         let (range, order) = shard_order(plan, shard);
         let made = self.get_or_read(range.clone(), || make(range));
-        order.chunks(batch_size.max(1)).map(|picks| made.select(picks)).collect()
+        ShardBatches::picked(made, order, batch_size.max(1))
     }
 
     fn get_or_read(&self, range: Range<u64>, read: impl FnOnce() -> Batch) -> std::sync::Arc<Batch> {
@@ -404,7 +405,7 @@ impl TrainingSet for GeneratedTrainingSet {
         self.examples as usize
     }
 
-    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> Vec<Batch> {
+    fn shard_batches(&self, plan: &ShardPlan, shard: ShardId, batch_size: usize) -> ShardBatches {
         self.cache.shard_batches(plan, shard, batch_size, |range| {
             let examples: Vec<SparseExample> = range.map(|i| self.generator.example(i).0).collect();
             sparse_batch(&examples, self.generator.format)
@@ -501,8 +502,8 @@ mod tests {
                     let shard = ShardId { epoch, index };
                     // The same examples made by the generator, batched without any cache.
                     let want = batched_directly(&g, &plan, shard, 10);
-                    assert_eq!(cached.shard_batches(&plan, shard, 10), want, "{format} epoch {epoch} shard {index}");
-                    assert_eq!(generated.shard_batches(&plan, shard, 10), want, "{format} generated, epoch {epoch} shard {index}");
+                    assert_eq!(cached.shard_batches(&plan, shard, 10).collect::<Vec<_>>(), want, "{format} epoch {epoch} shard {index}");
+                    assert_eq!(generated.shard_batches(&plan, shard, 10).collect::<Vec<_>>(), want, "{format} generated, epoch {epoch} shard {index}");
                 }
             }
             for (set, kept) in [("files", &cached.cache), ("generated", &generated.cache)] {
@@ -516,7 +517,7 @@ mod tests {
         let uncached = StreamedTrainingSet { files: FileSet::index(&[path], SparseFormat::Libsvm, false).unwrap(), cache: ShardCache::new(0) };
         let plan = ShardPlan::new(100, 30, 11, Some(1)).unwrap();
         let shard = ShardId { epoch: 1, index: 2 };
-        assert_eq!(uncached.shard_batches(&plan, shard, 7), batched_directly(&g, &plan, shard, 7));
+        assert_eq!(uncached.shard_batches(&plan, shard, 7).collect::<Vec<_>>(), batched_directly(&g, &plan, shard, 7));
         assert!(uncached.cache.kept.lock().unwrap().1.is_empty());
     }
 

@@ -278,7 +278,7 @@ fn dataset_new_rejects_mismatched_lengths() {
 fn epoch_ids(set: &InMemoryTrainingSet, plan: &ShardPlan, epoch: u64, batch: usize) -> Vec<usize> {
     let mut all = Vec::new();
     for index in plan.epoch_order(epoch) {
-        let batches = set.shard_batches(plan, ShardId { epoch, index }, batch);
+        let batches: Vec<Batch> = set.shard_batches(plan, ShardId { epoch, index }, batch).collect();
         let sizes: Vec<usize> = batches.iter().map(Batch::len).collect();
         let n = plan.shard_examples(index) as usize;
         assert_eq!(sizes.iter().sum::<usize>(), n, "shard {index} holds its examples");

@@ -322,6 +322,12 @@ impl Model for SparseModel {
         }
     }
 
+    fn prepare(&self, batch: &Batch) {
+        if let (Some(f), true) = (&batch.sparse, self.cfg.sparse_embeddings) {
+            self.rows_of(f);
+        }
+    }
+
     fn row_ids(&self, batch: &Batch) -> Vec<Vec<i64>> {
         let rows = match (&batch.sparse, self.cfg.sparse_embeddings) {
             (Some(f), true) => self.rows_of(f),

@@ -108,6 +108,11 @@ pub trait Model: Send + Sync {
     fn row_ids(&self, _batch: &Batch) -> Vec<Vec<i64>> {
         vec![Vec::new(); self.variables().len()]
     }
+    /// The work on `batch` that needs no parameters, done ahead: a worker
+    /// calls it for the batches after the next while a step's round trip is
+    /// on the wire. The sparse models find the batch's rows (kept with the
+    /// batch for [`row_ids`](Model::row_ids)); the others have nothing to do.
+    fn prepare(&self, _batch: &Batch) {}
 }
 
 /// Initial values of `specs`, in order. Deterministic given `seed`: the
