@@ -179,16 +179,24 @@ impl Expectations {
 /// would start from a status older than the one just written, and its own write would be
 /// refused as stale (409 Conflict, a request for nothing): it waits for the watch instead, which
 /// triggers a reconcile once it delivers the write. As with the pod [`Expectations`], at most
-/// for [`EXPECTATION_TTL`].
+/// for [`EXPECTATION_TTL`]. A write that changed nothing (the API server kept the version: our
+/// status differed only in what it normalises away) is not remembered: no other version would
+/// come to end the wait.
 #[derive(Default)]
 pub struct StatusWrites {
     jobs: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl StatusWrites {
-    /// The controller wrote `job`'s status at `now`, computed from the job's version `from`.
-    pub fn wrote(&self, job: &str, from: &str, now: Instant) {
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(job.to_string(), (from.to_string(), now));
+    /// The controller wrote `job`'s status at `now`, computed from the job's version `from`;
+    /// the API server answered with the version `written`.
+    pub fn wrote(&self, job: &str, from: &str, written: Option<&str>, now: Instant) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if written == Some(from) {
+            jobs.remove(job);
+        } else {
+            jobs.insert(job.to_string(), (from.to_string(), now));
+        }
     }
 
     /// How long to wait before reconciling `job` as the cache shows it now (`version`): `None`
@@ -289,19 +297,21 @@ mod tests {
     fn a_status_write_holds_reconciles_of_the_version_it_was_computed_from() {
         let t0 = Instant::now();
         let ttl = Duration::from_secs(30);
-        // (the write's version or none, the cache's version, seconds later, wait?, remembered after?)
-        type Case = (&'static str, Option<&'static str>, Option<&'static str>, u64, Option<u64>, bool);
+        // (the write (computed from, answered), the cache's version, seconds later, wait?, remembered after?)
+        type Case = (&'static str, Option<(&'static str, Option<&'static str>)>, Option<&'static str>, u64, Option<u64>, bool);
         let cases: Vec<Case> = vec![
             ("no write", None, Some("7"), 0, None, false),
-            ("the cache shows the version written from", Some("7"), Some("7"), 1, Some(29), true),
-            ("the cache shows the write", Some("7"), Some("9"), 1, None, false),
-            ("a job without a version", Some("7"), None, 1, None, false),
-            ("the write never showed: given up after the TTL", Some("7"), Some("7"), 30, None, false),
+            ("the cache shows the version written from", Some(("7", Some("9"))), Some("7"), 1, Some(29), true),
+            ("an answer without a version", Some(("7", None)), Some("7"), 1, Some(29), true),
+            ("the cache shows the write", Some(("7", Some("9"))), Some("9"), 1, None, false),
+            ("a job without a version", Some(("7", Some("9"))), None, 1, None, false),
+            ("the write never showed: given up after the TTL", Some(("7", Some("9"))), Some("7"), 30, None, false),
+            ("the write changed nothing: no newer version will come", Some(("7", Some("7"))), Some("7"), 1, None, false),
         ];
         for (what, wrote, version, later, want, kept) in cases {
             let writes = StatusWrites::default();
-            if let Some(from) = wrote {
-                writes.wrote("uid", from, t0);
+            if let Some((from, written)) = wrote {
+                writes.wrote("uid", from, written, t0);
             }
             let wait = writes.wait("uid", version, t0 + Duration::from_secs(later), ttl);
             assert_eq!(wait, want.map(Duration::from_secs), "{what}");
@@ -309,8 +319,8 @@ mod tests {
         }
         // Deleted or gone jobs are forgotten.
         let writes = StatusWrites::default();
-        writes.wrote("a", "1", t0);
-        writes.wrote("b", "1", t0);
+        writes.wrote("a", "1", Some("2"), t0);
+        writes.wrote("b", "1", Some("2"), t0);
         writes.forget("a");
         assert_eq!(writes.retain_jobs(&HashSet::new()), 1);
         assert!(writes.jobs.lock().unwrap().is_empty());

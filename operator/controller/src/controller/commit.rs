@@ -69,9 +69,9 @@ async fn write_status(ctx: &Context, target: &Target<'_>, old: &TFJobStatus, new
     let jobs: Api<TFJob> = Api::namespaced(ctx.client.clone(), &target.ns);
     let patch = status_patch(target.job, new);
     match jobs.patch_status(&target.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
-        Ok(_) => {
+        Ok(written) => {
             if let Some(from) = &target.job.metadata.resource_version {
-                ctx.status_writes.wrote(&target.key, from, std::time::Instant::now());
+                ctx.status_writes.wrote(&target.key, from, written.metadata.resource_version.as_deref(), std::time::Instant::now());
             }
         }
         // The status was computed from a stale copy of the job (the watch had not delivered
