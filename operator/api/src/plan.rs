@@ -798,6 +798,9 @@ pub struct PodPlanner<'a> {
     replicas: ReplicaPlanner<'a>,
     kueue_group: Option<KueuePodGroup>,
     layout: AddressLayout,
+    /// The replicas talk over TLS ([`tls::job_uses_tls`]); a pod joining Kubeflow's (whose
+    /// peers have no certificate) goes without.
+    tls: bool,
 }
 
 impl<'a> PodPlanner<'a> {
@@ -813,7 +816,8 @@ impl<'a> PodPlanner<'a> {
             AddressLayout::Ours => ReplicaPlanner::new(job.name(), &job.spec, &ClusterDns { job: name, namespace, cluster_domain }),
             AddressLayout::Kubeflow => ReplicaPlanner::new(job.name(), &job.spec, &KubeflowDns { job: name, namespace, cluster_domain }),
         };
-        PodPlanner { job, opts, replicas, kueue_group: None, layout }
+        let tls = layout == AddressLayout::Ours && tls::job_uses_tls(job);
+        PodPlanner { job, opts, replicas, kueue_group: None, layout, tls }
     }
 
     /// Creates the pods as members of a Kueue pod group ([`gang::kueue_pod_group`]): marked as
@@ -845,10 +849,6 @@ impl<'a> PodPlanner<'a> {
         let mut metadata = meta(job, name.clone(), labels);
         metadata.annotations = template.metadata.as_ref().and_then(|m| m.annotations.clone());
         let mut spec: PodSpec = template.spec.clone().unwrap_or_default();
-        if self.layout == AddressLayout::Ours {
-            spec.hostname = Some(name);
-            spec.subdomain = Some(job.name().to_string());
-        }
         spec.restart_policy = Some(slot.spec.restart_policy.pod_restart_policy().to_string());
         if let Some(gang) = &opts.gang_scheduler {
             if let Some(scheduler) = gang.scheduler_name() {
@@ -870,15 +870,18 @@ impl<'a> PodPlanner<'a> {
         for c in tensorflow {
             c.env = Some(self.tensorflow_env(c.env.take().unwrap_or_default(), rtype, index, slot.tf_config.is_some()));
         }
-        // TLS between the replicas; a pod joining Kubeflow's (whose peers have no certificate)
-        // goes without.
-        let tls = (self.layout == AddressLayout::Ours && tls::job_uses_tls(job)).then(|| {
-            let pod = pod_name(job.name(), rtype, index);
-            let names = tls::cluster_names(&pod, job.name(), &namespace(job), opts.cluster_domain.as_deref());
-            let secret = tls::tls_secret_name(&pod);
+        // TLS between the replicas: the replica's Secret mounted, the names its certificate
+        // carries.
+        let tls = self.tls.then(|| {
+            let names = tls::cluster_names(&name, job.name(), &namespace(job), opts.cluster_domain.as_deref());
+            let secret = tls::tls_secret_name(&name);
             tls::mount_tls(&mut spec, &secret);
             ReplicaTls { rtype, index, secret, names }
         });
+        if self.layout == AddressLayout::Ours {
+            spec.hostname = Some(name);
+            spec.subdomain = Some(job.name().to_string());
+        }
         Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic), tls })
     }
 }
