@@ -805,13 +805,21 @@ fn an_invalid_job_that_passed_the_schema_does_not_stop_the_operator() -> Result<
     with_log(r, &[&op])
 }
 
-/// What the operator knows, for a job that did not move: its reconciles and their errors, and
-/// whether its watch caches equal the API server's objects (this test failed twice in CI with
-/// `after` left `Created` and nothing in the new operator's log; not reproduced since).
+/// What the operator knows, for a job that did not move: its reconciles (finished, under way)
+/// and their errors, and whether its watch caches equal the API server's objects. This test
+/// failed in CI with `after` left `Created` and nothing in the new operator's log: reconciles
+/// that started before the pod and Service caches held their first lists slept until their
+/// 30 s timeout (see `Caches::new`), and held `after`'s next reconcile meanwhile.
 fn operator_state(k: &Cluster<'_>, op: &Operator) -> String {
     let metrics = op.metrics().unwrap_or_else(|e| format!("no metrics: {e:#}"));
-    let counts: Vec<&str> =
-        metrics.lines().filter(|l| l.starts_with("tfjob_reconcile_errors_total") || l.starts_with("tfjob_reconcile_duration_seconds_count")).collect();
+    let counts: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("tfjob_reconcile_errors_total")
+                || l.starts_with("tfjob_reconcile_duration_seconds_count")
+                || l.starts_with("tfjob_reconciles_in_flight")
+        })
+        .collect();
     let caches = match tfjob_tests::soak::caches_match(k, op) {
         Ok(()) => "its watch caches equal the API server's objects".to_string(),
         Err(e) => format!("{e:#}"),

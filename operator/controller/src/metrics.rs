@@ -7,8 +7,8 @@
 //! unchanged; they count the same moments: a job seen for the first time (its `Created`
 //! condition set), a job deleted by the operator (`ttlSecondsAfterFinished`), a job that
 //! succeeded, failed, or started restarting. The operator's own figures keep their `tfjob_`
-//! names: reconcile duration (histogram), reconcile errors by category, replicas recreated,
-//! and jobs by phase (read from the watch cache at each scrape).
+//! names: reconcile duration (histogram), reconciles under way, reconcile errors by category,
+//! replicas recreated, and jobs by phase (read from the watch cache at each scrape).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -178,10 +179,20 @@ pub struct Metrics {
     registry: Registry,
     jobs: [Family<JobLabels, Counter>; 5],
     reconcile_duration: Histogram,
+    reconciles_in_flight: Gauge,
     reconcile_errors: Family<ErrorLabels, Counter>,
     replicas_recreated: Counter,
     by_phase: Arc<JobsByPhase>,
     caches: CacheStores,
+}
+
+/// One reconcile under way, counted in `tfjob_reconciles_in_flight` until dropped.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Default for Metrics {
@@ -200,13 +211,19 @@ impl Default for Metrics {
         }
         let reconcile_duration = Histogram::new(RECONCILE_BUCKETS);
         registry.register("tfjob_reconcile_duration_seconds", "Duration of reconciliations.", reconcile_duration.clone());
+        let reconciles_in_flight = Gauge::default();
+        registry.register(
+            "tfjob_reconciles_in_flight",
+            "Reconciles started and not finished (one that stays up waits on the API server).",
+            reconciles_in_flight.clone(),
+        );
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         registry.register("tfjob_reconcile_errors", "Reconciliation errors by category.", reconcile_errors.clone());
         let replicas_recreated = Counter::default();
         registry.register("tfjob_restarts", "Replicas recreated after a failure.", replicas_recreated.clone());
         let by_phase = Arc::new(JobsByPhase::default());
         registry.register_collector(Box::new(by_phase.clone()));
-        Metrics { registry, jobs, reconcile_duration, reconcile_errors, replicas_recreated, by_phase, caches: CacheStores::default() }
+        Metrics { registry, jobs, reconcile_duration, reconciles_in_flight, reconcile_errors, replicas_recreated, by_phase, caches: CacheStores::default() }
     }
 }
 
@@ -221,6 +238,13 @@ impl Metrics {
             JobEvent::Restarted => 4,
         }];
         family.get_or_create(&JobLabels { job_namespace: namespace.to_string(), framework: FRAMEWORK.to_string() }).inc();
+    }
+
+    /// Counts a reconcile under way until the returned guard is dropped (when the reconcile
+    /// finishes, or is dropped at shutdown).
+    pub fn reconcile_started(&self) -> InFlight {
+        self.reconciles_in_flight.inc();
+        InFlight(self.reconciles_in_flight.clone())
     }
 
     /// Records the duration of one reconcile.
@@ -348,6 +372,8 @@ mod tests {
         m.job("team-a", JobEvent::Created);
         m.job("team-b", JobEvent::Failed);
         m.reconciled(Duration::from_millis(30));
+        let under_way = m.reconcile_started();
+        drop(m.reconcile_started());
         m.error("conflict");
         m.replica_recreated();
         let text = m.render();
@@ -359,6 +385,7 @@ mod tests {
             r#"tfjob_reconcile_duration_seconds_bucket{le="0.025"} 0"#,
             r#"tfjob_reconcile_duration_seconds_bucket{le="0.05"} 1"#,
             "tfjob_reconcile_duration_seconds_count 1",
+            "tfjob_reconciles_in_flight 1",
             r#"tfjob_reconcile_errors_total{category="conflict"} 1"#,
             "tfjob_restarts_total 1",
             r#"tfjob_jobs{phase="Running"} 0"#,
@@ -367,6 +394,8 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+        drop(under_way);
+        assert!(m.render().lines().any(|l| l == "tfjob_reconciles_in_flight 0"));
     }
 
     /// `tfjob_jobs{phase}` counts the jobs of the watch cache that the operator takes: beside

@@ -85,7 +85,7 @@ impl Harness {
         let api = FakeApi::default();
         let (pods, pod_writer) = reflector::store();
         let (services, service_writer) = reflector::store();
-        let mut ctx = Context::new(api.client(), opts, Caches { pods, services });
+        let mut ctx = Context::new(api.client(), opts, Caches::new(pods, services));
         change(&mut ctx);
         let h = Harness { api, ctx: Arc::new(ctx), writers: Mutex::new((pod_writer, service_writer)) };
         h.sync();

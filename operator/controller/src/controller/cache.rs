@@ -15,6 +15,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -32,9 +34,22 @@ pub struct Caches {
     pub pods: Store<Pod>,
     /// Services with the operator's label.
     pub services: Store<Service>,
+    /// Both caches hold their first full list; every clone wakes its waiter.
+    ready: Shared<BoxFuture<'static, bool>>,
 }
 
 impl Caches {
+    /// The caches of these stores.
+    pub fn new(pods: Store<Pod>, services: Store<Service>) -> Self {
+        // kube-runtime's `Store::wait_until_ready` keeps the waker of only the last of several
+        // concurrent waiters (its `DelayedInit` polls a oneshot receiver, which holds one
+        // waker): the other reconciles waiting at startup slept until their timeout. So one
+        // shared future waits on the stores and wakes every clone of it.
+        let (p, s) = (pods.clone(), services.clone());
+        let ready = async move { p.wait_until_ready().await.is_ok() && s.wait_until_ready().await.is_ok() }.boxed().shared();
+        Caches { pods, services, ready }
+    }
+
     /// The pods of `job` in the cache: in its namespace, with its job-name label and, when the
     /// job has a uid, owned by it.
     pub fn pods_of(&self, job: &TFJob) -> Vec<std::sync::Arc<Pod>> {
@@ -57,12 +72,7 @@ impl Caches {
 
     /// Waits until both caches hold their first full list (at most `timeout`).
     pub async fn wait_until_ready(&self, timeout: Duration) -> bool {
-        let both = async {
-            let pods = self.pods.wait_until_ready().await;
-            let services = self.services.wait_until_ready().await;
-            pods.is_ok() && services.is_ok()
-        };
-        tokio::time::timeout(timeout, both).await.unwrap_or(false)
+        tokio::time::timeout(timeout, self.ready.clone()).await.unwrap_or(false)
     }
 }
 
@@ -179,9 +189,8 @@ impl Expectations {
 /// would start from a status older than the one just written, and its own write would be
 /// refused as stale (409 Conflict, a request for nothing): it waits for the watch instead, which
 /// triggers a reconcile once it delivers the write. As with the pod [`Expectations`], at most
-/// for [`EXPECTATION_TTL`]. A write that changed nothing (the API server kept the version: our
-/// status differed only in what it normalises away) is not remembered: no other version would
-/// come to end the wait.
+/// for [`EXPECTATION_TTL`]. A write the API server answered with the version it was computed
+/// from (it changed nothing) is not remembered: no other version would come to end the wait.
 #[derive(Default)]
 pub struct StatusWrites {
     jobs: Mutex<HashMap<String, (String, Instant)>>,
@@ -288,6 +297,36 @@ pub fn service_is_current(existing: &Service, desired: &Service) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reconcile waits for the caches when it starts before their first lists are in; with
+    /// several waiting, each goes on as soon as the lists are in (kube-runtime's
+    /// `Store::wait_until_ready` wakes only the last of several waiters: the others waited for
+    /// their 30 s timeout and held their jobs' reconciles meanwhile).
+    #[tokio::test]
+    async fn every_reconcile_waiting_for_the_caches_goes_on_when_their_lists_are_in() {
+        use kube::runtime::{reflector, watcher};
+        let (pods, mut pod_writer) = reflector::store::<Pod>();
+        let (services, mut service_writer) = reflector::store::<Service>();
+        let caches = Caches::new(pods, services);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let caches = caches.clone();
+                tokio::spawn(async move { caches.wait_until_ready(Duration::from_secs(10)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for event in [watcher::Event::Init, watcher::Event::InitDone] {
+            pod_writer.apply_watcher_event(&event);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for event in [watcher::Event::Init, watcher::Event::InitDone] {
+            service_writer.apply_watcher_event(&event);
+        }
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            let ready = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+            assert!(matches!(ready, Ok(Ok(true))), "waiter {i}: {ready:?}");
+        }
+    }
 
     fn pod<'a>(name: &'a str, uid: &'a str, terminating: bool) -> CachedPod<'a> {
         CachedPod { name, uid, terminating }

@@ -30,8 +30,12 @@ use super::target::Target;
 /// Reconciles one TFJob: creates what is missing, deletes what must go, writes the status.
 pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction, Error> {
     let started = Instant::now();
+    let _in_flight = ctx.metrics.reconcile_started();
+    tracing::debug!(job = job.name(), version = job.metadata.resource_version.as_deref(), "reconcile started");
     let result = reconcile_steps(&job, &ctx).await;
-    ctx.metrics.reconciled(started.elapsed());
+    let took = started.elapsed();
+    ctx.metrics.reconciled(took);
+    tracing::debug!(job = job.name(), ?took, ok = result.is_ok(), "reconcile finished");
     result
 }
 

@@ -49,7 +49,7 @@ pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u1
         watcher(api_in::<TFJob>(&client, namespace), watcher::Config::default()).default_backoff().modify(slim_job).reflect(job_writer).applied_objects();
     let controller =
         Controller::for_stream(job_events, jobs).owns_stream(pod_events).owns_stream(service_events).with_config(Config::default().concurrency(concurrency));
-    (controller, Caches { pods, services })
+    (controller, Caches::new(pods, services))
 }
 
 /// What the TFJob cache leaves out of a job: its managed fields, `kubectl apply`'s copy of
