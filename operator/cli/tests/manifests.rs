@@ -184,6 +184,7 @@ fn operator_flags_have_env_fallbacks_and_fail_clearly_without_a_cluster() {
     for env in [
         "TFJOB_NAMESPACE",
         "TFJOB_CONCURRENCY",
+        "TFJOB_RECONCILE_TIMEOUT",
         "TFJOB_CLUSTER_DOMAIN",
         "TFJOB_METRICS_ADDR",
         "TFJOB_LOG_LEVEL",

@@ -33,6 +33,9 @@ pub struct OperatorArgs {
     /// Maximum number of jobs reconciled concurrently.
     #[arg(long, env = "TFJOB_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
+    /// Seconds after which a reconcile that has not finished is abandoned (an error, retried).
+    #[arg(long, env = "TFJOB_RECONCILE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reconcile_timeout: u64,
     /// Cluster domain appended to replica addresses (e.g. `cluster.local`).
     #[arg(long, env = "TFJOB_CLUSTER_DOMAIN")]
     pub cluster_domain: Option<String>,
@@ -210,6 +213,7 @@ fn controller_of(client: &Client, args: &OperatorArgs, tls_seed: Vec<u8>) -> (Co
     let mut ctx = Context::new(client.clone(), opts, caches);
     ctx.tls_seed = tls_seed;
     ctx.kueue_admission = args.kueue_admission;
+    ctx.reconcile_timeout = Duration::from_secs(args.reconcile_timeout);
     ctx.kueue_pod_groups = args.kueue_pod_groups;
     if args.beside_kubeflow {
         ctx.claim = api::Claim::OwnOnly;

@@ -973,6 +973,37 @@ async fn a_flush_returns_within_its_deadline_when_the_api_server_hangs_and_the_q
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
 }
 
+/// A reconcile whose request the API server never answers is abandoned at its deadline with an
+/// error (counted as `timeout`, retried by the error policy); it does not hold the job's
+/// reconciles for ever (kube's scheduler runs no other reconcile of a job while one runs).
+#[tokio::test]
+async fn a_reconcile_the_api_server_never_answers_is_abandoned_at_its_deadline() {
+    use std::time::{Duration, Instant};
+    use tfjob_operator::controller::{Error, error_policy};
+    let hangs = tower::service_fn(|_: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    let (pods, mut pod_writer) = reflector::store();
+    let (services, mut service_writer) = reflector::store();
+    relist(&mut pod_writer, vec![]);
+    relist(&mut service_writer, vec![]);
+    let mut ctx = Context::new(kube::Client::new(hangs, "default"), PlanOptions::default(), Caches::new(pods, services));
+    let deadline = Duration::from_millis(200);
+    ctx.reconcile_timeout = deadline;
+    let ctx = Arc::new(ctx);
+    let job: Arc<TFJob> = Arc::new(serde_json::from_value(job("hangs", json!({"tfReplicaSpecs": {"Worker": replica(1, "Never")}}))).unwrap());
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(10), reconcile(job.clone(), ctx.clone())).await.expect("the reconcile did not keep its deadline");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    let err = result.expect_err("nothing answered, yet the reconcile succeeded");
+    assert!(matches!(err, Error::Timeout(d) if d == deadline), "{err}");
+    error_policy(job, &err, ctx.clone());
+    let text = ctx.metrics.render();
+    for line in ["tfjob_reconciles_in_flight 0", r#"tfjob_reconcile_errors_total{category="timeout"} 1"#] {
+        assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+    }
+}
+
 /// A reconcile does not wait for its Events: one task writes them in the order they were
 /// queued. When the queue is full, the newest are dropped and counted; queuing never blocks.
 #[tokio::test]

@@ -3,6 +3,7 @@
 //! remembers of its own writes.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -17,6 +18,11 @@ use crate::metrics::Metrics;
 
 /// Field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "tfjob-operator";
+
+/// How long a reconcile may take by default. The operator creates 110-160 pods a second on the
+/// test control plane (BENCHMARKS.md, "The operator against its limit"): the first reconcile of
+/// a 10,000-replica job takes one to two minutes. One cut short goes on at its retry.
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Shared state of the reconciler.
 pub struct Context {
@@ -61,6 +67,8 @@ pub struct Context {
     /// Versions of jobs (`<uid>/<generation>`) whose HorizontalPodAutoscaler this process has
     /// applied.
     pub autoscalers: Once,
+    /// How long a reconcile may take before it is abandoned ([`super::Error::Timeout`]).
+    pub reconcile_timeout: Duration,
 }
 
 impl Context {
@@ -89,6 +97,7 @@ impl Context {
             kueue_pod_groups: false,
             held: Once::default(),
             autoscalers: Once::default(),
+            reconcile_timeout: RECONCILE_TIMEOUT,
         }
     }
 

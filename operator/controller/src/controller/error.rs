@@ -26,6 +26,10 @@ pub enum Error {
     /// A replica's TLS certificate could not be made.
     #[error("TLS certificate {0}")]
     Certificate(String),
+    /// The reconcile did not finish in time and was abandoned: a request the API server did not
+    /// answer (kube's client has no read timeout; a half-open connection waits for ever).
+    #[error("not finished within {0:?} (a request the API server did not answer?); abandoned")]
+    Timeout(std::time::Duration),
 }
 
 impl Error {
@@ -39,6 +43,7 @@ impl Error {
             Error::MissingField(_) => "invalid_object",
             Error::CacheNotReady => "cache",
             Error::Certificate(_) => "certificate",
+            Error::Timeout(_) => "timeout",
         }
     }
 }

@@ -32,7 +32,10 @@ pub async fn reconcile(job: Arc<TFJob>, ctx: Arc<Context>) -> Result<CtrlAction,
     let started = Instant::now();
     let _in_flight = ctx.metrics.reconcile_started();
     tracing::debug!(job = job.name(), version = job.metadata.resource_version.as_deref(), "reconcile started");
-    let result = reconcile_steps(&job, &ctx).await;
+    // kube's scheduler holds every later trigger of a job while its reconcile runs: one request
+    // that is never answered would stop the job for ever.
+    let deadline = ctx.reconcile_timeout;
+    let result = tokio::time::timeout(deadline, reconcile_steps(&job, &ctx)).await.unwrap_or(Err(Error::Timeout(deadline)));
     let took = started.elapsed();
     ctx.metrics.reconciled(took);
     tracing::debug!(job = job.name(), ?took, ok = result.is_ok(), "reconcile finished");
