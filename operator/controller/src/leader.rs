@@ -78,33 +78,43 @@ impl LeaderElector {
     /// Waits until this instance holds the lease (API errors are logged and retried).
     pub async fn acquire(&self) {
         loop {
-            match self.try_acquire().await {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "leader election"),
+            // kube's client has no read timeout: an attempt never answered is given up.
+            match tokio::time::timeout(self.lease_duration, self.try_acquire()).await {
+                Ok(Ok(true)) => return,
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "leader election"),
+                Err(_) => tracing::warn!("leader election: the API server did not answer"),
             }
             tokio::time::sleep(self.lease_duration / 3).await;
         }
     }
 
-    /// Keeps renewing; returns when the lease is lost (or cannot be renewed in time).
+    /// Keeps renewing; returns when the lease is lost, or not renewed within two thirds of its
+    /// duration (client-go's renew deadline): before another instance may take it over.
     pub async fn keep(&self) {
+        let renew_deadline = self.lease_duration * 2 / 3;
         let mut last_ok = Instant::now();
         loop {
             tokio::time::sleep(self.lease_duration / 3).await;
-            match self.try_acquire().await {
-                Ok(true) => last_ok = Instant::now(),
-                Ok(false) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot renew lease");
-                    if last_ok.elapsed() >= self.lease_duration * 2 / 3 {
-                        return;
-                    }
-                }
+            // A renewal the API server never answers (kube's client has no read timeout) must
+            // not keep this instance leading after the lease has expired: two leaders would
+            // write the same jobs.
+            let left = renew_deadline.saturating_sub(last_ok.elapsed());
+            match tokio::time::timeout(left, self.try_acquire()).await {
+                Ok(Ok(true)) => last_ok = Instant::now(),
+                Ok(Ok(false)) => return,
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew lease"),
+                Err(_) => tracing::warn!("cannot renew lease: the API server did not answer"),
+            }
+            if last_ok.elapsed() >= renew_deadline {
+                return;
             }
         }
     }
 }
+
+/// How long stepping down waits for the lease's release (the lease expires anyway).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether the holder of a lease let it expire (a lease without a renewal time or duration
 /// has).
@@ -145,8 +155,10 @@ impl Leadership {
     /// for it to expire.
     pub async fn step_down(self) {
         self.renewals.abort();
-        if let Err(e) = self.elector.release().await {
-            tracing::warn!(error = %e, "cannot release the lease");
+        match tokio::time::timeout(RELEASE_TIMEOUT, self.elector.release()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot release the lease"),
+            Err(_) => tracing::warn!("cannot release the lease: the API server did not answer"),
         }
     }
 }

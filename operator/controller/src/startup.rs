@@ -317,34 +317,30 @@ async fn lost_leadership(lost: Option<oneshot::Receiver<()>>) {
     }
 }
 
-/// Runs the controller until `stop` or `lost` completes (then it finishes the reconciles under
-/// way).
+/// Runs the controller until `stop` completes (then it finishes the reconciles under way) or
+/// `lost` does (then it drops them: the lease may be another instance's any moment, and their
+/// writes would cross the new leader's).
 async fn run_controller(
     controller: Controller<TFJob>,
     ctx: Arc<Context>,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
     lost: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    controller
-        .graceful_shutdown_on(async move {
-            tokio::select! {
-                _ = stop => {},
-                _ = lost => {},
-            }
-        })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => tracing::debug!(job = %obj, "reconciled"),
-                // A watch that fails is retried with backoff, and no reconcile sees what it
-                // misses meanwhile: worth a warning (client-go's reflectors warn too).
-                Err(e @ (ControllerError::QueueError(_) | ControllerError::RunnerError(_))) => tracing::warn!(error = %e, "watch or queue failed; retrying"),
-                // Failed reconciles are logged by `error_policy`; a reconcile of a job deleted
-                // meanwhile is expected.
-                Err(e) => tracing::debug!(error = %e, "controller event"),
-            }
-        })
-        .await;
+    let run = controller.graceful_shutdown_on(stop).run(reconcile, error_policy, ctx).for_each(|res| async move {
+        match res {
+            Ok((obj, _)) => tracing::debug!(job = %obj, "reconciled"),
+            // A watch that fails is retried with backoff, and no reconcile sees what it
+            // misses meanwhile: worth a warning (client-go's reflectors warn too).
+            Err(e @ (ControllerError::QueueError(_) | ControllerError::RunnerError(_))) => tracing::warn!(error = %e, "watch or queue failed; retrying"),
+            // Failed reconciles are logged by `error_policy`; a reconcile of a job deleted
+            // meanwhile is expected.
+            Err(e) => tracing::debug!(error = %e, "controller event"),
+        }
+    });
+    tokio::select! {
+        _ = run => {},
+        _ = lost => tracing::error!("reconciles under way dropped"),
+    }
 }
 
 async fn shutdown_signal() {

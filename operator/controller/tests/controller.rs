@@ -569,6 +569,25 @@ async fn leader_election_on_a_lease() {
     assert!(!a.try_acquire().await.unwrap(), "the old holder has lost it");
 }
 
+/// A leader whose renewals the API server never answers gives the lease up within its renew
+/// deadline (two thirds of the lease), before another instance may take the lease over: it never
+/// leads beside the next leader.
+#[tokio::test]
+async fn a_leader_whose_renewals_are_never_answered_steps_down_before_its_lease_expires() {
+    use std::time::{Duration, Instant};
+    use tfjob_operator::leader::LeaderElector;
+    let hangs = tower::service_fn(|_: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    let lease_duration = Duration::from_secs(3);
+    let elector =
+        LeaderElector { api: kube::Api::namespaced(kube::Client::new(hangs, "ns"), "ns"), name: "tfjob-operator".into(), identity: "a".into(), lease_duration };
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), elector.keep()).await.expect("the leader kept leading with no renewal answered");
+    let took = started.elapsed();
+    assert!(took >= lease_duration * 2 / 3 && took < lease_duration, "stepped down after {took:?}");
+}
+
 #[tokio::test]
 async fn health_and_metrics_over_http() {
     use std::sync::atomic::{AtomicBool, Ordering};
