@@ -1023,6 +1023,39 @@ async fn a_reconcile_the_api_server_never_answers_is_abandoned_at_its_deadline()
     }
 }
 
+/// An Event the API server never answers is given up (counted) and the ones queued after it are
+/// tried: one lost request does not stop the operator's Events for ever.
+#[tokio::test]
+async fn an_event_the_api_server_never_answers_is_given_up_and_the_next_is_tried() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::Reporter;
+    use std::time::{Duration, Instant};
+    use tfjob_api::status::EventKind;
+    use tfjob_operator::controller::event_queue::{EventQueue, Pending};
+    use tfjob_operator::metrics::Metrics;
+    let hangs = tower::service_fn(|_: http::Request<kube::client::Body>| {
+        std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
+    });
+    let metrics = Arc::new(Metrics::default());
+    let reporter = Reporter { controller: "tfjob-operator".into(), instance: None };
+    let queue = EventQueue::with_limits(kube::Client::new(hangs, "default"), reporter, metrics.clone(), 8, Duration::from_millis(100));
+    for i in 0..2 {
+        queue.push(Pending {
+            regarding: ObjectReference { kind: Some("TFJob".into()), name: Some("q".into()), namespace: Some("default".into()), ..Default::default() },
+            kind: EventKind::Normal,
+            reason: "Probe".into(),
+            note: format!("probe {i}"),
+            related: None,
+        });
+    }
+    let started = Instant::now();
+    queue.flush(Duration::from_secs(10)).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "the flush waited {:?}", started.elapsed());
+    let line = r#"tfjob_reconcile_errors_total{category="event"} 2"#;
+    let text = metrics.render();
+    assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+}
+
 /// A reconcile does not wait for its Events: one task writes them in the order they were
 /// queued. When the queue is full, the newest are dropped and counted; queuing never blocks.
 #[tokio::test]

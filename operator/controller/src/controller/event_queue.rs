@@ -20,6 +20,10 @@ use crate::metrics::Metrics;
 /// reconcile, and the writer catches up at the API server's pace.
 const QUEUE_CAPACITY: usize = 8192;
 
+/// How long one Event may take to write: kube's client has no read timeout, and one request
+/// never answered would stop every Event after it.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// An Event waiting to be written.
 pub struct Pending {
     /// The job the event is about.
@@ -57,8 +61,14 @@ impl EventQueue {
 
     /// [`start`](Self::start) with room for `capacity` events.
     pub fn with_capacity(client: Client, reporter: Reporter, metrics: Arc<Metrics>, capacity: usize) -> Self {
+        Self::with_limits(client, reporter, metrics, capacity, PUBLISH_TIMEOUT)
+    }
+
+    /// [`with_capacity`](Self::with_capacity), giving each Event up after `publish_timeout`.
+    pub fn with_limits(client: Client, reporter: Reporter, metrics: Arc<Metrics>, capacity: usize, publish_timeout: Duration) -> Self {
         let (tx, rx) = mpsc::channel(capacity);
-        tokio::spawn(write_events(rx, client, reporter, metrics.clone()));
+        let writer = Writer { pod_recorder: Recorder::new(client.clone(), reporter.clone()), client, reporter, metrics: metrics.clone(), publish_timeout };
+        tokio::spawn(writer.run(rx));
         EventQueue { tx, metrics, dropped: AtomicBool::new(false) }
     }
 
@@ -89,42 +99,63 @@ impl EventQueue {
 
 /// The writer: each event in turn. Events about a pod go through one [`Recorder`], which
 /// folds repeats about the same pod into a series; each of the job's own events through a
-/// recorder of its own (see [`publish`]).
-async fn write_events(mut rx: mpsc::Receiver<Queued>, client: Client, reporter: Reporter, metrics: Arc<Metrics>) {
-    let pod_recorder = Recorder::new(client.clone(), reporter.clone());
-    while let Some(queued) = rx.recv().await {
-        match queued {
-            Queued::Event(pending) => publish(&pod_recorder, &client, &reporter, &metrics, *pending).await,
-            Queued::Flush(done) => {
-                let _ = done.send(());
+/// recorder of its own (see [`Writer::publish`]).
+struct Writer {
+    pod_recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
+    metrics: Arc<Metrics>,
+    publish_timeout: Duration,
+}
+
+impl Writer {
+    async fn run(self, mut rx: mpsc::Receiver<Queued>) {
+        while let Some(queued) = rx.recv().await {
+            match queued {
+                Queued::Event(pending) => self.publish(*pending).await,
+                Queued::Flush(done) => {
+                    let _ = done.send(());
+                }
             }
         }
     }
-}
 
-async fn publish(pod_recorder: &Recorder, client: &Client, reporter: &Reporter, metrics: &Metrics, pending: Pending) {
-    let Pending { regarding, kind, reason, note, related } = pending;
-    let ev = Event {
-        type_: match kind {
-            EventKind::Normal => EventType::Normal,
-            EventKind::Warning => EventType::Warning,
-        },
-        reason,
-        note: Some(note),
-        action: "Reconcile".to_string(),
-        secondary: related,
-    };
-    // A recorder folds an event into a `series` of the last one with the same type, reason and
-    // related object, and keeps that one's note: a second `Scaled` would read as a repeat of the
-    // first (`Worker 2 → 4` again instead of `Worker 4 → 1`). The job's own events are each
-    // published once (after the status they come with is written), so each is an Event of its
-    // own; events about a pod name the pod, and fold only into repeats about that pod.
-    let published = match &ev.secondary {
-        Some(_) => pod_recorder.publish(&ev, &regarding).await,
-        None => Recorder::new(client.clone(), reporter.clone()).publish(&ev, &regarding).await,
-    };
-    if let Err(e) = published {
-        tracing::warn!(error = %e, reason = %ev.reason, "cannot publish event");
-        metrics.error("event");
+    async fn publish(&self, pending: Pending) {
+        let Pending { regarding, kind, reason, note, related } = pending;
+        let ev = Event {
+            type_: match kind {
+                EventKind::Normal => EventType::Normal,
+                EventKind::Warning => EventType::Warning,
+            },
+            reason,
+            note: Some(note),
+            action: "Reconcile".to_string(),
+            secondary: related,
+        };
+        // A recorder folds an event into a `series` of the last one with the same type, reason
+        // and related object, and keeps that one's note: a second `Scaled` would read as a
+        // repeat of the first (`Worker 2 → 4` again instead of `Worker 4 → 1`). The job's own
+        // events are each published once (after the status they come with is written), so each
+        // is an Event of its own; events about a pod name the pod, and fold only into repeats
+        // about that pod.
+        let job_recorder;
+        let recorder = match &ev.secondary {
+            Some(_) => &self.pod_recorder,
+            None => {
+                job_recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+                &job_recorder
+            }
+        };
+        match tokio::time::timeout(self.publish_timeout, recorder.publish(&ev, &regarding)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, reason = %ev.reason, "cannot publish event");
+                self.metrics.error("event");
+            }
+            Err(_) => {
+                tracing::warn!(reason = %ev.reason, "cannot publish event: the API server did not answer within {:?}", self.publish_timeout);
+                self.metrics.error("event");
+            }
+        }
     }
 }
