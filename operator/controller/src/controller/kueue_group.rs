@@ -124,8 +124,12 @@ pub async fn sweep_finalizers(ctx: Arc<Context>, period: Duration) {
     loop {
         tokio::time::sleep(period).await;
         let pods = ctx.caches.pods.state();
-        if let Err(e) = release_finalizers(&ctx, &pods).await {
-            tracing::warn!(error = %e, "releasing Kueue's finalizers");
+        // A sweep the API server does not answer is given up (kube's client has no read
+        // timeout) and tried again at the next period, as a reconcile is.
+        match tokio::time::timeout(ctx.reconcile_timeout, release_finalizers(&ctx, &pods)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing Kueue's finalizers"),
+            Err(_) => tracing::warn!("releasing Kueue's finalizers: not finished within {:?}; given up", ctx.reconcile_timeout),
         }
     }
 }
