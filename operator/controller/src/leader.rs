@@ -99,9 +99,11 @@ impl LeaderElector {
             // A renewal the API server never answers (kube's client has no read timeout) must
             // not keep this instance leading after the lease has expired: two leaders would
             // write the same jobs.
-            let left = renew_deadline.saturating_sub(last_ok.elapsed());
+            // The lease counts from the renewal's start (its `renewTime`), and so does this.
+            let attempt = Instant::now();
+            let left = renew_deadline.saturating_sub(attempt.duration_since(last_ok));
             match tokio::time::timeout(left, self.try_acquire()).await {
-                Ok(Ok(true)) => last_ok = Instant::now(),
+                Ok(Ok(true)) => last_ok = attempt,
                 Ok(Ok(false)) => return,
                 Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew lease"),
                 Err(_) => tracing::warn!("cannot renew lease: the API server did not answer"),
