@@ -219,19 +219,8 @@ async fn new_job_gets_its_objects_and_status() {
     let st = h.job("mnist").unwrap().status.unwrap();
     assert!(st.start_time.is_some());
     assert_eq!(st.replica_statuses["Worker"].active, 0);
-    let mut notes: Vec<String> = {
-        let st = h.api.state.lock().unwrap();
-        st.objects
-            .iter()
-            .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == "SuccessfulCreatePod")
-            .map(|(_, e)| format!("{} -> {}", e["note"].as_str().unwrap(), e["related"]["name"].as_str().unwrap()))
-            .collect()
-    };
-    notes.sort();
-    assert_eq!(
-        notes,
-        vec!["Created pod: mnist-ps-0 -> mnist-ps-0", "Created pod: mnist-worker-0 -> mnist-worker-0", "Created pod: mnist-worker-1 -> mnist-worker-1"]
-    );
+    // The pods one reconcile creates are named in one Event.
+    assert_eq!(pod_events(&h, "SuccessfulCreatePod"), vec!["Created 3 pods: mnist-ps-0, mnist-worker-0, mnist-worker-1 (about the job)"]);
     let mut reasons = h.event_reasons();
     reasons.sort();
     reasons.dedup();
@@ -300,30 +289,44 @@ async fn failures_under_each_restart_policy() {
             assert_eq!(last, c("Restarting", "True", "TFJobRestarting"), "{policy} {code}");
             assert_eq!(h.pods(), vec!["j-worker-0"], "{policy}: failed pod deleted");
         }
+        if fails {
+            // In the order deleted: the failed pod may go before the cleanup.
+            let deleted = pod_events(&h, "SuccessfulDeletePod");
+            let either = ["Deleted 2 pods: j-worker-0, j-worker-1 (about the job)", "Deleted 2 pods: j-worker-1, j-worker-0 (about the job)"];
+            assert!(deleted.len() == 1 && either.contains(&deleted[0].as_str()), "{policy} {code}: {deleted:?}");
+        } else {
+            // One pod: Kubeflow's Event, about that pod.
+            assert_eq!(pod_events(&h, "SuccessfulDeletePod"), vec!["Deleted pod: j-worker-1 (about j-worker-1)"], "{policy} {code}");
+        }
         if recreated {
             h.reconcile("j").await;
             assert_eq!(h.pods(), vec!["j-worker-0", "j-worker-1"], "{policy}: pod recreated");
             let st = h.job("j").unwrap().status.unwrap();
             assert_eq!(st.replica_statuses["Worker"].recreated, 1);
+            let created = pod_events(&h, "SuccessfulCreatePod");
+            assert_eq!(created, vec!["Created 2 pods: j-worker-0, j-worker-1 (about the job)", "Created pod: j-worker-1 (about j-worker-1)"], "{policy}");
         }
     }
+}
+
+/// The events with this reason, each as `line` writes it, sorted.
+fn event_lines(h: &Harness, reason: &str, line: impl Fn(&Value) -> String) -> Vec<String> {
+    let st = h.api.state.lock().unwrap();
+    let mut lines: Vec<String> = st.objects.iter().filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == reason).map(|(_, e)| line(e)).collect();
+    lines.sort();
+    lines
+}
+
+/// The `note`s of the events with this reason, sorted, each with the pod it is about (`related`),
+/// or `the job`.
+fn pod_events(h: &Harness, reason: &str) -> Vec<String> {
+    event_lines(h, reason, |e| format!("{} (about {})", e["note"].as_str().unwrap_or_default(), e["related"]["name"].as_str().unwrap_or("the job")))
 }
 
 /// The `note`s of the events with this reason, sorted, each with how often it was sent (a
 /// recorder folds a repeated event into a `series`).
 fn notes_of(h: &Harness, reason: &str) -> Vec<String> {
-    let st = h.api.state.lock().unwrap();
-    let mut notes: Vec<String> = st
-        .objects
-        .iter()
-        .filter(|(k, e)| k.starts_with(EVENTS) && e["reason"] == reason)
-        .map(|(_, e)| {
-            let repeats = e["series"]["count"].as_i64().unwrap_or(1);
-            format!("{} x{repeats}", e["note"].as_str().unwrap_or_default())
-        })
-        .collect();
-    notes.sort();
-    notes
+    event_lines(h, reason, |e| format!("{} x{}", e["note"].as_str().unwrap_or_default(), e["series"]["count"].as_i64().unwrap_or(1)))
 }
 
 /// Scaling creates the missing replicas (with the new cluster) and deletes the highest ones;
@@ -1061,8 +1064,9 @@ async fn an_event_the_api_server_never_answers_is_given_up_and_the_next_is_tried
 #[tokio::test]
 async fn events_are_written_in_order_and_a_full_queue_drops_the_newest_and_counts_them() {
     use kube::runtime::events::Reporter;
+    use tfjob_api::status::EventKind;
     use tfjob_operator::controller::event_queue::EventQueue;
-    use tfjob_operator::controller::events::pod_event;
+    use tfjob_operator::controller::events::job_event;
     const QUEUE_CAPACITY: usize = 64;
     let h = Harness::with_context(|ctx| {
         let reporter = Reporter { controller: "tfjob-operator".into(), instance: None };
@@ -1074,7 +1078,7 @@ async fn events_are_written_in_order_and_a_full_queue_drops_the_newest_and_count
     // is queued before the first is written.
     let extra = 10;
     for i in 0..QUEUE_CAPACITY + extra {
-        pod_event(&h.ctx, &job, "Probe", &format!("probe {i:05}"), &format!("q-worker-{i}"));
+        job_event(&h.ctx, &job, EventKind::Normal, "Probe", &format!("probe {i:05}"));
     }
     h.ctx.events.flush(std::time::Duration::from_secs(60)).await;
     let mut written: Vec<(u64, String)> = {

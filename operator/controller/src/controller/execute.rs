@@ -1,7 +1,8 @@
 //! The execute step of a reconcile: one function per kind of write. The once-per-job objects
 //! (the token Secret, the Service and its NetworkPolicy, the PodGroup) are written when missing
 //! or different; pods are created and deleted as the status machine says, each write remembered
-//! as an expectation ([`super::cache::Expectations`]) and announced as an Event.
+//! as an expectation ([`super::cache::Expectations`]) and announced as an Event (the pods a
+//! reconcile creates, by one Event).
 
 use std::time::Instant;
 
@@ -18,7 +19,6 @@ use super::admission::pod_group_api;
 use super::cache;
 use super::context::{Context, FIELD_MANAGER, post_params};
 use super::error::{Error, kerr};
-use super::events;
 use super::target::Target;
 use crate::api_errors::{CONFLICT, NOT_FOUND, is_status, tolerate};
 use crate::metrics::JobEvent;
@@ -30,6 +30,10 @@ pub struct Executed {
     pub job_events: Vec<Action>,
     /// Pods the API server refused.
     pub refused: Vec<PodRefusal>,
+    /// Pods created, in order: announced by one Event ([`events::pods_changed`]).
+    pub created: Vec<String>,
+    /// Pods deleted, in order: announced by one Event.
+    pub deleted: Vec<String>,
     /// The job itself was deleted (`ttlSecondsAfterFinished`): its status is not written.
     pub job_deleted: bool,
     /// Creations were held back ([`super::admission`]): look again soon.
@@ -180,9 +184,18 @@ fn pod_refusal(pod: &str, e: &kube::Error) -> Option<PodRefusal> {
     }
 }
 
-/// Creates a planned pod of the job; `Some` refusal when the API server refused it for a reason
-/// that concerns the job (an invalid pod, admission).
-pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod) -> Result<Option<PodRefusal>, Error> {
+/// What became of a pod the reconcile sent.
+pub enum PodCreation {
+    /// Created now (its name).
+    Created(String),
+    /// There already (the cache was behind).
+    Existed,
+    /// Refused for a reason that concerns the job (an invalid pod, admission).
+    Refused(PodRefusal),
+}
+
+/// Creates a planned pod of the job.
+pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod) -> Result<PodCreation, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
     let pod_name = planned.name().to_string();
     // The pod's certificate first: the kubelet would hold a pod whose Secret is missing.
@@ -193,35 +206,34 @@ pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod)
         Ok(created) => {
             let new_uid = created.metadata.uid.unwrap_or_default();
             ctx.expectations.created(&target.key, &pod_name, &new_uid, Instant::now());
-            events::pod_event(ctx, target.job, "SuccessfulCreatePod", &format!("Created pod: {pod_name}"), &pod_name);
-            Ok(None)
+            Ok(PodCreation::Created(pod_name))
         }
         // The cache was behind: the pod is there.
-        Err(e) if is_status(&e, CONFLICT) => Ok(None),
+        Err(e) if is_status(&e, CONFLICT) => Ok(PodCreation::Existed),
         Err(e) => match pod_refusal(&pod_name, &e) {
             Some(r) => {
                 tracing::warn!(job = %target.name, pod = %pod_name, error = %e, "pod refused");
-                Ok(Some(r))
+                Ok(PodCreation::Refused(r))
             }
             None => Err(kerr(format!("create pod {pod_name}"))(e)),
         },
     }
 }
 
-/// Deletes the job's pod `pod`: exactly the pod observed, never a newer pod of the same name.
-pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str) -> Result<(), Error> {
+/// Deletes the job's pod `pod`: exactly the pod observed, never a newer pod of the same name;
+/// `true` when this call deleted it.
+pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str) -> Result<bool, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
     let pod_uid = target.uid_of(pod);
     let params = DeleteParams { preconditions: pod_uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() };
     // Gone already, or another pod by now: nothing was deleted.
     if tolerate(pods.delete(pod, &params).await, &[NOT_FOUND, CONFLICT]).map_err(kerr(format!("delete pod {pod}")))?.is_none() {
-        return Ok(());
+        return Ok(false);
     }
     if let Some(u) = &pod_uid {
         ctx.expectations.deleted(&target.key, pod, u, Instant::now());
     }
-    events::pod_event(ctx, target.job, "SuccessfulDeletePod", &format!("Deleted pod: {pod}"), pod);
-    Ok(())
+    Ok(true)
 }
 
 /// Deletes the job itself (`ttlSecondsAfterFinished`); its children go with it (owner

@@ -27,6 +27,7 @@ use tfjob_api::status::Action;
 use super::admission;
 use super::context::{Context, FIELD_MANAGER};
 use super::error::{Error, kerr};
+use super::events;
 use super::execute;
 use super::target::Target;
 use crate::api_errors::{NOT_FOUND, tolerate};
@@ -74,11 +75,22 @@ pub async fn regroup(ctx: &Context, target: &Target<'_>, actions: &mut Vec<Actio
         })
         .collect();
     let to_delete: Vec<String> = group.stale.iter().filter(|p| !deleted_already.contains(&p.as_str())).cloned().collect();
-    for pod in &to_delete {
-        execute::delete_pod(ctx, target, pod).await?;
-    }
+    let mut deleted = Vec::new();
+    let result = delete_each(ctx, target, &to_delete, &mut deleted).await;
+    events::pods_changed(ctx, target.job, &[], &deleted);
+    result?;
     actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
     Ok(true)
+}
+
+/// Deletes each of `pods`, noting in `deleted` those this call deleted.
+async fn delete_each(ctx: &Context, target: &Target<'_>, pods: &[String], deleted: &mut Vec<String>) -> Result<(), Error> {
+    for pod in pods {
+        if execute::delete_pod(ctx, target, pod).await? {
+            deleted.push(pod.clone());
+        }
+    }
+    Ok(())
 }
 
 /// Whether Kueue's finalizer may come off `pod`: it is being deleted and has ended (or never ran).

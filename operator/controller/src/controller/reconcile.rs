@@ -22,7 +22,8 @@ use super::cache::{CachedPod, EXPECTATION_TTL};
 use super::commit::commit;
 use super::context::Context;
 use super::error::Error;
-use super::execute::{self, Executed};
+use super::events;
+use super::execute::{self, Executed, PodCreation};
 use super::kueue_group;
 use super::observe::observe_pod;
 use super::target::Target;
@@ -172,7 +173,11 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
     if decision.creates > 0 {
         execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
     }
-    let mut done = execute_actions(ctx, target, decision, group.map(|g| g.group), layout).await?;
+    let mut done = Executed::default();
+    let result = execute_actions(ctx, target, decision, group.map(|g| g.group), layout, &mut done).await;
+    // Announced also when an action failed half-way: those pods are there, or gone, all the same.
+    events::pods_changed(ctx, target.job, &done.created, &done.deleted);
+    result?;
     done.held = held || regrouped;
     if ctx.kueue_pod_groups {
         kueue_group::release_finalizers(ctx, &target.pods).await?;
@@ -208,16 +213,16 @@ async fn hold_creations(ctx: &Context, target: &Target<'_>, decision: &mut Decis
     Ok(true)
 }
 
-/// Each action of the status machine, by the function of its kind; the job's events are kept
-/// for the commit.
+/// Each action of the status machine, by the function of its kind, into `done`: the job's events
+/// are kept for the commit, the pods created and deleted noted for their Events.
 async fn execute_actions(
     ctx: &Context,
     target: &Target<'_>,
     decision: &Decision,
     group: Option<plan::KueuePodGroup>,
     layout: plan::AddressLayout,
-) -> Result<Executed, Error> {
-    let mut done = Executed::default();
+    done: &mut Executed,
+) -> Result<(), Error> {
     // Planned at the first pod to create, once per reconcile: the cluster spec is written once
     // and each pod's TF_CONFIG only when that pod is sent.
     let mut planner: Option<plan::PodPlanner> = None;
@@ -234,14 +239,18 @@ async fn execute_actions(
                     execute::ensure_replica_service(ctx, &target.ns, &decision.defaulted, *replica_type, *index).await?;
                 }
                 if let Some(pod) = planner.pod(*replica_type, *index) {
-                    done.refused.extend(execute::create_pod(ctx, target, pod).await?);
+                    match execute::create_pod(ctx, target, pod).await? {
+                        PodCreation::Created(name) => done.created.push(name),
+                        PodCreation::Existed => {}
+                        PodCreation::Refused(r) => done.refused.push(r),
+                    }
                 }
             }
             Action::RecreateReplica { name, .. } => {
                 ctx.metrics.replica_recreated();
-                execute::delete_pod(ctx, target, name).await?;
+                delete_pod(ctx, target, name, done).await?;
             }
-            Action::DeleteReplica { name } => execute::delete_pod(ctx, target, name).await?,
+            Action::DeleteReplica { name } => delete_pod(ctx, target, name, done).await?,
             Action::Event { .. } => done.job_events.push(action.clone()),
             Action::RequeueAfter(_) => {}
             Action::DeleteJob => {
@@ -250,5 +259,12 @@ async fn execute_actions(
             }
         }
     }
-    Ok(done)
+    Ok(())
+}
+
+async fn delete_pod(ctx: &Context, target: &Target<'_>, name: &str, done: &mut Executed) -> Result<(), Error> {
+    if execute::delete_pod(ctx, target, name).await? {
+        done.deleted.push(name.to_string());
+    }
+    Ok(())
 }

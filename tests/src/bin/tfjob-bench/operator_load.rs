@@ -254,7 +254,7 @@ impl<'a> OperatorUnderLoad<'a> {
     }
 
     /// `names` created as TFJobs: seconds from the first create to the last of their pods seen
-    /// on a watch, and to the last of their pods' `SuccessfulCreatePod` Events listed; the
+    /// on a watch, and to the last `SuccessfulCreatePod` Event naming their pods listed; the
     /// operator's requests by `verb resource[/subresource]` (the Lease aside).
     fn create(&self, names: &[String]) -> Result<(f64, f64, BTreeMap<String, usize>)> {
         // Settled: the status writes and events of what came before.
@@ -274,8 +274,14 @@ impl<'a> OperatorUnderLoad<'a> {
     }
 }
 
-/// Waits (listing every 200 ms, at most a minute) until every pod of the jobs `names` has its
-/// `SuccessfulCreatePod` Event.
+/// Waits (listing every 200 ms, at most a minute) until every pod of the jobs `names` is named
+/// by a `SuccessfulCreatePod` Event.
+/// How many pods a `SuccessfulCreatePod` note names: `Created pod: a` or `Created 5 pods: ...`.
+fn pods_created(note: &str) -> usize {
+    let count = note.strip_prefix("Created ").and_then(|rest| rest.split_once(" pods:")).and_then(|(n, _)| n.parse().ok());
+    count.unwrap_or(1)
+}
+
 async fn wait_pod_events(client: &Client, ns: &str, names: &[String]) -> Result<()> {
     use k8s_openapi::api::events::v1::Event;
     let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
@@ -283,17 +289,18 @@ async fn wait_pod_events(client: &Client, ns: &str, names: &[String]) -> Result<
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let listed = events.list(&ListParams::default()).await?;
-        let n = listed
+        let n: usize = listed
             .items
             .iter()
             .filter(|e| {
                 e.reason.as_deref() == Some("SuccessfulCreatePod") && e.regarding.as_ref().and_then(|r| r.name.as_deref()).is_some_and(|j| names.contains(j))
             })
-            .count();
+            .map(|e| pods_created(e.note.as_deref().unwrap_or_default()))
+            .sum();
         if n >= names.len() * REPLICAS {
             return Ok(());
         }
-        ensure!(Instant::now() < deadline, "{n} of {} SuccessfulCreatePod events after a minute", names.len() * REPLICAS);
+        ensure!(Instant::now() < deadline, "{n} of {} pods named by SuccessfulCreatePod events after a minute", names.len() * REPLICAS);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
