@@ -100,7 +100,7 @@ struct GenerateArgs {
     #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 5_000)]
     eval_examples: u64,
     /// Seed of the generated data (the same seed, the same files).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = tfjob_runtime::train::DEFAULT_SEED)]
     seed: u64,
     /// Writes train.txt.gz and eval.txt.gz.
     #[arg(long)]
@@ -291,7 +291,7 @@ struct ModelArgs {
     #[arg(long = "log_every_steps", visible_aliases = ["log-every-steps", "log_interval", "log-interval"], default_value_t = 100)]
     log_every_steps: u64,
     /// Seed of the initial values and of the data order (the same on every task).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = tfjob_runtime::train::DEFAULT_SEED)]
     seed: u64,
     /// Held-out examples used by the evaluator and for the final figures.
     #[arg(long = "eval_examples", visible_alias = "eval-examples", default_value_t = 10_000)]

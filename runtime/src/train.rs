@@ -134,6 +134,9 @@ pub struct TrainSettings {
     pub shutdown_grace: Duration,
 }
 
+/// The seed of the initial values and of the data order when none is given (`--seed`).
+pub const DEFAULT_SEED: u64 = 1;
+
 impl Default for TrainSettings {
     fn default() -> Self {
         TrainSettings {
@@ -150,7 +153,7 @@ impl Default for TrainSettings {
             eval_interval: Duration::from_secs(5),
             partition_threshold_bytes: placement::DEFAULT_PARTITION_THRESHOLD_BYTES,
             tensor_channel: true,
-            seed: 1,
+            seed: DEFAULT_SEED,
             checkpoints: CheckpointSettings { keep: 5, ..Default::default() },
             log_dir: None,
             heartbeat: Duration::from_secs(2),

@@ -18,16 +18,13 @@ pub fn final_report(log: &str, who: &str) -> Result<Value> {
 /// refused (W = 2.1006 in a CI run, 0.05 above it).
 pub fn ensure_linear(report: &Value, who: &str) -> Result<()> {
     let (w, b) = (report["W"].as_f64().unwrap_or(f64::NAN), report["b"].as_f64().unwrap_or(f64::NAN));
-    let (fit_w, fit_b) = least_squares_line(&tfjob_runtime::data::synthetic_line(DEFAULT_SEED));
+    let (fit_w, fit_b) = least_squares_line(&tfjob_runtime::data::synthetic_line(tfjob_runtime::train::DEFAULT_SEED));
     ensure!(
         (w - fit_w).abs() < 0.1 && (b - fit_b).abs() < 0.1,
         "{who}: W = {w}, b = {b}; the least-squares line of its examples is W = {fit_w:.4}, b = {fit_b:.4}"
     );
     Ok(())
 }
-
-/// `tfjob-runtime`'s `--seed` when none is given.
-const DEFAULT_SEED: u64 = 1;
 
 /// Slope and intercept of the least-squares line through a dataset of one input and one value.
 fn least_squares_line(data: &tfjob_runtime::data::Dataset) -> (f64, f64) {
@@ -57,7 +54,7 @@ mod tests {
 
     #[test]
     fn the_linear_check_measures_from_the_least_squares_line_of_the_examples() {
-        let (w, b) = least_squares_line(&tfjob_runtime::data::synthetic_line(DEFAULT_SEED));
+        let (w, b) = least_squares_line(&tfjob_runtime::data::synthetic_line(tfjob_runtime::train::DEFAULT_SEED));
         assert!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "the examples lie along y = 2x + 10: W = {w}, b = {b}");
         // (W, b, passes?)
         let cases = [
