@@ -30,7 +30,7 @@ pub struct Executed {
     pub job_events: Vec<Action>,
     /// Pods the API server refused.
     pub refused: Vec<PodRefusal>,
-    /// Pods created, in order: announced by one Event ([`events::pods_changed`]).
+    /// Pods created, in order: announced by one Event ([`super::events::pods_changed`]).
     pub created: Vec<String>,
     /// Pods deleted, in order: announced by one Event.
     pub deleted: Vec<String>,
