@@ -256,6 +256,13 @@ pub fn operator_account_with(cp: &ControlPlane, namespace: &str, extra: &[(&str,
     Ok(account)
 }
 
+/// How many pods a `SuccessfulCreatePod` (or `SuccessfulDeletePod`) note of the operator names:
+/// `Created pod: a` is one, `Created 5 pods: a, b, ...` (the names cut to fit) five.
+pub fn pods_in_note(note: &str) -> usize {
+    let count = note.split_once(' ').and_then(|(_, rest)| rest.split_once(" pods")).and_then(|(n, _)| n.parse().ok());
+    count.unwrap_or(1)
+}
+
 /// The requests `user` made, by `verb resource[/subresource]`, from the API server's audit log,
 /// without the Lease (leader election renews it every few seconds whatever the jobs do).
 pub fn requests_by_kind(cp: &ControlPlane, user: &str) -> Result<std::collections::BTreeMap<String, usize>> {
@@ -715,4 +722,16 @@ pub fn tfjob(name: &str, replicas: &[(&str, i32, &str)], run_policy: Value) -> V
         "metadata": {"name": name},
         "spec": {"runPolicy": run_policy, "tfReplicaSpecs": specs},
     })
+}
+
+#[cfg(test)]
+mod note_tests {
+    #[test]
+    fn a_note_names_as_many_pods_as_it_says() {
+        for (note, want) in
+            [("Created pod: j-ps-0", 1), ("Created 5 pods: j-ps-0, j-worker-0", 5), ("Deleted 1001 pods: a, and 999 more", 1001), ("Deleted 2 pods", 2)]
+        {
+            assert_eq!(super::pods_in_note(note), want, "{note}");
+        }
+    }
 }

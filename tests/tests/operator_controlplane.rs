@@ -1383,13 +1383,18 @@ fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Re
         let after = requests(cp, &account)?;
         let count = |what: &str| after.get(what).copied().unwrap_or(0) - before.get(what).copied().unwrap_or(0);
         eprintln!(
-            "1 ps + {WORKERS} workers: pods created in {created:.1?}; {} pod creates, {} secret creates, {} status writes",
+            "1 ps + {WORKERS} workers: pods created in {created:.1?}; {} pod creates, {} secret creates, {} status writes, {} events",
             count("create pods"),
             count("create secrets"),
-            count("patch tfjobs/status")
+            count("patch tfjobs/status"),
+            count("create events")
         );
         assert_eq!(count("create pods"), WORKERS + 1);
         assert_eq!(count("create secrets"), WORKERS + 2, "the token and a TLS Secret per pod");
+        // One Event for the pods of each reconcile that created some, not one per pod.
+        ensure!(count("create events") <= 10, "{} events created", count("create events"));
+        let named: usize = events_of(&k, "wide", "SuccessfulCreatePod")?.iter().map(|(_, note, _)| tfjob_tests::operator::pods_in_note(note)).sum();
+        assert_eq!(named, WORKERS + 1, "pods named by SuccessfulCreatePod events");
         ensure!(count("patch tfjobs/status") <= 10, "{} status writes: {st:#}", count("patch tfjobs/status"));
         let pod = k.must_get("pod", "wide-worker-999")?;
         let cluster = tf_config(&pod)?["cluster"].clone();

@@ -276,12 +276,6 @@ impl<'a> OperatorUnderLoad<'a> {
 
 /// Waits (listing every 200 ms, at most a minute) until every pod of the jobs `names` is named
 /// by a `SuccessfulCreatePod` Event.
-/// How many pods a `SuccessfulCreatePod` note names: `Created pod: a` or `Created 5 pods: ...`.
-fn pods_created(note: &str) -> usize {
-    let count = note.strip_prefix("Created ").and_then(|rest| rest.split_once(" pods:")).and_then(|(n, _)| n.parse().ok());
-    count.unwrap_or(1)
-}
-
 async fn wait_pod_events(client: &Client, ns: &str, names: &[String]) -> Result<()> {
     use k8s_openapi::api::events::v1::Event;
     let names: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
@@ -295,7 +289,7 @@ async fn wait_pod_events(client: &Client, ns: &str, names: &[String]) -> Result<
             .filter(|e| {
                 e.reason.as_deref() == Some("SuccessfulCreatePod") && e.regarding.as_ref().and_then(|r| r.name.as_deref()).is_some_and(|j| names.contains(j))
             })
-            .map(|e| pods_created(e.note.as_deref().unwrap_or_default()))
+            .map(|e| tfjob_tests::operator::pods_in_note(e.note.as_deref().unwrap_or_default()))
             .sum();
         if n >= names.len() * REPLICAS {
             return Ok(());
