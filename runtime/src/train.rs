@@ -134,7 +134,8 @@ pub struct TrainSettings {
     pub shutdown_grace: Duration,
 }
 
-/// The seed of the initial values and of the data order when none is given (`--seed`).
+/// The seed when none is given (`--seed`): of the initial values and the data order, and of
+/// the files `tfjob-runtime generate` writes.
 pub const DEFAULT_SEED: u64 = 1;
 
 impl Default for TrainSettings {

@@ -78,7 +78,7 @@ pub fn job_event(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, mess
 }
 
 fn queue(ctx: &Context, job: &TFJob, kind: EventKind, reason: &str, message: &str, related: Option<ObjectReference>) {
-    let note = message.chars().take(1000).collect();
+    let note = message.chars().take(NOTE_LIMIT).collect();
     ctx.events.push(Pending { regarding: job.object_ref(&()), kind, reason: reason.to_string(), note, related });
 }
 

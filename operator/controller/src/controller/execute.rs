@@ -221,19 +221,20 @@ pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod)
 }
 
 /// Deletes the job's pod `pod`: exactly the pod observed, never a newer pod of the same name;
-/// `true` when this call deleted it.
-pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str) -> Result<bool, Error> {
+/// noted in `deleted` (for the Event) when this call deleted it.
+pub async fn delete_pod(ctx: &Context, target: &Target<'_>, pod: &str, deleted: &mut Vec<String>) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
     let pod_uid = target.uid_of(pod);
     let params = DeleteParams { preconditions: pod_uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() };
     // Gone already, or another pod by now: nothing was deleted.
     if tolerate(pods.delete(pod, &params).await, &[NOT_FOUND, CONFLICT]).map_err(kerr(format!("delete pod {pod}")))?.is_none() {
-        return Ok(false);
+        return Ok(());
     }
     if let Some(u) = &pod_uid {
         ctx.expectations.deleted(&target.key, pod, u, Instant::now());
     }
-    Ok(true)
+    deleted.push(pod.to_string());
+    Ok(())
 }
 
 /// Deletes the job itself (`ttlSecondsAfterFinished`); its children go with it (owner

@@ -76,21 +76,18 @@ pub async fn regroup(ctx: &Context, target: &Target<'_>, actions: &mut Vec<Actio
         .collect();
     let to_delete: Vec<String> = group.stale.iter().filter(|p| !deleted_already.contains(&p.as_str())).cloned().collect();
     let mut deleted = Vec::new();
-    let result = delete_each(ctx, target, &to_delete, &mut deleted).await;
+    let result = async {
+        for pod in &to_delete {
+            execute::delete_pod(ctx, target, pod, &mut deleted).await?;
+        }
+        Ok::<(), Error>(())
+    }
+    .await;
+    // Announced also when a deletion failed half-way: the pods deleted before it are gone.
     events::pods_changed(ctx, target.job, &[], &deleted);
     result?;
     actions.retain(|a| !matches!(a, Action::CreateReplica { .. }));
     Ok(true)
-}
-
-/// Deletes each of `pods`, noting in `deleted` those this call deleted.
-async fn delete_each(ctx: &Context, target: &Target<'_>, pods: &[String], deleted: &mut Vec<String>) -> Result<(), Error> {
-    for pod in pods {
-        if execute::delete_pod(ctx, target, pod).await? {
-            deleted.push(pod.clone());
-        }
-    }
-    Ok(())
 }
 
 /// Whether Kueue's finalizer may come off `pod`: it is being deleted and has ended (or never ran).

@@ -248,9 +248,9 @@ async fn execute_actions(
             }
             Action::RecreateReplica { name, .. } => {
                 ctx.metrics.replica_recreated();
-                delete_pod(ctx, target, name, done).await?;
+                execute::delete_pod(ctx, target, name, &mut done.deleted).await?;
             }
-            Action::DeleteReplica { name } => delete_pod(ctx, target, name, done).await?,
+            Action::DeleteReplica { name } => execute::delete_pod(ctx, target, name, &mut done.deleted).await?,
             Action::Event { .. } => done.job_events.push(action.clone()),
             Action::RequeueAfter(_) => {}
             Action::DeleteJob => {
@@ -258,13 +258,6 @@ async fn execute_actions(
                 done.job_deleted = true;
             }
         }
-    }
-    Ok(())
-}
-
-async fn delete_pod(ctx: &Context, target: &Target<'_>, name: &str, done: &mut Executed) -> Result<(), Error> {
-    if execute::delete_pod(ctx, target, name).await? {
-        done.deleted.push(name.to_string());
     }
     Ok(())
 }
