@@ -924,7 +924,14 @@ fn install(cp: &ControlPlane, ns: &str, values: &[(&str, &str)]) -> Result<Vec<(
         args.push("--set".into());
         args.push(format!("{k}={v}"));
     }
-    let out = cp.helm(&args)?;
+    // One install at a time: on a control plane without the CRD, two releases installed at once
+    // both find it missing, both render it, and the second is refused the first's CRD ("exists
+    // and cannot be imported into the current release"; seen in CI, 2026-11-30).
+    let out = {
+        static INSTALLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = INSTALLS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cp.helm(&args)?
+    };
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     ensure!(out.status.success(), "helm {args:?}:\n{text}");
     ensure!(text.contains("STATUS: deployed"), "helm {args:?}:\n{text}");
