@@ -236,13 +236,14 @@ fn tfjob_scale_adds_and_removes_a_ps_of_a_training_job() -> Result<()> {
     let tmp = tmp.path();
     let mut run = run_example(tmp, "examples/elastic-ps.yaml")?;
     let result = (|| -> Result<()> {
-        let out = eventually("tfjob scale PS=3 accepted", Duration::from_secs(60), || {
-            let out = scale(tmp, "elastic-ps", "PS=3")?;
-            Ok(out.status.success().then_some(out))
-        })?;
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "PS 1 \u{2192} 3\n");
-        let run_dir = std::fs::read_link(tmp.join("tfjob-runs/elastic-ps.latest"))?;
+        // A person scales a job they see training: scaled before any replica started, the job
+        // would simply start with 3 ps and no state would move (a CI run of 1571a99 did that).
+        let run_dir = eventually("the run's directory", Duration::from_secs(60), || Ok(std::fs::read_link(tmp.join("tfjob-runs/elastic-ps.latest")).ok()))?;
         let chief_log = || std::fs::read_to_string(run_dir.join("worker-0.log")).unwrap_or_default();
+        eventually("the chief trains", Duration::from_secs(60), || Ok(chief_log().contains("first gradient accepted").then_some(())))?;
+        let out = scale(tmp, "elastic-ps", "PS=3")?;
+        ensure!(out.status.success(), "{}", says(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "PS 1 \u{2192} 3\n");
         eventually("the chief moved the state", Duration::from_secs(60), || {
             Ok(chief_log().contains("moved the job's state from 1 to 3 ps task(s)").then_some(()))
         })?;
