@@ -1061,6 +1061,24 @@ pub fn http_get_plain(port: u16, path: &str) -> Result<String> {
     Ok(body)
 }
 
+/// CPU seconds (user and system) process `pid` has used so far, from `/proc/PID/stat`; `None`
+/// once it is gone.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 2, the command, is in parentheses and may hold spaces: the fields after its last ')'
+    // start at field 3, so utime (14) and stime (15) are the 12th and 13th of them.
+    let after = stat.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+    let ticks = after.get(11)?.parse::<u64>().ok()? + after.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(ticks as f64 / per_sec.max(1) as f64)
+}
+
+/// The command name of process `pid` (`/proc/PID/comm`, at most 15 bytes), or its pid.
+pub fn process_name(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_else(|_| pid.to_string())
+}
+
 /// Process ids (other than ours) whose command line mentions `needle`, from /proc.
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let me = std::process::id();
@@ -1079,6 +1097,22 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_process_shows_cpu_seconds_and_a_gone_one_none() {
+        let me = std::process::id();
+        let before = cpu_secs(me).expect("our own stat");
+        let (t, mut x) = (Instant::now(), 0u64);
+        // Spins until the counter has moved by 0.2 s; a counter that does not move fails.
+        while cpu_secs(me).unwrap() - before < 0.2 {
+            assert!(t.elapsed() < Duration::from_secs(20), "20 s of spinning counted as {} CPU seconds", cpu_secs(me).unwrap() - before);
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        }
+        assert!(cpu_secs(u32::MAX).is_none());
+        assert!(!process_name(me).is_empty());
+    }
 
     #[test]
     fn base64_matches_rfc4648_vectors() {

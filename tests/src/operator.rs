@@ -365,6 +365,11 @@ impl Operator {
         Ok(resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The process's resident memory (`VmRSS`), in MiB.
     pub fn rss_mib(&self) -> Result<f64> {
         let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).context("the operator's /proc status")?;

@@ -5,12 +5,15 @@
 //!   objects in flight as the operator has reconciles: `TFJOB_CONCURRENCY`, 8) creates exactly
 //!   the objects the operator writes for `jobs` TFJobs of 5 replicas (per job a Service, the token
 //!   Secret, and per pod its TLS Secret and the pod, from the operator's own planner, owner
-//!   references left out), and then only the pods and Services. Then the operator, running,
+//!   references left out), then only the pods and Services, then each TFJob and its objects
+//!   owned by it (what the API server and the garbage collector do for the operator's jobs,
+//!   without the controller: its watches, Events and status writes). Then the operator, running,
 //!   gets the same TFJobs created as fast as the client can: the time from the first create to
 //!   the last pod seen on a watch (and, apart, to the last of its pods' `SuccessfulCreatePod`
 //!   Events, which the operator writes after the pods), and its API requests per job from the
-//!   audit log. Three
-//!   rounds alternate the three (one with `--quick`); the rates are their medians.
+//!   audit log; and, for each, the CPU seconds of every process (the control plane's, the
+//!   operator's, the bench's) per pod. Three rounds alternate the four (one with `--quick`);
+//!   the rates are their medians.
 //! - **Memory.** The operator's RSS with 1,000 and 10,000 finished TFJobs (created, their status
 //!   set to Succeeded, before the operator starts: what its caches hold on a cluster that ran
 //!   jobs for months), against the RSS of the same operator watching an empty namespace.
@@ -25,7 +28,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, Wat
 use kube::{Client, Resource};
 use serde_json::json;
 use tfjob_api::api::TFJob;
-use tfjob_tests::controlplane::ControlPlane;
+use tfjob_tests::controlplane::{ControlPlane, cpu_secs, process_name};
 use tfjob_tests::node_agent::admin_client;
 use tfjob_tests::operator::{Operator, operator_account, requests_by_kind as requests};
 
@@ -54,11 +57,24 @@ pub fn operator_load(opts: &Options, report: &mut Report) -> Result<()> {
 
 // ---------------------------------------------------------------- creation rate
 
-/// The objects the operator writes for one job, in its order.
+/// The objects the operator writes for one job, in its order, and the job.
 struct JobObjects {
+    job: TFJob,
     service: Service,
     token: Secret,
     pods: Vec<(Secret, Pod)>,
+}
+
+impl JobObjects {
+    /// Every object owned by the job that `owner` refers to.
+    fn owned_by(&mut self, owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference) {
+        let metas = [&mut self.service.metadata, &mut self.token.metadata]
+            .into_iter()
+            .chain(self.pods.iter_mut().flat_map(|(secret, pod)| [&mut secret.metadata, &mut pod.metadata]));
+        for meta in metas {
+            meta.owner_references = Some(vec![owner.clone()]);
+        }
+    }
 }
 
 /// Seconds of one round of each: the bare client with every object, the bare client with pods
@@ -67,10 +83,56 @@ struct JobObjects {
 struct Round {
     bare_secs: f64,
     bare_pods_secs: f64,
+    /// The bare client creating each TFJob and then its objects, owned by it.
+    bare_owned_secs: f64,
     operator_secs: f64,
     /// From the first create to the last of the operator's `SuccessfulCreatePod` Events seen
     /// (they are written by a task of their own, after the pods).
     operator_events_secs: f64,
+    /// Pods made in each window.
+    pods: usize,
+    /// CPU seconds of each process over each timed window (the same three).
+    bare_cpu: BTreeMap<String, f64>,
+    bare_pods_cpu: BTreeMap<String, f64>,
+    bare_owned_cpu: BTreeMap<String, f64>,
+    operator_cpu: BTreeMap<String, f64>,
+}
+
+/// The CPU seconds that the processes sharing the machine's cores use over a window: the
+/// control plane's components, the operator and this bench (the client that creates).
+struct CpuMeter {
+    processes: Vec<(String, u32)>,
+}
+
+impl CpuMeter {
+    fn new(cp: &ControlPlane, operator: u32) -> CpuMeter {
+        let mut processes: Vec<(String, u32)> = cp.pids().iter().map(|&p| (process_name(p), p)).collect();
+        processes.push(("operator".into(), operator));
+        processes.push(("bench".into(), std::process::id()));
+        CpuMeter { processes }
+    }
+
+    fn read(&self) -> Vec<f64> {
+        self.processes.iter().map(|(_, pid)| cpu_secs(*pid).unwrap_or(0.0)).collect()
+    }
+
+    /// Each process's CPU seconds since `before` (a [`CpuMeter::read`]).
+    fn since(&self, before: &[f64]) -> BTreeMap<String, f64> {
+        self.processes.iter().zip(self.read().into_iter().zip(before)).map(|((name, _), (now, then))| (name.clone(), now - then)).collect()
+    }
+
+    /// `f` timed: its result, its seconds, the CPU seconds each process used meanwhile.
+    fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, BTreeMap<String, f64>)> {
+        let (before, t) = (self.read(), Instant::now());
+        let out = f()?;
+        Ok((out, t.elapsed().as_secs_f64(), self.since(&before)))
+    }
+}
+
+/// `cpu` as one line: each process's CPU milliseconds per pod, and the cores they kept busy.
+fn cpu_line(cpu: &BTreeMap<String, f64>, pods: usize, secs: f64) -> String {
+    let each: Vec<String> = cpu.iter().map(|(name, s)| format!("{name} {:.1}", s * 1e3 / pods as f64)).collect();
+    format!("{} ms/pod; {:.2} cores busy", each.join(", "), cpu.values().sum::<f64>() / secs)
 }
 
 fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, opts: &Options, jobs: usize, report: &mut Report) -> Result<()> {
@@ -82,28 +144,33 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     for r in 0..rounds {
         let names: Vec<String> = (0..jobs).map(|i| format!("load-{r}-{i}")).collect();
         let objects = |ns: &str| names.iter().map(|n| job_objects(ns, n)).collect::<Result<Vec<_>>>();
-        let mut round = Round::default();
+        let mut round = Round { pods: jobs * REPLICAS, ..Round::default() };
         let ns = cp.create_namespace(&format!("bare-{r}"))?;
         let all = objects(&ns)?;
-        let t = Instant::now();
-        writes = rt.block_on(create_all(client, &ns, all, true))?;
-        round.bare_secs = t.elapsed().as_secs_f64();
+        (writes, round.bare_secs, round.bare_cpu) = operator.cpu.timed(|| rt.block_on(create_all(client, &ns, all, Writes::All)))?;
         let ns = cp.create_namespace(&format!("bare-pods-{r}"))?;
         let all = objects(&ns)?;
-        let t = Instant::now();
-        pod_writes = rt.block_on(create_all(client, &ns, all, false))?;
-        round.bare_pods_secs = t.elapsed().as_secs_f64();
-        let (secs, events_secs, used) = operator.create(&names)?;
+        (pod_writes, round.bare_pods_secs, round.bare_pods_cpu) = operator.cpu.timed(|| rt.block_on(create_all(client, &ns, all, Writes::PodsAndServices)))?;
+        let ns = cp.create_namespace(&format!("bare-owned-{r}"))?;
+        let all = objects(&ns)?;
+        (_, round.bare_owned_secs, round.bare_owned_cpu) = operator.cpu.timed(|| rt.block_on(create_all(client, &ns, all, Writes::OwnedByJob)))?;
+        let (secs, events_secs, used) = operator.create(&names, &mut round.operator_cpu)?;
         round.operator_secs = secs;
         round.operator_events_secs = events_secs;
         println!(
-            "          round {}: bare {:.1} s, bare pods + Services {:.1} s, operator {:.1} s (its pod Events all written at {:.1} s)",
+            "          round {}: bare {:.1} s, bare pods + Services {:.1} s, bare TFJob + owned objects {:.1} s, operator {:.1} s (its pod Events all written at {:.1} s)",
             r + 1,
             round.bare_secs,
             round.bare_pods_secs,
+            round.bare_owned_secs,
             secs,
             events_secs
         );
+        let pods = jobs * REPLICAS;
+        println!("            CPU, bare: {}", cpu_line(&round.bare_cpu, pods, round.bare_secs));
+        println!("            CPU, bare pods + Services: {}", cpu_line(&round.bare_pods_cpu, pods, round.bare_pods_secs));
+        println!("            CPU, bare TFJob + owned objects: {}", cpu_line(&round.bare_owned_cpu, pods, round.bare_owned_secs));
+        println!("            CPU, operator to its last pod: {}", cpu_line(&round.operator_cpu, pods, secs));
         if r == 0 {
             requests = used;
         }
@@ -112,6 +179,7 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     let pods = (jobs * REPLICAS) as f64;
     let rate = |secs: fn(&Round) -> f64| super::median(all_rounds.iter().map(|r| pods / secs(r)).collect());
     let (ours, bare, bare_pods) = (rate(|r| r.operator_secs), rate(|r| r.bare_secs), rate(|r| r.bare_pods_secs));
+    let bare_owned = rate(|r| r.bare_owned_secs);
     let per_job = requests.values().sum::<usize>() as f64 / jobs as f64;
     let what = format!("{jobs} TFJobs x {REPLICAS} pods");
     report.row(
@@ -125,6 +193,7 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
         Some(ours >= 0.8 * bare),
     );
     report.row("operator-load", &format!("{what}: pods/s, operator"), ours, "pods/s", Some(("bare client, pods + Services", bare_pods)), None, "", None);
+    report.row("operator-load", &format!("{what}: pods/s, operator"), ours, "pods/s", Some(("bare, TFJob + owned objects", bare_owned)), None, "", None);
     let with_events = rate(|r| r.operator_events_secs);
     report.row(
         "operator-load",
@@ -147,11 +216,30 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
         None,
     );
     println!("          operator's requests for {jobs} jobs (the Lease aside): {requests:?}");
+    let windows = [
+        ("bare", per_pod_cpu(&all_rounds, |r| &r.bare_cpu)),
+        ("bare TFJob + owned objects", per_pod_cpu(&all_rounds, |r| &r.bare_owned_cpu)),
+        ("operator", per_pod_cpu(&all_rounds, |r| &r.operator_cpu)),
+    ];
+    for (what, cpu) in windows {
+        let each: Vec<String> = cpu.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
+        println!("          CPU ms per pod, {what} (medians): {}", each.join(", "));
+    }
     report.details.insert(
         "operator_load_creation".into(),
         json!({ "jobs": jobs, "replicas": REPLICAS, "rounds": all_rounds, "bare_writes": writes, "bare_pod_writes": pod_writes, "operator_requests": requests }),
     );
     Ok(())
+}
+
+/// Each process's CPU milliseconds per pod in the window `pick` of every round: their medians.
+fn per_pod_cpu(rounds: &[Round], pick: fn(&Round) -> &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    let Some(first) = rounds.first() else { return BTreeMap::new() };
+    let pods = |r: &Round| (r.pods.max(1)) as f64;
+    pick(first)
+        .keys()
+        .map(|name| (name.clone(), super::median(rounds.iter().map(|r| pick(r).get(name).copied().unwrap_or(0.0) * 1e3 / pods(r)).collect())))
+        .collect()
 }
 
 /// A TFJob of [`REPLICAS`] replicas in `ns`, as the bench's planning section parses it.
@@ -190,20 +278,41 @@ fn job_objects(ns: &str, name: &str) -> Result<JobObjects> {
     service.metadata.owner_references = None;
     let mut token = plan::build_secret(&defaulted, "a-token-of-the-usual-length-0123456789");
     token.metadata.owner_references = None;
-    Ok(JobObjects { service, token, pods })
+    let mut job = job;
+    job.metadata.uid = None;
+    Ok(JobObjects { job, service, token, pods })
 }
 
-/// Creates every job's objects, [`CONCURRENCY`] jobs at a time, each job's in order (with the
-/// Secrets, or only its Service and pods). Returns the number of writes.
-async fn create_all(client: &Client, ns: &str, all: Vec<JobObjects>, with_secrets: bool) -> Result<usize> {
+/// What a bare client writes of each job's objects.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    /// Everything the operator writes, owned by nothing.
+    All,
+    /// Only the Service and the pods.
+    PodsAndServices,
+    /// The TFJob first (as the bench creates it for the operator), then everything the operator
+    /// writes, owned by it as the operator's objects are (so the garbage collector tracks them).
+    OwnedByJob,
+}
+
+/// Creates every job's objects, [`CONCURRENCY`] jobs at a time, each job's in order, as `what`
+/// says. Returns the number of writes.
+async fn create_all(client: &Client, ns: &str, all: Vec<JobObjects>, what: Writes) -> Result<usize> {
     let (pods, services, secrets) =
         (Api::<Pod>::namespaced(client.clone(), ns), Api::<Service>::namespaced(client.clone(), ns), Api::<Secret>::namespaced(client.clone(), ns));
+    let jobs = Api::<TFJob>::namespaced(client.clone(), ns);
     let pp = PostParams::default();
+    let with_secrets = what != Writes::PodsAndServices;
     let writes = stream::iter(all)
-        .map(|job| {
-            let (pods, services, secrets, pp) = (&pods, &services, &secrets, &pp);
+        .map(|mut job| {
+            let (pods, services, secrets, jobs, pp) = (&pods, &services, &secrets, &jobs, &pp);
             async move {
                 let mut n = 0;
+                if what == Writes::OwnedByJob {
+                    let created = jobs.create(pp, &job.job).await?;
+                    job.owned_by(tfjob_api::plan::owner_reference(&created));
+                    n += 1;
+                }
                 if with_secrets {
                     secrets.create(pp, &job.token).await?;
                     n += 1;
@@ -235,6 +344,7 @@ struct OperatorUnderLoad<'a> {
     ns: String,
     user: String,
     op: Operator,
+    cpu: CpuMeter,
 }
 
 impl<'a> OperatorUnderLoad<'a> {
@@ -244,7 +354,8 @@ impl<'a> OperatorUnderLoad<'a> {
         let account = operator_account(cp, &ns)?;
         let op = Operator::start_ready(cp, &account, "load-operator")?;
         let user = format!("system:serviceaccount:{}:{}", account.namespace, account.service_account);
-        let me = OperatorUnderLoad { cp, rt, client, ns, user, op };
+        let cpu = CpuMeter::new(cp, op.pid());
+        let me = OperatorUnderLoad { cp, rt, client, ns, user, op, cpu };
         me.timed(vec![tfjob(&me.ns, "warm-up")?])?;
         Ok(me)
     }
@@ -255,14 +366,16 @@ impl<'a> OperatorUnderLoad<'a> {
 
     /// `names` created as TFJobs: seconds from the first create to the last of their pods seen
     /// on a watch, and to the last `SuccessfulCreatePod` Event naming their pods listed; the
-    /// operator's requests by `verb resource[/subresource]` (the Lease aside).
-    fn create(&self, names: &[String]) -> Result<(f64, f64, BTreeMap<String, usize>)> {
+    /// operator's requests by `verb resource[/subresource]` (the Lease aside). `cpu` gets each
+    /// process's CPU seconds up to the last pod.
+    fn create(&self, names: &[String], cpu: &mut BTreeMap<String, f64>) -> Result<(f64, f64, BTreeMap<String, usize>)> {
         // Settled: the status writes and events of what came before.
         std::thread::sleep(Duration::from_secs(2));
         let before = requests(self.cp, &self.user)?;
         let jobs = names.iter().map(|n| tfjob(&self.ns, n)).collect::<Result<Vec<_>>>()?;
         let t = Instant::now();
-        let secs = self.timed(jobs)?;
+        let secs;
+        (secs, _, *cpu) = self.cpu.timed(|| self.timed(jobs))?;
         let since_pods = t.elapsed().as_secs_f64() - secs;
         self.rt.block_on(wait_pod_events(self.client, &self.ns, names))?;
         let events_secs = t.elapsed().as_secs_f64() - since_pods;
