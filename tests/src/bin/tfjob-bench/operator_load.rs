@@ -78,7 +78,7 @@ impl JobObjects {
 }
 
 /// Seconds of one round of each: the bare client with every object, the bare client with pods
-/// and Services only, the operator.
+/// and Services only, the bare client with each TFJob and its objects owned by it, the operator.
 #[derive(Debug, Default, serde::Serialize)]
 struct Round {
     bare_secs: f64,
@@ -89,9 +89,7 @@ struct Round {
     /// From the first create to the last of the operator's `SuccessfulCreatePod` Events seen
     /// (they are written by a task of their own, after the pods).
     operator_events_secs: f64,
-    /// Pods made in each window.
-    pods: usize,
-    /// CPU seconds of each process over each timed window (the same three).
+    /// CPU seconds of each process over each timed window (the same four).
     bare_cpu: BTreeMap<String, f64>,
     bare_pods_cpu: BTreeMap<String, f64>,
     bare_owned_cpu: BTreeMap<String, f64>,
@@ -144,7 +142,7 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     for r in 0..rounds {
         let names: Vec<String> = (0..jobs).map(|i| format!("load-{r}-{i}")).collect();
         let objects = |ns: &str| names.iter().map(|n| job_objects(ns, n)).collect::<Result<Vec<_>>>();
-        let mut round = Round { pods: jobs * REPLICAS, ..Round::default() };
+        let mut round = Round::default();
         let ns = cp.create_namespace(&format!("bare-{r}"))?;
         let all = objects(&ns)?;
         (writes, round.bare_secs, round.bare_cpu) = operator.cpu.timed(|| rt.block_on(create_all(client, &ns, all, Writes::All)))?;
@@ -217,9 +215,9 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     );
     println!("          operator's requests for {jobs} jobs (the Lease aside): {requests:?}");
     let windows = [
-        ("bare", per_pod_cpu(&all_rounds, |r| &r.bare_cpu)),
-        ("bare TFJob + owned objects", per_pod_cpu(&all_rounds, |r| &r.bare_owned_cpu)),
-        ("operator", per_pod_cpu(&all_rounds, |r| &r.operator_cpu)),
+        ("bare", per_pod_cpu(&all_rounds, pods, |r| &r.bare_cpu)),
+        ("bare TFJob + owned objects", per_pod_cpu(&all_rounds, pods, |r| &r.bare_owned_cpu)),
+        ("operator", per_pod_cpu(&all_rounds, pods, |r| &r.operator_cpu)),
     ];
     for (what, cpu) in windows {
         let each: Vec<String> = cpu.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
@@ -232,13 +230,13 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
     Ok(())
 }
 
-/// Each process's CPU milliseconds per pod in the window `pick` of every round: their medians.
-fn per_pod_cpu(rounds: &[Round], pick: fn(&Round) -> &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+/// Each process's CPU milliseconds per pod (`pods` in each round) in the window `pick` of every
+/// round: their medians.
+fn per_pod_cpu(rounds: &[Round], pods: f64, pick: fn(&Round) -> &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     let Some(first) = rounds.first() else { return BTreeMap::new() };
-    let pods = |r: &Round| (r.pods.max(1)) as f64;
     pick(first)
         .keys()
-        .map(|name| (name.clone(), super::median(rounds.iter().map(|r| pick(r).get(name).copied().unwrap_or(0.0) * 1e3 / pods(r)).collect())))
+        .map(|name| (name.clone(), super::median(rounds.iter().map(|r| pick(r).get(name).copied().unwrap_or(0.0) * 1e3 / pods).collect())))
         .collect()
 }
 
