@@ -8,13 +8,14 @@ mod fake;
 use std::sync::{Arc, Mutex};
 
 use fake::FakeApi;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tfjob_api::api::{Claim, TFJob};
 use tfjob_api::plan::{GangScheduler, PlanOptions};
 use tfjob_operator::controller::cache::Caches;
+use tfjob_operator::controller::pod_index::{PodCacheWriter, pod_cache};
 use tfjob_operator::controller::{Context, reconcile};
 
 const JOBS: &str = "/apis/kubeflow.org/v1/namespaces/ns/tfjobs";
@@ -43,19 +44,17 @@ fn replica(n: i32, policy: &str) -> Value {
 struct Harness {
     api: FakeApi,
     ctx: Arc<Context>,
-    writers: Mutex<(Writer<Pod>, Writer<Service>)>,
+    writers: Mutex<(PodCacheWriter, Writer<Service>)>,
 }
 
-/// Replaces what a cache holds with `objects` (a watch's initial list).
-fn relist<K>(writer: &mut Writer<K>, objects: Vec<K>)
-where
-    K: kube::Resource<DynamicType = ()> + Clone,
-{
-    writer.apply_watcher_event(&watcher::Event::Init);
+/// Replaces what a cache holds with `objects` (a watch's initial list), one event at a time
+/// through `apply`.
+fn relist<K>(mut apply: impl FnMut(&watcher::Event<K>), objects: Vec<K>) {
+    apply(&watcher::Event::Init);
     for o in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+        apply(&watcher::Event::InitApply(o));
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
+    apply(&watcher::Event::InitDone);
 }
 
 impl Harness {
@@ -83,7 +82,7 @@ impl Harness {
 
     fn build_with(opts: PlanOptions, change: impl FnOnce(&mut Context)) -> Self {
         let api = FakeApi::default();
-        let (pods, pod_writer) = reflector::store();
+        let (pods, pod_writer) = pod_cache();
         let (services, service_writer) = reflector::store();
         let mut ctx = Context::new(api.client(), opts, Caches::new(pods, services));
         change(&mut ctx);
@@ -101,8 +100,8 @@ impl Harness {
         let pods = objects(PODS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
         let services = objects(SVCS).into_iter().map(|v| serde_json::from_value(v).unwrap()).collect();
         let mut w = self.writers.lock().unwrap();
-        relist(&mut w.0, pods);
-        relist(&mut w.1, services);
+        relist(|e| w.0.apply_watcher_event(e), pods);
+        relist(|e| w.1.apply_watcher_event(e), services);
     }
 
     fn job(&self, name: &str) -> Option<TFJob> {
@@ -1005,10 +1004,10 @@ async fn a_reconcile_the_api_server_never_answers_is_abandoned_at_its_deadline()
     let hangs = tower::service_fn(|_: http::Request<kube::client::Body>| {
         std::future::pending::<Result<http::Response<kube::client::Body>, std::convert::Infallible>>()
     });
-    let (pods, mut pod_writer) = reflector::store();
+    let (pods, mut pod_writer) = pod_cache();
     let (services, mut service_writer) = reflector::store();
-    relist(&mut pod_writer, vec![]);
-    relist(&mut service_writer, vec![]);
+    relist(|e| pod_writer.apply_watcher_event(e), vec![]);
+    relist(|e| service_writer.apply_watcher_event(e), vec![]);
     let mut ctx = Context::new(kube::Client::new(hangs, "default"), PlanOptions::default(), Caches::new(pods, services));
     let deadline = Duration::from_millis(200);
     ctx.reconcile_timeout = deadline;

@@ -21,8 +21,8 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::pod_index::PodCache;
 use tfjob_api::api::TFJob;
-use tfjob_api::plan;
 
 /// How long the controller waits for its cache to show its own writes before acting anyway.
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -32,6 +32,8 @@ pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 pub struct Caches {
     /// Pods with the operator's label.
     pub pods: Store<Pod>,
+    /// The same pods, by job.
+    pods_by_job: PodCache,
     /// Services with the operator's label.
     pub services: Store<Service>,
     /// Both caches hold their first full list; every clone wakes its waiter.
@@ -40,28 +42,27 @@ pub struct Caches {
 
 impl Caches {
     /// The caches of these stores.
-    pub fn new(pods: Store<Pod>, services: Store<Service>) -> Self {
+    pub fn new(pods: PodCache, services: Store<Service>) -> Self {
         // kube-runtime's `Store::wait_until_ready` keeps the waker of only the last of several
         // concurrent waiters (its `DelayedInit` polls a oneshot receiver, which holds one
         // waker): the other reconciles waiting at startup slept until their timeout. So one
         // shared future waits on the stores and wakes every clone of it.
-        let (p, s) = (pods.clone(), services.clone());
+        let (p, s) = (pods.store.clone(), services.clone());
         let ready = async move { p.wait_until_ready().await.is_ok() && s.wait_until_ready().await.is_ok() }.boxed().shared();
-        Caches { pods, services, ready }
+        Caches { pods: pods.store.clone(), pods_by_job: pods, services, ready }
     }
 
     /// The pods of `job` in the cache: in its namespace, with its job-name label and, when the
-    /// job has a uid, owned by it.
+    /// job has a uid, owned by it; in name order. Looked up by job ([`PodCache`]), not by a walk
+    /// over every cached pod.
     pub fn pods_of(&self, job: &TFJob) -> Vec<std::sync::Arc<Pod>> {
-        let ns = job.namespace();
+        let Some(ns) = job.metadata.namespace.as_deref() else {
+            return Vec::new();
+        };
         let uid = job.metadata.uid.as_deref();
-        self.pods
-            .state()
-            .into_iter()
-            .filter(|p| p.namespace() == ns)
-            .filter(|p| p.labels().get(plan::LABEL_JOB_NAME).map(String::as_str) == Some(job.name()))
-            .filter(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid))
-            .collect()
+        let mut pods = self.pods_by_job.with_job_label(ns, job.name());
+        pods.retain(|p| uid.is_none() || p.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid));
+        pods
     }
 
     /// The job's Service in the cache.
@@ -305,7 +306,7 @@ mod tests {
     #[tokio::test]
     async fn every_reconcile_waiting_for_the_caches_goes_on_when_their_lists_are_in() {
         use kube::runtime::{reflector, watcher};
-        let (pods, mut pod_writer) = reflector::store::<Pod>();
+        let (pods, mut pod_writer) = crate::controller::pod_index::pod_cache();
         let (services, mut service_writer) = reflector::store::<Service>();
         let caches = Caches::new(pods, services);
         let waiters: Vec<_> = (0..3)
@@ -446,7 +447,7 @@ mod tests {
                 {"name": "tensorflow", "image": "i"}]}}}}},
         }))
         .unwrap();
-        let desired = plan::build_service(&job);
+        let desired = tfjob_api::plan::build_service(&job);
         // What the API server returns: defaults filled in (clusterIPs, protocol, targetPort).
         let mut stored = desired.clone();
         stored.metadata.resource_version = Some("7".into());

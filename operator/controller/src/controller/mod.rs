@@ -26,6 +26,7 @@ pub mod events;
 pub mod execute;
 pub mod kueue_group;
 pub mod observe;
+pub mod pod_index;
 pub mod reconcile;
 pub mod target;
 pub mod watch;

@@ -1,5 +1,6 @@
 //! The kube-rs `Controller` over TFJobs and the watches that trigger it and fill its caches.
 
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::Api;
 use kube::runtime::controller::{Config, Controller};
@@ -9,6 +10,7 @@ use tfjob_api::api::TFJob;
 use tfjob_api::{plan, status};
 
 use super::cache::Caches;
+use super::pod_index::pod_cache;
 
 /// The API of namespaced resources `K` in `namespace`, or in all namespaces.
 pub fn api_in<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -27,13 +29,13 @@ where
 /// watched.
 pub fn build_controller(client: Client, namespace: Option<&str>, concurrency: u16) -> (Controller<TFJob>, Caches) {
     let owned = watcher::Config::default().labels(&format!("{}={}", plan::LABEL_OPERATOR_NAME, plan::OPERATOR_NAME));
-    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (pods, mut pod_writer) = pod_cache();
     let (services, service_writer) = reflector::store::<Service>();
     // The caches keep what a reconcile reads, not the managed fields of every object.
     let pod_events = watcher(api_in::<Pod>(&client, namespace), owned.clone())
         .default_backoff()
         .modify(|p| p.managed_fields_mut().clear())
-        .reflect(pod_writer)
+        .inspect_ok(move |event| pod_writer.apply_watcher_event(event))
         .touched_objects();
     let service_events = watcher(api_in::<Service>(&client, namespace), owned)
         .default_backoff()
