@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tfjob_api::api::TFJob;
-use tfjob_api::pki::JobCa;
 use tfjob_api::plan::{self, PlannedPod, ReplicaTls};
 use tfjob_api::status::{Action, PodRefusal};
 
@@ -66,13 +65,11 @@ pub async fn ensure_tls_secret(ctx: &Context, target: &Target<'_>, tls: &Replica
     if ctx.tls_secrets.contains(&key) {
         return Ok(());
     }
-    let certificate = || {
-        let ca = JobCa::derive(&ctx.tls_seed, uid, job.name())?;
-        Ok::<_, tfjob_api::pki::PkiError>((ca.cert_pem()?, ca.issue(&tls.names)?))
-    };
-    let (ca_pem, issued) = certificate().map_err(|e| Error::Certificate(format!("{}: {e}", tls.secret)))?;
+    let refused = |e: String| Error::Certificate(format!("{}: {e}", tls.secret));
+    let (ca, ca_pem) = target.job_ca(&ctx.tls_seed).map_err(refused)?;
+    let issued = ca.issue(&tls.names).map_err(|e| refused(e.to_string()))?;
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &target.ns);
-    let secret = plan::build_tls_secret(job, tls, &ca_pem, &issued);
+    let secret = plan::build_tls_secret(job, tls, ca_pem, &issued);
     tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create TLS secret"))?;
     ctx.tls_secrets.insert(&key);
     Ok(())

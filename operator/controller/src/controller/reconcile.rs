@@ -65,7 +65,7 @@ enum Gate<'a> {
     /// Nothing to do now; the controller's next step.
     Stop(CtrlAction),
     /// Reconcile this.
-    Go(Target<'a>),
+    Go(Box<Target<'a>>),
 }
 
 /// Whether the job is to be reconciled now: not when it is being deleted (its children carry
@@ -104,7 +104,7 @@ async fn gate<'a>(job: &'a TFJob, ctx: &Context) -> Result<Gate<'a>, Error> {
     if finished {
         ctx.forget_once_objects(&uid);
     }
-    Ok(Gate::Go(Target { job, ns, name, uid, key, pods, finished }))
+    Ok(Gate::Go(Box::new(Target::new(job, ns, name, uid, key, pods, finished))))
 }
 
 /// What a reconcile decided, before anything is written.
