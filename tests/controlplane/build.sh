@@ -148,14 +148,22 @@ build_one kubectl k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
 build_one helm helm.sh/helm/v4/cmd/helm "$helm_ldflags"
 build_one etcd go.etcd.io/etcd/server/v3 "$etcd_ldflags"
 
-# Smoke-check: each binary runs and reports the pinned version.
-"$dir/bin.tmp/kubectl" version --client 2>&1 | grep -q "$KUBE_VERSION" \
+# Smoke-check: each binary runs and reports the pinned version. (Not `... | grep -q`: with
+# pipefail, grep -q ending at its first match fails the pipe when the program is still writing,
+# as kubectl does: it then dies of SIGPIPE. The output is read whole first.)
+reports() {
+    local want="$1" out
+    shift
+    out=$("$@" 2>&1) || true
+    [[ $out == *"$want"* ]]
+}
+reports "$KUBE_VERSION" "$dir/bin.tmp/kubectl" version --client \
     || die "the built kubectl does not report ${KUBE_VERSION}"
-"$dir/bin.tmp/kube-apiserver" --version 2>&1 | grep -q "$KUBE_VERSION" \
+reports "$KUBE_VERSION" "$dir/bin.tmp/kube-apiserver" --version \
     || die "the built kube-apiserver does not report ${KUBE_VERSION}"
-"$dir/bin.tmp/helm" version 2>&1 | grep -q "$HELM_VERSION" \
+reports "$HELM_VERSION" "$dir/bin.tmp/helm" version \
     || die "the built helm does not report ${HELM_VERSION}"
-"$dir/bin.tmp/etcd" --version 2>&1 | grep -q "${ETCD_VERSION#v}" \
+reports "${ETCD_VERSION#v}" "$dir/bin.tmp/etcd" --version \
     || die "the built etcd does not report ${ETCD_VERSION}"
 
 rm -rf "$bin"

@@ -161,8 +161,9 @@ if [[ ! -x $bin/pause ]]; then
     mv "$bin/pause.tmp" "$bin/pause"
 fi
 
-"$bin/kubelet" --version 2>&1 | grep -q "$KUBE_VERSION" || die "the built kubelet does not report $KUBE_VERSION"
-"$bin/kind" version 2>&1 | grep -q "$KIND_VERSION" || die "the built kind does not report $KIND_VERSION"
+# (The output read whole: `| grep -q` under pipefail fails when the program is still writing.)
+[[ $("$bin/kubelet" --version 2>&1) == *"$KUBE_VERSION"* ]] || die "the built kubelet does not report $KUBE_VERSION"
+[[ $("$bin/kind" version 2>&1) == *"$KIND_VERSION"* ]] || die "the built kind does not report $KIND_VERSION"
 
 # ---------------------------------------------------------------------------------------------
 # The Debian root filesystem (keyed by suite and packages only: edits of this script keep it).
