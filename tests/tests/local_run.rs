@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
 use tfjob_tests::local::{eventually_none_left, job, kill_9, marked_replicas, marker_env, replica, tfjob, write};
@@ -187,8 +187,15 @@ fn every_example_succeeds() -> Result<()> {
 #[test]
 fn the_throughput_autoscaler_grows_a_job_and_settles() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let epochs = 150;
+    // The autoscaler makes no change the job would not live to measure (settle + measure
+    // seconds), so the job must outlast a step's measurement on any machine: on a quiet fast one,
+    // 150 epochs at the example's 6 + 8 s ended (24 s, 126k examples/s) before it dared 1 → 2.
+    // Shorter windows here, and a job long enough for two of them where the machine is fast.
+    let epochs = 200;
     let file = with_epochs(&repo_root().join("examples/autoscale-throughput.yaml"), epochs, dir.path())?;
+    let manifest = std::fs::read_to_string(&file)?;
+    ensure!(manifest.contains("settleSeconds: 6") && manifest.contains("measureSeconds: 8"), "the example's autoscaler windows changed");
+    std::fs::write(&file, manifest.replace("settleSeconds: 6", "settleSeconds: 3").replace("measureSeconds: 8", "measureSeconds: 4"))?;
     let (out, run_dir) = run(&file, &["--quiet"])?;
     let shown = text(&out);
     assert!(out.status.success(), "{shown}");
