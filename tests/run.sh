@@ -86,18 +86,28 @@ done
 # tfjob-operator, tfjob-runtime, controlplane and tfjob-bench land in
 # $CARGO_TARGET_DIR/release).
 # `cargo test` builds each package's binaries with the same features as its
-# tests, so the dependencies compile once, not twice.
+# tests, so the dependencies compile once, not twice. Its JSON lists the test
+# binaries for tests/lanes.py.
 echo "== build (target directory: $CARGO_TARGET_DIR)"
 started=$SECONDS
-cargo test "${test_profile[@]}" --workspace --no-run --timings
+binaries=$(mktemp -t tfjob-test-binaries.XXXXXX.json)
+trap 'rm -f "$binaries"' EXIT
+cargo test "${test_profile[@]}" --workspace --no-run --timings --message-format=json-render-diagnostics >"$binaries"
 echo "== build took $((SECONDS - started)) s"
 
-started=$SECONDS
+# The tests: tests/lanes.py runs the test binaries two at a time, longest first
+# (one at a time left a core idle a quarter of the time: most binaries wait on a
+# control plane, containers or training processes), and the doc tests with cargo.
+# TFJOB_TEST_LANES=1 runs them one after another, as `cargo test` would.
 if $long; then
     echo "== the long tests"
-    cargo test "${test_profile[@]}" --workspace --no-fail-fast -- --ignored --test-threads=2
+    test_args=(--ignored --test-threads=2)
 else
     echo "== tests"
-    cargo test "${test_profile[@]}" --workspace --no-fail-fast -- --test-threads=2
+    test_args=(--test-threads=2)
 fi
+started=$SECONDS
+doc_tests=$(printf '%q ' cargo test "${test_profile[@]}" --workspace --doc -- "${test_args[@]}")
+python3 tests/lanes.py --messages "$binaries" --lanes "${TFJOB_TEST_LANES:-2}" \
+    --durations "$CARGO_TARGET_DIR/test-durations.tsv" --doc "$doc_tests" -- "${test_args[@]}"
 echo "== tests took $((SECONDS - started)) s"
