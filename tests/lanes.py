@@ -93,18 +93,17 @@ def package_name(package_id: str, manifest: Path) -> str:
     return name
 
 
-def read_durations(*files: Path) -> dict[str, float]:
-    """name -> seconds; later files override earlier ones."""
+def read_durations(path: Path) -> dict[str, float]:
+    """name -> seconds, from lines `seconds<TAB>name` (others, as comments, skipped)."""
     durations: dict[str, float] = {}
-    for f in files:
-        if not f.is_file():
+    if not path.is_file():
+        return durations
+    for line in path.read_text().splitlines():
+        seconds, _, name = line.partition("\t")
+        try:
+            durations[name] = float(seconds)
+        except ValueError:
             continue
-        for line in f.read_text().splitlines():
-            seconds, _, name = line.partition("\t")
-            try:
-                durations[name] = float(seconds)
-            except ValueError:
-                continue
     return durations
 
 
@@ -181,11 +180,12 @@ def main() -> int:
         return 2
     if args.doc:
         jobs.append(Job("doc tests", ["bash", "-c", args.doc], os.getcwd(), dict(os.environ), f"   Doc-tests ({args.doc})"))
-    durations = read_durations(SEED_DURATIONS, *([args.durations] if args.durations else []))
+    measured_here = read_durations(args.durations) if args.durations else {}
+    durations = read_durations(SEED_DURATIONS) | measured_here
     print(f"== {len(jobs)} test jobs on {args.lanes} lanes, longest first", flush=True)
     outcomes = run_lanes(longest_first(jobs, durations), max(1, args.lanes))
     if args.durations:
-        write_durations(args.durations, outcomes, durations)
+        write_durations(args.durations, outcomes, measured_here)
 
     failed = [o for o in outcomes if o.code != 0]
     print("== seconds (CPU-seconds) per test job: " + ", ".join(f"{o.job.name} {o.seconds:.0f} ({o.cpu_seconds:.0f})" for o in sorted(outcomes, key=lambda o: -o.seconds)))
