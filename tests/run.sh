@@ -5,7 +5,8 @@
 #
 # `bash tests/run.sh --long` runs, after the same installs and build, only the
 # long tests kept out of the default run (marked `#[ignore = "long ..."]`: the
-# chaos tests, the 1,000-worker job; about 3 minutes: 174 s on a cached run).
+# chaos tests, the 1,000-worker job; about 2.5 minutes: 141 s on a cached run,
+# their two binaries side by side, 2026-12-05).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,18 +97,22 @@ cargo test "${test_profile[@]}" --workspace --no-run --timings --message-format=
 echo "== build took $((SECONDS - started)) s"
 
 # The tests: tests/lanes.py runs the test binaries two at a time, longest first
-# (one at a time left a core idle a quarter of the time: most binaries wait on a
+# (one at a time left the cores half idle, 53 % busy: most binaries wait on a
 # control plane, containers or training processes), and the doc tests with cargo.
 # TFJOB_TEST_LANES=1 runs them one after another, as `cargo test` would.
+# Each run's durations are kept for the next run of its kind (the long run's are not the
+# default run's: most binaries have no long test).
 if $long; then
     echo "== the long tests"
     test_args=(--ignored --test-threads=2)
+    durations=$CARGO_TARGET_DIR/test-durations-long.tsv
 else
     echo "== tests"
     test_args=(--test-threads=2)
+    durations=$CARGO_TARGET_DIR/test-durations.tsv
 fi
 started=$SECONDS
 doc_tests=$(printf '%q ' cargo test "${test_profile[@]}" --workspace --doc -- "${test_args[@]}")
 python3 tests/lanes.py --messages "$binaries" --lanes "${TFJOB_TEST_LANES:-2}" \
-    --durations "$CARGO_TARGET_DIR/test-durations.tsv" --doc "$doc_tests" -- "${test_args[@]}"
+    --durations "$durations" --doc "$doc_tests" -- "${test_args[@]}"
 echo "== tests took $((SECONDS - started)) s"
