@@ -145,6 +145,8 @@ def run_lanes(jobs: list[Job], lanes: int) -> list[Outcome]:
                 if not queue:
                     return
                 job = queue.pop()
+                # Said when it starts, so that a binary that hangs is named in the log.
+                print(f"== started {job.name}", flush=True)
             outcome = run_job(job)
             with lock:
                 outcomes.append(outcome)
