@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The distributed figures start real `tfjob-runtime` processes, found next to this executable
-//! (build both with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-bench`).
+//! (build both with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-runtime --bin tfjob-bench`).
 
 #[path = "tfjob-bench/autoscale.rs"]
 mod autoscale;
@@ -892,7 +892,7 @@ fn runtime_binary() -> Result<PathBuf> {
     }
     candidates.into_iter().find(|p| p.is_file()).with_context(|| {
         format!(
-            "tfjob-runtime not found next to {}; build it with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-bench` (or set TFJOB_RUNTIME_BIN)",
+            "tfjob-runtime not found next to {}; build it with `cargo build --release -p tfjob-runtime -p tfjob-tests --bin tfjob-runtime --bin tfjob-bench` (or set TFJOB_RUNTIME_BIN)",
             me.display()
         )
     })
