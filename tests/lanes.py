@@ -2,8 +2,8 @@
 """Runs the workspace's test binaries in lanes: several binaries at once, longest first.
 
 `cargo test` runs one test binary after another. Most of ours wait on a control plane, on
-containers or on training processes for much of their time (the machine was ~75 % busy with
-one binary at a time), so two binaries at once use the machine's two cores better. Binaries
+containers or on training processes for much of their time (the cores were 53 % busy with
+one binary at a time, 82 % with two), so two binaries at once use the machine's two cores better. Binaries
 cannot run at once under two `cargo test` commands: each holds the target directory's lock
 while its tests run. So `tests/run.sh` builds them with `cargo test --no-run
 --message-format=json` and this script runs the executables that build lists, as `cargo test`
@@ -11,7 +11,8 @@ would (working directory the package's, `CARGO_MANIFEST_DIR` and `CARGO_PKG_NAME
 one job that runs the doc tests with cargo.
 
 Order: longest first (greedy, so the longest binary does not start last), by the durations of
-the last run on this machine (`durations.tsv` in the target directory), else by
+the last run on this machine (`--durations`: `test-durations.tsv` in the target directory,
+`test-durations-long.tsv` for the long run), else by
 `tests/test-durations.tsv` (committed; binaries in neither go first). Each binary's output is
 printed whole when it ends, in the form `cargo test` prints it (`Running ...`, the libtest
 output), so the log reads as before, one binary after another.
