@@ -1,5 +1,7 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease: only the replica that holds the lease
-//! reconciles; it renews the lease at a third of its duration, and hands it over when it stops.
+//! reconciles; it renews the lease every [`LeaderElector::retry_period`] (client-go's timings: a
+//! 15 s lease, renewed every 2 s, given up when not renewed within 10 s), and hands it over when
+//! it stops.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,11 +23,24 @@ pub struct LeaderElector {
     pub name: String,
     /// This instance.
     pub identity: String,
-    /// Lease duration; renewals happen at a third of it.
+    /// Lease duration; renewals happen every [`Self::retry_period`].
     pub lease_duration: Duration,
 }
 
 impl LeaderElector {
+    /// How often the holder renews, and a waiting instance tries to take the lease: 2 s of a
+    /// 15 s lease, as client-go's defaults (LeaseDuration 15 s, RetryPeriod 2 s).
+    pub fn retry_period(&self) -> Duration {
+        self.lease_duration * 2 / 15
+    }
+
+    /// How long the holder may go without a renewal before it steps down: two thirds of the
+    /// lease (client-go's RenewDeadline, 10 s of 15), so that it has stopped before another
+    /// instance may take the lease over.
+    pub fn renew_deadline(&self) -> Duration {
+        self.lease_duration * 2 / 3
+    }
+
     /// Tries once to take or renew the lease. Returns whether this instance holds it.
     pub async fn try_acquire(&self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
@@ -85,17 +100,19 @@ impl LeaderElector {
                 Ok(Err(e)) => tracing::warn!(error = %e, "leader election"),
                 Err(_) => tracing::warn!("leader election: the API server did not answer"),
             }
-            tokio::time::sleep(self.lease_duration / 3).await;
+            tokio::time::sleep(self.retry_period()).await;
         }
     }
 
-    /// Keeps renewing; returns when the lease is lost, or not renewed within two thirds of its
-    /// duration (client-go's renew deadline): before another instance may take it over.
+    /// Keeps renewing; returns when the lease is lost, or not renewed within the renew deadline
+    /// (before another instance may take it over). Renewing every retry period rather than
+    /// once a third of the lease leaves a renewal that meets a stalled API server most of the
+    /// deadline: a stall of up to ~8 s of a 15 s lease is survived, not ~5 s.
     pub async fn keep(&self) {
-        let renew_deadline = self.lease_duration * 2 / 3;
+        let renew_deadline = self.renew_deadline();
         let mut last_ok = Instant::now();
         loop {
-            tokio::time::sleep(self.lease_duration / 3).await;
+            tokio::time::sleep(self.retry_period()).await;
             // A renewal the API server never answers (kube's client has no read timeout) must
             // not keep this instance leading after the lease has expired: two leaders would
             // write the same jobs.

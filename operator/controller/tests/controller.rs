@@ -590,6 +590,36 @@ async fn a_leader_whose_renewals_are_never_answered_steps_down_before_its_lease_
     assert!(took >= lease_duration * 2 / 3 && took < lease_duration, "stepped down after {took:?}");
 }
 
+/// A leader keeps its lease through an API server that stops answering for half the lease: the
+/// renewal that meets the stall has most of the renew deadline left (renewals every retry
+/// period), and the ones after it renew again.
+#[tokio::test]
+async fn a_leader_keeps_its_lease_through_a_stall_shorter_than_its_renew_deadline() {
+    use std::time::Duration;
+    use tfjob_operator::leader::LeaderElector;
+    let api = FakeApi::default();
+    // Renewals every 0.4 s, given up after 2 s without one.
+    let lease_duration = Duration::from_secs(3);
+    let elector = LeaderElector { api: kube::Api::namespaced(api.client(), "ns"), name: "tfjob-operator".into(), identity: "a".into(), lease_duration };
+    assert_eq!((elector.retry_period(), elector.renew_deadline()), (Duration::from_millis(400), Duration::from_secs(2)));
+    assert!(elector.try_acquire().await.unwrap());
+    let start = tokio::time::Instant::now();
+    // From 0.9 s to 2.4 s nothing is answered: 1.5 s, more than the 1 s a renewal once a third
+    // of the lease would have had left (its deadline at 2 s), less than the 2 s deadline.
+    let state = api.state.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep_until(start + Duration::from_millis(900)).await;
+        state.lock().unwrap().stalled_until = Some(start + Duration::from_millis(2400));
+    });
+    let kept = tokio::time::timeout(Duration::from_secs(4), elector.keep()).await;
+    assert!(kept.is_err(), "the leader stepped down after {:?}", start.elapsed());
+    let lease = api.get("/apis/coordination.k8s.io/v1/namespaces/ns/leases/tfjob-operator").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "a");
+    let renewed: k8s_openapi::jiff::Timestamp = lease["spec"]["renewTime"].as_str().unwrap().parse().unwrap();
+    let since = k8s_openapi::jiff::Timestamp::now().duration_since(renewed);
+    assert!(since.as_secs_f64() < 1.0, "last renewed {since:?} ago");
+}
+
 #[tokio::test]
 async fn health_and_metrics_over_http() {
     use std::sync::atomic::{AtomicBool, Ordering};

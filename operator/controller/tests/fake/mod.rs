@@ -34,6 +34,9 @@ pub struct State {
     /// Creations refused as an admission controller or validation would: (object key prefix,
     /// HTTP code, reason, message).
     pub refusals: Vec<(String, u16, String, String)>,
+    /// Requests that arrive before this instant are answered only at it (an API server that
+    /// stopped answering for a while).
+    pub stalled_until: Option<tokio::time::Instant>,
     counter: u64,
     history: Vec<Change>,
     changes: broadcast::Sender<Change>,
@@ -46,6 +49,7 @@ impl Default for State {
             log: Vec::new(),
             unserved: Vec::new(),
             refusals: Vec::new(),
+            stalled_until: None,
             counter: 0,
             history: Vec::new(),
             changes: broadcast::channel(4096).0,
@@ -332,6 +336,10 @@ impl FakeApi {
         let svc = tower::service_fn(move |req: Request<Body>| {
             let state = state.clone();
             async move {
+                let stalled_until = state.lock().unwrap().stalled_until;
+                if let Some(until) = stalled_until {
+                    tokio::time::sleep_until(until).await;
+                }
                 let (parts, body) = req.into_parts();
                 let bytes = body.collect_bytes().await.unwrap_or_default();
                 let answer = state.lock().unwrap().answer(parts.method.as_str(), &parts.uri, &bytes);
