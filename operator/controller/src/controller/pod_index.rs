@@ -91,10 +91,13 @@ pub struct PodCache {
 impl PodCache {
     /// The pods in namespace `ns` with job-name label `job`, in name order.
     pub fn with_job_label(&self, ns: &str, job: &str) -> Vec<Arc<Pod>> {
-        let names = self.index.read().unwrap_or_else(PoisonError::into_inner).pods_of(ns, job);
+        // The index stays locked while its names are looked up: the writer changes the store
+        // under the same lock, so the two are read as of the same watch event.
+        let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
         // The store is the truth: a name the index files and the store no longer (or not yet)
         // has is left out, and so is a pod whose label the store shows changed.
-        names
+        index
+            .pods_of(ns, job)
             .iter()
             .filter_map(|name| self.store.get(&ObjectRef::new(name).within(ns)))
             .filter(|p| p.labels().get(plan::LABEL_JOB_NAME).map(String::as_str) == Some(job))
@@ -119,15 +122,20 @@ pub struct PodCacheWriter {
 impl PodCacheWriter {
     /// Applies one watch event.
     pub fn apply_watcher_event(&mut self, event: &watcher::Event<Pod>) {
-        self.store.apply_watcher_event(event);
-        let index = || self.index.write().unwrap_or_else(PoisonError::into_inner);
+        // The index first, and locked until the store has the event too. The store's first
+        // `InitDone` marks it ready and wakes the reconciles waiting for the caches: applied
+        // before the index (as it once was), a reconcile could run in between, find no pod of
+        // its job in the still empty index, and create every pod again (409s; seen once, taking
+        // over Kubeflow's running jobs on a loaded machine).
+        let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
         match event {
-            watcher::Event::Apply(pod) => index().insert(pod),
-            watcher::Event::Delete(pod) => index().remove(pod),
+            watcher::Event::Apply(pod) => index.insert(pod),
+            watcher::Event::Delete(pod) => index.remove(pod),
             watcher::Event::Init => self.relisted = JobPodIndex::default(),
             watcher::Event::InitApply(pod) => self.relisted.insert(pod),
-            watcher::Event::InitDone => *index() = std::mem::take(&mut self.relisted),
+            watcher::Event::InitDone => *index = std::mem::take(&mut self.relisted),
         }
+        self.store.apply_watcher_event(event);
     }
 }
 
@@ -245,5 +253,42 @@ mod tests {
             }
         }
         assert_eq!(cache.index().len(), cache.store.state().iter().filter(|p| p.labels().contains_key(plan::LABEL_JOB_NAME)).count());
+    }
+
+    /// A reader that finds the store ready (as a reconcile woken by the first list does) finds
+    /// the listed pods in the index too. A reader spins on another thread while each of many
+    /// fresh caches gets its first list; applied to the store before the index, the pods were
+    /// missed in some of these rounds.
+    #[test]
+    fn a_reader_that_finds_the_store_ready_finds_the_first_list_indexed() {
+        use futures::FutureExt;
+        use std::sync::Barrier;
+        let listed = pod("ns", "a-worker-0", Some("a"));
+        let mut missed = 0;
+        for _ in 0..2_000 {
+            let (cache, mut writer) = pod_cache();
+            let both = Arc::new(Barrier::new(2));
+            let reader = {
+                let (cache, both) = (cache.clone(), both.clone());
+                std::thread::spawn(move || {
+                    both.wait();
+                    loop {
+                        let ready = cache.store.wait_until_ready().now_or_never().is_some();
+                        if ready {
+                            return cache.with_job_label("ns", "a").len();
+                        }
+                        std::hint::spin_loop();
+                    }
+                })
+            };
+            both.wait();
+            for event in [Event::Init, Event::InitApply(listed.clone()), Event::InitDone] {
+                writer.apply_watcher_event(&event);
+            }
+            if reader.join().unwrap() != 1 {
+                missed += 1;
+            }
+        }
+        assert_eq!(missed, 0, "rounds in which a reader found the store ready and the index without the pod");
     }
 }
