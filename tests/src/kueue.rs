@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::controlplane::{ControlPlane, free_port, http_get_plain, spawn_supervised, tail};
 use crate::node_agent::NodeAgent;
-use crate::operator::{Cluster, condition_true, repo_root, runtime_replica_yaml};
+use crate::operator::{Cluster, Operator, condition_true, repo_root, runtime_replica_yaml};
 use crate::report::final_report;
 
 /// The version `tests/kueue/build.sh` builds.
@@ -237,7 +237,7 @@ value: 1000
     )
 }
 
-/// A queue test's world: the namespace's jobs, the control plane, the node agent.
+/// A queue test's world: the namespace's jobs, the control plane, the node agent, the operator.
 pub struct Scene<'a> {
     /// The test namespace's objects.
     pub k: Cluster<'a>,
@@ -247,6 +247,8 @@ pub struct Scene<'a> {
     pub ns: String,
     /// The node.
     pub agent: NodeAgent,
+    /// The operator: a wait fails at once when it has exited (nothing would go on).
+    pub operator: &'a Operator,
 }
 
 impl Scene<'_> {
@@ -266,11 +268,21 @@ impl Scene<'_> {
     }
 
     /// Polls every 200 ms until `done` says so, failing after `timeout` with what it last said.
+    /// A poll (a few kubectl calls) that takes over 5 s is reported: the API server or the
+    /// machine stalled, which a failure after it may owe to.
     pub fn until(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Self) -> Result<bool>) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if done(self)? {
+            let poll = Instant::now();
+            let answer = done(self)?;
+            if poll.elapsed() > Duration::from_secs(5) {
+                eprintln!("  (waiting until {what}: one poll took {:.1}s)", poll.elapsed().as_secs_f64());
+            }
+            if answer {
                 return Ok(());
+            }
+            if self.operator.exited() {
+                bail!("{what}: the operator has exited (its log follows)");
             }
             if Instant::now() > deadline {
                 bail!("{what}: not within {timeout:?}");

@@ -395,6 +395,18 @@ impl Operator {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Whether the process has exited, without reaping it (so that `&self` can ask, and
+    /// [`Operator::kill`] and the drop still wait for it).
+    pub fn exited(&self) -> bool {
+        // SAFETY: waitid(2) on our own child with WNOWAIT, into a zeroed siginfo_t.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(libc::P_PID, self.child.id(), &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT);
+            // -1: no such child any more (already waited for).
+            r != 0 || info.si_pid() != 0
+        }
+    }
+
     /// SIGKILL: no graceful shutdown, the lease is not released.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

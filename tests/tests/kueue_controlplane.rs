@@ -49,7 +49,7 @@ fn tfjobs_queue_in_kueue_wait_with_no_pod_are_preempted_resume_and_never_outgrow
     }
     let host_dir = node_disk(cp, &ns)?;
     eprintln!("control plane, images, node agent, operator, kueue ready in {:.1}s", started.elapsed().as_secs_f64());
-    let s = Scene { k: Cluster::new(cp, &ns), cp, ns: ns.clone(), agent };
+    let s = Scene { k: Cluster::new(cp, &ns), cp, ns: ns.clone(), agent, operator: &op };
     let r = scenario(&s, &host_dir, &account.service_account);
     let r = r.map_err(|e| anyhow!("{e:#}\n--- operator ---\n{}\n--- kueue ---\n{}", op.log_tail(40), kueue.log_tail(40)));
     let mut agent = s.agent;
