@@ -391,8 +391,8 @@ impl Operator {
     }
 
     /// Whether the process still runs.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+    pub fn is_running(&self) -> bool {
+        !self.exited()
     }
 
     /// Whether the process has exited, without reaping it (so that `&self` can ask, and

@@ -1249,7 +1249,7 @@ fn an_elastic_policy_over_sync_workers_with_a_fixed_aggregation_count_fails_vali
 #[test]
 fn random_tfjobs_are_refused_or_answered_and_the_operator_goes_on() -> Result<()> {
     use proptest::test_runner::{Config, TestRunner};
-    let (cp, ns, _account, mut op) = setup("op-random")?;
+    let (cp, ns, _account, op) = setup("op-random")?;
     let k = Cluster::new(cp, &ns);
     let cases = std::cell::Cell::new(0usize);
     let (refused, answered) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
