@@ -1,6 +1,7 @@
 //! Hot-path micro-benchmarks of the runtime: gradient accumulation straight from received bytes
 //! (aligned and unaligned buffers), tensor encode/decode per MiB, placement of 10,000 variables,
-//! and one training step (forward + backward) of a small Keras CNN.
+//! the TLS record layer's sealing and opening per MiB, and one training step (forward +
+//! backward) of a small Keras CNN.
 //!
 //! `cargo bench -p tfjob-runtime --bench hot_path` (numbers in BENCHMARKS.md).
 
@@ -66,6 +67,45 @@ fn encode_decode(c: &mut Criterion) {
     g.finish();
 }
 
+/// The TLS record layer on 1 MiB (64 records of 16 KiB): sealing (one copy into the records,
+/// then AES-128-GCM in place) and opening (AES-128-GCM in place, then the copy out), against a
+/// plain copy of the same bytes.
+fn tls_records(c: &mut Criterion) {
+    use tfjob_runtime::tls_records::{self as records, RecordKey};
+    let key = || RecordKey::from_raw(&aws_lc_rs::aead::AES_128_GCM, &[7; 16], [9; 12], 0).unwrap();
+    let plaintext = received(0);
+    let mut g = c.benchmark_group("tls_records_1MiB");
+    g.throughput(Throughput::Bytes(MIB as u64));
+    let mut dst = vec![0u8; MIB];
+    g.bench_function("baseline/memcpy", |b| b.iter(|| dst.copy_from_slice(black_box(&plaintext))));
+    let mut sealer = key();
+    let mut wire = Vec::with_capacity(MIB + 64 * 64);
+    g.bench_function("seal_all/aes128gcm", |b| {
+        b.iter(|| {
+            wire.clear();
+            records::seal_all(&mut sealer, records::APPLICATION_DATA, black_box(&plaintext), &mut wire).unwrap();
+        })
+    });
+    let mut sealed = Vec::new();
+    records::seal_all(&mut key(), records::APPLICATION_DATA, &plaintext, &mut sealed).unwrap();
+    g.bench_function("open_and_copy_out/aes128gcm", |b| {
+        b.iter_batched_ref(
+            || (sealed.clone(), key()),
+            |(wire, opener)| {
+                let (mut at, mut out) = (0, 0);
+                while at < wire.len() {
+                    let len = records::whole_record(&wire[at..]).unwrap().unwrap();
+                    let (_, range) = records::open(opener, &mut wire[at..at + len]).unwrap();
+                    dst[out..out + range.len()].copy_from_slice(&wire[at..][range.clone()]);
+                    (at, out) = (at + len, out + range.len());
+                }
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
 fn placement_10k(c: &mut Criterion) {
     let inputs: Vec<PlacementInput> =
         (0..10_000).map(|i| PlacementInput::dense(format!("layer_{:05}/kernel", i), vec![1 + i % 300, 1 + (i * 7) % 128])).collect();
@@ -104,6 +144,6 @@ fn keras_cnn_step(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = accumulate, encode_decode, placement_10k, keras_cnn_step
+    targets = accumulate, encode_decode, tls_records, placement_10k, keras_cnn_step
 }
 criterion_main!(benches);

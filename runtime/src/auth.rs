@@ -75,12 +75,14 @@ impl TlsFiles {
 
     /// Server side of a task's port (gRPC and the tensor channel): presents
     /// this task's certificate and accepts only clients with a certificate
-    /// signed by the job's CA.
+    /// signed by the job's CA. TLS 1.3 only (every client is a task of the
+    /// job: tonic's rustls or our channel), its records sealed and opened by
+    /// [`crate::tls_stream`].
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(self.roots()?, crypto()).build().map_err(|e| e.to_string())?;
         let (certs, key) = self.identity()?;
         let mut config = rustls::ServerConfig::builder_with_provider(crypto())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)
@@ -88,6 +90,9 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"h2".to_vec(), CHANNEL_ALPN.to_vec()];
         // This order, whatever the client's (tonic's gRPC client has its own).
         config.ignore_client_order = true;
+        config.enable_secret_extraction = true;
+        // No resumption: a ticket sent after the handshake would only be dropped.
+        config.send_tls13_tickets = 0;
         Ok(Arc::new(config))
     }
 
@@ -100,17 +105,21 @@ impl TlsFiles {
     }
 
     /// Client side of the tensor channel: as [`Self::client_config`], over
-    /// rustls directly, asking for [`CHANNEL_ALPN`].
-    pub fn channel_connector(&self) -> Result<tokio_rustls::TlsConnector, String> {
+    /// rustls directly, asking for [`CHANNEL_ALPN`]; TLS 1.3 only, its
+    /// records sealed and opened by [`crate::tls_stream`].
+    pub fn channel_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
         let (certs, key) = self.identity()?;
         let mut config = rustls::ClientConfig::builder_with_provider(crypto())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| e.to_string())?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(certs, key)
             .map_err(|e| format!("--tls_cert/--tls_key: {e}"))?;
         config.alpn_protocols = vec![CHANNEL_ALPN.to_vec()];
-        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+        config.enable_secret_extraction = true;
+        // A new connection is a full handshake (one per ps, kept open).
+        config.resumption = rustls::client::Resumption::disabled();
+        Ok(Arc::new(config))
     }
 }
 
@@ -215,6 +224,26 @@ impl tonic::service::Interceptor for TokenAttach {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         self.attach(request)
     }
+}
+
+/// TLS files of a new CA (`NAME-ca.pem`) and of a certificate for
+/// `localhost` it signed (`NAME.pem`, `NAME.key`), under `dir`.
+#[cfg(test)]
+pub(crate) fn tls_files_for_tests(dir: &std::path::Path, name: &str) -> TlsFiles {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("tfjob {name} CA"));
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let files = TlsFiles { cert: dir.join(format!("{name}.pem")), key: dir.join(format!("{name}.key")), ca: dir.join(format!("{name}-ca.pem")) };
+    std::fs::write(&files.cert, params.signed_by(&key, &issuer).unwrap().pem()).unwrap();
+    std::fs::write(&files.key, key.serialize_pem()).unwrap();
+    std::fs::write(&files.ca, ca.pem()).unwrap();
+    files
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use crate::auth::TokenCheck;
-use crate::connection::{Connection, tls_socket};
+use crate::connection::Connection;
 use crate::proto::{self, RawRowsPart, RawTensorPart, RowsPart, TensorChannelReply, TensorChannelRequest, TensorPart};
 use crate::ps::{PsService, Pulled, SharedPull};
 
@@ -357,7 +357,7 @@ pub struct ChannelClient {
     token: String,
     connect_timeout: Duration,
     /// TLS to the ps (the job's certificates), with the name its certificate must carry.
-    tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    tls: Option<(std::sync::Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>)>,
     connection: tokio::sync::Mutex<Option<BufReader<Connection>>>,
 }
 
@@ -379,12 +379,13 @@ impl ChannelClient {
         }
     }
 
-    /// Over TLS: `connector` holds the job's CA and this task's
-    /// certificate; the ps must present a certificate for its address's host.
-    pub fn with_tls(mut self, connector: tokio_rustls::TlsConnector) -> Result<Self, String> {
+    /// Over TLS: `config` holds the job's CA and this task's certificate
+    /// ([`crate::auth::TlsFiles::channel_config`]); the ps must present a
+    /// certificate for its address's host.
+    pub fn with_tls(mut self, config: std::sync::Arc<rustls::ClientConfig>) -> Result<Self, String> {
         let host = crate::connection::address_host(&self.address);
         let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("{}: {e}", self.address))?;
-        self.tls = Some((connector, name));
+        self.tls = Some((config, name));
         Ok(self)
     }
 
@@ -393,7 +394,7 @@ impl ChannelClient {
             let tcp = TcpStream::connect(&self.address).await?;
             tcp.set_nodelay(true)?;
             let mut stream = match &self.tls {
-                Some((connector, name)) => Connection::from(connector.connect(name.clone(), tls_socket(tcp)).await?),
+                Some((config, name)) => Connection::from(crate::tls_stream::connect(tcp, config.clone(), name.clone()).await?),
                 None => Connection::Plain(tcp),
             };
             let mut opening = MAGIC.to_vec();
@@ -479,34 +480,19 @@ impl ChannelClient {
 mod tests {
     use super::*;
 
-    /// TLS files of a CA and a certificate for `localhost` it signed, under `dir`.
-    fn tls_files(dir: &std::path::Path) -> crate::auth::TlsFiles {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let files = crate::auth::TlsFiles { cert: dir.join("c.pem"), key: dir.join("k.pem"), ca: dir.join("ca.pem") };
-        std::fs::write(&files.cert, params.signed_by(&key, &issuer).unwrap().pem()).unwrap();
-        std::fs::write(&files.key, key.serialize_pem()).unwrap();
-        std::fs::write(&files.ca, ca.pem()).unwrap();
-        files
-    }
-
     /// A message written over TLS through a congested connection (a pipe of 16 KiB) arrives
     /// whole while the writer keeps the connection open, waiting for an answer, as a peer does:
     /// the last records a write leaves in the TLS session are flushed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_over_tls_arrives_whole_through_a_congested_connection() {
         let dir = tempfile::tempdir().unwrap();
-        let files = tls_files(dir.path());
+        let files = crate::auth::tls_files_for_tests(dir.path(), "job");
         let (client_io, server_io) = tokio::io::duplex(16 << 10);
-        let acceptor = tokio_rustls::TlsAcceptor::from(files.server_config().unwrap());
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        let (client, server) = tokio::join!(files.channel_connector().unwrap().connect(name, client_io), acceptor.accept(server_io));
+        let (client, server) = tokio::join!(
+            crate::tls_stream::connect(client_io, files.channel_config().unwrap(), name),
+            crate::tls_stream::accept(server_io, files.server_config().unwrap())
+        );
         let (mut client, mut server) = (client.unwrap(), server.unwrap());
         const N: usize = 300_000;
         let (hold, held) = tokio::sync::oneshot::channel::<()>();

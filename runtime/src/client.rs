@@ -105,7 +105,7 @@ pub fn channel(address: &str, connect_timeout: Duration, credentials: &Credentia
 /// A tensor channel to each ps, over TLS when the job has certificates.
 fn channel_clients(addresses: &[String], credentials: &Credentials) -> Result<Vec<ChannelClient>, ClientError> {
     let connector = match &credentials.tls {
-        Some(files) => Some(files.channel_connector().map_err(ClientError::Protocol)?),
+        Some(files) => Some(files.channel_config().map_err(ClientError::Protocol)?),
         None => None,
     };
     let client = |a: &String| {

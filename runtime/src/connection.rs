@@ -10,38 +10,24 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::tls_stream::TlsStream;
+
 /// The host of a `host:port` address (an IPv6 address without its brackets):
 /// the name a peer's certificate must carry.
 pub fn address_host(address: &str) -> &str {
     address.rsplit_once(':').map_or(address, |(h, _)| h).trim_start_matches('[').trim_end_matches(']')
 }
 
-/// How much a TLS session's socket reads at once.
-const TLS_READ_BYTES: usize = 256 << 10;
-
-/// The socket under a TLS session, read through a buffer. rustls asks its
-/// transport for at most 4 KiB at a time (its deframer's read size), one
-/// system call each when the transport is the socket: 250,000 calls for a
-/// gigabyte, and a tensor channel moves about that much a second. Through
-/// this buffer a call takes what the socket holds, up to [`TLS_READ_BYTES`],
-/// and rustls's reads are copies from memory. Writes go straight through.
-pub type TlsSocket = tokio::io::BufReader<TcpStream>;
-
-/// `tcp`, read through a buffer, for a TLS session over it.
-pub fn tls_socket(tcp: TcpStream) -> TlsSocket {
-    tokio::io::BufReader::with_capacity(TLS_READ_BYTES, tcp)
-}
-
 pub enum Connection {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::TlsStream<TlsSocket>>),
+    Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl Connection {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             Connection::Plain(s) => s,
-            Connection::Tls(s) => s.get_ref().0.get_ref(),
+            Connection::Tls(s) => s.get_ref(),
         }
     }
 
@@ -49,20 +35,14 @@ impl Connection {
     pub fn alpn(&self) -> Option<&[u8]> {
         match self {
             Connection::Plain(_) => None,
-            Connection::Tls(s) => s.get_ref().1.alpn_protocol(),
+            Connection::Tls(s) => s.alpn_protocol(),
         }
     }
 }
 
-impl From<tokio_rustls::server::TlsStream<TlsSocket>> for Connection {
-    fn from(s: tokio_rustls::server::TlsStream<TlsSocket>) -> Self {
-        Connection::Tls(Box::new(s.into()))
-    }
-}
-
-impl From<tokio_rustls::client::TlsStream<TlsSocket>> for Connection {
-    fn from(s: tokio_rustls::client::TlsStream<TlsSocket>) -> Self {
-        Connection::Tls(Box::new(s.into()))
+impl From<TlsStream<TcpStream>> for Connection {
+    fn from(s: TlsStream<TcpStream>) -> Self {
+        Connection::Tls(Box::new(s))
     }
 }
 

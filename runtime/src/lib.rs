@@ -37,6 +37,8 @@ pub mod storage;
 pub mod sync;
 pub mod task;
 pub mod tensor;
+pub mod tls_records;
+pub mod tls_stream;
 pub mod train;
 pub mod trained;
 pub mod wire;

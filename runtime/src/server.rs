@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{self, Credentials, TokenCheck};
 use crate::channel;
 use crate::client::{H2_CONNECTION_WINDOW_BYTES, H2_MAX_FRAME_BYTES, H2_STREAM_WINDOW_BYTES};
-use crate::connection::{Connection, tls_socket};
+use crate::connection::Connection;
 use crate::proto::{
     self,
     parameter_server_server::ParameterServerServer,
@@ -111,7 +111,7 @@ pub async fn serve(
     // The ps's port also serves the tensor channel.
     let channel_ps = ps.clone();
     let tls = match &credentials.tls {
-        Some(files) => Some(tokio_rustls::TlsAcceptor::from(files.server_config().map_err(std::io::Error::other)?)),
+        Some(files) => Some(files.server_config().map_err(std::io::Error::other)?),
         None => None,
     };
     let ps = ps.map(|svc| {
@@ -152,7 +152,7 @@ pub async fn serve(
 async fn accept_loop(
     listener: TcpListener,
     to_grpc: mpsc::Sender<std::io::Result<Connection>>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     channel: Option<(PsService, TokenCheck)>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -202,10 +202,10 @@ enum Opened {
 /// What an accepted connection is: its TLS handshake done (with `tls`),
 /// then a tensor channel or gRPC. None when it failed the handshake (logged)
 /// or said nothing in time (a TCP probe).
-async fn open(stream: TcpStream, peer: std::net::SocketAddr, tls: Option<&tokio_rustls::TlsAcceptor>, serves_channel: bool) -> Option<Opened> {
+async fn open(stream: TcpStream, peer: std::net::SocketAddr, tls: Option<&Arc<rustls::ServerConfig>>, serves_channel: bool) -> Option<Opened> {
     let opening = async {
         match tls {
-            Some(acceptor) => match acceptor.accept(tls_socket(stream)).await {
+            Some(config) => match crate::tls_stream::accept(stream, config.clone()).await {
                 Ok(s) => {
                     let c = Connection::from(s);
                     Some(if c.alpn() == Some(auth::CHANNEL_ALPN) { Opened::Channel(c) } else { Opened::Grpc(c) })
