@@ -17,7 +17,7 @@
 //! Xeon, ring's AVX2 code 7.4 GB/s), and after the copies, the cipher is
 //! what TLS costs. rustls's handshake keeps ring, its only provider.
 //!
-//! Plain functions over byte buffers; [`crate::tls_stream`] wires them to a
+//! Plain functions over byte buffers; `tls_stream` wires them to a
 //! socket. The records are TLS 1.3's to the byte: a peer with rustls's own
 //! record layer reads what these functions write (tested below).
 
