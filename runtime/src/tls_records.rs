@@ -69,6 +69,8 @@ pub enum RecordError {
     Suite(String),
     #[error("TLS sequence numbers of one key used up")]
     SequenceExhausted,
+    #[error("TLS record could not be sealed (more than the cipher takes at once)")]
+    Seal,
 }
 
 /// One direction's traffic key: the AEAD key, its IV and the sequence number
@@ -136,7 +138,7 @@ pub fn seal(key: &mut RecordKey, content_type: u8, plaintext: &[u8], out: &mut V
     out.push(content_type);
     let nonce = key.next_nonce()?;
     let body = &mut out[start + HEADER_LEN..];
-    let tag = key.key.seal_in_place_separate_tag(nonce, Aad::from(head), body).map_err(|_| RecordError::SequenceExhausted)?;
+    let tag = key.key.seal_in_place_separate_tag(nonce, Aad::from(head), body).map_err(|_| RecordError::Seal)?;
     out.extend_from_slice(tag.as_ref());
     Ok(())
 }
