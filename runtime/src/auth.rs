@@ -2,6 +2,7 @@
 //! `authorization: Bearer <TFJOB_TOKEN>`; a call without the right token is
 //! refused with UNAUTHENTICATED before it reaches a service.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -18,17 +19,68 @@ pub const TOKEN_ENV: &str = "TFJOB_TOKEN";
 #[derive(Clone, Default)]
 pub struct Credentials {
     pub token: Option<String>,
-    pub tls: Option<TlsFiles>,
+    pub tls: Option<TaskTls>,
 }
 
-/// PEM files for TLS between the tasks of a job: this task's certificate
-/// and key (served), and the CA that signed every task's certificate
+/// Where a task's TLS comes from (its flags).
+#[derive(Clone, Debug)]
+pub enum TlsSource {
+    /// `--tls_cert`, `--tls_key`, `--tls_ca`: the task's certificate is given (`tfjob run`).
+    Files { cert: PathBuf, key: PathBuf, ca: PathBuf },
+    /// `--tls_ca`, `--tls_ca_key`: the job's CA, with which the task makes its own key and
+    /// certificate at start ([`crate::replica_cert`]; on a cluster).
+    JobCa { ca: PathBuf, ca_key: PathBuf },
+}
+
+/// One PEM input of a task's TLS and where it came from (for messages).
+#[derive(Clone, Debug)]
+pub(crate) struct Pem {
+    bytes: Arc<[u8]>,
+    origin: String,
+}
+
+impl Pem {
+    fn read(path: &Path, flag: &str) -> Result<Self, String> {
+        let origin = format!("--{flag} {}", path.display());
+        let bytes = std::fs::read(path).map_err(|e| format!("{origin}: {e}"))?;
+        Ok(Pem { bytes: bytes.into(), origin })
+    }
+
+    fn text(&self) -> Result<&str, String> {
+        std::str::from_utf8(&self.bytes).map_err(|e| format!("{}: {e}", self.origin))
+    }
+}
+
+impl TlsSource {
+    /// Reads the task's TLS, once at start; with the job's CA, makes the task's certificate for
+    /// `host` (its own address's host, [`crate::replica_cert::replica_names`]).
+    pub fn load(&self, host: &str) -> Result<TaskTls, String> {
+        match self {
+            TlsSource::Files { cert, key, ca } => {
+                Ok(TaskTls { cert: Pem::read(cert, "tls_cert")?, key: Pem::read(key, "tls_key")?, ca: Pem::read(ca, "tls_ca")? })
+            }
+            TlsSource::JobCa { ca, ca_key } => {
+                let (ca, ca_key) = (Pem::read(ca, "tls_ca")?, Pem::read(ca_key, "tls_ca_key")?);
+                let names = crate::replica_cert::replica_names(host);
+                let made = crate::replica_cert::make_replica_cert(ca.text()?, ca_key.text()?, &names)
+                    .map_err(|e| format!("cannot make this task's certificate with {} and {}: {e}", ca.origin, ca_key.origin))?;
+                let origin = format!("the certificate made for {host}");
+                let cert = Pem { bytes: made.cert_pem.into_bytes().into(), origin: origin.clone() };
+                let key = Pem { bytes: made.key_pem.into_bytes().into(), origin };
+                Ok(TaskTls { cert, key, ca })
+            }
+        }
+    }
+}
+
+/// TLS between the tasks of a job, read once at start: this task's certificate and key
+/// (served, and presented as a client), and the CA that signed every task's certificate
 /// (checked on both sides).
-#[derive(Clone, Debug, Default)]
-pub struct TlsFiles {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-    pub ca: std::path::PathBuf,
+#[derive(Clone, Debug)]
+pub struct TaskTls {
+    cert: Pem,
+    key: Pem,
+    pub(crate) ca: Pem,
 }
 
 /// The ALPN protocol a tensor channel asks for under TLS; gRPC asks for
@@ -46,29 +98,34 @@ fn crypto() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(provider)
 }
 
-impl TlsFiles {
-    fn read(path: &std::path::Path, what: &str) -> Result<Vec<u8>, String> {
-        std::fs::read(path).map_err(|e| format!("--tls_{what} {}: {e}", path.display()))
+impl TaskTls {
+    /// Reads the three PEM files (`--tls_cert`, `--tls_key`, `--tls_ca`).
+    pub fn from_files(cert: &Path, key: &Path, ca: &Path) -> Result<Self, String> {
+        TlsSource::Files { cert: cert.into(), key: key.into(), ca: ca.into() }.load("")
     }
 
-    fn certificates(path: &std::path::Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-        let pem = Self::read(path, what)?;
-        let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| format!("--tls_{what} {}: {e}", path.display()))?;
+    /// Where the CA came from (`--tls_ca <path>`), for the log.
+    pub fn ca_origin(&self) -> &str {
+        &self.ca.origin
+    }
+
+    fn certificates(pem: &Pem) -> Result<Vec<CertificateDer<'static>>, String> {
+        let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem.bytes).collect::<Result<_, _>>().map_err(|e| format!("{}: {e}", pem.origin))?;
         if certs.is_empty() {
-            return Err(format!("--tls_{what} {}: no PEM certificate in it", path.display()));
+            return Err(format!("{}: no PEM certificate in it", pem.origin));
         }
         Ok(certs)
     }
 
     fn identity(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
-        let key = PrivateKeyDer::from_pem_slice(&Self::read(&self.key, "key")?).map_err(|e| format!("--tls_key {}: {e}", self.key.display()))?;
-        Ok((Self::certificates(&self.cert, "cert")?, key))
+        let key = PrivateKeyDer::from_pem_slice(&self.key.bytes).map_err(|e| format!("{}: {e}", self.key.origin))?;
+        Ok((Self::certificates(&self.cert)?, key))
     }
 
     fn roots(&self) -> Result<Arc<rustls::RootCertStore>, String> {
         let mut roots = rustls::RootCertStore::empty();
-        for cert in Self::certificates(&self.ca, "ca")? {
-            roots.add(cert).map_err(|e| format!("--tls_ca {}: {e}", self.ca.display()))?;
+        for cert in Self::certificates(&self.ca)? {
+            roots.add(cert).map_err(|e| format!("{}: {e}", self.ca.origin))?;
         }
         Ok(Arc::new(roots))
     }
@@ -86,7 +143,7 @@ impl TlsFiles {
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)
-            .map_err(|e| format!("--tls_cert/--tls_key: {e}"))?;
+            .map_err(|e| format!("{}, {}: {e}", self.cert.origin, self.key.origin))?;
         config.alpn_protocols = vec![b"h2".to_vec(), CHANNEL_ALPN.to_vec()];
         // This order, whatever the client's (tonic's gRPC client has its own).
         config.ignore_client_order = true;
@@ -99,8 +156,8 @@ impl TlsFiles {
     /// Client side of gRPC: trust the job's CA, present this task's
     /// certificate, and check the peer's name (`host` of its address).
     pub fn client_config(&self, host: &str) -> Result<tonic::transport::ClientTlsConfig, String> {
-        let ca = tonic::transport::Certificate::from_pem(Self::read(&self.ca, "ca")?);
-        let identity = tonic::transport::Identity::from_pem(Self::read(&self.cert, "cert")?, Self::read(&self.key, "key")?);
+        let ca = tonic::transport::Certificate::from_pem(&self.ca.bytes);
+        let identity = tonic::transport::Identity::from_pem(&self.cert.bytes, &self.key.bytes);
         Ok(tonic::transport::ClientTlsConfig::new().ca_certificate(ca).identity(identity).domain_name(host))
     }
 
@@ -114,7 +171,7 @@ impl TlsFiles {
             .map_err(|e| e.to_string())?
             .with_root_certificates(self.roots()?)
             .with_client_auth_cert(certs, key)
-            .map_err(|e| format!("--tls_cert/--tls_key: {e}"))?;
+            .map_err(|e| format!("{}, {}: {e}", self.cert.origin, self.key.origin))?;
         config.alpn_protocols = vec![CHANNEL_ALPN.to_vec()];
         config.enable_secret_extraction = true;
         // A new connection is a full handshake (one per ps, kept open).
@@ -226,24 +283,19 @@ impl tonic::service::Interceptor for TokenAttach {
     }
 }
 
-/// TLS files of a new CA (`NAME-ca.pem`) and of a certificate for
-/// `localhost` it signed (`NAME.pem`, `NAME.key`), under `dir`.
+/// The TLS of a task at `localhost` in a job of its own: a new CA (`NAME-ca.pem`, its key
+/// `NAME-ca.key`) under `dir`, and the task's certificate made with it as on a cluster
+/// ([`TlsSource::JobCa`]).
 #[cfg(test)]
-pub(crate) fn tls_files_for_tests(dir: &std::path::Path, name: &str) -> TlsFiles {
+pub(crate) fn task_tls_for_tests(dir: &Path, name: &str) -> TaskTls {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("tfjob {name} CA"));
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let files = TlsFiles { cert: dir.join(format!("{name}.pem")), key: dir.join(format!("{name}.key")), ca: dir.join(format!("{name}-ca.pem")) };
-    std::fs::write(&files.cert, params.signed_by(&key, &issuer).unwrap().pem()).unwrap();
-    std::fs::write(&files.key, key.serialize_pem()).unwrap();
-    std::fs::write(&files.ca, ca.pem()).unwrap();
-    files
+    let (ca, ca_key_path) = (dir.join(format!("{name}-ca.pem")), dir.join(format!("{name}-ca.key")));
+    std::fs::write(&ca, ca_params.self_signed(&ca_key).unwrap().pem()).unwrap();
+    std::fs::write(&ca_key_path, ca_key.serialize_pem()).unwrap();
+    TlsSource::JobCa { ca, ca_key: ca_key_path }.load("localhost").unwrap()
 }
 
 #[cfg(test)]

@@ -380,7 +380,7 @@ impl ChannelClient {
     }
 
     /// Over TLS: `config` holds the job's CA and this task's certificate
-    /// ([`crate::auth::TlsFiles::channel_config`]); the ps must present a
+    /// ([`crate::auth::TaskTls::channel_config`]); the ps must present a
     /// certificate for its address's host.
     pub fn with_tls(mut self, config: std::sync::Arc<rustls::ClientConfig>) -> Result<Self, String> {
         let host = crate::connection::address_host(&self.address);
@@ -486,7 +486,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_over_tls_arrives_whole_through_a_congested_connection() {
         let dir = tempfile::tempdir().unwrap();
-        let files = crate::auth::tls_files_for_tests(dir.path(), "job");
+        let files = crate::auth::task_tls_for_tests(dir.path(), "job");
         let (client_io, server_io) = tokio::io::duplex(16 << 10);
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let (client, server) = tokio::join!(

@@ -31,6 +31,7 @@ pub mod model;
 pub mod optimizer;
 pub mod placement;
 pub mod ps;
+pub mod replica_cert;
 pub mod server;
 pub mod status;
 pub mod storage;

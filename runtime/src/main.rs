@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
-use tfjob_runtime::auth::{Credentials, TOKEN_ENV, TlsFiles};
+use tfjob_runtime::auth::{TOKEN_ENV, TlsSource};
 use tfjob_runtime::cluster::ClusterFlags;
 use tfjob_runtime::commands::{self, Ask, GenerateRequest, InferenceInput};
 use tfjob_runtime::data::SparseFormat;
@@ -395,16 +395,22 @@ struct TaskArgs {
     #[arg(long = "heartbeat_secs", visible_alias = "heartbeat-secs", default_value_t = 2.0)]
     heartbeat_secs: f64,
     /// TLS between tasks (mutual: every task presents its certificate and
-    /// checks its peer's): this task's certificate (PEM). The operator and
-    /// `tfjob run` set all three through the environment.
-    #[arg(long = "tls_cert", visible_alias = "tls-cert", env = "TFJOB_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    /// checks its peer's): this task's certificate (PEM). `tfjob run` sets
+    /// the three files through the environment.
+    #[arg(long = "tls_cert", visible_alias = "tls-cert", env = "TFJOB_TLS_CERT", requires_all = ["tls_key", "tls_ca"], group = "tls_identity")]
     tls_cert: Option<PathBuf>,
     /// TLS: this task's private key (PEM).
     #[arg(long = "tls_key", visible_alias = "tls-key", env = "TFJOB_TLS_KEY", requires_all = ["tls_cert", "tls_ca"])]
     tls_key: Option<PathBuf>,
-    /// TLS: the CA that signed every task's certificate (PEM).
-    #[arg(long = "tls_ca", visible_alias = "tls-ca", env = "TFJOB_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    /// TLS: the CA that signed every task's certificate (PEM), with
+    /// --tls_cert and --tls_key or with --tls_ca_key.
+    #[arg(long = "tls_ca", visible_alias = "tls-ca", env = "TFJOB_TLS_CA", requires = "tls_identity")]
     tls_ca: Option<PathBuf>,
+    /// TLS: the key of the job's CA (PEM): this task makes its own key and
+    /// a certificate for its address at start, signed by it (the operator
+    /// sets it and --tls_ca through the environment).
+    #[arg(long = "tls_ca_key", visible_alias = "tls-ca-key", env = "TFJOB_TLS_CA_KEY", requires = "tls_ca", conflicts_with_all = ["tls_cert", "tls_key"], group = "tls_identity")]
+    tls_ca_key: Option<PathBuf>,
     /// How long a worker waits for the chief to initialise the variables.
     #[arg(long = "init_timeout_secs", visible_alias = "init-timeout-secs", default_value_t = 300)]
     init_timeout_secs: u64,
@@ -673,12 +679,11 @@ impl TaskArgs {
             tf_config: std::env::var("TF_CONFIG").ok(),
             settings: settings(self),
             spec: workload_spec(&self.model),
-            credentials: Credentials {
-                token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
-                tls: match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
-                    (Some(cert), Some(key), Some(ca)) => Some(TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() }),
-                    _ => None,
-                },
+            token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            tls: match (&self.tls_cert, &self.tls_key, &self.tls_ca, &self.tls_ca_key) {
+                (Some(cert), Some(key), Some(ca), _) => Some(TlsSource::Files { cert: cert.clone(), key: key.clone(), ca: ca.clone() }),
+                (None, None, Some(ca), Some(ca_key)) => Some(TlsSource::JobCa { ca: ca.clone(), ca_key: ca_key.clone() }),
+                _ => None,
             },
             bind: self.bind,
             metrics_port: self.metrics_port,

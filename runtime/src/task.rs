@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::auth::Credentials;
+use crate::auth::{Credentials, TlsSource};
 use crate::cluster::{self, ClusterConfig, ClusterFlags, ClusterSource, Role};
 use crate::exit::{fail, print_report, termination};
 use crate::metrics::{PsMetrics, TaskMetrics, TrainingMetrics};
@@ -34,7 +34,10 @@ pub struct TaskOptions {
     pub tf_config: Option<String>,
     pub settings: Result<TrainSettings, String>,
     pub spec: Result<WorkloadSpec, String>,
-    pub credentials: Credentials,
+    /// The job token (`TFJOB_TOKEN`).
+    pub token: Option<String>,
+    /// The task's TLS (`--tls_*`), read once the task knows its own address.
+    pub tls: Option<TlsSource>,
     /// Where the servers listen (the ports come from the cluster and `--metrics_port`).
     pub bind: IpAddr,
     pub metrics_port: Option<u16>,
@@ -66,10 +69,22 @@ pub async fn run_task(opts: TaskOptions) -> u8 {
         }
         return run_single_process(&spec, &settings).await;
     };
+    let credentials = match task_credentials(&cluster, opts.token, opts.tls.as_ref()) {
+        Ok(c) => c,
+        Err(e) => return fail(2, e),
+    };
     let status = Arc::new(TaskStatus::new(cluster.task.clone()));
-    let ctx = TaskContext { cluster, settings, credentials: opts.credentials, status, metrics: Arc::new(TrainingMetrics::default()) };
+    let ctx = TaskContext { cluster, settings, credentials, status, metrics: Arc::new(TrainingMetrics::default()) };
     let ends = Ends { bind: opts.bind, metrics_port: opts.metrics_port, lease_secs: opts.lease_secs, shutdown_grace: opts.shutdown_grace };
     run_cluster_task(&ctx, &spec, &ends).await
+}
+
+/// The task's token and TLS: the certificate files read, or its own certificate made for the
+/// host of its address.
+fn task_credentials(cluster: &ClusterConfig, token: Option<String>, tls: Option<&TlsSource>) -> Result<Credentials, String> {
+    let host = cluster.own_address().map(crate::connection::address_host).unwrap_or_default();
+    let tls = tls.map(|source| source.load(host)).transpose().map_err(|e| format!("TLS: {e}"))?;
+    Ok(Credentials { token, tls })
 }
 
 /// The task's addresses and time limits.
@@ -314,7 +329,7 @@ async fn start_server(ctx: &TaskContext, ps: Option<&Arc<ParameterStore>>, bind:
     {
         Ok(handle) => {
             let security = match &ctx.credentials.tls {
-                Some(files) => format!("TLS, peers need a certificate of the CA in {}", files.ca.display()),
+                Some(tls) => format!("TLS, peers need a certificate of the CA in {}", tls.ca_origin()),
                 None => "plaintext".to_string(),
             };
             let token = if ctx.credentials.token.is_some() { ", job token checked" } else { "" };

@@ -152,7 +152,7 @@ handshake_side!(UnbufferedClientConnection, ClientConnectionData, KeySchedule::C
 handshake_side!(UnbufferedServerConnection, ServerConnectionData, KeySchedule::Server);
 
 /// The client side: `config` must allow TLS 1.3 only and have
-/// `enable_secret_extraction` set ([`crate::auth::TlsFiles::channel_config`]).
+/// `enable_secret_extraction` set ([`crate::auth::TaskTls::channel_config`]).
 pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(io: S, config: Arc<rustls::ClientConfig>, name: ServerName<'static>) -> io::Result<TlsStream<S>> {
     handshake(io, UnbufferedClientConnection::new(config, name).map_err(invalid)?).await
 }
@@ -435,7 +435,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::tls_files_for_tests;
+    use crate::auth::task_tls_for_tests;
 
     fn localhost() -> ServerName<'static> {
         ServerName::try_from("localhost").unwrap()
@@ -463,7 +463,7 @@ mod tests {
     #[tokio::test]
     async fn rustls_reads_our_records_and_we_read_its_records_through_key_updates() {
         let dir = tempfile::tempdir().unwrap();
-        let files = tls_files_for_tests(dir.path(), "job");
+        let files = task_tls_for_tests(dir.path(), "job");
         let (client_io, server_io) = tokio::io::duplex(64 << 10);
         let acceptor = tokio_rustls::TlsAcceptor::from(files.server_config().unwrap());
         let (ours, theirs) = tokio::join!(connect(client_io, files.channel_config().unwrap(), localhost()), acceptor.accept(server_io));
@@ -486,7 +486,7 @@ mod tests {
     #[tokio::test]
     async fn rustls_follows_our_key_updates() {
         let dir = tempfile::tempdir().unwrap();
-        let files = tls_files_for_tests(dir.path(), "job");
+        let files = task_tls_for_tests(dir.path(), "job");
         let (client_io, server_io) = tokio::io::duplex(64 << 10);
         let connector = tokio_rustls::TlsConnector::from(files.channel_config().unwrap());
         let (theirs, ours) = tokio::join!(connector.connect(localhost(), client_io), accept(server_io, files.server_config().unwrap()));
@@ -505,7 +505,7 @@ mod tests {
     #[tokio::test]
     async fn bytes_sent_right_after_the_handshake_are_read_first() {
         let dir = tempfile::tempdir().unwrap();
-        let files = tls_files_for_tests(dir.path(), "job");
+        let files = task_tls_for_tests(dir.path(), "job");
         let (client_io, server_io) = tokio::io::duplex(64 << 10);
         let client = async {
             let mut c = connect(client_io, files.channel_config().unwrap(), localhost()).await.unwrap();
@@ -522,7 +522,7 @@ mod tests {
     #[tokio::test]
     async fn a_certificate_from_another_ca_is_refused_and_the_client_hears_why() {
         let dir = tempfile::tempdir().unwrap();
-        let (job, other) = (tls_files_for_tests(dir.path(), "job"), tls_files_for_tests(dir.path(), "other"));
+        let (job, other) = (task_tls_for_tests(dir.path(), "job"), task_tls_for_tests(dir.path(), "other"));
         // The intruder trusts the job's CA (it may have copied it) but has another's certificate.
         let mut intruder = other.clone();
         intruder.ca = job.ca.clone();
@@ -542,7 +542,7 @@ mod tests {
     #[tokio::test]
     async fn an_altered_record_is_an_error_not_data() {
         let dir = tempfile::tempdir().unwrap();
-        let files = tls_files_for_tests(dir.path(), "job");
+        let files = task_tls_for_tests(dir.path(), "job");
         let (client_io, relay_in) = tokio::io::duplex(64 << 10);
         let (relay_out, server_io) = tokio::io::duplex(64 << 10);
         // A relay that flips a bit of every byte after the first 4 KiB of application data.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use tfjob_runtime::auth::{Credentials, TlsFiles};
+use tfjob_runtime::auth::{Credentials, TaskTls};
 use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet, StepRequest, ps_client};
 use tfjob_runtime::cluster::TaskId;
 use tfjob_runtime::optimizer::Optimizer;
@@ -168,7 +168,7 @@ async fn push_pull_case(channel: bool) {
 
 /// Writes a CA and a task certificate signed by it (for `localhost` and
 /// 127.0.0.1) under `dir/name.*`, as a job's TLS files.
-fn tls_files(dir: &std::path::Path, name: &str) -> TlsFiles {
+fn tls_files(dir: &std::path::Path, name: &str) -> TaskTls {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -179,11 +179,11 @@ fn tls_files(dir: &std::path::Path, name: &str) -> TlsFiles {
     let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
     let cert = params.signed_by(&key, &issuer).unwrap();
-    let files = TlsFiles { cert: dir.join(format!("{name}.pem")), key: dir.join(format!("{name}.key")), ca: dir.join(format!("{name}-ca.pem")) };
-    std::fs::write(&files.cert, cert.pem()).unwrap();
-    std::fs::write(&files.key, key.serialize_pem()).unwrap();
-    std::fs::write(&files.ca, ca.pem()).unwrap();
-    files
+    let files = [(format!("{name}.pem"), cert.pem()), (format!("{name}.key"), key.serialize_pem()), (format!("{name}-ca.pem"), ca.pem())];
+    for (file, pem) in &files {
+        std::fs::write(dir.join(file), pem).unwrap();
+    }
+    TaskTls::from_files(&dir.join(&files[0].0), &dir.join(&files[1].0), &dir.join(&files[2].0)).unwrap()
 }
 
 /// TLS with a CA and per-task certificates, both sides verifying: pushes

@@ -23,7 +23,7 @@
 //!   period 0, as a kubelet confirms a deletion); containers of pods gone from the API removed.
 //!
 //! - `hostPath` volumes: the host's directory bind-mounted (the node's disk: checkpoints that
-//!   outlive a pod); Secret volumes (a replica's TLS certificate): the Secret's keys as files;
+//!   outlive a pod); Secret volumes (the job's TLS CA): the Secret's keys (or the listed ones) as files;
 //!
 //! Not done (not needed by the tests): probes, resources, security contexts (the images run as
 //! their own non-root user), volumes other than hostPath, Secret and the service-account token, init and sidecar
@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, SecretVolumeSource, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
@@ -553,7 +553,7 @@ impl Agent {
             let volume = spec.volumes.iter().flatten().find(|v| v.name == m.name);
             let host_path = match (volume.and_then(|v| v.host_path.as_ref()), volume.and_then(|v| v.secret.as_ref())) {
                 (Some(host), _) => host.path.clone(),
-                (None, Some(secret)) => self.secret_volume_files(pod, &m.name, secret.secret_name.as_deref().unwrap_or_default()).await?.display().to_string(),
+                (None, Some(secret)) => self.secret_volume_files(pod, &m.name, secret).await?.display().to_string(),
                 (None, None) => continue,
             };
             mounts.push(BindMount { host_path, container_path: m.mount_path.clone(), read_only: m.read_only.unwrap_or(false) });
@@ -624,17 +624,33 @@ impl Agent {
         Ok(out.into_vars())
     }
 
-    /// A Secret volume's files: one per key of Secret `secret` (which must exist: until it does
-    /// the pod is not started, as the kubelet holds it in ContainerCreating).
-    async fn secret_volume_files(&self, pod: &Pod, volume: &str, secret: &str) -> Result<PathBuf> {
+    /// A Secret volume's files: one per key of its Secret (which must exist: until it does the
+    /// pod is not started, as the kubelet holds it in ContainerCreating), or, when the volume
+    /// lists `items`, those keys only, at their paths (a key missing from the Secret holds the
+    /// pod too, as the kubelet's "couldn't find key").
+    async fn secret_volume_files(&self, pod: &Pod, volume: &str, source: &SecretVolumeSource) -> Result<PathBuf> {
         let ns = pod.namespace().unwrap_or_default();
+        let secret = source.secret_name.as_deref().unwrap_or_default();
         let found: Secret =
             Api::namespaced(self.client.clone(), &ns).get(secret).await.with_context(|| format!("secret volume {volume}: secret {ns}/{secret}"))?;
         let dir = self.ctx.sa_root.join(format!("{ns}_{}_{volume}", pod.name_any()));
         fs::create_dir_all(&dir)?;
-        for (key, value) in found.data.iter().flatten() {
-            fs::write(dir.join(key), &value.0)?;
-            set_mode(&dir.join(key), 0o644)?;
+        let data = found.data.unwrap_or_default();
+        let files: Vec<(String, &[u8])> = match &source.items {
+            None => data.iter().map(|(key, value)| (key.clone(), value.0.as_slice())).collect(),
+            Some(items) => items
+                .iter()
+                .map(|i| {
+                    Ok((
+                        i.path.clone(),
+                        data.get(&i.key).ok_or_else(|| anyhow!("secret volume {volume}: couldn't find key {} in Secret {ns}/{secret}", i.key))?.0.as_slice(),
+                    ))
+                })
+                .collect::<Result<_>>()?,
+        };
+        for (path, value) in files {
+            fs::write(dir.join(&path), value)?;
+            set_mode(&dir.join(&path), 0o644)?;
         }
         set_mode(&dir, 0o755)?;
         Ok(dir)

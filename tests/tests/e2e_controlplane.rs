@@ -351,6 +351,15 @@ fn scale_the_ps_of_a_training_job(scene: &Scene) -> Result<()> {
     }
     let ps0 = scene.agent.pod_log(&scene.ns, &format!("{JOB}-ps-0"));
     ensure!(ps0.contains("ps:1 leaves"), "ps-1 did not ask to leave when its pod was deleted; ps-0:\n{ps0}");
+    // TLS all along, each task with the certificate it made at start with the job's CA: also
+    // ps-1, added while the job ran, which the others reached and moved state to.
+    for ps in ["ps-0", "ps-1"] {
+        let log = scene.agent.pod_log(&scene.ns, &format!("{JOB}-{ps}"));
+        ensure!(
+            log.contains("(TLS, peers need a certificate of the CA in --tls_ca /var/run/tfjob-rs/tls/ca.crt, job token checked)"),
+            "{ps} not on TLS:\n{log}"
+        );
+    }
     let report = scene.report(&chief)?;
     ensure!(report["epochs_completed"].as_u64() == Some(10) && report["examples_trained"].as_u64() == Some(2_500_000), "{report}");
     ensure!(report["auc"].as_f64().unwrap_or(0.0) > 0.85, "{report}");

@@ -198,7 +198,7 @@ and for the namespaced Role). Each verb is there for a call named in its comment
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["list", "watch", "create", "patch"]
-# The token Secret of each job and the TLS Secret of each replica: created once (create;
+# The Secret of each job (its token and its TLS CA): created once (create;
 # AlreadyExists means it is there). The operator never reads, lists or watches these: a
 # controller that may list Secrets can read every credential in reach.
 - apiGroups: [""]

@@ -2,13 +2,18 @@
 //! certificate per replica for its names (served and presented as a client:
 //! both sides verify).
 //!
-//! The operator may create Secrets but never read them back, so it cannot
-//! keep a CA key in the cluster and sign with it later (a scaled-up replica
-//! needs a certificate long after the job began). Instead a job's CA key is
-//! derived from the operator's seed and the job's uid ([`JobCa::derive`]):
-//! any operator replica, before or after a restart, re-creates the same CA
-//! and signs with it, and the key itself is never stored. `tfjob run`, which
-//! lives as long as the job, uses a random CA ([`JobCa::generate`]).
+//! On a cluster the job's CA (certificate and key) is in the job's Secret
+//! with its token, and each replica makes its own key and certificate at
+//! start, signed by that CA (the runtime's `replica_cert`): a replica's key
+//! never leaves its pod, a scaled-up replica needs nothing from the operator,
+//! and a job costs the API server one Secret, not one per replica. Every
+//! replica already holds the job's token, so the CA key gives a replica no
+//! power over its job it did not have; it is worth nothing outside the job.
+//! The CA key is derived from the operator's seed and the job's uid
+//! ([`JobCa::derive`]): a Secret deleted by hand is made again with the same
+//! CA, so running replicas keep trusting the new ones. `tfjob run`, which
+//! lives as long as the job, uses a random CA ([`JobCa::generate`]) and
+//! issues each replica's certificate itself ([`JobCa::issue`]).
 //!
 //! Ed25519 throughout: the key is 32 bytes (a seed is a key), and signing and
 //! verifying are cheap. The CA certificate is deterministic too (rcgen's
@@ -17,8 +22,10 @@
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PKCS_ED25519};
 
-/// Key of the CA certificate in a replica's TLS Secret (and file name under `tfjob run`).
+/// Key of the CA certificate in a job's Secret (and file name under `tfjob run`).
 pub const CA_CERT_KEY: &str = "ca.crt";
+/// Key of the CA's private key in a job's Secret.
+pub const CA_KEY_KEY: &str = "ca.key";
 /// Key of the replica's certificate (Kubernetes' `kubernetes.io/tls` naming).
 pub const TLS_CERT_KEY: &str = "tls.crt";
 /// Key of the replica's private key.
@@ -42,6 +49,15 @@ pub enum PkiError {
 pub struct JobCa {
     params: CertificateParams,
     key: KeyPair,
+}
+
+/// A job's CA as its Secret holds it: the certificate and the private key (PKCS#8), PEM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaPem {
+    /// The self-signed CA certificate.
+    pub cert_pem: String,
+    /// Its private key.
+    pub key_pem: String,
 }
 
 /// A replica's certificate and key, PEM.
@@ -98,6 +114,11 @@ impl JobCa {
         Ok(self.params.self_signed(&self.key)?.pem())
     }
 
+    /// The CA's certificate and private key (PEM), for the job's Secret.
+    pub fn pem(&self) -> Result<CaPem, PkiError> {
+        Ok(CaPem { cert_pem: self.cert_pem()?, key_pem: self.key.serialize_pem() })
+    }
+
     /// A certificate for a replica known by `names` (DNS names or IP
     /// addresses; the first is its common name), good for serving and as
     /// a client, with a fresh key.
@@ -138,7 +159,8 @@ mod tests {
 
     #[test]
     fn a_derived_ca_is_the_same_for_a_seed_and_uid_and_differs_otherwise() {
-        let pem = |seed: &[u8], uid: &str| JobCa::derive(seed, uid, "mnist").unwrap().cert_pem().unwrap();
+        // The certificate and the key: a Secret made again holds the same CA.
+        let pem = |seed: &[u8], uid: &str| JobCa::derive(seed, uid, "mnist").unwrap().pem().unwrap();
         type Case<'a> = (&'a [u8], &'a str, &'a [u8], &'a str, bool);
         let cases: &[Case] =
             &[(b"seed-a", "uid-1", b"seed-a", "uid-1", true), (b"seed-a", "uid-1", b"seed-a", "uid-2", false), (b"seed-a", "uid-1", b"seed-b", "uid-1", false)];
@@ -146,6 +168,8 @@ mod tests {
             assert_eq!(pem(s1, u1) == pem(s2, u2), *same, "{u1} {u2}");
         }
         assert_ne!(JobCa::generate("j").unwrap().cert_pem().unwrap(), JobCa::generate("j").unwrap().cert_pem().unwrap());
+        let ca = pem(b"seed-a", "uid-1");
+        assert!(ca.cert_pem.starts_with("-----BEGIN CERTIFICATE-----") && ca.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
     }
 
     #[test]

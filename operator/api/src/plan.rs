@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 use crate::api::{self, DEFAULT_CONTAINER_NAME, DEFAULT_PORT, DEFAULT_PORT_NAME, ReplicaSpec, ReplicaType, RestartPolicy, TFJob, TFJobSpec};
 use crate::gang;
 pub use crate::gang::{GangScheduler, KueuePodGroup};
+use crate::pki::{CA_CERT_KEY, CA_KEY_KEY, CaPem};
 use crate::tls;
 
 /// Label: name of the operator that created the object.
@@ -612,25 +613,26 @@ fn namespace(job: &TFJob) -> String {
     job.metadata.namespace.clone().unwrap_or_else(|| "default".to_string())
 }
 
-/// The TLS Secret of a replica ([`tls::tls_secret_data`]), owned by the job so that it goes
-/// with it.
-pub fn build_tls_secret(job: &TFJob, replica: &ReplicaTls, ca_pem: &str, issued: &crate::pki::IssuedCert) -> Secret {
+/// The Secret of a job (`<job>-token`): its token (key `token`) and, when its replicas talk
+/// over TLS, its CA (`ca.crt`, `ca.key`: [`tls::mount_tls`]).
+pub fn build_secret(job: &TFJob, token: &str, ca: Option<&CaPem>) -> Secret {
+    let mut data = BTreeMap::from([(SECRET_TOKEN_KEY.to_string(), ByteString(token.as_bytes().to_vec()))]);
+    if let Some(ca) = ca {
+        data.insert(CA_CERT_KEY.to_string(), ByteString(ca.cert_pem.as_bytes().to_vec()));
+        data.insert(CA_KEY_KEY.to_string(), ByteString(ca.key_pem.as_bytes().to_vec()));
+    }
     Secret {
-        metadata: meta(job, replica.secret.clone(), job_labels(job.name())),
-        type_: Some("kubernetes.io/tls".to_string()),
-        data: Some(tls::tls_secret_data(ca_pem, issued)),
+        metadata: meta(job, api::secret_name(job.name()), job_labels(job.name())),
+        type_: Some("Opaque".to_string()),
+        data: Some(data),
         ..Default::default()
     }
 }
 
-/// The token Secret of a job (`<job>-token`, key `token`).
-pub fn build_secret(job: &TFJob, token: &str) -> Secret {
-    Secret {
-        metadata: meta(job, api::secret_name(job.name()), job_labels(job.name())),
-        type_: Some("Opaque".to_string()),
-        data: Some(BTreeMap::from([(SECRET_TOKEN_KEY.to_string(), ByteString(token.as_bytes().to_vec()))])),
-        ..Default::default()
-    }
+/// Whether a job's replicas talk over TLS when their pods name each other as `layout` says: a
+/// pod joining Kubeflow's (whose peers have no certificate) goes without.
+pub fn replicas_use_tls(job: &TFJob, layout: AddressLayout) -> bool {
+    layout == AddressLayout::Ours && tls::job_uses_tls(job)
 }
 
 /// The headless Service `<job>` that gives every replica its DNS name.
@@ -736,29 +738,9 @@ pub struct PlannedPod {
     pod: Pod,
     tf_config: Option<TfConfig>,
     classic: Arc<ClassicEnv>,
-    tls: Option<ReplicaTls>,
-}
-
-/// The TLS Secret a planned pod mounts ([`tls::mount_tls`]), which must exist before the pod
-/// starts, and the names its certificate carries.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaTls {
-    /// The replica.
-    pub rtype: ReplicaType,
-    /// Its index.
-    pub index: i32,
-    /// Name of the Secret ([`tls::tls_secret_name`]).
-    pub secret: String,
-    /// The replica's names ([`tls::cluster_names`]).
-    pub names: Vec<String>,
 }
 
 impl PlannedPod {
-    /// The TLS Secret the pod mounts (`None`: the job speaks plaintext).
-    pub fn tls(&self) -> Option<&ReplicaTls> {
-        self.tls.as_ref()
-    }
-
     /// Name of the pod.
     pub fn name(&self) -> &str {
         self.pod.metadata.name.as_deref().unwrap_or_default()
@@ -798,8 +780,7 @@ pub struct PodPlanner<'a> {
     replicas: ReplicaPlanner<'a>,
     kueue_group: Option<KueuePodGroup>,
     layout: AddressLayout,
-    /// The replicas talk over TLS ([`tls::job_uses_tls`]); a pod joining Kubeflow's (whose
-    /// peers have no certificate) goes without.
+    /// The replicas talk over TLS ([`replicas_use_tls`]).
     tls: bool,
 }
 
@@ -816,7 +797,7 @@ impl<'a> PodPlanner<'a> {
             AddressLayout::Ours => ReplicaPlanner::new(job.name(), &job.spec, &ClusterDns { job: name, namespace, cluster_domain }),
             AddressLayout::Kubeflow => ReplicaPlanner::new(job.name(), &job.spec, &KubeflowDns { job: name, namespace, cluster_domain }),
         };
-        let tls = layout == AddressLayout::Ours && tls::job_uses_tls(job);
+        let tls = replicas_use_tls(job, layout);
         PodPlanner { job, opts, replicas, kueue_group: None, layout, tls }
     }
 
@@ -870,19 +851,15 @@ impl<'a> PodPlanner<'a> {
         for c in tensorflow {
             c.env = Some(self.tensorflow_env(c.env.take().unwrap_or_default(), rtype, index, slot.tf_config.is_some()));
         }
-        // TLS between the replicas: the replica's Secret mounted, the names its certificate
-        // carries.
-        let tls = self.tls.then(|| {
-            let names = tls::cluster_names(&name, job.name(), &namespace(job), opts.cluster_domain.as_deref());
-            let secret = tls::tls_secret_name(&name);
-            tls::mount_tls(&mut spec, &secret);
-            ReplicaTls { rtype, index, secret, names }
-        });
+        // TLS between the replicas: the job's CA mounted from its Secret.
+        if self.tls {
+            tls::mount_tls(&mut spec, &api::secret_name(job.name()));
+        }
         if self.layout == AddressLayout::Ours {
             spec.hostname = Some(name);
             spec.subdomain = Some(job.name().to_string());
         }
-        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic), tls })
+        Some(PlannedPod { pod: Pod { metadata, spec: Some(spec), status: None }, tf_config: slot.tf_config, classic: Arc::clone(&self.replicas.classic) })
     }
 }
 
@@ -939,12 +916,13 @@ pub fn build_pod_group(job: &TFJob, gang: &GangScheduler) -> Value {
     })
 }
 
-/// All objects the controller applies for a (defaulted, valid) job: Secret, headless Service,
-/// one pod per replica and, with a gang scheduler, a PodGroup.
-pub fn desired_objects(job: &TFJob, token: &str, opts: &PlanOptions) -> DesiredObjects {
+/// All objects the controller applies for a (defaulted, valid) job: Secret (with the job's CA
+/// `ca` when its replicas talk over TLS), headless Service, one pod per replica and, with a gang
+/// scheduler, a PodGroup.
+pub fn desired_objects(job: &TFJob, token: &str, ca: Option<&CaPem>, opts: &PlanOptions) -> DesiredObjects {
     let pods = PodPlanner::new(job, opts).pods().collect();
     DesiredObjects {
-        secret: build_secret(job, token),
+        secret: build_secret(job, token, ca.filter(|_| replicas_use_tls(job, AddressLayout::Ours))),
         service: build_service(job),
         pods,
         pod_group: opts.gang_scheduler.as_ref().map(|g| build_pod_group(job, g)),
@@ -1159,7 +1137,7 @@ mod tests {
 
     /// The classic variables (`TFJOB_*` but the token) of a replica's env, in order.
     fn classic_vars(env: &[(String, String)]) -> Vec<(String, String)> {
-        let not_classic = [ENV_TOKEN, tls::ENV_TLS_CERT, tls::ENV_TLS_KEY, tls::ENV_TLS_CA];
+        let not_classic = [ENV_TOKEN, tls::ENV_TLS_CERT, tls::ENV_TLS_KEY, tls::ENV_TLS_CA, tls::ENV_TLS_CA_KEY];
         env.iter().filter(|(n, _)| n.starts_with("TFJOB_") && !not_classic.contains(&n.as_str())).cloned().collect()
     }
 
@@ -1295,7 +1273,7 @@ spec:
         assert_eq!(replicas[0].env[3].1, "0");
         assert_eq!(replicas[0].env[4].1, "--ps_hosts=$(TFJOB_PS_HOSTS)");
         // The pod: the same order, then the token; every classic value written out.
-        let pod = desired_objects(&j, "t", &PlanOptions::default()).pods.remove(0).into_pod();
+        let pod = desired_objects(&j, "t", None, &PlanOptions::default()).pods.remove(0).into_pod();
         let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
         let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, [ENV_PS_HOSTS, ENV_WORKER_HOSTS, ENV_JOB_NAME, ENV_TASK_INDEX, "FLAGS", ENV_TF_CONFIG, ENV_TOKEN]);
@@ -1485,7 +1463,7 @@ spec:
           containers: [{name: tensorflow, image: img}, {name: sidecar, image: side}]
 "#;
         let j = job(y);
-        let d = desired_objects(&j, "tok", &PlanOptions::default());
+        let d = desired_objects(&j, "tok", None, &PlanOptions::default());
         let pods = rendered(&d.pods);
         assert_eq!(pods.len(), 2);
         let chief = &pods[0];
@@ -1542,6 +1520,27 @@ spec:
         assert!(d.pod_group.is_none());
     }
 
+    /// The job's Secret holds its CA when, and only when, its replicas talk over TLS.
+    #[test]
+    fn the_job_secret_holds_the_ca_of_a_tls_job() {
+        let ca = CaPem { cert_pem: "C".into(), key_pem: "K".into() };
+        let tls = mnist("", &[("PS", 1), ("Worker", 2)]);
+        let mut plaintext = tls.clone();
+        plaintext.metadata.annotations = Some([(tls::TLS_ANNOTATION.to_string(), "false".to_string())].into());
+        // (job, the CA given, the Secret's keys and values)
+        type Case<'a> = (&'a TFJob, Option<&'a CaPem>, &'a [(&'a str, &'a str)]);
+        let cases: [Case; 3] = [
+            (&tls, Some(&ca), &[("ca.crt", "C"), ("ca.key", "K"), ("token", "tok")]),
+            (&tls, None, &[("token", "tok")]),
+            (&plaintext, Some(&ca), &[("token", "tok")]),
+        ];
+        for (job, ca, want) in cases {
+            let data = desired_objects(job, "tok", ca, &PlanOptions::default()).secret.data.unwrap();
+            let got: Vec<(&str, &str)> = data.iter().map(|(k, v)| (k.as_str(), std::str::from_utf8(&v.0).unwrap())).collect();
+            assert_eq!(got, want);
+        }
+    }
+
     /// A pod created for a job started under Kubeflow (a restart, a new index) names its peers
     /// as Kubeflow's pods do, and goes without hostname, subdomain and token; this operator's
     /// layout is untouched.
@@ -1568,18 +1567,7 @@ spec:
         ];
         for (layout, cluster, hostname, subdomain, token) in cases {
             let planned = PodPlanner::with_layout(&j, &opts, layout).pod(ReplicaType::Worker, 1).unwrap();
-            let tls = planned.tls().cloned();
-            assert_eq!(
-                tls.as_ref().map(|t| (t.secret.as_str(), t.names[1].as_str())),
-                token.then_some(("mnist-worker-1-tls", "mnist-worker-1.mnist.default.svc.cluster.local")),
-                "{layout:?}"
-            );
-            if let Some(t) = &tls {
-                let issued = crate::pki::IssuedCert { cert_pem: "C".into(), key_pem: "K".into() };
-                let secret = build_tls_secret(&j, t, "CA", &issued);
-                assert_eq!((secret.metadata.name.as_deref(), secret.type_.as_deref()), (Some("mnist-worker-1-tls"), Some("kubernetes.io/tls")));
-                assert_eq!(secret.metadata.owner_references.unwrap()[0].name, "mnist");
-            }
+            assert_eq!(replicas_use_tls(&j, layout), token, "{layout:?}");
             let pod = planned.into_pod();
             let spec = pod.spec.unwrap();
             let env = spec.containers[0].env.clone().unwrap();
@@ -1587,8 +1575,9 @@ spec:
             assert_eq!(tf_config["cluster"].to_string(), cluster, "{layout:?}");
             assert_eq!((spec.hostname.as_deref(), spec.subdomain.as_deref()), (hostname, subdomain), "{layout:?}");
             assert_eq!(env.iter().any(|e| e.name == ENV_TOKEN), token, "{layout:?}");
-            assert_eq!(env.iter().any(|e| e.name == tls::ENV_TLS_CERT), token, "{layout:?}");
-            assert_eq!(spec.volumes.iter().flatten().any(|v| v.name == tls::TLS_VOLUME), token, "{layout:?}");
+            assert_eq!(env.iter().any(|e| e.name == tls::ENV_TLS_CA_KEY), token, "{layout:?}");
+            let ca_volume = spec.volumes.iter().flatten().find(|v| v.name == tls::TLS_VOLUME);
+            assert_eq!(ca_volume.and_then(|v| v.secret.as_ref()?.secret_name.as_deref()), token.then_some("mnist-token"), "{layout:?}");
         }
         let svc = build_replica_service(&j, ReplicaType::Worker, 2).unwrap();
         assert_eq!(svc.metadata.name.as_deref(), Some("mnist-worker-2"));
@@ -1641,7 +1630,7 @@ spec:
     fn gang_scheduling() {
         let j = mnist("  runPolicy:\n    schedulingPolicy: {queue: q1, priorityClass: high}\n", &[("PS", 2), ("Worker", 3)]);
         let opts = PlanOptions { cluster_domain: None, gang_scheduler: Some(GangScheduler::Volcano), ..Default::default() };
-        let d = desired_objects(&j, "t", &opts);
+        let d = desired_objects(&j, "t", None, &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.volcano.sh/v1beta1");
         assert_eq!(pg["metadata"]["name"], "mnist");
@@ -1652,7 +1641,7 @@ spec:
 
         let j2 = mnist("  runPolicy:\n    schedulingPolicy: {minAvailable: 2, scheduleTimeoutSeconds: 30}\n", &[("Worker", 3)]);
         let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("scheduler-plugins-scheduler"), ..Default::default() };
-        let d = desired_objects(&j2, "t", &opts);
+        let d = desired_objects(&j2, "t", None, &opts);
         let pg = d.pod_group.unwrap();
         assert_eq!(pg["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
         assert_eq!(pg["spec"], json!({"minMember": 2, "scheduleTimeoutSeconds": 30}));
@@ -1662,7 +1651,7 @@ spec:
 
         // Kubernetes' own gangs: each pod names the job's PodGroup; the scheduler stays the default.
         let opts = PlanOptions { cluster_domain: None, gang_scheduler: GangScheduler::from_setting("kubernetes"), ..Default::default() };
-        let d = desired_objects(&j2, "t", &opts);
+        let d = desired_objects(&j2, "t", None, &opts);
         assert_eq!(d.pod_group.unwrap()["apiVersion"], "scheduling.k8s.io/v1beta1");
         for p in rendered(&d.pods) {
             let spec = p.spec.unwrap();

@@ -1,27 +1,28 @@
-//! TLS between the replicas of a job: which jobs get it, the names a
-//! replica's certificate carries, the Secret that holds it, and how a pod
-//! finds it. The certificates themselves are [`crate::pki`]'s.
+//! TLS between the replicas of a job: which jobs get it, and how a pod finds the job's CA,
+//! with which each replica makes its own certificate at start. The certificates themselves are
+//! [`crate::pki`]'s.
 //!
-//! A job gets TLS when every replica runs `tfjob-runtime` (the `tensorflow`
-//! container's command, or its image when it has none): stock TensorFlow
-//! speaks plaintext gRPC and would be cut off. The annotation
-//! [`TLS_ANNOTATION`] says `"true"` or `"false"` to decide otherwise.
+//! A job gets TLS when every replica runs `tfjob-runtime` (the `tensorflow` container's command,
+//! or its image when it has none): stock TensorFlow speaks plaintext gRPC and would be cut off.
+//! The annotation [`TLS_ANNOTATION`] says `"true"` or `"false"` to decide otherwise.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, SecretVolumeSource, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, EnvVar, KeyToPath, PodSpec, SecretVolumeSource, Volume, VolumeMount};
 
 pub use crate::api::TLS_ANNOTATION;
 use crate::api::{self, DEFAULT_CONTAINER_NAME, TFJob};
-use crate::pki::{CA_CERT_KEY, IssuedCert, TLS_CERT_KEY, TLS_KEY_KEY};
+use crate::pki::{CA_CERT_KEY, CA_KEY_KEY, TLS_CERT_KEY, TLS_KEY_KEY};
 /// The runtime's environment variables for its certificate, key and CA (paths).
 pub const ENV_TLS_CERT: &str = "TFJOB_TLS_CERT";
 /// See [`ENV_TLS_CERT`].
 pub const ENV_TLS_KEY: &str = "TFJOB_TLS_KEY";
 /// See [`ENV_TLS_CERT`].
 pub const ENV_TLS_CA: &str = "TFJOB_TLS_CA";
-/// Where a pod mounts its replica's TLS Secret.
+/// The runtime's environment variable for the job CA's key (a path): with [`ENV_TLS_CA`] and no
+/// certificate of its own, the runtime makes its own at start.
+pub const ENV_TLS_CA_KEY: &str = "TFJOB_TLS_CA_KEY";
+/// Every TLS variable of the runtime.
+pub const ENV_TLS: [&str; 4] = [ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA, ENV_TLS_CA_KEY];
+/// Where a pod mounts the job's CA from the job's Secret.
 pub const TLS_MOUNT_PATH: &str = "/var/run/tfjob-rs/tls";
 /// Name of that volume.
 pub const TLS_VOLUME: &str = "tfjob-tls";
@@ -52,37 +53,27 @@ pub fn job_uses_tls(job: &TFJob) -> bool {
         })
 }
 
-/// The names a replica is reached by on a cluster (the host of its `TF_CONFIG` address and
-/// the shorter forms a resolver completes): `<pod>.<job>[.<ns>[.svc[.<domain>]]]`, the domain
-/// being `cluster_domain` or `cluster.local`.
-pub fn cluster_names(pod: &str, job: &str, namespace: &str, cluster_domain: Option<&str>) -> Vec<String> {
-    let host = format!("{pod}.{job}");
-    let domain = cluster_domain.filter(|d| !d.is_empty()).unwrap_or("cluster.local");
-    vec![format!("{host}.{namespace}.svc"), format!("{host}.{namespace}.svc.{domain}"), format!("{host}.{namespace}"), host]
-}
-
-/// Name of a replica's TLS Secret: `<pod>-tls`.
-pub fn tls_secret_name(pod: &str) -> String {
-    format!("{pod}-tls")
-}
-
-/// The data of a replica's TLS Secret (`kubernetes.io/tls`, with the job's CA as `ca.crt`).
-pub fn tls_secret_data(ca_pem: &str, issued: &IssuedCert) -> BTreeMap<String, ByteString> {
-    let data = [(CA_CERT_KEY, ca_pem), (TLS_CERT_KEY, issued.cert_pem.as_str()), (TLS_KEY_KEY, issued.key_pem.as_str())];
-    data.into_iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect()
-}
-
-/// The runtime's TLS variables for files in `dir` (`ca.crt`, `tls.crt`, `tls.key`).
+/// The runtime's TLS variables for files in `dir` (`ca.crt`, `tls.crt`, `tls.key`): a replica
+/// given its certificate (`tfjob run`).
 pub fn tls_env(dir: &str) -> [(&'static str, String); 3] {
     [(ENV_TLS_CERT, format!("{dir}/{TLS_CERT_KEY}")), (ENV_TLS_KEY, format!("{dir}/{TLS_KEY_KEY}")), (ENV_TLS_CA, format!("{dir}/{CA_CERT_KEY}"))]
 }
 
-/// Mounts the replica's TLS Secret `secret` into the pod's `tensorflow` container (read-only)
-/// and points the runtime at it.
+/// The runtime's TLS variables for the job's CA in `dir` (`ca.crt`, `ca.key`): a replica that
+/// makes its own certificate at start (on a cluster).
+pub fn ca_env(dir: &str) -> [(&'static str, String); 2] {
+    [(ENV_TLS_CA, format!("{dir}/{CA_CERT_KEY}")), (ENV_TLS_CA_KEY, format!("{dir}/{CA_KEY_KEY}"))]
+}
+
+/// Mounts the job's CA (`ca.crt` and `ca.key` of the job's Secret `secret`, nothing else of it)
+/// into the pod's `tensorflow` container, read-only, and points the runtime at it: the replica
+/// makes its own key and certificate for its address at start. The manifest's own `TFJOB_TLS_*`
+/// values give way.
 pub fn mount_tls(spec: &mut PodSpec, secret: &str) {
+    let items = [CA_CERT_KEY, CA_KEY_KEY].map(|key| KeyToPath { key: key.to_string(), path: key.to_string(), ..Default::default() }).to_vec();
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
         name: TLS_VOLUME.to_string(),
-        secret: Some(SecretVolumeSource { secret_name: Some(secret.to_string()), ..Default::default() }),
+        secret: Some(SecretVolumeSource { secret_name: Some(secret.to_string()), items: Some(items), ..Default::default() }),
         ..Default::default()
     });
     for c in spec.containers.iter_mut().filter(|c| c.name == DEFAULT_CONTAINER_NAME) {
@@ -93,8 +84,8 @@ pub fn mount_tls(spec: &mut PodSpec, secret: &str) {
             ..Default::default()
         });
         let env = c.env.get_or_insert_with(Vec::new);
-        env.retain(|e| ![ENV_TLS_CERT, ENV_TLS_KEY, ENV_TLS_CA].contains(&e.name.as_str()));
-        env.extend(tls_env(TLS_MOUNT_PATH).into_iter().map(|(name, value)| EnvVar { name: name.to_string(), value: Some(value), value_from: None }));
+        env.retain(|e| !ENV_TLS.contains(&e.name.as_str()));
+        env.extend(ca_env(TLS_MOUNT_PATH).into_iter().map(|(name, value)| EnvVar { name: name.to_string(), value: Some(value), value_from: None }));
     }
 }
 
@@ -158,30 +149,22 @@ mod tests {
     }
 
     #[test]
-    fn names_secret_and_mount_of_a_replica() {
-        let names = cluster_names("mnist-worker-1", "mnist", "team", None);
-        assert_eq!(
-            names,
-            ["mnist-worker-1.mnist.team.svc", "mnist-worker-1.mnist.team.svc.cluster.local", "mnist-worker-1.mnist.team", "mnist-worker-1.mnist"]
-        );
-        assert_eq!(cluster_names("m-ps-0", "m", "n", Some("corp.example"))[1], "m-ps-0.m.n.svc.corp.example");
-        assert_eq!(tls_secret_name("j-worker-1"), "j-worker-1-tls");
-        let issued = IssuedCert { cert_pem: "C".into(), key_pem: "K".into() };
-        let data = tls_secret_data("CA", &issued);
-        assert_eq!((data["ca.crt"].0.as_slice(), data["tls.crt"].0.as_slice(), data["tls.key"].0.as_slice()), (&b"CA"[..], &b"C"[..], &b"K"[..]));
+    fn the_job_ca_is_mounted_into_the_tensorflow_container_only() {
         let mut spec = PodSpec {
             containers: vec![container(Some(&["tfjob-runtime"]), None), Container { name: "sidecar".into(), ..Default::default() }],
             ..Default::default()
         };
-        mount_tls(&mut spec, "j-worker-1-tls");
-        assert_eq!(spec.volumes.as_ref().unwrap()[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("j-worker-1-tls"));
+        let manifest_env = [(ENV_TLS_CERT, "/mine/tls.crt"), ("OTHER", "kept")];
+        spec.containers[0].env = Some(manifest_env.iter().map(|(n, v)| EnvVar { name: n.to_string(), value: Some(v.to_string()), value_from: None }).collect());
+        mount_tls(&mut spec, "j-token");
+        let secret = spec.volumes.as_ref().unwrap()[0].secret.as_ref().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("j-token"));
+        let items: Vec<(&str, &str)> = secret.items.iter().flatten().map(|i| (i.key.as_str(), i.path.as_str())).collect();
+        assert_eq!(items, [("ca.crt", "ca.crt"), ("ca.key", "ca.key")], "the token stays out of the files");
         let tf = &spec.containers[0];
         assert_eq!(tf.volume_mounts.as_ref().unwrap()[0].mount_path, TLS_MOUNT_PATH);
         let env: Vec<(&str, &str)> = tf.env.as_ref().unwrap().iter().map(|e| (e.name.as_str(), e.value.as_deref().unwrap())).collect();
-        assert_eq!(
-            env,
-            [(ENV_TLS_CERT, "/var/run/tfjob-rs/tls/tls.crt"), (ENV_TLS_KEY, "/var/run/tfjob-rs/tls/tls.key"), (ENV_TLS_CA, "/var/run/tfjob-rs/tls/ca.crt")]
-        );
+        assert_eq!(env, [("OTHER", "kept"), (ENV_TLS_CA, "/var/run/tfjob-rs/tls/ca.crt"), (ENV_TLS_CA_KEY, "/var/run/tfjob-rs/tls/ca.key")]);
         assert!(spec.containers[1].env.is_none() && spec.containers[1].volume_mounts.is_none(), "other containers are left alone");
     }
 }

@@ -277,7 +277,8 @@ fn validate_file(path: &Path) -> Vec<String> {
 
 /// Renders the objects the controller would create for every TFJob in `text`, as multi-document
 /// YAML (or, with `-o json`, a `v1` `List` as `kubectl get -o json` prints several objects).
-/// The token is random, as in the cluster.
+/// The token is random, as in the cluster, and so is the CA of a job whose replicas talk over
+/// TLS (the operator derives it from its seed).
 pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, CliError> {
     let docs = api::load_manifest(text).map_err(|source| CliError::Manifest { path: path.to_string(), source })?;
     if docs.is_empty() {
@@ -290,7 +291,8 @@ pub fn render_text(text: &str, path: &str, args: &RenderArgs) -> Result<String, 
         if job.metadata.namespace.is_none() {
             job.metadata.namespace = Some(args.namespace.clone());
         }
-        let objects = plan::desired_objects(&job, &plan::random_token(), &opts);
+        let ca = tfjob_api::pki::JobCa::generate(job.name()).and_then(|ca| ca.pem()).map_err(|e| CliError::Output(e.to_string()))?;
+        let objects = plan::desired_objects(&job, &plan::random_token(), Some(&ca), &opts);
         let mut values: Vec<serde_json::Value> = Vec::new();
         let to_value = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| CliError::Output(e.to_string()));
         values.push(with_kind(to_value(serde_json::to_value(&objects.secret))?, "v1", "Secret"));

@@ -716,9 +716,13 @@ async fn the_controller_follows_watch_events() {
     let jobs: Api<TFJob> = Api::namespaced(client.clone(), "ns");
     let manifest = job("w", json!({"tfReplicaSpecs": {"PS": replica(1, "Never"), "Worker": replica(2, "OnFailure")}}));
     jobs.create(&PostParams::default(), &serde_json::from_value(manifest).unwrap()).await.unwrap();
-    let secrets = ["w-ps-0-tls", "w-token", "w-worker-0-tls", "w-worker-1-tls"];
-    eventually("3 pods, a service, the token and 3 TLS secrets", || api.names(PODS).len() == 3 && api.names(SVCS) == ["w"] && api.names(SECRETS) == secrets)
-        .await;
+    eventually("3 pods, a service and the job's Secret (token and CA)", || {
+        api.names(PODS).len() == 3 && api.names(SVCS) == ["w"] && api.names(SECRETS) == ["w-token"]
+    })
+    .await;
+    let secret = api.get(&format!("{SECRETS}/w-token")).unwrap();
+    let keys: Vec<&String> = secret["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["ca.crt", "ca.key", "token"]);
 
     // The kubelet reports the pods running: the status follows through the pod watch.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "ns");
@@ -787,8 +791,7 @@ async fn a_stale_cache_neither_creates_nor_recreates_twice() {
     assert_eq!(notes_of(&h, "ExitedWithCode"), vec!["Pod: ns.s-worker-1 exited with code 137 x1"]);
 }
 
-/// The token Secret once per job, a TLS Secret once per replica (a recreated pod reuses it),
-/// none of them ever read.
+/// The job's Secret once per job (a recreated pod needs no write), never read.
 #[tokio::test]
 async fn the_token_secret_is_created_once_and_never_read() {
     let h = Harness::new();
@@ -809,10 +812,10 @@ async fn the_token_secret_is_created_once_and_never_read() {
     let log = h.api.take_log();
     assert_eq!(
         requests_to(&log, "POST", SECRETS),
-        vec!["POST /api/v1/namespaces/ns/secrets"; 3],
-        "the token (answered AlreadyExists) and each replica's TLS Secret, once"
+        vec!["POST /api/v1/namespaces/ns/secrets"; 1],
+        "the job's Secret (answered AlreadyExists), once: no Secret per replica"
     );
-    assert_eq!(h.api.names(SECRETS), ["t-token", "t-worker-0-tls", "t-worker-1-tls"]);
+    assert_eq!(h.api.names(SECRETS), ["t-token"]);
     assert!(!log.iter().any(|l| l.contains("/secrets") && !l.starts_with("POST")), "the Secret is never read, listed or changed: {log:#?}");
     // No list of pods or Services either: they come from the caches.
     assert!(!log.iter().any(|l| l.starts_with("GET")), "{log:#?}");

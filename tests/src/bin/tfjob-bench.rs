@@ -457,7 +457,7 @@ fn ps_bandwidth(opts: &Options, report: &mut Report, loopback: f64) -> Result<()
 /// the peer of the in-process round-trip benchmarks. It stops when the
 /// returned sender is dropped.
 async fn serve_in_process_ps(
-    tls: Option<tfjob_runtime::auth::TlsFiles>,
+    tls: Option<tfjob_runtime::auth::TaskTls>,
 ) -> Result<(std::net::SocketAddr, tfjob_runtime::auth::Credentials, tokio::sync::oneshot::Sender<()>)> {
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::ps::{ParameterStore, PsConfig, PsService};
@@ -478,7 +478,7 @@ async fn serve_in_process_ps(
 
 /// Pull and push bandwidth (MB/s, medians of `reps`) of one `n`-float
 /// variable on an in-process ps, over the tensor channel or over gRPC.
-async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool, tls: Option<tfjob_runtime::auth::TlsFiles>) -> Result<(f64, f64)> {
+async fn ps_bandwidth_one(n: usize, reps: usize, tensor_channel: bool, tls: Option<tfjob_runtime::auth::TaskTls>) -> Result<(f64, f64)> {
     use tfjob_runtime::client::{ModelVariable, NO_ROWS, PsSet};
     use tfjob_runtime::cluster::TaskId;
     use tfjob_runtime::optimizer::Optimizer;
@@ -1434,7 +1434,7 @@ fn controller_pass(
     let invalid = api::validate(job);
     let mut defaulted = job.clone();
     api::apply_defaults(&mut defaulted.spec);
-    black_box(plan::build_secret(&defaulted, "token"));
+    black_box(plan::build_secret(&defaulted, "token", None));
     black_box(plan::build_service(&defaulted));
     if let Some(gang) = &po.gang_scheduler {
         black_box(plan::build_pod_group(&defaulted, gang));

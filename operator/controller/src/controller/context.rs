@@ -44,14 +44,12 @@ pub struct Context {
     pub expectations: Expectations,
     /// Status writes the TFJob cache does not show yet, per job.
     pub status_writes: StatusWrites,
-    /// Jobs whose token Secret this process has created (or found to exist).
+    /// Jobs whose Secret (token, and CA) this process has created (or found to exist).
     pub secrets: Once,
     /// The seed every job's TLS CA is derived from ([`tfjob_api::pki::JobCa::derive`]): the
     /// same for every operator replica and across restarts ([`crate::startup`] reads it from
     /// its Secret); a random one until then.
     pub tls_seed: Vec<u8>,
-    /// Replicas (`<uid>/<pod>`) whose TLS Secret this process has created (or found to exist).
-    pub tls_secrets: Once,
     /// Versions of jobs (`<uid>/<generation>`) whose PodGroup this process has applied.
     pub pod_groups: Once,
     /// Suspended jobs whose PodGroup this process has deleted.
@@ -90,7 +88,6 @@ impl Context {
             status_writes: StatusWrites::default(),
             secrets: Once::default(),
             tls_seed: tfjob_api::pki::random_seed().to_vec(),
-            tls_secrets: Once::default(),
             pod_groups: Once::default(),
             released_pod_groups: Once::default(),
             kueue_admission: true,
@@ -113,10 +110,7 @@ impl Context {
     /// it ran is not reconciled again, so [`forget`](Self::forget) never ran for it. Returns
     /// how many entries went.
     pub fn forget_gone(&self, live: &std::collections::HashSet<String>) -> usize {
-        [&self.secrets, &self.tls_secrets, &self.pod_groups, &self.released_pod_groups, &self.held, &self.autoscalers]
-            .iter()
-            .map(|once| once.retain_jobs(live))
-            .sum::<usize>()
+        [&self.secrets, &self.pod_groups, &self.released_pod_groups, &self.held, &self.autoscalers].iter().map(|once| once.retain_jobs(live)).sum::<usize>()
             + self.status_writes.retain_jobs(live)
     }
 
@@ -124,7 +118,6 @@ impl Context {
     /// again.
     pub fn forget_once_objects(&self, uid: &str) {
         self.secrets.forget(uid);
-        self.tls_secrets.forget_prefix(&format!("{uid}/"));
         self.pod_groups.forget_prefix(&format!("{uid}/"));
         self.released_pod_groups.forget(uid);
         self.held.forget_prefix(&format!("{uid}/"));

@@ -1,5 +1,5 @@
 //! The execute step of a reconcile: one function per kind of write. The once-per-job objects
-//! (the token Secret, the Service and its NetworkPolicy, the PodGroup) are written when missing
+//! (the job's Secret, the Service and its NetworkPolicy, the PodGroup) are written when missing
 //! or different; pods are created and deleted as the status machine says, each write remembered
 //! as an expectation ([`super::cache::Expectations`]) and announced as an Event (the pods a
 //! reconcile creates, by one Event).
@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use tfjob_api::api::TFJob;
-use tfjob_api::plan::{self, PlannedPod, ReplicaTls};
+use tfjob_api::pki::{CaPem, JobCa, PkiError};
+use tfjob_api::plan::{self, PlannedPod};
 use tfjob_api::status::{Action, PodRefusal};
 
 use super::admission::pod_group_api;
@@ -39,40 +40,28 @@ pub struct Executed {
     pub held: bool,
 }
 
-/// Creates the job's token Secret, once: the controller never reads Secrets (it may not), so a
-/// Secret that exists already (`AlreadyExists`: created by an earlier run of the operator) is
-/// the job's and is kept, token and all.
-pub async fn ensure_secret(ctx: &Context, ns: &str, job: &TFJob) -> Result<(), Error> {
-    let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    if ctx.secrets.contains(uid) {
+/// Creates the job's Secret, once: its token and, when its replicas talk over `tls`, its CA
+/// (derived from the operator's seed and the job's uid, [`tfjob_api::pki::JobCa::derive`]), with
+/// which each replica makes its own certificate. The controller never reads Secrets (it may
+/// not), so a Secret that exists already (`AlreadyExists`: created by an earlier run of the
+/// operator) is the job's and is kept, token and all: its CA is the same.
+pub async fn ensure_secret(ctx: &Context, target: &Target<'_>, job: &TFJob, tls: bool) -> Result<(), Error> {
+    if ctx.secrets.contains(&target.uid) {
         return Ok(());
     }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = plan::build_secret(job, &plan::random_token());
+    let ca = match tls {
+        true => Some(job_ca(ctx, target).map_err(|e| Error::Certificate(format!("the CA of job {}: {e}", target.name)))?),
+        false => None,
+    };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &target.ns);
+    let secret = plan::build_secret(job, &plan::random_token(), ca.as_ref());
     tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create secret"))?;
-    ctx.secrets.insert(uid);
+    ctx.secrets.insert(&target.uid);
     Ok(())
 }
 
-/// Creates the TLS Secret of a replica ([`tfjob_api::tls::build_tls_secret`]) unless this
-/// process did or found it: a certificate for the replica's names, signed by the job's CA (the
-/// one every operator replica derives from the seed and the job's uid). An existing Secret is
-/// kept: the same CA signed it.
-pub async fn ensure_tls_secret(ctx: &Context, target: &Target<'_>, tls: &ReplicaTls) -> Result<(), Error> {
-    let job = target.job;
-    let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    let key = format!("{uid}/{}", tls.secret);
-    if ctx.tls_secrets.contains(&key) {
-        return Ok(());
-    }
-    let refused = |e: String| Error::Certificate(format!("{}: {e}", tls.secret));
-    let (ca, ca_pem) = target.job_ca(&ctx.tls_seed).map_err(refused)?;
-    let issued = ca.issue(&tls.names).map_err(|e| refused(e.to_string()))?;
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &target.ns);
-    let secret = plan::build_tls_secret(job, tls, ca_pem, &issued);
-    tolerate(api.create(&post_params(), &secret).await, &[CONFLICT]).map_err(kerr("create TLS secret"))?;
-    ctx.tls_secrets.insert(&key);
-    Ok(())
+fn job_ca(ctx: &Context, target: &Target<'_>) -> Result<CaPem, PkiError> {
+    JobCa::derive(&ctx.tls_seed, &target.uid, &target.name)?.pem()
 }
 
 /// Applies the job's Service (and, when configured, its NetworkPolicy) when the cache shows it
@@ -195,10 +184,6 @@ pub enum PodCreation {
 pub async fn create_pod(ctx: &Context, target: &Target<'_>, planned: PlannedPod) -> Result<PodCreation, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &target.ns);
     let pod_name = planned.name().to_string();
-    // The pod's certificate first: the kubelet would hold a pod whose Secret is missing.
-    if let Some(tls) = planned.tls() {
-        ensure_tls_secret(ctx, target, tls).await?;
-    }
     match pods.create(&post_params(), &planned.into_pod()).await {
         Ok(created) => {
             let new_uid = created.metadata.uid.unwrap_or_default();

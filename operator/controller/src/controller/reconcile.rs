@@ -171,7 +171,7 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
         decision.creates = 0;
     }
     if decision.creates > 0 {
-        execute::ensure_secret(ctx, &target.ns, &decision.defaulted).await?;
+        execute::ensure_secret(ctx, target, &decision.defaulted, plan::replicas_use_tls(&decision.defaulted, layout)).await?;
     }
     let mut done = Executed::default();
     let result = execute_actions(ctx, target, decision, group.map(|g| g.group), layout, &mut done).await;

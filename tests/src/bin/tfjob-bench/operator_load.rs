@@ -3,8 +3,8 @@
 //!
 //! - **Creation rate.** A bare client (the same kube client, no controller logic, as many
 //!   objects in flight as the operator has reconciles: `TFJOB_CONCURRENCY`, 8) creates exactly
-//!   the objects the operator writes for `jobs` TFJobs of 5 replicas (per job a Service, the token
-//!   Secret, and per pod its TLS Secret and the pod, from the operator's own planner, owner
+//!   the objects the operator writes for `jobs` TFJobs of 5 replicas (per job its Secret with the
+//!   token and the job's CA, a Service and the pods, from the operator's own planner, owner
 //!   references left out), then only the pods and Services, then each TFJob and its objects
 //!   owned by it (what the API server and the garbage collector do for the operator's jobs,
 //!   without the controller: its watches, Events and status writes). Then the operator, running,
@@ -61,16 +61,15 @@ pub fn operator_load(opts: &Options, report: &mut Report) -> Result<()> {
 struct JobObjects {
     job: TFJob,
     service: Service,
+    /// The job's Secret: the token and the CA.
     token: Secret,
-    pods: Vec<(Secret, Pod)>,
+    pods: Vec<Pod>,
 }
 
 impl JobObjects {
     /// Every object owned by the job that `owner` refers to.
     fn owned_by(&mut self, owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference) {
-        let metas = [&mut self.service.metadata, &mut self.token.metadata]
-            .into_iter()
-            .chain(self.pods.iter_mut().flat_map(|(secret, pod)| [&mut secret.metadata, &mut pod.metadata]));
+        let metas = [&mut self.service.metadata, &mut self.token.metadata].into_iter().chain(self.pods.iter_mut().map(|pod| &mut pod.metadata));
         for meta in metas {
             meta.owner_references = Some(vec![owner.clone()]);
         }
@@ -250,31 +249,21 @@ fn tfjob(ns: &str, name: &str) -> Result<TFJob> {
 /// What the operator writes for job `name`, from its own planner; no owner references (the job
 /// does not exist: the garbage collector would delete them).
 fn job_objects(ns: &str, name: &str) -> Result<JobObjects> {
-    use tfjob_api::{api, plan, tls};
+    use tfjob_api::{api, plan};
     let job = tfjob(ns, name)?;
     let mut defaulted = job.clone();
     api::apply_defaults(&mut defaulted.spec);
-    let ca = tfjob_api::pki::JobCa::generate(name).map_err(|e| anyhow!("{e}"))?;
-    let ca_pem = ca.cert_pem().map_err(|e| anyhow!("{e}"))?;
-    let mut planned = vec![];
-    controller_pass(&job, &[], &tfjob_api::plan::PlanOptions::default(), |p| planned.push(p.into_pod()));
+    let ca = tfjob_api::pki::JobCa::generate(name).and_then(|ca| ca.pem()).map_err(|e| anyhow!("{e}"))?;
     let mut pods = vec![];
-    for mut pod in planned {
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let issued = ca.issue(std::slice::from_ref(&pod_name)).map_err(|e| anyhow!("{e}"))?;
-        let secret = Secret {
-            metadata: kube::api::ObjectMeta { name: Some(tls::tls_secret_name(&pod_name)), namespace: Some(ns.to_string()), ..Default::default() },
-            type_: Some("kubernetes.io/tls".into()),
-            data: Some(tls::tls_secret_data(&ca_pem, &issued)),
-            ..Default::default()
-        };
+    controller_pass(&job, &[], &tfjob_api::plan::PlanOptions::default(), |p| pods.push(p.into_pod()));
+    for pod in &mut pods {
         pod.metadata.owner_references = None;
         pod.metadata.namespace = Some(ns.to_string());
-        pods.push((secret, pod));
     }
     let mut service = plan::build_service(&defaulted);
     service.metadata.owner_references = None;
-    let mut token = plan::build_secret(&defaulted, "a-token-of-the-usual-length-0123456789");
+    let tls = plan::replicas_use_tls(&defaulted, plan::AddressLayout::Ours);
+    let mut token = plan::build_secret(&defaulted, "a-token-of-the-usual-length-0123456789", Some(&ca).filter(|_| tls));
     token.metadata.owner_references = None;
     let mut job = job;
     job.metadata.uid = None;
@@ -317,11 +306,7 @@ async fn create_all(client: &Client, ns: &str, all: Vec<JobObjects>, what: Write
                 }
                 services.create(pp, &job.service).await?;
                 n += 1;
-                for (secret, pod) in &job.pods {
-                    if with_secrets {
-                        secrets.create(pp, secret).await?;
-                        n += 1;
-                    }
+                for pod in &job.pods {
                     pods.create(pp, pod).await?;
                     n += 1;
                 }

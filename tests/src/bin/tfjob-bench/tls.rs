@@ -3,39 +3,44 @@
 //! MLP and of sparse_lr on 1 ps + 2 async workers (runs alternate, medians). Goal from issue
 //! 30: TLS costs under 10 % on the MLP.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde_json::json;
-use tfjob_api::pki::{CA_CERT_KEY, JobCa, TLS_CERT_KEY, TLS_KEY_KEY};
-use tfjob_runtime::auth::TlsFiles;
+use tfjob_api::pki::{CA_CERT_KEY, CA_KEY_KEY, JobCa};
+use tfjob_runtime::auth::TlsSource;
 
 use super::{Options, Report, median, ps_bandwidth_one, run_cluster, strs};
 
-/// A CA and one certificate for 127.0.0.1 (every task of the benchmark's clusters listens
-/// there), written under `dir`.
-fn loopback_certificates(dir: &Path) -> Result<TlsFiles> {
+/// A job's CA (certificate and key) written under `dir`, as a pod gets it on a cluster: every
+/// task of the benchmark's clusters makes its own certificate with it for 127.0.0.1, where it
+/// listens.
+fn loopback_ca(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir)?;
-    let ca = JobCa::generate("bench")?;
-    let issued = ca.issue(&["127.0.0.1".to_string(), "localhost".to_string()])?;
-    let files = TlsFiles { cert: dir.join(TLS_CERT_KEY), key: dir.join(TLS_KEY_KEY), ca: dir.join(CA_CERT_KEY) };
-    std::fs::write(&files.ca, ca.cert_pem()?)?;
-    std::fs::write(&files.cert, &issued.cert_pem)?;
-    std::fs::write(&files.key, &issued.key_pem)?;
-    Ok(files)
+    let ca = JobCa::generate("bench")?.pem()?;
+    let (cert, key) = (dir.join(CA_CERT_KEY), dir.join(CA_KEY_KEY));
+    std::fs::write(&cert, &ca.cert_pem)?;
+    std::fs::write(&key, &ca.key_pem)?;
+    Ok((cert, key))
 }
 
-fn tls_args(files: &TlsFiles) -> Vec<String> {
-    vec![format!("--tls_cert={}", files.cert.display()), format!("--tls_key={}", files.key.display()), format!("--tls_ca={}", files.ca.display())]
+/// The runtime's flags for the job's CA: each task makes its own certificate.
+fn tls_args((ca, ca_key): &(PathBuf, PathBuf)) -> Vec<String> {
+    vec![format!("--tls_ca={}", ca.display()), format!("--tls_ca_key={}", ca_key.display())]
 }
 
 pub fn tls(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
     tfjob_runtime::tune_allocator();
-    let files = loopback_certificates(&opts.out.join("tls"))?;
+    let job_ca = loopback_ca(&opts.out.join("tls"))?;
     let (n, label, reps) = if opts.quick { (1 << 18, "256K", 3) } else { (25_000_000, "25M", 5) };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let (plain_pull, plain_push) = rt.block_on(ps_bandwidth_one(n, reps, true, None))?;
-    let (tls_pull, tls_push) = rt.block_on(ps_bandwidth_one(n, reps, true, Some(files.clone())))?;
+    let (tls_pull, tls_push) = rt.block_on(ps_bandwidth_one(
+        n,
+        reps,
+        true,
+        Some(TlsSource::JobCa { ca: job_ca.0.clone(), ca_key: job_ca.1.clone() }.load("127.0.0.1").map_err(anyhow::Error::msg)?),
+    ))?;
     for (what, ours, plain) in [("pull", tls_pull, plain_pull), ("push", tls_push, plain_push)] {
         report.row(
             "tls",
@@ -75,7 +80,7 @@ pub fn tls(opts: &Options, report: &mut Report, bin: &Path) -> Result<()> {
             for with_tls in [false, true] {
                 let mut a = args.clone();
                 if with_tls {
-                    a.extend(tls_args(&files));
+                    a.extend(tls_args(&job_ca));
                 }
                 let run = run_cluster(opts, bin, &format!("tls-{i}-{round}-{}", if with_tls { "tls" } else { "plain" }), 1, 2, &a)?;
                 let rate = run.examples_per_sec();
