@@ -1128,3 +1128,30 @@ async fn events_are_written_in_order_and_a_full_queue_drops_the_newest_and_count
     let text = h.ctx.metrics.render();
     assert!(text.contains(&format!("tfjob_reconcile_errors_total{{category=\"event_dropped\"}} {extra}\n")), "{text}");
 }
+
+/// A job whose pods keep Kubeflow's layout (taken over from its training-operator: no TLS) gets
+/// the job's CA in its Secret all the same: once those pods are gone, pods of this operator's
+/// layout mount it from there.
+#[tokio::test]
+async fn a_job_in_kubeflows_layout_gets_its_ca_in_its_secret_all_the_same() {
+    let h = Harness::new();
+    h.api.put(JOBS, job("k", json!({"tfReplicaSpecs": {"Worker": replica(2, "OnFailure")}})));
+    let uid = h.job("k").unwrap().metadata.uid.unwrap_or_default();
+    let labels = json!({
+        "training.kubeflow.org/job-name": "k",
+        "training.kubeflow.org/operator-name": "tfjob-controller",
+        "training.kubeflow.org/replica-type": "worker",
+        "training.kubeflow.org/replica-index": "0",
+    });
+    let owner = json!([{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "name": "k", "uid": uid, "controller": true}]);
+    let containers = json!([{"name": "tensorflow", "image": "tfjob-runtime:latest", "command": ["tfjob-runtime"]}]);
+    // Kubeflow's pod: no hostname, no subdomain.
+    h.api.put(PODS, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "k-worker-0", "namespace": "ns", "labels": labels, "ownerReferences": owner}, "spec": {"containers": containers}}));
+    h.reconcile("k").await;
+    let worker_1 = h.api.get(&format!("{PODS}/k-worker-1")).expect("worker 1 created");
+    assert!(worker_1["spec"]["subdomain"].is_null(), "Kubeflow's layout kept: {worker_1:#}");
+    assert!(worker_1["spec"]["volumes"].as_array().is_none_or(|v| v.is_empty()), "no TLS beside Kubeflow's pods: {worker_1:#}");
+    let secret = h.api.get(&format!("{SECRETS}/k-token")).unwrap();
+    let keys: Vec<&String> = secret["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["ca.crt", "ca.key", "token"]);
+}

@@ -171,7 +171,10 @@ async fn execute(ctx: &Context, target: &Target<'_>, decision: &mut Decision) ->
         decision.creates = 0;
     }
     if decision.creates > 0 {
-        execute::ensure_secret(ctx, target, &decision.defaulted, plan::replicas_use_tls(&decision.defaulted, layout)).await?;
+        // The CA goes in whenever the job's replicas run tfjob-runtime, also while its pods keep
+        // Kubeflow's layout (without TLS): once those are gone, pods of this operator's layout
+        // mount it from the Secret made now.
+        execute::ensure_secret(ctx, target, &decision.defaulted, tfjob_api::tls::job_uses_tls(&decision.defaulted)).await?;
     }
     let mut done = Executed::default();
     let result = execute_actions(ctx, target, decision, group.map(|g| g.group), layout, &mut done).await;
