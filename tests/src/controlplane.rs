@@ -886,15 +886,29 @@ impl ControlPlane {
         self.command("kubectl").args(args).output().context("running kubectl")
     }
 
-    /// Runs kubectl as admin; returns stdout, or an error with stderr if it failed.
+    /// Runs kubectl as admin; returns stdout, or an error with stderr if it failed. A read
+    /// (`get`) that cannot reach the API server (a stalled or restarting server: a connection
+    /// refused, a TLS handshake timed out) is tried again for up to a minute, as a client's
+    /// informer would: the tests' polls wait through a stall instead of failing on it.
     pub fn kubectl_ok<I, S>(&self, args: I) -> Result<String>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = self.command("kubectl");
-        cmd.args(args);
-        run_ok(cmd, None)
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_os_string()).collect();
+        let read = args.first().is_some_and(|a| a == "get");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut cmd = self.command("kubectl");
+            cmd.args(&args);
+            match run_ok(cmd, None) {
+                Err(e) if read && unreachable_server(&format!("{e:#}")) && Instant::now() < deadline => {
+                    eprintln!("  (kubectl could not reach the API server; trying again: {})", e.to_string().lines().last().unwrap_or_default());
+                    thread::sleep(Duration::from_secs(1));
+                }
+                out => return out,
+            }
+        }
     }
 
     /// Waits (up to 60 s) until every CustomResourceDefinition named (`kind.group`) is
@@ -1051,6 +1065,12 @@ fn run_ok(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Whether kubectl's error says the API server could not be reached at all (so the request was
+/// never served), not that it answered with an error.
+fn unreachable_server(stderr: &str) -> bool {
+    stderr.contains("Unable to connect to the server") || stderr.contains("The connection to the server") && stderr.contains("was refused")
+}
+
 /// HTTP/1.0 GET on 127.0.0.1:port (plain HTTP: etcd's /health, Kueue's /readyz).
 pub fn http_get_plain(port: u16, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(2))?;
@@ -1097,6 +1117,20 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_server_never_reached_counts_as_unreachable() {
+        for (stderr, want) in [
+            ("Unable to connect to the server: net/http: TLS handshake timeout", true),
+            ("Unable to connect to the server: dial tcp 127.0.0.1:6443: i/o timeout", true),
+            ("The connection to the server 127.0.0.1:6443 was refused - did you specify the right host or port?", true),
+            ("Error from server (NotFound): tfjobs.kubeflow.org \"x\" not found", false),
+            ("Error from server (Timeout): the server was unable to return a response in the time allotted", false),
+            ("error: the server doesn't have a resource type \"tfjob\"", false),
+        ] {
+            assert_eq!(unreachable_server(stderr), want, "{stderr}");
+        }
+    }
 
     #[test]
     fn a_busy_process_shows_cpu_seconds_and_a_gone_one_none() {

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use crate::controlplane::{ControlPlane, free_port, http_get_plain, spawn_supervised, tail};
 use crate::node_agent::NodeAgent;
-use crate::operator::{Cluster, Operator, condition_true, repo_root, runtime_replica_yaml};
+use crate::operator::{Cluster, Operator, condition_true, machine_pressure, repo_root, runtime_replica_yaml};
 use crate::report::final_report;
 
 /// The version `tests/kueue/build.sh` builds.
@@ -276,7 +276,7 @@ impl Scene<'_> {
             let poll = Instant::now();
             let answer = done(self)?;
             if poll.elapsed() > Duration::from_secs(5) {
-                eprintln!("  (waiting until {what}: one poll took {:.1}s)", poll.elapsed().as_secs_f64());
+                eprintln!("  (waiting until {what}: one poll took {:.1}s; {})", poll.elapsed().as_secs_f64(), machine_pressure());
             }
             if answer {
                 return Ok(());

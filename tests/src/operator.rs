@@ -13,12 +13,13 @@
 //! - [`Cluster`]: kubectl-based reads and writes in one namespace, among them setting pod phases
 //!   and exit codes through the pods' `status` subresource (no kubelet runs).
 
-use std::fs::{self, File};
+use std::ffi::OsString;
+use std::fs;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -282,13 +283,111 @@ pub fn requests_by_kind(cp: &ControlPlane, user: &str) -> Result<std::collection
     Ok(by_kind)
 }
 
-/// One `tfjob-operator` process, watching one namespace. Killed (SIGKILL) when dropped.
+/// One `tfjob-operator`, watching one namespace: a process restarted, as the chart's Deployment's
+/// kubelet would restart its container, when it stops after losing its lease (the API server
+/// stalled past the renew deadline; the operator stops by design then). Any other exit is final,
+/// so a crash still fails the test. Killed (SIGKILL) when dropped.
 pub struct Operator {
     /// Value of `POD_NAME` (the events' `reportingInstance` and the lease identity's prefix).
     pub name: String,
-    child: Child,
+    process: Arc<Mutex<Process>>,
     log: PathBuf,
     metrics_port: u16,
+}
+
+/// What starts the operator's process again: its binary, environment and log.
+struct Launch {
+    name: String,
+    bin: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(String, OsString)>,
+    log: PathBuf,
+}
+
+impl Launch {
+    /// Starts the process, its output into the log (appended to after the first start).
+    fn spawn(&self, append: bool) -> Result<Child> {
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(&self.args).env_clear().envs(self.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        spawn_supervised(cmd).with_context(|| format!("starting {}", self.bin.display()))
+    }
+}
+
+/// The operator's current process.
+struct Process {
+    child: Child,
+    launch: Launch,
+    /// Restarts after a lost lease.
+    restarts: u32,
+    /// Set by [`Operator::kill`] and [`Operator::terminate`]: no restart after that.
+    stopping: bool,
+}
+
+impl Process {
+    /// Whether the operator has stopped for good; restarts it first when it stopped after
+    /// losing its lease.
+    fn poll(&mut self) -> bool {
+        match self.child.try_wait() {
+            Ok(None) => false,
+            Ok(Some(_)) if !self.stopping && stopped_after_losing_lease(&self.launch.log) => !self.restart(),
+            _ => true,
+        }
+    }
+
+    /// Starts the process again; whether it started.
+    fn restart(&mut self) -> bool {
+        self.restarts += 1;
+        eprintln!(
+            "  operator {} lost its lease and stopped; restarted as its Deployment's kubelet would (restart {}). Machine: {}",
+            self.launch.name,
+            self.restarts,
+            machine_pressure()
+        );
+        let note = format!("---- tests: restart {} after the lost lease ----\n", self.restarts);
+        let _ = fs::OpenOptions::new().append(true).open(&self.launch.log).and_then(|mut f| f.write_all(note.as_bytes()));
+        match self.launch.spawn(true) {
+            Ok(child) => {
+                self.child = child;
+                true
+            }
+            Err(e) => {
+                eprintln!("  operator {}: cannot restart it: {e:#}", self.launch.name);
+                false
+            }
+        }
+    }
+}
+
+/// Whether the operator's log ends with its stop after a lost lease (`startup::lost_leadership`).
+fn stopped_after_losing_lease(log: &Path) -> bool {
+    tail(log, 6).contains("lost leadership; stopping")
+}
+
+/// The machine's load and pressure stall information (`/proc/loadavg`, `/proc/pressure/*`), for
+/// a message about a stall.
+pub fn machine_pressure() -> String {
+    let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
+    let mut out = format!("load {}", read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    for kind in ["cpu", "io", "memory"] {
+        // First line: "some avg10=0.00 avg60=0.00 avg300=0.00 total=N".
+        let text = read(&format!("/proc/pressure/{kind}"));
+        if let Some(line) = text.lines().next() {
+            let avgs: Vec<&str> = line.split_whitespace().filter(|w| w.starts_with("avg")).collect();
+            out.push_str(&format!("; {kind} pressure {}", avgs.join(" ")));
+        }
+    }
+    out
+}
+
+fn lock_process(p: &Mutex<Process>) -> std::sync::MutexGuard<'_, Process> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Operator {
@@ -301,26 +400,36 @@ impl Operator {
         let logs = cp.dir().join("operator-logs");
         fs::create_dir_all(&logs)?;
         let log = logs.join(format!("{ns}.{name}.log"));
-        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(&bin);
         // The image's entrypoint is `tfjob-operator`; the chart configures it through the
         // environment only. The process gets exactly that environment, with the downward API
         // values filled in and the metrics address moved to a free loopback port.
-        cmd.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("KUBECONFIG", &account.kubeconfig).env("RUST_BACKTRACE", "1");
+        let mut env: Vec<(String, OsString)> = vec![
+            ("PATH".into(), std::env::var_os("PATH").unwrap_or_default()),
+            ("KUBECONFIG".into(), account.kubeconfig.clone().into()),
+            ("RUST_BACKTRACE".into(), "1".into()),
+        ];
         for (k, v) in &account.env {
-            match v {
-                EnvSource::Value(v) => cmd.env(k, v),
-                EnvSource::PodName => cmd.env(k, name),
-                EnvSource::PodNamespace => cmd.env(k, ns),
+            let value = match v {
+                EnvSource::Value(v) => v.as_str(),
+                EnvSource::PodName => name,
+                EnvSource::PodNamespace => ns,
             };
+            env.push((k.clone(), value.into()));
         }
         // For debugging a failure: e.g. TFJOB_TEST_OPERATOR_LOG_LEVEL=debug.
         if let Some(level) = std::env::var_os("TFJOB_TEST_OPERATOR_LOG_LEVEL") {
-            cmd.env("TFJOB_LOG_LEVEL", level);
+            env.push(("TFJOB_LOG_LEVEL".into(), level));
         }
-        cmd.env("TFJOB_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
-        let child = spawn_supervised(cmd).with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Operator { name: name.to_string(), child, log, metrics_port })
+        env.push(("TFJOB_METRICS_ADDR".into(), format!("127.0.0.1:{metrics_port}").into()));
+        Operator::launch(Launch { name: name.to_string(), bin, args: Vec::new(), env, log }, metrics_port)
+    }
+
+    fn launch(launch: Launch, metrics_port: u16) -> Result<Operator> {
+        let (name, log) = (launch.name.clone(), launch.log.clone());
+        let child = launch.spawn(false)?;
+        let process = Arc::new(Mutex::new(Process { child, launch, restarts: 0, stopping: false }));
+        watch(Arc::downgrade(&process));
+        Ok(Operator { name, process, log, metrics_port })
     }
 
     /// Starts the operator and waits until `/readyz` answers 200 (it leads and serves).
@@ -334,8 +443,8 @@ impl Operator {
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("operator {} exited with {status}:\n{}", self.name, self.log_tail(40));
+            if self.exited() {
+                bail!("operator {} exited:\n{}", self.name, self.log_tail(40));
             }
             if self.readyz() == Some(200) {
                 return Ok(());
@@ -367,18 +476,18 @@ impl Operator {
 
     /// The process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        lock_process(&self.process).child.id()
     }
 
     /// The process's resident memory (`VmRSS`), in MiB.
     pub fn rss_mib(&self) -> Result<f64> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id())).context("the operator's /proc status")?;
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).context("the operator's /proc status")?;
         let kib: f64 = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("no VmRSS in /proc/{}/status", self.child.id()))?;
+            .ok_or_else(|| anyhow!("no VmRSS in /proc/{}/status", self.pid()))?;
         Ok(kib / 1024.0)
     }
 
@@ -395,32 +504,39 @@ impl Operator {
         !self.exited()
     }
 
-    /// Whether the process has exited, without reaping it (so that `&self` can ask, and
-    /// [`Operator::kill`] and the drop still wait for it).
+    /// Whether the operator has stopped for good (an exit after a lost lease is followed by a
+    /// restart, not counted).
     pub fn exited(&self) -> bool {
-        // SAFETY: waitid(2) on our own child with WNOWAIT, into a zeroed siginfo_t.
-        unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let r = libc::waitid(libc::P_PID, self.child.id(), &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT);
-            // -1: no such child any more (already waited for).
-            r != 0 || info.si_pid() != 0
-        }
+        lock_process(&self.process).poll()
+    }
+
+    /// How often the operator was restarted after losing its lease.
+    pub fn restarts(&self) -> u32 {
+        lock_process(&self.process).restarts
     }
 
     /// SIGKILL: no graceful shutdown, the lease is not released.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mut p = lock_process(&self.process);
+        p.stopping = true;
+        let _ = p.child.kill();
+        let _ = p.child.wait();
     }
 
     /// SIGTERM, then waits (at most 10 s, then SIGKILL): a graceful stop that releases the lease.
     pub fn terminate(&mut self) -> Result<()> {
-        // SAFETY: plain syscall on our own child's pid.
+        let pid = {
+            let mut p = lock_process(&self.process);
+            p.stopping = true;
+            p.child.id()
+        };
+        // SAFETY: plain syscall on our own child's pid (not reaped yet: only `kill` and `poll`
+        // reap it, and `poll` does not restart a stopping operator).
         unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait()?.is_none() {
+        while lock_process(&self.process).child.try_wait()?.is_none() {
             if Instant::now() > deadline {
                 self.kill();
                 bail!("operator {} did not stop within 10 s of SIGTERM:\n{}", self.name, self.log_tail(30));
@@ -450,6 +566,21 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Restarts the operator when it stops after losing its lease, also while no test waits on it
+/// (the waits that do not know of the operator would otherwise see a job left unreconciled).
+fn watch(process: Weak<Mutex<Process>>) {
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(250));
+            let Some(process) = process.upgrade() else { return };
+            let mut p = lock_process(&process);
+            if p.stopping || p.poll() {
+                return;
+            }
+        }
+    });
 }
 
 fn http_get(port: u16, path: &str) -> Result<String> {
@@ -750,5 +881,76 @@ mod note_tests {
         {
             assert_eq!(super::pods_in_note(note), want, "{note}");
         }
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Launch, Operator};
+
+    /// A stand-in operator: a shell script that runs `first` on its first start and `later`
+    /// after that (a marker file tells them apart).
+    fn stand_in(dir: &std::path::Path, first: &str, later: &str) -> Operator {
+        let marker = dir.join("started-before");
+        let script = format!("if [ -e '{m}' ]; then {later}; else touch '{m}'; {first}; fi", m = marker.display());
+        let launch = Launch {
+            name: "op-0".into(),
+            bin: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![("PATH".into(), std::env::var_os("PATH").unwrap_or_default())],
+            log: dir.join("op-0.log"),
+        };
+        Operator::launch(launch, 1).unwrap()
+    }
+
+    fn settle(op: &Operator, until: impl Fn(&Operator) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !until(op) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn an_operator_that_stops_after_losing_its_lease_is_restarted_by_the_watcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let lost = "echo 'ERROR tfjob_operator::startup: lost leadership; stopping'; echo 'INFO stopped'; exit 1";
+        let op = stand_in(dir.path(), lost, "echo second; sleep 30");
+        // Nobody asks in between: the watcher thread restarts it.
+        let log = || std::fs::read_to_string(dir.path().join("op-0.log")).unwrap();
+        settle(&op, |_| log().ends_with("second\n"));
+        assert_eq!(op.restarts(), 1);
+        assert!(!op.exited(), "{}", op.log_tail(10));
+        let log = log();
+        assert!(log.contains("lost leadership") && log.contains("restart 1 after the lost lease") && log.ends_with("second\n"), "{log}");
+    }
+
+    #[test]
+    fn an_operator_that_exits_otherwise_stays_exited() {
+        for exit in ["exit 0", "exit 101", "echo 'panicked at src/x.rs'; exit 101", "kill -9 $$"] {
+            let dir = tempfile::tempdir().unwrap();
+            let op = stand_in(dir.path(), exit, "sleep 30");
+            settle(&op, Operator::exited);
+            assert!(op.exited(), "{exit}");
+            assert_eq!(op.restarts(), 0, "{exit}");
+        }
+    }
+
+    #[test]
+    fn a_killed_or_terminated_operator_is_not_restarted_even_after_a_lost_lease_line() {
+        let dir = tempfile::tempdir().unwrap();
+        // Stops on SIGTERM with the lost-lease line: `terminate` must not have it restarted.
+        let traps = "trap \"echo 'lost leadership; stopping'; exit 1\" TERM; echo trapping; while :; do sleep 0.1; done";
+        let mut op = stand_in(dir.path(), traps, "sleep 30");
+        settle(&op, |op| op.log_tail(5).contains("trapping"));
+        op.terminate().unwrap();
+        assert!(op.log_tail(5).contains("lost leadership"), "{}", op.log_tail(5));
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(op.exited());
+        assert_eq!(op.restarts(), 0, "{}", op.log_tail(10));
+        let mut op = stand_in(tempfile::tempdir().unwrap().path(), "sleep 30", "sleep 30");
+        op.kill();
+        assert!(op.exited());
     }
 }
