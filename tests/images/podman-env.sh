@@ -100,30 +100,10 @@ CONF
     export CONTAINERS_STORAGE_CONF="$dir/storage.conf"
 }
 
-# The containers get the CPU the rest of the machine leaves them, as a kubelet gives pods with
-# no CPU request (BestEffort) cpu.shares 2: with cgroup_manager cgroupfs, podman runs each
-# container in a cgroup under libpod_parent, and a niceness does not reach across cgroups. Left
-# at the default weight, containers that train flat out on two cores took ~90 % of the CPU
-# while the test control planes' API servers waited, runnable, for seconds (measured
-# 2026-12-06: the two Kueue tests side by side, a GET /livez took 11 s, and the operator lost
-# its lease in CI). Best effort: a machine where the cgroup cannot be written gets a warning.
-tfjob_podman_lower_cpu_weight() {
-    local v1=/sys/fs/cgroup/cpu/libpod_parent v2=/sys/fs/cgroup/libpod_parent
-    if [ -f /sys/fs/cgroup/cpu/cpu.shares ]; then
-        { [ -d "$v1" ] || mkdir "$v1"; } 2>/dev/null && echo 2 >"$v1/cpu.shares" 2>/dev/null && return 0
-        tfjob_podman_log "warning: could not set $v1/cpu.shares to 2; containers that train may starve the test control plane"
-    elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-        { [ -d "$v2" ] || mkdir "$v2"; } 2>/dev/null && echo 1 >"$v2/cpu.weight" 2>/dev/null && return 0
-        tfjob_podman_log "warning: could not set $v2/cpu.weight to 1; containers that train may starve the test control plane"
-    fi
-    return 0
-}
-
 # Install + configure + check that podman answers with this configuration.
 tfjob_podman_setup() {
     tfjob_podman_install || return 1
     tfjob_podman_configure || return 1
-    tfjob_podman_lower_cpu_weight
     local info
     if ! info=$(podman info --format '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}} {{.Host.NetworkBackend}} {{.Host.CgroupManager}}' 2>&1); then
         tfjob_podman_log "podman does not work with $CONTAINERS_CONF and $CONTAINERS_STORAGE_CONF:"
