@@ -525,15 +525,18 @@ impl Operator {
 
     /// SIGTERM, then waits (at most 10 s, then SIGKILL): a graceful stop that releases the lease.
     pub fn terminate(&mut self) -> Result<()> {
-        let pid = {
+        {
             let mut p = lock_process(&self.process);
             p.stopping = true;
-            p.child.id()
-        };
-        // SAFETY: plain syscall on our own child's pid (not reaped yet: only `kill` and `poll`
-        // reap it, and `poll` does not restart a stopping operator).
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+            // Gone already (and reaped by the watcher): its pid may belong to another process now.
+            if p.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            // SAFETY: plain syscall on our own child's pid, not reaped: the lock keeps the
+            // watcher from reaping it in between.
+            unsafe {
+                libc::kill(p.child.id() as libc::pid_t, libc::SIGTERM);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while lock_process(&self.process).child.try_wait()?.is_none() {

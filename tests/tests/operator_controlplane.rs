@@ -1363,9 +1363,9 @@ fn random_tfjob() -> impl proptest::strategy::Strategy<Value = Value> {
     })
 }
 
-/// A job of 1,000 workers: planned and created within the API server's limits (every pod and its
-/// TLS Secret once, each pod's `TF_CONFIG` naming all 1,001 replicas), with a handful of status
-/// writes for the whole job, not one per pod.
+/// A job of 1,000 workers: planned and created within the API server's limits (every pod once and
+/// one Secret for the job, each pod's `TF_CONFIG` naming all 1,001 replicas), with a handful of
+/// status writes for the whole job, not one per pod.
 #[test]
 #[ignore = "long (~1 min): bash tests/run.sh --long"]
 fn a_job_of_a_thousand_workers_is_created_without_a_status_write_per_pod() -> Result<()> {
