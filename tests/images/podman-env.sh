@@ -100,34 +100,10 @@ CONF
     export CONTAINERS_STORAGE_CONF="$dir/storage.conf"
 }
 
-# All the containers together weigh on the CPU as one pod that requests 125m (cpu.shares 128,
-# the kubelet's millicores * 1024 / 1000) against the rest of the machine. With cgroup_manager
-# cgroupfs, podman runs each container in a cgroup of its own under libpod_parent, and their
-# niceness counts only within those. At the default weight (1024) containers that trained flat
-# out took most of both cores while the test control planes' API servers waited, runnable, for
-# seconds (measured 2026-12-06 with the two Kueue tests side by side: a GET of 2.7 s had 0.03 s
-# on a CPU; polls of up to 11 s; in CI the operator lost its lease). At 128 the same pair had no
-# poll over 5 s and the containers still had 65-75 % of the cores. At 2 (a BestEffort pod's
-# weight) the stalls were gone too, but the tests' own local training processes in the other
-# lane starved the containers (e2e_controlplane 183 -> 509 s in CI). Best effort: a machine
-# where the cgroup cannot be written gets a warning.
-tfjob_podman_lower_cpu_weight() {
-    local v1=/sys/fs/cgroup/cpu/libpod_parent v2=/sys/fs/cgroup/libpod_parent
-    if [ -f /sys/fs/cgroup/cpu/cpu.shares ]; then
-        { [ -d "$v1" ] || mkdir "$v1"; } 2>/dev/null && echo 128 >"$v1/cpu.shares" 2>/dev/null && return 0
-        tfjob_podman_log "warning: could not set $v1/cpu.shares to 128; containers that train may starve the test control plane"
-    elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then
-        { [ -d "$v2" ] || mkdir "$v2"; } 2>/dev/null && echo 12 >"$v2/cpu.weight" 2>/dev/null && return 0
-        tfjob_podman_log "warning: could not set $v2/cpu.weight to 12; containers that train may starve the test control plane"
-    fi
-    return 0
-}
-
 # Install + configure + check that podman answers with this configuration.
 tfjob_podman_setup() {
     tfjob_podman_install || return 1
     tfjob_podman_configure || return 1
-    tfjob_podman_lower_cpu_weight
     local info
     if ! info=$(podman info --format '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}} {{.Host.NetworkBackend}} {{.Host.CgroupManager}}' 2>&1); then
         tfjob_podman_log "podman does not work with $CONTAINERS_CONF and $CONTAINERS_STORAGE_CONF:"

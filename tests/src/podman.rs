@@ -153,12 +153,6 @@ impl Podman {
     }
 
     /// stdout and stderr of a container, separately.
-    /// The host pid of a running container's first process.
-    pub fn container_pid(&self, name: &str) -> Result<u32> {
-        let pid = self.run_ok(["inspect", "--format", "{{.State.Pid}}", name])?;
-        pid.trim().parse().with_context(|| format!("container {name}'s pid: {pid:?}"))
-    }
-
     pub fn logs(&self, name: &str) -> Result<(String, String)> {
         let out = self.run(["logs", name])?;
         if !out.status.success() {
@@ -329,39 +323,6 @@ pub fn build_images(bin_dir: &Path) -> Result<Images> {
     })
 }
 
-/// The lowest CPU weight on the way from a process's cgroup up to the root, with the cgroup
-/// that has it: `cpu.shares` (cgroup v1, default 1024) or `cpu.weight` (v2, default 100). A
-/// niceness counts only among the processes of one cgroup; this weight is what a container
-/// gets against the rest of the machine (`podman-env.sh`, `tfjob_podman_lower_cpu_weight`).
-pub fn lowest_cpu_weight(pid: u32) -> Result<(u64, PathBuf)> {
-    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).with_context(|| format!("/proc/{pid}/cgroup"))?;
-    // v1: "N:cpu,cpuacct:/path" (or "N:cpu:/path"); v2: "0::/path".
-    let v1 = cgroups.lines().find_map(|l| {
-        let (_, rest) = l.split_once(':')?;
-        let (controllers, path) = rest.split_once(':')?;
-        controllers.split(',').any(|c| c == "cpu").then(|| path.to_string())
-    });
-    let (root, path, file) = match v1 {
-        Some(path) => (PathBuf::from("/sys/fs/cgroup/cpu"), path, "cpu.shares"),
-        None => {
-            let path = cgroups.lines().find_map(|l| l.strip_prefix("0::")).ok_or_else(|| anyhow!("no cpu cgroup in {cgroups}"))?;
-            (PathBuf::from("/sys/fs/cgroup"), path.to_string(), "cpu.weight")
-        }
-    };
-    let mut lowest: Option<(u64, PathBuf)> = None;
-    let mut dir = root.join(path.trim_start_matches('/'));
-    while dir.starts_with(&root) && dir != root {
-        if let Ok(text) = fs::read_to_string(dir.join(file))
-            && let Ok(weight) = text.trim().parse::<u64>()
-            && lowest.as_ref().is_none_or(|(w, _)| weight < *w)
-        {
-            lowest = Some((weight, dir.clone()));
-        }
-        dir = dir.parent().map(Path::to_path_buf).unwrap_or_default();
-    }
-    lowest.ok_or_else(|| anyhow!("no {file} on the way from {path} up to {}", root.display()))
-}
-
 /// The niceness of the containers the API service runs.
 const CONTAINER_NICENESS: libc::c_int = 10;
 
@@ -386,11 +347,9 @@ impl PodmanService {
         let mut cmd = podman.command();
         cmd.args(["system", "service", "--time=0"]).arg(format!("unix://{}", socket.display())).stdout(log.try_clone()?).stderr(log);
         // The containers (conmon and the pod's processes inherit the service's niceness) run
-        // below the control plane and the tests, as a node's pods run beside its kubelet. The
-        // niceness counts only within a container's cgroup; against the rest of the machine what
-        // counts is the weight of the containers' parent cgroup, which `podman-env.sh` lowers
-        // (`tfjob_podman_lower_cpu_weight`): jobs that train flat out on the two cores starved the
-        // API servers for seconds at a time without it.
+        // below the control plane and the tests, as a node's pods run beside its kubelet: jobs
+        // that train flat out on the two cores would otherwise starve the API server, the
+        // operators and the test itself for tens of seconds at a time.
         // SAFETY: setpriority(2) on the child itself, between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde_json::Value;
-use tfjob_tests::podman::{
-    Images, OPERATOR_IMAGE, Podman, PodmanService, RUNTIME_IMAGE, Resources, build_images, http_get, lowest_cpu_weight, release_bin_dir, unique_name,
-};
+use tfjob_tests::podman::{Images, OPERATOR_IMAGE, Podman, PodmanService, RUNTIME_IMAGE, Resources, build_images, http_get, release_bin_dir, unique_name};
 
 const MAX_RUNTIME_IMAGE_BYTES: u64 = 40_000_000;
 const NON_ROOT: &str = "65532";
@@ -324,25 +322,6 @@ fn replicas_find_each_other_by_dns_name_on_a_container_network() -> Result<()> {
     ensure!((w - 2.0).abs() < 0.5, "W = {w}, not near 2: {report}");
     ensure!((b - 10.0).abs() < 1.0, "b = {b}, not near 10: {report}");
     made.remove_all()?;
-    Ok(())
-}
-
-/// The containers' processes weigh on the CPU as one pod requesting 125m does (cgroup v1
-/// `cpu.shares` 128, v2 `cpu.weight` 12): containers that train flat out leave the API servers
-/// the CPU they need, which their niceness alone did not (it counts only within their cgroup).
-#[test]
-fn containers_leave_the_cpu_to_the_rest_of_the_machine() -> Result<()> {
-    images()?;
-    let podman = Podman::setup()?;
-    let mut made = Resources::new(podman);
-    // A ps with no worker serves until it is removed.
-    let ps = made
-        .run_detached("tfjob-img-weight", [RUNTIME_IMAGE, "--ps_hosts=localhost:2222", "--worker_hosts=localhost:2223", "--job_name=ps", "--task_index=0"])?;
-    let pid = podman.container_pid(&ps)?;
-    ensure!(pid != 0, "the ps container is not running:\n{:?}", podman.logs(&ps)?);
-    let (weight, cgroup) = lowest_cpu_weight(pid)?;
-    made.remove_all()?;
-    ensure!(weight <= 128, "the container's processes weigh {weight} (in {}): they would compete with the control plane", cgroup.display());
     Ok(())
 }
 
