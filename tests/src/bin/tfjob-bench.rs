@@ -19,6 +19,8 @@ mod autoscale;
 mod limit;
 #[path = "tfjob-bench/operator_load.rs"]
 mod operator_load;
+#[path = "tfjob-bench/request_prices.rs"]
+mod request_prices;
 #[path = "tfjob-bench/tls.rs"]
 mod tls;
 

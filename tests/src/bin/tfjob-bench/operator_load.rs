@@ -14,6 +14,9 @@
 //!   audit log; and, for each, the CPU seconds of every process (the control plane's, the
 //!   operator's, the bench's) per pod. Three rounds alternate the four (one with `--quick`);
 //!   the rates are their medians.
+//! - **Request prices.** What one request of each kind the operator makes costs the API server
+//!   and etcd ([`super::request_prices`]), and from them and the audit log's count the bound:
+//!   the highest operator / bare rate those requests allow while the API server's CPU is the limit.
 //! - **Memory.** The operator's RSS with 1,000 and 10,000 finished TFJobs (created, their status
 //!   set to Succeeded, before the operator starts: what its caches hold on a cluster that ran
 //!   jobs for months), against the RSS of the same operator watching an empty namespace.
@@ -37,7 +40,7 @@ use super::{Options, Report, controller_pass};
 /// Replicas per job (1 ps + 4 workers).
 const REPLICAS: usize = 5;
 /// Objects in flight at once: the operator's default `TFJOB_CONCURRENCY`.
-const CONCURRENCY: usize = 8;
+pub const CONCURRENCY: usize = 8;
 
 pub fn operator_load(opts: &Options, report: &mut Report) -> Result<()> {
     let jobs = if opts.quick { 10 } else { 100 };
@@ -58,12 +61,12 @@ pub fn operator_load(opts: &Options, report: &mut Report) -> Result<()> {
 // ---------------------------------------------------------------- creation rate
 
 /// The objects the operator writes for one job, in its order, and the job.
-struct JobObjects {
-    job: TFJob,
-    service: Service,
+pub struct JobObjects {
+    pub job: TFJob,
+    pub service: Service,
     /// The job's Secret: the token and the CA.
-    token: Secret,
-    pods: Vec<Pod>,
+    pub token: Secret,
+    pub pods: Vec<Pod>,
 }
 
 impl JobObjects {
@@ -97,7 +100,7 @@ struct Round {
 
 /// The CPU seconds that the processes sharing the machine's cores use over a window: the
 /// control plane's components, the operator and this bench (the client that creates).
-struct CpuMeter {
+pub struct CpuMeter {
     processes: Vec<(String, u32)>,
 }
 
@@ -119,7 +122,7 @@ impl CpuMeter {
     }
 
     /// `f` timed: its result, its seconds, the CPU seconds each process used meanwhile.
-    fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, BTreeMap<String, f64>)> {
+    pub fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<(T, f64, BTreeMap<String, f64>)> {
         let (before, t) = (self.read(), Instant::now());
         let out = f()?;
         Ok((out, t.elapsed().as_secs_f64(), self.since(&before)))
@@ -222,11 +225,65 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
         let each: Vec<String> = cpu.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
         println!("          CPU ms per pod, {what} (medians): {}", each.join(", "));
     }
+    let (prices, price_details) = super::request_prices::print_request_prices(cp, rt, client, &operator.cpu, 2 * jobs, rounds)?;
+    if let Some(bound) = priced_bound(&prices, &requests, jobs) {
+        let measured = ours / bare_pods;
+        println!(
+            "          the bound the API server's CPU sets (its and etcd's ms per job at the prices above): bare pods + Services {:.1}, the operator's requests {:.1} (the TFJob create included): at most {:.3} of the bare client's rate; measured {:.3}, {:.2} of the bound",
+            bound.bare_ms,
+            bound.operator_ms,
+            bound.ratio(),
+            measured,
+            measured / bound.ratio()
+        );
+        report.row(
+            "operator-load",
+            &format!("{what}: operator / bare pods + Services"),
+            measured,
+            "x",
+            Some(("bound from request prices", bound.ratio())),
+            None,
+            "",
+            None,
+        );
+    }
     report.details.insert(
         "operator_load_creation".into(),
-        json!({ "jobs": jobs, "replicas": REPLICAS, "rounds": all_rounds, "bare_writes": writes, "bare_pod_writes": pod_writes, "operator_requests": requests }),
+        json!({ "jobs": jobs, "replicas": REPLICAS, "rounds": all_rounds, "bare_writes": writes, "bare_pod_writes": pod_writes, "operator_requests": requests, "request_prices": price_details }),
     );
     Ok(())
+}
+
+/// What the API server and etcd spend per job, at the measured prices, for the bare client's
+/// writes (a Service and the pods) and for the operator's requests (as the audit log counted
+/// them, and the TFJob create that starts the job).
+struct PricedBound {
+    bare_ms: f64,
+    operator_ms: f64,
+}
+
+impl PricedBound {
+    /// The highest operator / bare rate these prices allow when the two share the API server's
+    /// CPU: the inverse ratio of their costs per job.
+    fn ratio(&self) -> f64 {
+        self.bare_ms / self.operator_ms
+    }
+}
+
+/// `None` (with a note) when a request of the operator's has no price.
+fn priced_bound(prices: &BTreeMap<&str, f64>, requests: &BTreeMap<String, usize>, jobs: usize) -> Option<PricedBound> {
+    use super::request_prices as p;
+    let price = |what: &str| prices.get(what).copied();
+    let bare_ms = price(p::SERVICES_CREATED)? + REPLICAS as f64 * price(p::PODS_UNWATCHED)?;
+    let mut operator_ms = price(p::TFJOBS_CREATED)?;
+    for (kind, n) in requests {
+        let Some((_, what)) = p::OPERATOR_REQUESTS.iter().find(|(k, _)| k == kind) else {
+            println!("          (no price for the operator's {kind:?}: no bound)");
+            return None;
+        };
+        operator_ms += price(what)? * *n as f64 / jobs as f64;
+    }
+    Some(PricedBound { bare_ms, operator_ms })
 }
 
 /// Each process's CPU milliseconds per pod (`pods` in each round) in the window `pick` of every
@@ -248,7 +305,7 @@ fn tfjob(ns: &str, name: &str) -> Result<TFJob> {
 
 /// What the operator writes for job `name`, from its own planner; no owner references (the job
 /// does not exist: the garbage collector would delete them).
-fn job_objects(ns: &str, name: &str) -> Result<JobObjects> {
+pub fn job_objects(ns: &str, name: &str) -> Result<JobObjects> {
     use tfjob_api::{api, plan};
     let job = tfjob(ns, name)?;
     let mut defaulted = job.clone();
