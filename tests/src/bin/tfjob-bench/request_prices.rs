@@ -60,7 +60,7 @@ pub fn print_request_prices(
     passes: usize,
 ) -> Result<(BTreeMap<&'static str, f64>, serde_json::Value)> {
     let runs = (0..passes).map(|pass| request_prices(cp, rt, client, cpu, n, pass)).collect::<Result<Vec<_>>>()?;
-    println!("          what one request costs ({n} of each kind, {CONCURRENCY} at a time, {passes} passes; CPU ms per request, median and each pass):");
+    println!("          what one request costs ({n} of each kind, {CONCURRENCY} at a time, passes: {passes}; CPU ms per request, median and each pass):");
     let mut details = serde_json::Map::new();
     let mut medians = BTreeMap::new();
     for (k, first) in runs[0].iter().enumerate() {
