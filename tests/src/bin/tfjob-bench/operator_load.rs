@@ -225,33 +225,39 @@ fn creation(cp: &ControlPlane, rt: &tokio::runtime::Runtime, client: &Client, op
         let each: Vec<String> = cpu.iter().map(|(name, ms)| format!("{name} {ms:.1}")).collect();
         println!("          CPU ms per pod, {what} (medians): {}", each.join(", "));
     }
-    let (prices, price_details) = super::request_prices::print_request_prices(cp, rt, client, &operator.cpu, 2 * jobs, rounds)?;
-    if let Some(bound) = priced_bound(&prices, &requests, jobs) {
-        let measured = ours / bare_pods;
-        println!(
-            "          the bound the API server's CPU sets (its and etcd's ms per job at the prices above): bare pods + Services {:.1}, the operator's requests {:.1} (the TFJob create included): at most {:.3} of the bare client's rate; measured {:.3}, {:.2} of the bound",
-            bound.bare_ms,
-            bound.operator_ms,
-            bound.ratio(),
-            measured,
-            measured / bound.ratio()
-        );
-        report.row(
-            "operator-load",
-            &format!("{what}: operator / bare pods + Services"),
-            measured,
-            "x",
-            Some(("bound from request prices", bound.ratio())),
-            None,
-            "",
-            None,
-        );
-    }
+    let price_details = prices_and_bound(&operator, (jobs, rounds), &requests, ours / bare_pods, report)?;
     report.details.insert(
         "operator_load_creation".into(),
         json!({ "jobs": jobs, "replicas": REPLICAS, "rounds": all_rounds, "bare_writes": writes, "bare_pod_writes": pod_writes, "operator_requests": requests, "request_prices": price_details }),
     );
     Ok(())
+}
+
+/// Prices each kind of request (twice the jobs' count of each, one pass a round) and prints
+/// the bound they set beside `measured` (operator / bare pods + Services). Returns the prices
+/// for the report's details.
+fn prices_and_bound(
+    op: &OperatorUnderLoad,
+    (jobs, rounds): (usize, usize),
+    requests: &BTreeMap<String, usize>,
+    measured: f64,
+    report: &mut Report,
+) -> Result<serde_json::Value> {
+    let (prices, details) = super::request_prices::print_request_prices(op.cp, op.rt, op.client, &op.cpu, 2 * jobs, rounds)?;
+    let Some(bound) = priced_bound(&prices, requests, jobs) else {
+        return Ok(details);
+    };
+    println!(
+        "          the bound the API server's CPU sets (its and etcd's ms per job at the prices above): bare pods + Services {:.1}, the operator's requests {:.1} (the TFJob create included): at most {:.3} of the bare client's rate; measured {:.3}, {:.2} of the bound",
+        bound.bare_ms,
+        bound.operator_ms,
+        bound.ratio(),
+        measured,
+        measured / bound.ratio()
+    );
+    let what = format!("{jobs} TFJobs x {REPLICAS} pods: operator / bare pods + Services");
+    report.row("operator-load", &what, measured, "x", Some(("bound from request prices", bound.ratio())), None, "", None);
+    Ok(details)
 }
 
 /// What the API server and etcd spend per job, at the measured prices, for the bare client's

@@ -61,7 +61,7 @@ pub fn print_request_prices(
 ) -> Result<(BTreeMap<&'static str, f64>, serde_json::Value)> {
     let runs = (0..passes).map(|pass| request_prices(cp, rt, client, cpu, n, pass)).collect::<Result<Vec<_>>>()?;
     // A process's CPU time is counted in clock ticks: a price is known to one tick over the
-    // requests timed (with `--quick`'s 20 requests, 0.5 ms).
+    // requests timed, the fewest being half of `n` (0.1 ms in a full run, 1 ms with `--quick`).
     let tick_ms = 1e3 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     println!(
         "          what one request costs ({n} of each kind, {CONCURRENCY} at a time, passes: {passes}; CPU ms per request, median and each pass; to within {:.2} ms):",
