@@ -49,6 +49,17 @@ pub fn controlplane_module_dir() -> PathBuf {
 /// (`etcd`, `kube-apiserver`, `kube-controller-manager`, `kubectl`, `helm`); skips the build.
 pub const BIN_DIR_ENV: &str = "TFJOB_CONTROLPLANE_BIN_DIR";
 
+/// Environment variable that turns kube-apiserver's profiling on (`1` or `true`; off otherwise,
+/// as in every test run): its `/debug/pprof/` endpoints then answer the admin, e.g.
+/// `kubectl get --raw '/debug/pprof/profile?seconds=15' > cpu.pprof` and `go tool pprof -top
+/// cpu.pprof` (BENCHMARKS.md, "What each request costs the API server").
+pub const PROFILING_ENV: &str = "TFJOB_CONTROLPLANE_PROFILING";
+
+/// kube-apiserver's `--profiling` flag for the value of [`PROFILING_ENV`].
+fn profiling_flag(value: Option<&str>) -> String {
+    format!("--profiling={}", matches!(value, Some("1" | "true")))
+}
+
 const BINARIES: [&str; 5] = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm"];
 const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
 const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -590,7 +601,7 @@ impl ControlPlane {
                 "--audit-log-format=json".into(),
                 "--audit-log-mode=blocking".into(),
                 "--allow-privileged=true".into(),
-                "--profiling=false".into(),
+                profiling_flag(std::env::var(PROFILING_ENV).ok().as_deref()),
                 "--v=1".into(),
             ]
             .into_iter()
@@ -1117,6 +1128,15 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn profiling_is_off_unless_asked_for() {
+        for (value, want) in
+            [(None, "false"), (Some("1"), "true"), (Some("true"), "true"), (Some("0"), "false"), (Some(""), "false"), (Some("yes please"), "false")]
+        {
+            assert_eq!(profiling_flag(value), format!("--profiling={want}"), "{value:?}");
+        }
+    }
 
     #[test]
     fn only_a_server_never_reached_counts_as_unreachable() {
