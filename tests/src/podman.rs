@@ -347,9 +347,12 @@ impl PodmanService {
         let mut cmd = podman.command();
         cmd.args(["system", "service", "--time=0"]).arg(format!("unix://{}", socket.display())).stdout(log.try_clone()?).stderr(log);
         // The containers (conmon and the pod's processes inherit the service's niceness) run
-        // below the control plane and the tests, as a node's pods run beside its kubelet: jobs
-        // that train flat out on the two cores would otherwise starve the API server, the
-        // operators and the test itself for tens of seconds at a time.
+        // below the control plane and the tests, as a node's pods run beside its kubelet. The
+        // niceness ranks tasks only within one cgroup: with the cgroupfs manager each container
+        // has its own under `libpod_parent`, whose weight (podman's default) is what the
+        // containers get against the rest of the machine; lowering it was measured and dropped
+        // (README, "Tests, and what runs where": the API-server stalls, and the operator restart that
+        // rides them out).
         // SAFETY: setpriority(2) on the child itself, between fork and exec.
         unsafe {
             use std::os::unix::process::CommandExt;

@@ -49,6 +49,7 @@ pub struct Price {
 /// Prices measured `passes` times (each pass in a namespace of its own), printed with their
 /// medians: the API server's garbage collection falls on whichever window it likes, so one pass
 /// alone can be off by half.
+///
 /// Returns each kind's median (kube-apiserver and etcd together, ms per request) and the
 /// details for the report.
 pub fn print_request_prices(
