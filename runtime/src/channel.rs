@@ -257,7 +257,13 @@ async fn serve_inner(
         match answer {
             Err(status) => send(stream, &encode_frame(&error_reply(&status))).await?,
             Ok((push, pulled)) => {
-                let (reply, contents) = reply_of(push, pulled.as_ref(), service.part_bytes());
+                let (mut reply, contents) = reply_of(push, pulled.as_ref(), service.part_bytes());
+                if let Some(call) = &request.next_shard {
+                    match service.store().next_shard(call) {
+                        Ok(answer) => reply.next_shard = Some(answer),
+                        Err(e) => reply.next_shard_error = Status::from(e).message().to_string(),
+                    }
+                }
                 write_message(stream.get_mut(), &reply, contents.iter().map(|c| std::borrow::Cow::Borrowed(&c[..]))).await?;
             }
         }

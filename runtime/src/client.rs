@@ -264,6 +264,9 @@ pub struct StepRequest<'a> {
     pub pushed_rows: Rows<'a>,
     /// The rows to pull after the push (the next batch's).
     pub pulled_rows: Rows<'a>,
+    /// A call to the shard dispatcher on ps 0, answered with the step (over
+    /// the tensor channel: in the same round trip; over gRPC: after it).
+    pub shard_call: Option<&'a proto::NextShardRequest>,
 }
 
 /// What every ps replied to one [`PsSet::push_pull`].
@@ -276,6 +279,9 @@ pub struct Stepped {
     /// When the last ps's first reply arrived (push applied, barrier passed),
     /// from the start of the call.
     pub first_reply: Duration,
+    /// The dispatcher's answer to the step's `shard_call` (or why there is
+    /// none); `None` when the step had no call.
+    pub dispatched: Option<Result<proto::NextShardReply, String>>,
 }
 
 /// The parameter servers of a job, seen from one task.
@@ -315,6 +321,8 @@ struct ChannelAnswer {
     first_reply: Duration,
     /// The rows pulled: per partition of the ps (in order), its pieces.
     rows: Vec<Vec<RowsPart>>,
+    /// The shard dispatcher's answer (ps 0, when the request had a call).
+    dispatched: Option<Result<proto::NextShardReply, String>>,
 }
 
 /// The pull half of a tensor channel request: destinations, the rows
@@ -337,6 +345,8 @@ struct ChannelPush<'a> {
     gradients: &'a [ArrayD<f32>],
     rows: Rows<'a>,
     push_id: u64,
+    /// For ps 0: a call to its shard dispatcher.
+    shard_call: Option<&'a proto::NextShardRequest>,
 }
 
 /// A pull from ps `ps` must bring every element of each of its shards
@@ -397,6 +407,11 @@ fn channel_answer(
     }
     let rows = reply.rows.iter().zip(row_bytes).map(|(h, content)| RowsPart { name: h.name.clone(), count: h.count, content }).collect::<Vec<_>>();
     bytes += rows.iter().map(|r| r.content.len() as u64).sum::<u64>();
+    let dispatched = match reply.next_shard {
+        Some(answer) => Some(Ok(answer)),
+        None if !reply.next_shard_error.is_empty() => Some(Err(reply.next_shard_error)),
+        None => None,
+    };
     Ok(ChannelAnswer {
         push: reply.push,
         step: reply.step,
@@ -405,6 +420,7 @@ fn channel_answer(
         bytes,
         first_reply,
         rows: rows.into_iter().map(|r| vec![r]).collect(),
+        dispatched,
     })
 }
 
@@ -548,6 +564,7 @@ impl PsSet {
                     ..self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
                 }),
                 push_rows: Vec::new(),
+                next_shard: push.and_then(|p| p.shard_call).filter(|_| ps == 0).cloned(),
             };
             let (contents, row_contents) = push_here.map(|p| self.channel_push_contents(ps, p)).unwrap_or_default();
             let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
@@ -932,7 +949,7 @@ impl PsSet {
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         if self.use_channel {
             let push_to = vec![true; self.num_ps()];
-            let push = ChannelPush { steps, push_to: &push_to, gradients, rows, push_id };
+            let push = ChannelPush { steps, push_to: &push_to, gradients, rows, push_id, shard_call: None };
             let answers = self.on_channel("push to", Some(push), None).await?;
             return answers.into_iter().map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into()))).collect();
         }
@@ -958,16 +975,21 @@ impl PsSet {
     /// pushed to is only pulled from; its push reply is `accepted: false`
     /// with the step pulled.
     pub async fn push_pull(&self, step: StepRequest<'_>, params: &mut [ArrayD<f32>], min_steps: &[i64], wait: Duration) -> Result<Stepped, ClientError> {
-        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows } = step;
+        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows, shard_call } = step;
         let push_id = self.next_push_id.fetch_add(1, Ordering::Relaxed);
         if self.use_channel {
-            let push = ChannelPush { steps, push_to, gradients, rows: pushed_rows, push_id };
+            let push = ChannelPush { steps, push_to, gradients, rows: pushed_rows, push_id, shard_call };
             let pull = ChannelPull { params, rows: pulled_rows, min_steps, wait_initialized: false, wait };
             let answers = self.on_channel("push to and pull from", Some(push), Some(pull)).await?;
             let first_reply = answers.iter().map(|a| a.first_reply).max().unwrap_or_default();
-            return Ok(Stepped { pushed: pushed_on_channel(&answers, push_to)?, pulled: Self::pulled_from(&answers), first_reply });
+            let dispatched = answers.first().and_then(|a| a.dispatched.clone());
+            return Ok(Stepped { pushed: pushed_on_channel(&answers, push_to)?, pulled: Self::pulled_from(&answers), first_reply, dispatched });
         }
-        self.push_pull_grpc(StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows }, params, min_steps, wait, push_id).await
+        let mut stepped = self.push_pull_grpc(step, params, min_steps, wait, push_id).await?;
+        if let Some(call) = shard_call {
+            stepped.dispatched = Some(self.next_shard_once(call.clone()).await.map_err(|e| e.to_string()));
+        }
+        Ok(stepped)
     }
 
     /// [`push_pull`](Self::push_pull) over gRPC: one PushPull call per ps
@@ -980,7 +1002,7 @@ impl PsSet {
         wait: Duration,
         push_id: u64,
     ) -> Result<Stepped, ClientError> {
-        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows } = step;
+        let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows, .. } = step;
         let start = Instant::now();
         let calls = (0..self.num_ps()).map(|ps| {
             let request = proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows), ..self.pull_request(min_steps[ps], false, wait) };
@@ -1022,7 +1044,7 @@ impl PsSet {
             first_reply = first_reply.max(first);
             per_ps.push(replies);
         }
-        Ok(Stepped { pushed, pulled: self.absorb(params, pulled_rows, per_ps)?, first_reply })
+        Ok(Stepped { pushed, pulled: self.absorb(params, pulled_rows, per_ps)?, first_reply, dispatched: None })
     }
 
     /// Tells every ps that training is over (chief only).
@@ -1080,8 +1102,7 @@ impl PsSet {
         finished: Option<(proto::ShardRef, u64)>,
         want: bool,
     ) -> Result<proto::NextShardReply, ClientError> {
-        let (finished, generation) = finished.map_or((None, 0), |(s, g)| (Some(s), g));
-        let req = proto::NextShardRequest { task: self.task_proto(), plan: Some(plan), finished, want, generation };
+        let req = self.shard_request(plan, finished, None, want);
         let client = self.clients[0].clone();
         with_retry(0, &self.addresses[0], "ask for a shard of", self.patience, move || {
             let mut c = client.clone();
@@ -1089,6 +1110,32 @@ impl PsSet {
             async move { c.next_shard(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
         })
         .await
+    }
+
+    /// One call to the shard dispatcher on ps 0, not retried (the training
+    /// loop falls back to [`next_shard`](Self::next_shard) when it fails).
+    pub async fn next_shard_once(&self, req: proto::NextShardRequest) -> Result<proto::NextShardReply, ClientError> {
+        let mut client = self.clients[0].clone();
+        client.next_shard(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()).map_err(|status| ClientError::Rpc {
+            what: "ask for a shard of",
+            ps: 0,
+            address: self.addresses[0].clone(),
+            status,
+        })
+    }
+
+    /// A call to the shard dispatcher from this task: it finished `finished`
+    /// (the shard and the generation it was handed out under), still trains
+    /// `keep` (which stays its own) and, when `want`, asks for a shard.
+    pub fn shard_request(
+        &self,
+        plan: proto::DatasetPlan,
+        finished: Option<(proto::ShardRef, u64)>,
+        keep: Option<proto::ShardRef>,
+        want: bool,
+    ) -> proto::NextShardRequest {
+        let (finished, generation) = finished.map_or((None, 0), |(s, g)| (Some(s), g));
+        proto::NextShardRequest { task: self.task_proto(), plan: Some(plan), finished, want, generation, keep }
     }
 
     /// Keeps this task's lease on every ps (an evaluator holds none) and

@@ -260,7 +260,8 @@ impl ShardDispatcher {
     /// `task` finished training `finished` (if any) and, when `want`, asks
     /// for the next shard. Any other shard still counted as `task`'s goes
     /// back to todo (a task trains one shard at a time: asking again means
-    /// the old one was abandoned, e.g. by a restarted process).
+    /// the old one was abandoned, e.g. by a restarted process), but for the
+    /// one it keeps when it asks ahead ([`next_keeping`](Self::next_keeping)).
     ///
     /// A report for a shard that is already done changes nothing (a retry,
     /// or a shard handed out again whose first task was only slow); a shard
@@ -269,11 +270,20 @@ impl ShardDispatcher {
     /// dispatcher went back to a checkpoint, and those updates were lost with
     /// the ps's values, so it is trained again.
     pub fn next(&mut self, task: &str, finished: Option<ShardId>, want: bool) -> Result<Reply, DispatchError> {
+        self.next_keeping(task, finished, None, want)
+    }
+
+    /// [`next`](Self::next) from a task that asks for its next shard ahead,
+    /// while it still trains `keep`: that shard stays the task's (so a task
+    /// holds at most the shard it trains and the one it asked for ahead).
+    /// A `keep` that is not the task's (done, handed to another, or from
+    /// before a restart) keeps nothing.
+    pub fn next_keeping(&mut self, task: &str, finished: Option<ShardId>, keep: Option<ShardId>, want: bool) -> Result<Reply, DispatchError> {
         let counted = match finished {
             Some(shard) => self.mark_done(shard)?,
             None => false,
         };
-        let abandoned = self.release(task);
+        let abandoned = self.release_all_but(task, keep);
         let handout = want.then(|| self.hand_out(task));
         Ok(Reply { counted, handout, abandoned })
     }
@@ -315,7 +325,12 @@ impl ShardDispatcher {
 
     /// `task` is gone (lease expired, left the job): its shards go back to todo.
     pub fn release(&mut self, task: &str) -> usize {
-        let lost: Vec<ShardId> = self.doing.iter().filter(|(_, t)| t.as_str() == task).map(|(s, _)| *s).collect();
+        self.release_all_but(task, None)
+    }
+
+    /// `task`'s shards but `keep` go back to todo.
+    fn release_all_but(&mut self, task: &str, keep: Option<ShardId>) -> usize {
+        let lost: Vec<ShardId> = self.doing.iter().filter(|(s, t)| t.as_str() == task && Some(**s) != keep).map(|(s, _)| *s).collect();
         for s in &lost {
             self.doing.remove(s);
             self.returned.insert(*s);

@@ -3,13 +3,15 @@
 //! that the dispatcher on ps 0 hands out.
 //!
 //! The loop is small ([`run_worker`]); its steps live in two pieces:
-//! - [`ShardFeed`]: the batches, shard by shard from the dispatcher; it says
+//! - [`ShardFeed`] (`feed`): the batches, shard by shard from the dispatcher; it says
 //!   when there is nothing to train for now (others are finishing the last
 //!   shards) and when every epoch is done.
 //! - [`Trainer`]: this task's place in the job: joining the ps tasks (and
 //!   again after a ps restarted), one training step, an idle step (sync: an
 //!   abstention, so no step waits for a task with no data), the chief's
 //!   checkpoints, the final report.
+
+mod feed;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,16 +22,16 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::Code;
 
 use crate::client::{ClientError, PsSet, Pulled, StepRequest};
-use crate::data::{Batch, ShardBatches, TrainingSet};
-use crate::dispatch::{ShardId, ShardPlan};
+use crate::data::Batch;
 use crate::metrics::TrainingMetrics;
 use crate::model::Model;
-use crate::proto::{self, TaskState, next_shard_reply::Outcome};
+use crate::proto::{self, TaskState};
 use crate::status::TaskStatus;
 use crate::train::{
     self, Aggregate, Checkpointer, FinalReport, Summaries, TaskContext, TrainError, TrainSettings, Workload, layout_changed, needs_recovery, summary_line,
     wait_for_variables, zeros_like,
 };
+use feed::{Fed, ShardFeed};
 
 /// How long a task with nothing to train waits before it asks again.
 const IDLE_POLL: Duration = Duration::from_millis(50);
@@ -37,137 +39,8 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 /// How often the chief asks ps 0 whether a ps set was proposed.
 const LAYOUT_POLL: Duration = Duration::from_millis(500);
 
-/// Batches a worker makes ahead while a step's round trip is on the wire:
-/// the next (whose rows the step pulls) and the one after it.
-const BATCHES_AHEAD: usize = 2;
-
 /// Layout changes one step may follow before the task gives up.
 const MAX_FOLLOWS: u32 = 20;
-
-/// What the feed gives the loop next.
-enum Fed {
-    Batch(Box<Batch>),
-    /// Nothing to train now; ask again shortly.
-    Wait,
-    /// Every shard of every epoch is done.
-    Finished,
-}
-
-/// A task's batches: the shards the dispatcher on ps 0 hands it, one at a
-/// time. A shard is reported done when its last batch has been trained, with
-/// the request for the next one.
-struct ShardFeed {
-    data: Arc<dyn TrainingSet>,
-    plan: ShardPlan,
-    batch_size: usize,
-    /// The shard being trained, the generation it was handed out under, and
-    /// its batches not yet taken.
-    current: Option<(ShardId, u64, ShardBatches)>,
-    /// The dispatcher's figures, as of the last reply.
-    progress: Option<proto::DispatchProgress>,
-}
-
-impl ShardFeed {
-    fn new(workload: &Workload, settings: &TrainSettings) -> Result<Self, TrainError> {
-        Ok(ShardFeed {
-            data: workload.train.clone(),
-            plan: train::shard_plan(workload, settings)?,
-            batch_size: workload.batch_size,
-            current: None,
-            progress: None,
-        })
-    }
-
-    fn plan_proto(&self) -> proto::DatasetPlan {
-        (&self.plan).into()
-    }
-
-    /// The shard whose every batch was taken (and so trained, since the loop
-    /// trains a batch before it asks for the next one).
-    fn finished(&self) -> Option<(proto::ShardRef, u64)> {
-        match &self.current {
-            Some((shard, generation, rest)) if rest.is_empty() => Some(((*shard).into(), *generation)),
-            _ => None,
-        }
-    }
-
-    /// The batch after the one just taken, when it is in the shard in hand.
-    fn peek(&mut self) -> Option<&Batch> {
-        self.current.as_mut().and_then(|(_, _, rest)| rest.peek())
-    }
-
-    /// Makes the shard's next [`BATCHES_AHEAD`] batches and what `model`
-    /// needs of them before their steps: work for the time a step's round
-    /// trip is on the wire.
-    fn make_ahead(&mut self, model: &dyn Model) {
-        if let Some((_, _, rest)) = &mut self.current {
-            rest.make_ahead(BATCHES_AHEAD);
-            for batch in (0..BATCHES_AHEAD).map_while(|i| rest.ahead(i)) {
-                model.prepare(batch);
-            }
-        }
-    }
-
-    async fn next(&mut self, ps: &PsSet) -> Result<Fed, TrainError> {
-        if let Some(batch) = self.current.as_mut().and_then(|(_, _, rest)| rest.next()) {
-            return Ok(Fed::Batch(Box::new(batch)));
-        }
-        let finished = self.finished();
-        self.note_trained(ps, finished);
-        let reply = ps.next_shard(self.plan_proto(), finished, true).await?;
-        self.current = None;
-        self.progress = reply.progress;
-        match Outcome::try_from(reply.outcome) {
-            Ok(Outcome::Assigned) => {
-                let s = reply.shard.ok_or_else(|| protocol("the dispatcher assigned no shard"))?;
-                let shard = ShardId::from(s);
-                if shard.index >= self.plan.shards_per_epoch() {
-                    return Err(protocol(&format!("the dispatcher assigned {shard}, which does not exist")));
-                }
-                let mut batches = self.data.shard_batches(&self.plan, shard, self.batch_size);
-                let first = batches.next().ok_or_else(|| protocol(&format!("{shard} holds no example")))?;
-                self.current = Some((shard, reply.generation, batches));
-                Ok(Fed::Batch(Box::new(first)))
-            }
-            Ok(Outcome::Wait) => Ok(Fed::Wait),
-            Ok(Outcome::Finished) => Ok(Fed::Finished),
-            _ => Err(protocol(&format!("the dispatcher answered {} to a request for a shard", reply.outcome))),
-        }
-    }
-
-    /// Every shard this task trained, at debug level (target
-    /// `tfjob_runtime::shards`), for whoever checks that every example was
-    /// trained: `RUST_LOG=info,tfjob_runtime::shards=debug`. Written before
-    /// the shard is reported done: a task killed between the two has trained
-    /// it all the same (the dispatcher may count it done, or hand it out
-    /// again, and then it is logged twice).
-    fn note_trained(&self, ps: &PsSet, finished: Option<(proto::ShardRef, u64)>) {
-        if let Some((shard, _)) = finished {
-            let examples = self.plan.shard_examples(shard.index);
-            tracing::debug!(target: "tfjob_runtime::shards", "{}: trained shard {} of epoch {} ({examples} examples)", ps.task, shard.index, shard.epoch);
-        }
-    }
-
-    /// The ps tasks restarted: the shard in hand is given up (the
-    /// dispatcher, back from its checkpoint, hands it out again).
-    fn abandon(&mut self) {
-        self.current = None;
-    }
-
-    /// Reports a finished shard without asking for another, and returns the
-    /// dispatcher's figures (the last known ones if ps 0 is gone).
-    async fn close(&mut self, ps: &PsSet) -> Option<proto::DispatchProgress> {
-        let finished = self.finished();
-        self.note_trained(ps, finished);
-        match ps.next_shard(self.plan_proto(), finished, false).await {
-            Ok(reply) => reply.progress,
-            Err(e) => {
-                tracing::warn!("{}: cannot report to the shard dispatcher: {e}", ps.task);
-                self.progress
-            }
-        }
-    }
-}
 
 /// Awaits `call` with `work` done while it waits: `call` is polled once (so
 /// its requests are sent), then `work` runs, then `call` is awaited. A call
@@ -187,10 +60,6 @@ async fn overlapped<T>(call: impl std::future::Future<Output = T>, work: impl Fn
 fn training_report(metrics: &TrainingMetrics, train_steps: i64) -> proto::HeartbeatRequest {
     let stepped = metrics.local_steps.load(Ordering::Relaxed) > 0;
     proto::HeartbeatRequest { loss: stepped.then(|| metrics.last_loss.get() as f32), train_steps, ..Default::default() }
-}
-
-fn protocol(message: &str) -> TrainError {
-    TrainError::Client(ClientError::Protocol(message.to_string()))
 }
 
 /// This task's side of the job: its values, its place in the steps and what
@@ -518,16 +387,20 @@ impl<'a> Trainer<'a> {
         let t1 = Instant::now();
         self.metrics.compute_seconds.add((t1 - t0).as_secs_f64());
         let (push_to, min_steps) = self.step_targets();
-        let next_rows = match feed.peek() {
-            Some(next) if self.sparse => self.model.row_ids(next),
-            _ if self.sparse => vec![Vec::new(); self.params.len()],
-            _ => Vec::new(),
+        let next_rows = self.rows_to_pull(feed);
+        let shard_call = feed.call_request(&self.ps);
+        let step = StepRequest {
+            steps: &self.pulled.steps,
+            push_to: &push_to,
+            gradients: &lg.gradients,
+            pushed_rows: &rows,
+            pulled_rows: &next_rows,
+            shard_call: shard_call.as_ref(),
         };
-        let step = StepRequest { steps: &self.pulled.steps, push_to: &push_to, gradients: &lg.gradients, pushed_rows: &rows, pulled_rows: &next_rows };
         let model = self.model;
         let stepped = self.ps.push_pull(step, &mut self.params, &min_steps, self.settings.step_timeout);
         let stepped = overlapped(stepped, || feed.make_ahead(model)).await;
-        let crate::client::Stepped { pushed: replies, pulled: next, first_reply } = match stepped {
+        let crate::client::Stepped { pushed: replies, pulled: next, first_reply, dispatched } = match stepped {
             Ok(r) => r,
             Err(e) if e.code() == Some(Code::DeadlineExceeded) => {
                 return Err(TrainError::StepTimeout { step: min_steps[0], waited: self.settings.step_timeout });
@@ -543,6 +416,7 @@ impl<'a> Trainer<'a> {
             Err(e) if needs_recovery(&e) => return self.recover(&e, feed).await.map(|()| false),
             Err(e) => return Err(e.into()),
         };
+        feed.dispatched(&self.ps, dispatched);
         self.count_step(&next, first_reply, t1, &lg.gradients, &rows);
         self.pulled = next;
         self.held_rows = next_rows;
@@ -550,6 +424,16 @@ impl<'a> Trainer<'a> {
         self.note_replies(&replies);
         self.log_progress(summaries);
         Ok(self.pulled.done || replies.iter().any(|r| r.done))
+    }
+
+    /// The rows a step pulls with the values: those of the batch after it
+    /// (when the feed knows it, also across a shard's end).
+    fn rows_to_pull(&self, feed: &mut ShardFeed) -> Vec<Vec<i64>> {
+        match feed.peek() {
+            Some(next) if self.sparse => self.model.row_ids(next),
+            _ if self.sparse => vec![Vec::new(); self.params.len()],
+            _ => Vec::new(),
+        }
     }
 
     /// Pulls the values (and the rows `rows`) before a step. False when the

@@ -296,10 +296,12 @@ fn every_epoch_is_trained_once_while_workers_come_and_go() {
     println!("the chief's final line: {chief}");
     assert_eq!(chief["epochs_completed"].as_u64(), Some(EPOCHS), "{chief}");
     assert_eq!(chief["examples_trained"].as_u64(), Some(EPOCHS * 101), "{chief}");
-    // At most one shard in flight per worker at each loss: worker1 (left),
-    // worker2 (killed), and the two of worker0 and worker2 at the checkpoint.
+    // At each loss, at most the shards a worker holds: the one it trains
+    // and, while it trains that one's last batch, the next one it asked for
+    // ahead. Losses: worker1 (left), worker2 (killed), and worker0's and
+    // worker2's at the checkpoint.
     let redone = chief["shards_redone"].as_u64().unwrap();
-    assert!((1..=4).contains(&redone), "{redone} shards redone: {chief}");
+    assert!((1..=8).contains(&redone), "{redone} shards redone: {chief}");
     let (w, b) = (chief["W"].as_f64().unwrap(), chief["b"].as_f64().unwrap());
     assert!((w - 2.0).abs() < 0.1 && (b - 10.0).abs() < 0.1, "W = {w}, b = {b}");
     let ps_log = &results.iter().find(|r| r.name == "ps0").unwrap().stderr;

@@ -126,7 +126,7 @@ async fn push_pull_case(channel: bool) {
     let mut params = vec![ndarray::ArrayD::zeros(vec![4, 3]), ndarray::ArrayD::zeros(vec![3])];
     let stepped = chief
         .push_pull(
-            StepRequest { steps: &[0], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            StepRequest { steps: &[0], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS, shard_call: None },
             &mut params,
             &[0],
             Duration::from_secs(1),
@@ -140,7 +140,7 @@ async fn push_pull_case(channel: bool) {
     // Pull only: nothing applied, the same values.
     let stepped = chief
         .push_pull(
-            StepRequest { steps: &[1], push_to: &[false], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            StepRequest { steps: &[1], push_to: &[false], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS, shard_call: None },
             &mut params,
             &[0],
             Duration::from_secs(1),
@@ -154,7 +154,7 @@ async fn push_pull_case(channel: bool) {
     intruder.set_tensor_channel(channel);
     let err = intruder
         .push_pull(
-            StepRequest { steps: &[1], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS },
+            StepRequest { steps: &[1], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS, shard_call: None },
             &mut params,
             &[0],
             Duration::from_secs(1),
@@ -164,6 +164,46 @@ async fn push_pull_case(channel: bool) {
     assert_eq!(err.code(), Some(tonic::Code::Unauthenticated), "{err}");
     assert_eq!(server.store.values("b").unwrap(), vec![0.0, 1.0, 2.0]);
     assert_eq!(server.store.progress().step, 1);
+}
+
+/// A step carries a call to the shard dispatcher of ps 0 and brings its
+/// answer back; a call the dispatcher refuses does not undo the step. Over
+/// the tensor channel (in the step's round trip) and over gRPC (after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_carries_a_call_to_the_shard_dispatcher() {
+    for channel in [true, false] {
+        let good = Credentials { token: Some("right-token".into()), tls: None };
+        let server = start(&good).await;
+        let mut chief = ps_set(server.addr, &good, 0);
+        chief.set_tensor_channel(channel);
+        chief.handshake(false).await.unwrap();
+        chief.init(&initial(), 0).await.unwrap();
+        let grads = vec![ndarray::ArrayD::from_elem(vec![4, 3], 1.0f32), ndarray::ArrayD::from_elem(vec![3], 10.0f32)];
+        let mut params = initial();
+        let plan = proto::DatasetPlan { examples: 25, shard_size: 10, seed: 3, num_epochs: 1 };
+        let ask = chief.shard_request(plan, None, None, true);
+        let wrong_plan = chief.shard_request(proto::DatasetPlan { examples: 26, ..plan }, None, None, true);
+        let mut answers = Vec::new();
+        for (step, call) in [(0, &ask), (1, &wrong_plan)] {
+            let stepped = chief
+                .push_pull(
+                    StepRequest { steps: &[step], push_to: &[true], gradients: &grads, pushed_rows: NO_ROWS, pulled_rows: NO_ROWS, shard_call: Some(call) },
+                    &mut params,
+                    &[0],
+                    Duration::from_secs(1),
+                )
+                .await
+                .unwrap();
+            assert!(stepped.pushed[0].accepted, "channel {channel}: the step's push is applied whatever the dispatcher says");
+            answers.push(stepped.dispatched.expect("an answer to the call"));
+        }
+        let handed = answers[0].as_ref().unwrap();
+        assert_eq!(handed.outcome, proto::next_shard_reply::Outcome::Assigned as i32, "channel {channel}: {handed:?}");
+        let refused = answers[1].as_ref().unwrap_err();
+        assert!(refused.contains("dataset plan mismatch"), "channel {channel}: {refused}");
+        assert_eq!(server.store.progress().step, 2);
+        assert_eq!(server.store.stats().dispatch.unwrap().shards_per_epoch, 3);
+    }
 }
 
 /// Writes a CA and a task certificate signed by it (for `localhost` and
@@ -474,6 +514,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
             push_parts: headers,
             pull: None,
             push_rows: vec![],
+            next_shard: None,
         };
         let reply = tokio::task::spawn_blocking({
             let addr = server.addr;
@@ -499,6 +540,7 @@ async fn one_port_serves_grpc_and_the_tensor_channel() {
         push_parts: vec![proto::RawTensorPart { name: "b".into(), dtype: DataType::DtFloat as i32, shape: vec![3], offset: 0, content_length: 1 << 40 }],
         pull: None,
         push_rows: vec![],
+        next_shard: None,
     };
     let addr = server.addr;
     let reply = tokio::task::spawn_blocking(move || channel_request(addr, "tok", &huge, &[])).await.unwrap();

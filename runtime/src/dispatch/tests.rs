@@ -164,6 +164,64 @@ fn asking_again_abandons_the_shard_held() {
 }
 
 #[test]
+fn a_task_asking_ahead_keeps_the_shard_it_trains() {
+    // (what the task keeps when it asks ahead, shards of the task's left
+    // doing after the call, shards redone so far)
+    struct Case {
+        name: &'static str,
+        keep: fn(ShardId, ShardId) -> Option<ShardId>,
+        still_doing: fn(ShardId, ShardId) -> Vec<ShardId>,
+    }
+    let cases = [
+        Case { name: "keeps the shard in hand", keep: |held, _| Some(held), still_doing: |held, _| vec![held] },
+        Case { name: "keeping nothing gives the shard in hand back", keep: |_, _| None, still_doing: |_, _| vec![] },
+        Case { name: "keeping another task's shard keeps nothing of its own", keep: |_, other| Some(other), still_doing: |_, _| vec![] },
+    ];
+    for case in cases {
+        let mut d = ShardDispatcher::new(plan(50, 10, Some(1)));
+        let held = assigned(d.next("worker:0", None, true).unwrap());
+        let other = assigned(d.next("worker:1", None, true).unwrap());
+        let r = d.next_keeping("worker:0", None, (case.keep)(held, other), true).unwrap();
+        let ahead = assigned(r);
+        let mut doing: Vec<ShardId> = d.doing.iter().filter(|(_, t)| *t == "worker:0").map(|(s, _)| *s).filter(|s| *s != ahead).collect();
+        doing.sort();
+        assert_eq!(doing, (case.still_doing)(held, other), "{}", case.name);
+        assert_eq!(d.doing.get(&other).map(String::as_str), Some("worker:1"), "{}: the other task's shard is untouched", case.name);
+    }
+}
+
+#[test]
+fn a_shard_asked_for_ahead_is_reported_with_the_next_keep_and_counted_once() {
+    let mut d = ShardDispatcher::new(plan(30, 10, Some(1)));
+    let first = assigned(d.next("worker:0", None, true).unwrap());
+    // Its last batch in training, the task asks ahead...
+    let second = assigned(d.next_keeping("worker:0", None, Some(first), true).unwrap());
+    assert_ne!(second, first);
+    // ...then reports the first while it trains the second.
+    let r = d.next_keeping("worker:0", Some(first), Some(second), false).unwrap();
+    assert!(r.counted && r.abandoned == 0 && r.handout.is_none());
+    let third = assigned(d.next_keeping("worker:0", None, Some(second), true).unwrap());
+    // No fresh shard left while it trains the third: the ask ahead waits.
+    assert_eq!(d.next_keeping("worker:0", Some(second), Some(third), true).unwrap().handout, Some(Handout::Wait));
+    assert_eq!(d.next("worker:0", Some(third), true).unwrap().handout, Some(Handout::Finished));
+    let p = d.progress();
+    assert_eq!((p.shards_done, p.shards_redone, p.examples_trained, p.finished), (3, 0, 30, true));
+}
+
+#[test]
+fn a_lost_task_gives_back_the_shard_it_trains_and_the_one_asked_ahead() {
+    let mut d = ShardDispatcher::new(plan(40, 10, Some(1)));
+    let held = assigned(d.next("worker:0", None, true).unwrap());
+    let ahead = assigned(d.next_keeping("worker:0", None, Some(held), true).unwrap());
+    assert_eq!(d.release("worker:0"), 2);
+    let redone = [assigned(d.next("worker:1", None, true).unwrap()), assigned(d.next("worker:2", None, true).unwrap())];
+    let mut want = [held, ahead];
+    want.sort();
+    assert_eq!(redone, want, "both are handed out again, before any fresh shard");
+    assert_eq!(d.progress().shards_redone, 2);
+}
+
+#[test]
 fn the_last_shards_make_others_wait_then_finish() {
     let mut d = ShardDispatcher::new(plan(20, 10, Some(1)));
     let a = assigned(d.next("worker:0", None, true).unwrap());

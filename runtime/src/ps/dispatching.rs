@@ -2,7 +2,7 @@
 
 use super::error::{StoreError, task_of};
 use super::store::ParameterStore;
-use crate::dispatch::ShardPlan;
+use crate::dispatch::{ShardId, ShardPlan};
 use crate::proto;
 
 impl ParameterStore {
@@ -22,6 +22,6 @@ impl ParameterStore {
         let state = &mut *guard;
         let finished = state.dispatch.finished(ps, &task, req);
         state.members.renew(&task);
-        state.dispatch.next(ps, &task, plan, finished, req.want)
+        state.dispatch.next(ps, &task, plan, finished, req.keep.map(ShardId::from), req.want)
     }
 }

@@ -408,6 +408,7 @@ fn shard_request(task: u32, finished: Option<(u64, u64, u64)>, want: bool) -> pr
         finished: finished.map(|(epoch, index, _)| proto::ShardRef { epoch, index }),
         want,
         generation: finished.map_or(0, |(_, _, g)| g),
+        keep: None,
     }
 }
 
@@ -415,6 +416,23 @@ fn assigned(r: &proto::NextShardReply) -> (u64, u64, u64) {
     assert_eq!(r.outcome, proto::next_shard_reply::Outcome::Assigned as i32, "{r:?}");
     let s = r.shard.unwrap();
     (s.epoch, s.index, r.generation)
+}
+
+/// `keep` reaches the dispatcher: a worker that asks for its next shard
+/// ahead keeps the one it trains, and reports it while it keeps the next.
+#[test]
+fn ps_0_keeps_the_shard_a_worker_trains_while_it_asks_ahead() {
+    let s = ParameterStore::new(PsConfig::new(0, 1, Some(TaskId::new("worker", 0))));
+    let shard = |(epoch, index, _): (u64, u64, u64)| Some(proto::ShardRef { epoch, index });
+    let a = assigned(&s.next_shard(&shard_request(0, None, true)).unwrap());
+    let b = assigned(&s.next_shard(&proto::NextShardRequest { keep: shard(a), ..shard_request(0, None, true) }).unwrap());
+    assert_ne!((a.0, a.1), (b.0, b.1));
+    let r = s.next_shard(&proto::NextShardRequest { keep: shard(b), ..shard_request(0, Some(a), false) }).unwrap();
+    assert_eq!(r.progress.unwrap().shards_done, 1);
+    let p = s.next_shard(&shard_request(0, Some(b), false)).unwrap().progress.unwrap();
+    // 25 examples in shards of 10: shard 2 holds the last 5.
+    let examples = |(_, index, _): (u64, u64, u64)| if index == 2 { 5 } else { 10 };
+    assert_eq!((p.shards_done, p.shards_redone, p.examples_trained), (2, 0, examples(a) + examples(b)));
 }
 
 /// The dispatcher on ps 0: shards handed out and reported; a worker that

@@ -623,7 +623,7 @@ async fn sparse_round_trip(rows: usize, dim: usize, batch_rows: usize, reps: usi
     // One step: the push of a gradient and the pull of the next values, as training does.
     for r in 0..=reps {
         let t = Instant::now();
-        let step = StepRequest { steps: &steps, push_to: &[true], gradients: &grads, pushed_rows: rows_arg, pulled_rows: rows_arg };
+        let step = StepRequest { steps: &steps, push_to: &[true], gradients: &grads, pushed_rows: rows_arg, pulled_rows: rows_arg, shard_call: None };
         let stepped = ps.push_pull(step, &mut params, &[0], Duration::from_secs(10)).await?;
         if r > 0 {
             times.push(t.elapsed().as_secs_f64());
@@ -790,7 +790,7 @@ impl BenchChief {
         let grads = vec![ndarray::ArrayD::from_elem(vec![self.batch, self.dim], 0.01f32)];
         let mut params = vec![ndarray::ArrayD::zeros(vec![0, self.dim])];
         let (rows, push_to, min) = (vec![ids], vec![true; self.ps.num_ps()], vec![0; self.ps.num_ps()]);
-        let step = StepRequest { steps: &self.steps, push_to: &push_to, gradients: &grads, pushed_rows: &rows, pulled_rows: &rows };
+        let step = StepRequest { steps: &self.steps, push_to: &push_to, gradients: &grads, pushed_rows: &rows, pulled_rows: &rows, shard_call: None };
         self.steps = self.ps.push_pull(step, &mut params, &min, Duration::from_secs(30)).await?.pulled.steps;
         Ok(())
     }

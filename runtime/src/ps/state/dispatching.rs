@@ -101,20 +101,21 @@ impl Dispatching {
     }
 
     /// One call of `task`: counts `finished`, hands out the next shard when
-    /// `want`, and says what changed.
+    /// `want` (keeping `keep` the task's), and says what changed.
     pub(in crate::ps) fn next(
         &mut self,
         ps: usize,
         task: &TaskId,
         plan: ShardPlan,
         finished: Option<ShardId>,
+        keep: Option<ShardId>,
         want: bool,
     ) -> Result<proto::NextShardReply, StoreError> {
         let generation = self.generation;
         let dispatcher = self.for_plan(ps, plan);
         dispatcher.check_plan(&plan).map_err(|e| StoreError::FailedPrecondition(e.to_string()))?;
         let before = dispatcher.progress();
-        let reply = dispatcher.next(&task.to_string(), finished, want).map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
+        let reply = dispatcher.next_keeping(&task.to_string(), finished, keep, want).map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
         let progress = dispatcher.progress();
         if reply.abandoned > 0 {
             tracing::info!("ps:{ps}: {} shard(s) of {task} go back to todo (it asked again without finishing them)", reply.abandoned);
