@@ -128,11 +128,12 @@ impl ShardFeed {
         let mut left = BATCHES_AHEAD;
         for held in [self.current.as_mut(), next].into_iter().flatten() {
             held.batches.make_ahead(left);
-            let made: Vec<&Batch> = (0..left).map_while(|i| held.batches.ahead(i)).collect();
-            for batch in &made {
+            let mut made = 0;
+            while let Some(batch) = held.batches.ahead(made).filter(|_| made < left) {
                 model.prepare(batch);
+                made += 1;
             }
-            left -= made.len();
+            left -= made;
             if left == 0 {
                 return;
             }
@@ -225,7 +226,8 @@ impl ShardFeed {
                 return;
             }
             None => {
-                // The step went without it (a ps that is not ps 0 answered first?): not expected.
+                // Ps 0 did not answer it (a runtime that does not know the
+                // field): it goes as a call of its own when the shard is done.
                 self.call = Some(call);
                 return;
             }
