@@ -1103,25 +1103,18 @@ impl PsSet {
         want: bool,
     ) -> Result<proto::NextShardReply, ClientError> {
         let req = self.shard_request(plan, finished, None, want);
-        let client = self.clients[0].clone();
-        with_retry(0, &self.addresses[0], "ask for a shard of", self.patience, move || {
-            let mut c = client.clone();
-            let req = req.clone();
-            async move { c.next_shard(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()) }
-        })
-        .await
+        with_retry(0, &self.addresses[0], "ask for a shard of", self.patience, || self.call_dispatcher(req.clone())).await
     }
 
     /// One call to the shard dispatcher on ps 0, not retried (the training
     /// loop falls back to [`next_shard`](Self::next_shard) when it fails).
     pub async fn next_shard_once(&self, req: proto::NextShardRequest) -> Result<proto::NextShardReply, ClientError> {
+        self.call_dispatcher(req).await.map_err(|status| ClientError::Rpc { what: "ask for a shard of", ps: 0, address: self.addresses[0].clone(), status })
+    }
+
+    async fn call_dispatcher(&self, req: proto::NextShardRequest) -> Result<proto::NextShardReply, Status> {
         let mut client = self.clients[0].clone();
-        client.next_shard(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner()).map_err(|status| ClientError::Rpc {
-            what: "ask for a shard of",
-            ps: 0,
-            address: self.addresses[0].clone(),
-            status,
-        })
+        client.next_shard(deadline(req, CALL_DEADLINE)).await.map(|r| r.into_inner())
     }
 
     /// A call to the shard dispatcher from this task: it finished `finished`
