@@ -480,15 +480,27 @@ impl Agent {
                 if self.failed_starts.get(key).is_some_and(|t| Instant::now() < *t) {
                     continue;
                 }
-                if let Err(e) = self.start_pod(key, pod) {
-                    let message = format!("{e:#}");
-                    eprintln!("node-agent: {message}");
-                    self.failed_starts.insert(key.clone(), Instant::now() + Duration::from_secs(5));
-                    let status = waiting_status(pod, "CreateContainerError", &message);
-                    self.write_status(key, &api, pod, status);
+                match self.start_pod(key, pod) {
+                    // A kubelet reports each pod once its container runs, not after it has
+                    // started the others: with several pods to start on a loaded machine, a
+                    // short pod would otherwise go from Pending to Succeeded unseen.
+                    Ok(()) => self.write_observed(&listed),
+                    Err(e) => {
+                        let message = format!("{e:#}");
+                        eprintln!("node-agent: {message}");
+                        self.failed_starts.insert(key.clone(), Instant::now() + Duration::from_secs(5));
+                        let status = waiting_status(pod, "CreateContainerError", &message);
+                        self.write_status(key, &api, pod, status);
+                    }
                 }
             }
         }
+        self.write_observed(&listed);
+        Ok(())
+    }
+
+    /// Writes the status of every pod whose container state changed.
+    fn write_observed(&mut self, listed: &BTreeMap<String, Pod>) {
         for (key, state) in self.kubelet.observe() {
             let Some(pod) = listed.get(&key) else { continue };
             let ns = pod.namespace().unwrap_or_default();
@@ -496,7 +508,6 @@ impl Agent {
             let status = pod_status(pod, &state);
             self.write_status(&key, &api, pod, status);
         }
-        Ok(())
     }
 
     fn write_status(&mut self, key: &str, api: &Api<Pod>, pod: &Pod, status: Value) {

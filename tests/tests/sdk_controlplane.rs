@@ -17,10 +17,13 @@ use tfjob_tests::podman::{PodmanService, build_images, release_bin_dir};
 use tfjob_tests::report::final_report;
 
 const JOB: &str = "sdk-linreg";
-/// Long enough (~8 s alone) for the operator to see the job running: at 40 epochs it trained in
+/// Long enough (~6 s alone) for the operator to see the job running: at 40 epochs it trained in
 /// 0.3 s once, went from Created to Succeeded, and never had the Running condition that
 /// Kubeflow's operator (and so this test) turns to False on success; at 400 (1.5 s, worker 1
-/// started only after worker 0 had finished) it did that once on a loaded machine too.
+/// started only after worker 0 had finished) it did that once on a loaded machine too. At 2000
+/// it did once more (CI, 2026-12-06): the node agent wrote the pods' statuses only after it had
+/// started all of them, so worker 0 ran unreported while worker 1's container started; it now
+/// reports each pod as soon as its container runs.
 const EPOCHS: u64 = 2000;
 /// Examples per epoch of the linear model's data.
 const EXAMPLES: u64 = 101;
