@@ -230,6 +230,13 @@ pub type Rows<'a> = &'a [Vec<i64>];
 /// No rows at all.
 pub const NO_ROWS: Rows<'static> = &[];
 
+/// Which of a step's rows each ps holds: per ps, per partition it holds (in
+/// the order of its tables), the positions of that partition's ids in the
+/// batch's sorted ids ([`lookup::route_ids`]). Made once for the rows a step
+/// pushes and once for those it pulls, and read by every part of the step
+/// that needs them.
+type RowRoutes = Vec<Vec<Vec<usize>>>;
+
 /// Values pulled from every ps.
 #[derive(Debug, Clone)]
 pub struct Pulled {
@@ -537,6 +544,8 @@ impl PsSet {
             Some(p) => (Some(p.params), p.rows, Some((p.min_steps, p.wait_initialized, p.wait))),
             None => (None, NO_ROWS, None),
         };
+        let pull_routes = self.row_routes(pull_rows);
+        let push_routes = push.map(|p| self.row_routes(p.rows)).unwrap_or_default();
         let mut rows_of = params.as_deref_mut().map(|params| {
             Self::shape_rows(params, &self.variables, pull_rows);
             self.take_sparse(params)
@@ -560,13 +569,13 @@ impl PsSet {
                 }),
                 push_parts: Vec::new(),
                 pull: pull_args.map(|(min_steps, wait_initialized, wait)| proto::PullVariablesRequest {
-                    rows: self.rows_requests(ps, pull_rows),
+                    rows: self.rows_requests(ps, pull_rows, &pull_routes[ps]),
                     ..self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
                 }),
                 push_rows: Vec::new(),
                 next_shard: push.and_then(|p| p.shard_call).filter(|_| ps == 0).cloned(),
             };
-            let (contents, row_contents) = push_here.map(|p| self.channel_push_contents(ps, p)).unwrap_or_default();
+            let (contents, row_contents) = push_here.map(|p| self.channel_push_contents(ps, p, &push_routes[ps])).unwrap_or_default();
             let timeout = pull_args.map_or(CALL_DEADLINE, |(_, _, wait)| wait + CALL_DEADLINE);
             let shards = &self.shards[ps];
             let locate = move |p: &proto::RawTensorPart| locate_part(ps, shards, p);
@@ -579,14 +588,15 @@ impl PsSet {
         });
         let answers = self.join_step(calls, |a: &ChannelAnswer| a.push.as_ref().is_some_and(|p| p.accepted)).await;
         if let (Some(params), Some(rows_of)) = (params, rows_of.as_mut()) {
-            self.put_rows(params, pull_rows, answers.as_deref().unwrap_or_default(), rows_of)?;
+            self.put_rows(params, pull_rows, &pull_routes, answers.as_deref().unwrap_or_default(), rows_of)?;
         }
         answers
     }
 
     /// What a push sends ps `ps` on the tensor channel: the gradients of
-    /// its dense shards as raw parts (borrowed), its partitions' rows.
-    fn channel_push_contents<'a>(&self, ps: usize, p: ChannelPush<'a>) -> ChannelPushContents<'a> {
+    /// its dense shards as raw parts (borrowed), its partitions' rows
+    /// (`routes`: the positions of the rows it holds, per partition).
+    fn channel_push_contents<'a>(&self, ps: usize, p: ChannelPush<'a>, routes: &[Vec<usize>]) -> ChannelPushContents<'a> {
         let mut contents = Vec::new();
         for (vi, s) in &self.shards[ps] {
             let all = p.gradients[*vi].as_slice().expect("standard layout");
@@ -594,10 +604,9 @@ impl PsSet {
             contents.extend(crate::channel::raw_parts(&s.stored_name, &tensor::wire_shape(&s.shape), values, self.part_bytes));
         }
         let mut row_contents = Vec::new();
-        for t in &self.tables[ps] {
+        for (t, positions) in self.tables[ps].iter().zip(routes) {
             let ids = &p.rows[t.var];
-            let positions = t.positions(ids);
-            let content = lookup::push_content(ids, p.gradients[t.var].as_slice().expect("standard layout"), t.dim, &positions);
+            let content = lookup::push_content(ids, p.gradients[t.var].as_slice().expect("standard layout"), t.dim, positions);
             let header = proto::RawRowsPart { name: t.stored_name.clone(), count: positions.len() as u64, content_length: content.len() as u64 };
             row_contents.push((header, content));
         }
@@ -607,9 +616,19 @@ impl PsSet {
     /// Writes the rows every ps answered into the sparse embeddings'
     /// parameters; they go back into `params` whatever happened (the
     /// shapes stay right).
-    fn put_rows(&self, params: &mut [ArrayD<f32>], rows: Rows<'_>, answers: &[ChannelAnswer], rows_of: &mut [ArrayD<f32>]) -> Result<(), ClientError> {
-        let taken =
-            answers.iter().enumerate().filter(|(_, a)| !(a.rows.is_empty() && a.done)).try_for_each(|(ps, a)| self.take_rows(ps, rows, &a.rows, rows_of));
+    fn put_rows(
+        &self,
+        params: &mut [ArrayD<f32>],
+        rows: Rows<'_>,
+        routes: &RowRoutes,
+        answers: &[ChannelAnswer],
+        rows_of: &mut [ArrayD<f32>],
+    ) -> Result<(), ClientError> {
+        let taken = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !(a.rows.is_empty() && a.done))
+            .try_for_each(|(ps, a)| self.take_rows(ps, rows, &routes[ps], &a.rows, rows_of));
         for (vi, v) in self.variables.iter().enumerate() {
             if v.rows.is_some() {
                 params[vi] = std::mem::replace(&mut rows_of[vi], ArrayD::zeros(vec![0]));
@@ -643,20 +662,40 @@ impl PsSet {
             .collect()
     }
 
-    /// The rows to ask ps `ps` for.
-    fn rows_requests(&self, ps: usize, rows: Rows<'_>) -> Vec<proto::RowsRequest> {
+    /// Per ps, per partition it holds, the positions of the rows `rows`
+    /// that are in it ([`RowRoutes`]): each id's owner computed once.
+    fn row_routes(&self, rows: Rows<'_>) -> RowRoutes {
+        let mut routes: RowRoutes = self.tables.iter().map(|tables| vec![Vec::new(); tables.len()]).collect();
+        if rows.is_empty() {
+            return routes;
+        }
+        let mut by_variable: Vec<Option<Vec<Vec<usize>>>> = vec![None; rows.len()];
+        for (ps, tables) in self.tables.iter().enumerate() {
+            for (k, t) in tables.iter().enumerate() {
+                let routed = by_variable[t.var].get_or_insert_with(|| lookup::route_ids(&t.partition, &rows[t.var]));
+                // Each partition is on one ps: its positions are taken, not copied.
+                routes[ps][k] = routed.get_mut(t.partition.index as usize).map(std::mem::take).unwrap_or_default();
+            }
+        }
+        routes
+    }
+
+    /// The rows to ask ps `ps` for (`routes`: the positions of those it
+    /// holds, per partition).
+    fn rows_requests(&self, ps: usize, rows: Rows<'_>, routes: &[Vec<usize>]) -> Vec<proto::RowsRequest> {
         if rows.is_empty() {
             return Vec::new();
         }
         self.tables[ps]
             .iter()
-            .map(|t| proto::RowsRequest { name: t.stored_name.clone(), ids: lookup::ids_at(&rows[t.var], &t.positions(&rows[t.var])).into() })
+            .zip(routes)
+            .map(|(t, positions)| proto::RowsRequest { name: t.stored_name.clone(), ids: lookup::ids_at(&rows[t.var], positions).into() })
             .collect()
     }
 
     /// Writes the rows ps `ps` sent (per partition, its pieces in order)
     /// where the batch's order puts them.
-    fn take_rows(&self, ps: usize, rows: Rows<'_>, pieces: &[Vec<RowsPart>], dst: &mut [ArrayD<f32>]) -> Result<(), ClientError> {
+    fn take_rows(&self, ps: usize, rows: Rows<'_>, routes: &[Vec<usize>], pieces: &[Vec<RowsPart>], dst: &mut [ArrayD<f32>]) -> Result<(), ClientError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -664,10 +703,9 @@ impl PsSet {
         if pieces.len() != self.tables[ps].len() {
             return Err(protocol(format!("rows of {} partition(s) came, {} were asked for", pieces.len(), self.tables[ps].len())));
         }
-        for (t, pieces) in self.tables[ps].iter().zip(pieces) {
+        for ((t, pieces), positions) in self.tables[ps].iter().zip(pieces).zip(routes) {
             let ids = &rows[t.var];
-            let positions = t.positions(ids);
-            let mut receiver = RowsReceiver::new(&t.stored_name, t.dim, ids, &positions);
+            let mut receiver = RowsReceiver::new(&t.stored_name, t.dim, ids, positions);
             let out = dst[t.var].as_slice_mut().expect("standard layout");
             for piece in pieces {
                 if piece.name != t.stored_name {
@@ -842,9 +880,10 @@ impl PsSet {
             let pull = ChannelPull { params, rows, min_steps, wait_initialized, wait };
             return Ok(Self::pulled_from(&self.on_channel("pull from", None, Some(pull)).await?));
         }
+        let routes = self.row_routes(rows);
         let calls = (0..self.num_ps()).map(|ps| {
             let req = proto::PullVariablesRequest {
-                rows: self.rows_requests(ps, rows),
+                rows: self.rows_requests(ps, rows, &routes[ps]),
                 ..self.pull_request(min_steps.get(ps).copied().unwrap_or(0), wait_initialized, wait)
             };
             let client = self.clients[ps].clone();
@@ -854,12 +893,18 @@ impl PsSet {
             })
         });
         let per_ps = try_join_all(calls).await?;
-        self.absorb(params, rows, per_ps)
+        self.absorb(params, rows, &routes, per_ps)
     }
 
     /// Takes in what every ps replied to a pull: writes the values into
     /// `params` and sums up steps, `done`, waits and bytes.
-    fn absorb(&self, params: &mut [ArrayD<f32>], rows: Rows<'_>, per_ps: Vec<Vec<proto::PullVariablesReply>>) -> Result<Pulled, ClientError> {
+    fn absorb(
+        &self,
+        params: &mut [ArrayD<f32>],
+        rows: Rows<'_>,
+        routes: &RowRoutes,
+        per_ps: Vec<Vec<proto::PullVariablesReply>>,
+    ) -> Result<Pulled, ClientError> {
         Self::shape_rows(params, &self.variables, rows);
         let mut steps = Vec::with_capacity(per_ps.len());
         let mut done = false;
@@ -887,7 +932,7 @@ impl PsSet {
                 continue;
             }
             self.scatter(ps, params, &parts)?;
-            self.take_rows(ps, rows, &pieces, params)?;
+            self.take_rows(ps, rows, &routes[ps], &pieces, params)?;
         }
         Ok(Pulled { steps, done, waited, bytes })
     }
@@ -912,7 +957,15 @@ impl PsSet {
 
     /// The messages of one push to ps `ps`: its shards of the gradients as
     /// parts and its partitions' rows, tagged with the step and the push id.
-    fn push_messages(&self, ps: usize, step: i64, push_id: u64, gradients: &[ArrayD<f32>], rows: Rows<'_>) -> Vec<proto::PushGradientsRequest> {
+    fn push_messages(
+        &self,
+        ps: usize,
+        step: i64,
+        push_id: u64,
+        gradients: &[ArrayD<f32>],
+        rows: Rows<'_>,
+        routes: &[Vec<usize>],
+    ) -> Vec<proto::PushGradientsRequest> {
         let mut messages = Vec::new();
         let layout_version = self.layout_version;
         let message = |messages: &Vec<proto::PushGradientsRequest>, part, rows| {
@@ -925,10 +978,10 @@ impl PsSet {
                 messages.push(message(&messages, Some(p), None));
             }
         }
-        for t in &self.tables[ps] {
+        for (t, positions) in self.tables[ps].iter().zip(routes) {
             let ids = &rows[t.var];
             let grads = gradients[t.var].as_slice().expect("standard layout");
-            for (count, content) in lookup::push_pieces(ids, grads, t.dim, &t.positions(ids), self.part_bytes) {
+            for (count, content) in lookup::push_pieces(ids, grads, t.dim, positions, self.part_bytes) {
                 let piece = RowsPart { name: t.stored_name.clone(), count, content: content.into() };
                 messages.push(message(&messages, None, Some(piece)));
             }
@@ -953,8 +1006,9 @@ impl PsSet {
             let answers = self.on_channel("push to", Some(push), None).await?;
             return answers.into_iter().map(|a| a.push.ok_or_else(|| ClientError::Protocol("the ps's reply says nothing of the push".into()))).collect();
         }
+        let routes = self.row_routes(rows);
         let calls = (0..self.num_ps()).map(|ps| {
-            let messages = self.push_messages(ps, steps[ps], push_id, gradients, rows);
+            let messages = self.push_messages(ps, steps[ps], push_id, gradients, rows, &routes[ps]);
             let client = self.clients[ps].clone();
             without_retry(ps, &self.addresses[ps], "push to", move || {
                 let mut c = client.clone();
@@ -1004,11 +1058,13 @@ impl PsSet {
     ) -> Result<Stepped, ClientError> {
         let StepRequest { steps, push_to, gradients, pushed_rows, pulled_rows, .. } = step;
         let start = Instant::now();
+        let (pull_routes, push_routes) = (self.row_routes(pulled_rows), self.row_routes(pushed_rows));
         let calls = (0..self.num_ps()).map(|ps| {
-            let request = proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows), ..self.pull_request(min_steps[ps], false, wait) };
+            let request =
+                proto::PullVariablesRequest { rows: self.rows_requests(ps, pulled_rows, &pull_routes[ps]), ..self.pull_request(min_steps[ps], false, wait) };
             let messages: Option<Vec<proto::PushPullRequest>> = push_to[ps].then(|| {
                 let mut pull = Some(proto::PullVariablesRequest { task: None, ..request.clone() });
-                self.push_messages(ps, steps[ps], push_id, gradients, pushed_rows)
+                self.push_messages(ps, steps[ps], push_id, gradients, pushed_rows, &push_routes[ps])
                     .into_iter()
                     .map(|push| proto::PushPullRequest { push: Some(push), pull: pull.take() })
                     .collect()
@@ -1044,7 +1100,7 @@ impl PsSet {
             first_reply = first_reply.max(first);
             per_ps.push(replies);
         }
-        Ok(Stepped { pushed, pulled: self.absorb(params, pulled_rows, per_ps)?, first_reply, dispatched: None })
+        Ok(Stepped { pushed, pulled: self.absorb(params, pulled_rows, &pull_routes, per_ps)?, first_reply, dispatched: None })
     }
 
     /// Tells every ps that training is over (chief only).

@@ -33,6 +33,24 @@ impl TablePart {
     }
 }
 
+/// The positions of a batch's sorted ids that each partition of `partition`'s
+/// table holds, in order: `routes[k]` for partition `k` (of
+/// `partition.count`). It computes each id's owner once; asking every
+/// partition for its positions ([`TablePart::positions`]) computes it once
+/// per partition, and a step asks for the pushed rows, the pulled rows and
+/// the rows taken in (the consistent hash was 9 % of a 2-ps sparse job's
+/// time so: BENCHMARKS.md).
+pub fn route_ids(partition: &RowPartition, ids: &[i64]) -> Vec<Vec<usize>> {
+    let p = partition;
+    let mut routes: Vec<Vec<usize>> = vec![Vec::with_capacity(ids.len() / p.count.max(1) as usize + 1); p.count as usize];
+    for (k, &id) in ids.iter().enumerate() {
+        if let Some(route) = routes.get_mut(p.strategy.partition_of(p.rows, p.count, id as u64) as usize) {
+            route.push(k);
+        }
+    }
+    routes
+}
+
 /// The ids at `positions`, as little-endian bytes (a pull's request).
 pub fn ids_at(ids: &[i64], positions: &[usize]) -> Vec<u8> {
     let picked: Vec<i64> = positions.iter().map(|&k| ids[k]).collect();
@@ -135,6 +153,7 @@ mod tests {
         for strategy in [PartitionStrategy::Mod, PartitionStrategy::Div, PartitionStrategy::Consistent] {
             let parts = [table(0, strategy, 0), table(0, strategy, 1)];
             let positions: Vec<Vec<usize>> = parts.iter().map(|p| p.positions(&ids)).collect();
+            assert_eq!(route_ids(&parts[0].partition, &ids), positions, "{strategy}: routed in one pass as asked one by one");
             let mut all: Vec<usize> = positions.concat();
             all.sort();
             assert_eq!(all, (0..ids.len()).collect::<Vec<_>>(), "{strategy}: every id once");
@@ -163,6 +182,24 @@ mod tests {
                 r.finish().unwrap();
             }
             assert_eq!(dst, grads, "{strategy}: every row in its place");
+        }
+    }
+
+    /// Routing in one pass gives each partition the positions it would
+    /// pick for itself, for every strategy, with more partitions than two
+    /// and ids that skip rows.
+    #[test]
+    fn one_pass_routes_as_every_partition_would_pick() {
+        let ids: Vec<i64> = (0..3_000i64).map(|k| k * 7 + k % 3).collect();
+        for strategy in [PartitionStrategy::Mod, PartitionStrategy::Div, PartitionStrategy::Consistent] {
+            for count in [1u64, 3, 5] {
+                let part = |index| RowPartition { strategy, index, count, rows: 21_000 };
+                let one_by_one: Vec<Vec<usize>> =
+                    (0..count).map(|k| TablePart { var: 0, stored_name: String::new(), partition: part(k), dim: 1 }.positions(&ids)).collect();
+                let routed = route_ids(&part(0), &ids);
+                assert_eq!(routed, one_by_one, "{strategy}, {count} partitions");
+                assert_eq!(routed.iter().map(Vec::len).sum::<usize>(), ids.len(), "{strategy}, {count}: every id once");
+            }
         }
     }
 
