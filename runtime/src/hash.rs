@@ -68,11 +68,35 @@ pub fn row_owner(id: u64, num_ps: usize) -> usize {
         return 0;
     }
     // The row id is mixed first: ids are often small and consecutive.
-    let mut key = derive_seed(id, 0x4c41_594f_5554, 0);
+    let key = derive_seed(id, 0x4c41_594f_5554, 0);
+    if num_ps == 2 {
+        // Two ps, the usual case, without the jumps' division (a sparse
+        // step asks each of its ids' owner): the first jump (b = 0) goes to
+        // j = ⌊2^31 / (k + 1)⌋ with k = next_key >> 33 < 2^31; the f64
+        // quotient of two exact operands is below 2 exactly when k + 1 >
+        // 2^30 (the largest quotient below 2, 2^31 / (2^30 + 1), is ~2^-29
+        // from it, far from rounding up), that is when the key's top bit is
+        // set. Then j = 1 and the next jump, from b = 1, lands at 2 or
+        // beyond: owner 1. Otherwise j >= 2: owner 0. Checked against the
+        // jumps by `two_ps_owners_are_the_jumps_owners`.
+        return (next_jump_key(key) >> 63) as usize;
+    }
+    row_owner_by_jumps(key, num_ps)
+}
+
+/// The jump consistent hash's key after one more jump (an LCG step).
+#[inline]
+fn next_jump_key(key: u64) -> u64 {
+    key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1)
+}
+
+/// Jump consistent hashing of a mixed `key` into `num_ps` buckets: jumps
+/// forward while the next jump stays below `num_ps`.
+fn row_owner_by_jumps(mut key: u64, num_ps: usize) -> usize {
     let (mut b, mut j): (i64, i64) = (-1, 0);
     while j < num_ps as i64 {
         b = j;
-        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        key = next_jump_key(key);
         j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
     }
     b as usize
@@ -90,6 +114,40 @@ mod tests {
         let owners: Vec<usize> = (0..16u64).map(|id| row_owner(id, 3)).collect();
         let of_big: Vec<usize> = [1u64 << 40, 123_456_789, u64::MAX].iter().map(|&id| row_owner(id, 7)).collect();
         assert_eq!((owners, of_big), (vec![2, 0, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 0, 1, 0, 1], vec![5, 4, 0]));
+    }
+
+    /// The two-ps shortcut gives what the jumps give: for a million row
+    /// ids, consecutive and spread, and for keys next to the top bit's edge.
+    #[test]
+    fn two_ps_owners_are_the_jumps_owners() {
+        let spread = (0..500_000u64).map(|k| derive_seed(k, 1, 2));
+        for id in (0..500_000u64).chain(spread) {
+            let key = derive_seed(id, 0x4c41_594f_5554, 0);
+            assert_eq!(row_owner(id, 2), row_owner_by_jumps(key, 2), "row {id}");
+        }
+        // Keys whose next jump lands at k = 2^30 - 1, 2^30 and 2^30 + 1
+        // (the edge of the quotient 2), and at the ends.
+        for k in [0u64, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, (1 << 31) - 1] {
+            for low in [0u64, 1, (1 << 33) - 1] {
+                let next = (k << 33) | low;
+                let key = previous_jump_key(next);
+                assert_eq!(next_jump_key(key), next);
+                assert_eq!((next_jump_key(key) >> 63) as usize, row_owner_by_jumps(key, 2), "k {k:#x}, low {low:#x}");
+            }
+        }
+    }
+
+    /// The key whose next jump is `next` (the LCG's multiplier is odd, so
+    /// it has an inverse modulo 2^64).
+    fn previous_jump_key(next: u64) -> u64 {
+        let m = 2_862_933_555_777_941_757u64;
+        // Newton's iteration for the inverse modulo 2^64: each step doubles
+        // the correct low bits (m is its own inverse modulo 8).
+        let mut inv = m;
+        for _ in 0..5 {
+            inv = inv.wrapping_mul(2u64.wrapping_sub(m.wrapping_mul(inv)));
+        }
+        next.wrapping_sub(1).wrapping_mul(inv)
     }
 
     #[test]
