@@ -105,8 +105,10 @@ fn kubeflows_python_sdk_creates_waits_for_lists_reads_and_deletes_our_tfjobs() -
         check(&calls)
     })();
     agent.stop()?;
+    // The operator's log first: CI keeps the start of a failure's output, and the SDK's
+    // answers (whole TFJob objects) are long.
     r.map_err(|e| {
-        anyhow!("{e:#}\n--- sdk_calls.py stdout ---\n{stdout}\n--- stderr ---\n{}\n--- operator ---\n{}", String::from_utf8_lossy(&run.stderr), op.log_tail(30))
+        anyhow!("{e:#}\n--- operator ---\n{}\n--- sdk_calls.py stderr ---\n{}\n--- stdout ---\n{stdout}", op.log_tail(30), String::from_utf8_lossy(&run.stderr))
     })
 }
 
