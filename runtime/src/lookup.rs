@@ -42,7 +42,9 @@ impl TablePart {
 /// time so: BENCHMARKS.md).
 pub fn route_ids(partition: &RowPartition, ids: &[i64]) -> Vec<Vec<usize>> {
     let p = partition;
-    let mut routes: Vec<Vec<usize>> = vec![Vec::with_capacity(ids.len() / p.count.max(1) as usize + 1); p.count as usize];
+    // Each its own capacity (`vec![v; n]` clones, and a clone keeps none of it).
+    let share = ids.len() / p.count.max(1) as usize + 1;
+    let mut routes: Vec<Vec<usize>> = (0..p.count).map(|_| Vec::with_capacity(share)).collect();
     for (k, &id) in ids.iter().enumerate() {
         if let Some(route) = routes.get_mut(p.strategy.partition_of(p.rows, p.count, id as u64) as usize) {
             route.push(k);
