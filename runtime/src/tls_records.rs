@@ -12,10 +12,23 @@
 //! a record is opened in place where the socket's bytes landed and sealed in
 //! place where its plaintext was copied to: one copy each way, and AES-GCM.
 //!
-//! The cipher is aws-lc's (aws-lc-rs, ring's API): its AES-GCM uses AVX-512
-//! where the CPU has it (11 GB/s sealing 16 KiB records on this project's
-//! Xeon, ring's AVX2 code 7.4 GB/s), and after the copies, the cipher is
-//! what TLS costs. rustls's handshake keeps ring, its only provider.
+//! After the copies, the cipher is what TLS costs, and the fastest AES-GCM
+//! depends on the CPU, so each key takes the library fastest here
+//! ([`Cipher::fastest`]; both speak the same AES-GCM, so a record sealed by
+//! one opens with the other, and peers on different CPUs interoperate).
+//! Measured through [`seal_all`] and [`open`] (`cargo bench -p tfjob-runtime
+//! --bench hot_path -- tls_records`: 1 MiB as 64 records, AES-128-GCM, GiB/s;
+//! BENCHMARKS.md, "TLS inside a job"):
+//!
+//! | CPU | seal: ring / aws-lc | open and copy out: ring / aws-lc |
+//! |---|---|---|
+//! | Xeon with AVX-512 and VAES (2026-12-06) | - / 7.5 | - / 8.1 |
+//! | EPYC with AVX2 and VAES, no AVX-512 (2026-12-06, later) | 5.7 / 3.2 | 6.2 / 3.5 |
+//!
+//! aws-lc has AES-GCM code for AVX-512 with vector AES (on that Xeon, sealing
+//! 16 KiB records in a loop: aws-lc 11.0 GB/s, ring 7.4), none for vector AES
+//! on AVX2, where ring's is nearly twice as fast. rustls's handshake keeps
+//! ring, its only provider.
 //!
 //! Plain functions over byte buffers; `tls_stream` wires them to a
 //! socket. The records are TLS 1.3's to the byte: a peer with rustls's own
@@ -23,7 +36,6 @@
 
 use std::ops::Range;
 
-use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 
 /// A record's header: content type, legacy version 0x0303, length.
@@ -73,33 +85,132 @@ pub enum RecordError {
     Seal,
 }
 
+/// AES-GCM's and ChaCha20-Poly1305's nonce.
+pub const NONCE_LEN: usize = 12;
+
+/// The TLS 1.3 cipher suites' AEADs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    Aes128Gcm,
+    Aes256Gcm,
+    Chacha20Poly1305,
+}
+
+/// The library whose AEAD a key runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cipher {
+    Ring,
+    AwsLc,
+}
+
+impl Cipher {
+    /// The faster library on this CPU (the table in the module's
+    /// documentation): aws-lc where the CPU has the AVX-512 and vector AES its
+    /// fastest code needs; elsewhere on x86-64 ring (its vector AES code for
+    /// AVX2, or AES-NI as aws-lc would use); aws-lc on other architectures,
+    /// where both use the CPU's AES instructions (not measured here).
+    pub fn fastest() -> Cipher {
+        if cfg!(target_arch = "x86_64") && !has_avx512_aes() { Cipher::Ring } else { Cipher::AwsLc }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512_aes() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("vaes") && std::arch::is_x86_feature_detected!("vpclmulqdq")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx512_aes() -> bool {
+    false
+}
+
+/// A key of either library (their APIs are the same; their types are not).
+/// ring's holds its expanded key schedules inline (over 500 bytes): boxed.
+enum AeadKey {
+    Ring(Box<ring::aead::LessSafeKey>),
+    AwsLc(aws_lc_rs::aead::LessSafeKey),
+}
+
+impl AeadKey {
+    fn new(suite: Suite, cipher: Cipher, key: &[u8]) -> Result<AeadKey, RecordError> {
+        use {aws_lc_rs::aead as aws, ring::aead as rg};
+        fn bad<E>(_: E) -> RecordError {
+            RecordError::Suite("(bad key length)".into())
+        }
+        Ok(match cipher {
+            Cipher::Ring => {
+                let algorithm = match suite {
+                    Suite::Aes128Gcm => &rg::AES_128_GCM,
+                    Suite::Aes256Gcm => &rg::AES_256_GCM,
+                    Suite::Chacha20Poly1305 => &rg::CHACHA20_POLY1305,
+                };
+                AeadKey::Ring(Box::new(rg::LessSafeKey::new(rg::UnboundKey::new(algorithm, key).map_err(bad)?)))
+            }
+            Cipher::AwsLc => {
+                let algorithm = match suite {
+                    Suite::Aes128Gcm => &aws::AES_128_GCM,
+                    Suite::Aes256Gcm => &aws::AES_256_GCM,
+                    Suite::Chacha20Poly1305 => &aws::CHACHA20_POLY1305,
+                };
+                AeadKey::AwsLc(aws::LessSafeKey::new(aws::UnboundKey::new(algorithm, key).map_err(bad)?))
+            }
+        })
+    }
+
+    /// Encrypts `body` in place; its tag.
+    fn seal(&self, nonce: [u8; NONCE_LEN], aad: [u8; HEADER_LEN], body: &mut [u8]) -> Result<[u8; TAG_LEN], RecordError> {
+        let mut tag = [0u8; TAG_LEN];
+        match self {
+            AeadKey::Ring(k) => {
+                let t = k.seal_in_place_separate_tag(ring::aead::Nonce::assume_unique_for_key(nonce), ring::aead::Aad::from(aad), body);
+                tag.copy_from_slice(t.map_err(|_| RecordError::Seal)?.as_ref());
+            }
+            AeadKey::AwsLc(k) => {
+                let t = k.seal_in_place_separate_tag(aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce), aws_lc_rs::aead::Aad::from(aad), body);
+                tag.copy_from_slice(t.map_err(|_| RecordError::Seal)?.as_ref());
+            }
+        }
+        Ok(tag)
+    }
+
+    /// Decrypts `body` (ciphertext and tag) in place; the plaintext's length.
+    fn open(&self, nonce: [u8; NONCE_LEN], aad: [u8; HEADER_LEN], body: &mut [u8]) -> Result<usize, RecordError> {
+        let opened = match self {
+            AeadKey::Ring(k) => k.open_in_place(ring::aead::Nonce::assume_unique_for_key(nonce), ring::aead::Aad::from(aad), body).ok().map(|p| p.len()),
+            AeadKey::AwsLc(k) => {
+                k.open_in_place(aws_lc_rs::aead::Nonce::assume_unique_for_key(nonce), aws_lc_rs::aead::Aad::from(aad), body).ok().map(|p| p.len())
+            }
+        };
+        opened.ok_or(RecordError::Decrypt)
+    }
+}
+
 /// One direction's traffic key: the AEAD key, its IV and the sequence number
 /// of the next record.
 pub struct RecordKey {
-    key: LessSafeKey,
-    iv: [u8; aead::NONCE_LEN],
+    key: AeadKey,
+    iv: [u8; NONCE_LEN],
     seq: u64,
 }
 
 impl RecordKey {
     /// The key of one direction as rustls hands it over, with the sequence
-    /// number of that direction's next record.
+    /// number of that direction's next record, in the library fastest here.
     pub fn new(seq: u64, secrets: &ConnectionTrafficSecrets) -> Result<Self, RecordError> {
-        let (algorithm, key, iv) = match secrets {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&aead::AES_128_GCM, key, iv),
-            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&aead::AES_256_GCM, key, iv),
-            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (&aead::CHACHA20_POLY1305, key, iv),
+        let (suite, key, iv) = match secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (Suite::Aes128Gcm, key, iv),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (Suite::Aes256Gcm, key, iv),
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (Suite::Chacha20Poly1305, key, iv),
             _ => return Err(RecordError::Suite("other than AES-GCM or ChaCha20-Poly1305".into())),
         };
-        let iv: [u8; aead::NONCE_LEN] = iv.as_ref().try_into().map_err(|_| RecordError::Suite("(bad IV length)".into()))?;
-        Self::from_raw(algorithm, key.as_ref(), iv, seq)
+        let iv: [u8; NONCE_LEN] = iv.as_ref().try_into().map_err(|_| RecordError::Suite("(bad IV length)".into()))?;
+        Self::from_raw(suite, Cipher::fastest(), key.as_ref(), iv, seq)
     }
 
-    /// A key from its bytes (benchmarks and tests; the runtime takes
-    /// rustls's, [`Self::new`]).
-    pub fn from_raw(algorithm: &'static aead::Algorithm, key: &[u8], iv: [u8; aead::NONCE_LEN], seq: u64) -> Result<Self, RecordError> {
-        let key = UnboundKey::new(algorithm, key).map_err(|_| RecordError::Suite("(bad key length)".into()))?;
-        Ok(RecordKey { key: LessSafeKey::new(key), iv, seq })
+    /// A key from its bytes in the library `cipher` (benchmarks and tests;
+    /// the runtime takes rustls's, [`Self::new`]).
+    pub fn from_raw(suite: Suite, cipher: Cipher, key: &[u8], iv: [u8; NONCE_LEN], seq: u64) -> Result<Self, RecordError> {
+        Ok(RecordKey { key: AeadKey::new(suite, cipher, key)?, iv, seq })
     }
 
     /// Records this key has sealed or opened.
@@ -109,13 +220,13 @@ impl RecordKey {
 
     /// The next record's nonce: the IV with the sequence number XORed into
     /// its last eight bytes (RFC 8446 5.3); the number moves on.
-    fn next_nonce(&mut self) -> Result<Nonce, RecordError> {
+    fn next_nonce(&mut self) -> Result<[u8; NONCE_LEN], RecordError> {
         let mut nonce = self.iv;
-        for (n, s) in nonce[aead::NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
+        for (n, s) in nonce[NONCE_LEN - 8..].iter_mut().zip(self.seq.to_be_bytes()) {
             *n ^= s;
         }
         self.seq = self.seq.checked_add(1).ok_or(RecordError::SequenceExhausted)?;
-        Ok(Nonce::assume_unique_for_key(nonce))
+        Ok(nonce)
     }
 }
 
@@ -138,8 +249,8 @@ pub fn seal(key: &mut RecordKey, content_type: u8, plaintext: &[u8], out: &mut V
     out.push(content_type);
     let nonce = key.next_nonce()?;
     let body = &mut out[start + HEADER_LEN..];
-    let tag = key.key.seal_in_place_separate_tag(nonce, Aad::from(head), body).map_err(|_| RecordError::Seal)?;
-    out.extend_from_slice(tag.as_ref());
+    let tag = key.key.seal(nonce, head, body)?;
+    out.extend_from_slice(&tag);
     Ok(())
 }
 
@@ -178,7 +289,8 @@ pub fn open(key: &mut RecordKey, record: &mut [u8]) -> Result<(u8, Range<usize>)
     }
     let nonce = key.next_nonce()?;
     let aad: [u8; HEADER_LEN] = (&*head).try_into().expect("split at HEADER_LEN");
-    let plaintext = key.key.open_in_place(nonce, Aad::from(aad), body).map_err(|_| RecordError::Decrypt)?;
+    let opened = key.key.open(nonce, aad, body)?;
+    let plaintext = &body[..opened];
     // The real type is the last non-zero byte; zeros after it are padding.
     let end = plaintext.iter().rposition(|&b| b != 0).ok_or(RecordError::NoContentType)?;
     Ok((plaintext[end], HEADER_LEN..HEADER_LEN + end))
@@ -251,6 +363,31 @@ mod tests {
 
     fn pair(seq: u64) -> (RecordKey, RecordKey) {
         (RecordKey::new(seq, &secrets(7)).unwrap(), RecordKey::new(seq, &secrets(7)).unwrap())
+    }
+
+    #[test]
+    fn what_one_library_seals_the_other_opens() {
+        // Each task takes the library fastest on its CPU, so a peer's records may come from
+        // either: every suite, every pairing of sealer and opener.
+        let ciphers = [Cipher::Ring, Cipher::AwsLc];
+        for (suite, key_len) in [(Suite::Aes128Gcm, 16), (Suite::Aes256Gcm, 32), (Suite::Chacha20Poly1305, 32)] {
+            for (sealer, opener) in ciphers.iter().flat_map(|s| ciphers.iter().map(move |o| (*s, *o))) {
+                let key = |cipher| RecordKey::from_raw(suite, cipher, &vec![3; key_len], [5; NONCE_LEN], 41).unwrap();
+                let (mut tx, mut rx) = (key(sealer), key(opener));
+                let text: Vec<u8> = (0..MAX_PLAINTEXT + 100).map(|i| i as u8).collect();
+                let mut wire = Vec::new();
+                seal_all(&mut tx, APPLICATION_DATA, &text, &mut wire).unwrap();
+                let (mut at, mut opened) = (0, Vec::new());
+                while at < wire.len() {
+                    let len = whole_record(&wire[at..]).unwrap().unwrap();
+                    let (kind, range) = open(&mut rx, &mut wire[at..at + len]).unwrap();
+                    assert_eq!(kind, APPLICATION_DATA);
+                    opened.extend_from_slice(&wire[at..][range]);
+                    at += len;
+                }
+                assert_eq!(opened, text, "{suite:?} sealed by {sealer:?}, opened by {opener:?}");
+            }
+        }
     }
 
     #[test]
@@ -374,6 +511,7 @@ mod tests {
         let mut nonce = [7u8 ^ 0x5a; 12];
         nonce[10] ^= 1;
         nonce[11] ^= 2;
+        use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
         let raw = LessSafeKey::new(UnboundKey::new(&aead::AES_256_GCM, &[7u8; 32]).unwrap());
         let mut body = wire[HEADER_LEN..].to_vec();
         let aad: [u8; HEADER_LEN] = wire[..HEADER_LEN].try_into().unwrap();
