@@ -27,7 +27,6 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 
-SHUFFLE_SEED = 1
 # How long a worker waits for the chief to have initialised the variables.
 CHIEF_READY_TIMEOUT_SECS = 300
 # A step (after the first) that takes longer ends training with a warning:
@@ -131,12 +130,12 @@ def read_libsvm(path, hash_buckets, limit=None):
     return out
 
 
-def worker_batches(num_examples, batch_size, worker_index, num_workers, wanted):
+def worker_batches(num_examples, batch_size, worker_index, num_workers, wanted, seed):
     """Index arrays of this worker's batches: one shuffled epoch cut into
     full batches, dealt round-robin to the workers (together they cover the
     data once per epoch, as the runtime's shards do); at most `wanted` of
-    them (the loop cycles through them)."""
-    order = np.random.RandomState(SHUFFLE_SEED).permutation(num_examples)
+    them (the loop cycles through them); the shuffle drawn from `seed`."""
+    order = np.random.RandomState(seed).permutation(num_examples)
     full_batches = num_examples // batch_size
     mine = range(worker_index, full_batches, num_workers)
     return [order[b * batch_size : (b + 1) * batch_size] for b in list(mine)[:wanted]]
@@ -148,8 +147,8 @@ def worker_batches(num_examples, batch_size, worker_index, num_workers, wanted):
 # turns the evaluation's results into figures.
 
 
-def truncated_normal(stddev):
-    return tf1.truncated_normal_initializer(stddev=stddev, seed=SHUFFLE_SEED)
+def truncated_normal(stddev, seed):
+    return tf1.truncated_normal_initializer(stddev=stddev, seed=seed)
 
 
 class Linear:
@@ -160,16 +159,17 @@ class Linear:
     learning_rate = 0.01
 
     def __init__(self, args):
+        self.seed = args.seed
         self.batch_size = args.batch_size
         self.x = np.linspace(-1.0, 1.0, 101, dtype=np.float32).reshape(-1, 1)
-        noise = np.random.RandomState(SHUFFLE_SEED).standard_normal(101).astype(np.float32).reshape(-1, 1)
+        noise = np.random.RandomState(self.seed).standard_normal(101).astype(np.float32).reshape(-1, 1)
         self.y = 2.0 * self.x + 10.0 + 0.33 * noise
 
     def build(self, num_shards):
         self.inputs = tf1.placeholder(tf.float32, [None, 1], name="x")
         self.targets = tf1.placeholder(tf.float32, [None, 1], name="y")
-        self.w = tf1.get_variable("dense/kernel", [1, 1], initializer=tf1.random_normal_initializer(seed=SHUFFLE_SEED))
-        self.b = tf1.get_variable("dense/bias", [1], initializer=tf1.random_normal_initializer(seed=SHUFFLE_SEED + 1))
+        self.w = tf1.get_variable("dense/kernel", [1, 1], initializer=tf1.random_normal_initializer(seed=self.seed))
+        self.b = tf1.get_variable("dense/bias", [1], initializer=tf1.random_normal_initializer(seed=self.seed + 1))
         prediction = tf.matmul(self.inputs, self.w) + self.b
         self.loss = tf.reduce_mean(tf.square(prediction - self.targets))
         return self.loss
@@ -178,7 +178,7 @@ class Linear:
         return tf1.train.GradientDescentOptimizer(self.learning_rate)
 
     def train_feeds(self, worker_index, num_workers, wanted):
-        batches = worker_batches(len(self.x), self.batch_size, worker_index, num_workers, wanted)
+        batches = worker_batches(len(self.x), self.batch_size, worker_index, num_workers, wanted, self.seed)
         return [{self.inputs: self.x[i], self.targets: self.y[i]} for i in batches]
 
     def evaluation(self):
@@ -198,6 +198,7 @@ class Mlp:
     hidden_units = 100
 
     def __init__(self, args):
+        self.seed = args.seed
         self.batch_size = args.batch_size
         self.data_dir = args.data_dir
         self.eval_examples = args.eval_examples
@@ -211,10 +212,9 @@ class Mlp:
         self.accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), self.labels), tf.float32))
         return self.loss
 
-    @staticmethod
-    def dense(name, inputs, fan_in, units):
+    def dense(self, name, inputs, fan_in, units):
         with tf1.variable_scope(name):
-            kernel = tf1.get_variable("kernel", [fan_in, units], initializer=truncated_normal(1.0 / np.sqrt(fan_in)))
+            kernel = tf1.get_variable("kernel", [fan_in, units], initializer=truncated_normal(1.0 / np.sqrt(fan_in), self.seed))
             bias = tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
         return tf.matmul(inputs, kernel) + bias
 
@@ -223,7 +223,7 @@ class Mlp:
 
     def train_feeds(self, worker_index, num_workers, wanted):
         pixels, labels = read_mnist(self.data_dir, "train")
-        batches = worker_batches(len(pixels), self.batch_size, worker_index, num_workers, wanted)
+        batches = worker_batches(len(pixels), self.batch_size, worker_index, num_workers, wanted, self.seed)
         return [{self.images: pixels[i], self.labels: labels[i]} for i in batches]
 
     def evaluation(self):
@@ -245,6 +245,7 @@ class ClickThrough:
 
     def __init__(self, args, deep):
         self.deep = deep
+        self.seed = args.seed
         self.batch_size = args.batch_size
         self.learning_rate = args.learning_rate
         self.hash_buckets = args.hash_buckets
@@ -275,7 +276,7 @@ class ClickThrough:
     def deep_logits(self, partitioner):
         dim = self.embedding_dim
         with tf1.variable_scope("deep"):
-            table = tf1.get_variable("embeddings", [self.hash_buckets, dim], initializer=truncated_normal(1.0 / np.sqrt(dim)), partitioner=partitioner)
+            table = tf1.get_variable("embeddings", [self.hash_buckets, dim], initializer=truncated_normal(1.0 / np.sqrt(dim), self.seed), partitioner=partitioner)
             layer = tf1.nn.embedding_lookup_sparse(table, self.ids, self.values, partition_strategy="div", combiner="mean")
             fan_in = dim
             for k, units in enumerate(self.hidden_units):
@@ -283,10 +284,9 @@ class ClickThrough:
                 fan_in = units
             return self.dense("logits", layer, fan_in, 1, stddev=np.sqrt(1.0 / fan_in))[:, 0]
 
-    @staticmethod
-    def dense(name, inputs, fan_in, units, stddev):
+    def dense(self, name, inputs, fan_in, units, stddev):
         with tf1.variable_scope(name):
-            kernel = tf1.get_variable("kernel", [fan_in, units], initializer=truncated_normal(stddev))
+            kernel = tf1.get_variable("kernel", [fan_in, units], initializer=truncated_normal(stddev, self.seed))
             bias = tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
         return tf.matmul(inputs, kernel) + bias
 
@@ -313,7 +313,7 @@ class ClickThrough:
 
     def train_feeds(self, worker_index, num_workers, wanted):
         examples = read_libsvm(self.train_file, self.hash_buckets)
-        batches = worker_batches(len(examples.labels), self.batch_size, worker_index, num_workers, wanted)
+        batches = worker_batches(len(examples.labels), self.batch_size, worker_index, num_workers, wanted, self.seed)
         return [self.feed(examples, batch) for batch in batches]
 
     def evaluation(self):
@@ -526,6 +526,7 @@ def parse_args(argv):
     p.add_argument("--hash_buckets", type=int, default=1 << 20)
     p.add_argument("--hidden_units", default="64,32")
     p.add_argument("--embedding_dim", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1, help="of the initial values and the data's order")
     return p.parse_args(argv)
 
 
