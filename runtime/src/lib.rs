@@ -72,6 +72,45 @@ pub fn tune_allocator() {
     }
 }
 
+/// matrixmultiply splits one product over at most this many threads.
+pub const MATMUL_MAX_THREADS: usize = 4;
+
+/// How many threads a matrix product may use (TensorFlow's
+/// `intra_op_parallelism_threads`): `requested` when above 0; else what
+/// `MATMUL_NUM_THREADS` says when it is set (matrixmultiply's own
+/// variable); else, for a process that trains `alone` (no cluster, or a
+/// command such as `predict`), the cores it may use (`allowed`: its CPU
+/// quota under Kubernetes) and no more than the physical ones (two
+/// hyperthreads share one core's FMA units); for a task of a cluster, one:
+/// its ps and sibling workers often share the machine (`tfjob run`, a
+/// laptop), and there two threads per worker made a 1 ps + 2 worker MLP job
+/// 7 % slower with 16 % more CPU on 2 cores (BENCHMARKS.md). At most
+/// [`MATMUL_MAX_THREADS`], at least 1. A product too small to gain stays on
+/// one thread whatever this says (matrixmultiply's rule).
+pub fn matmul_threads(requested: usize, env: Option<&str>, alone: bool, allowed: usize, physical: usize) -> usize {
+    let chosen = match (requested, env.and_then(|v| v.trim().parse::<usize>().ok())) {
+        (0, Some(n)) => n,
+        (0, None) if alone => allowed.min(physical),
+        (0, None) => 1,
+        (n, _) => n,
+    };
+    chosen.clamp(1, MATMUL_MAX_THREADS)
+}
+
+/// Sets the threads of this process's matrix products (see
+/// [`matmul_threads`]) and returns how many. matrixmultiply reads
+/// `MATMUL_NUM_THREADS` once, at its first product: call this first thing
+/// in `main`, before any other thread exists (tfjob-runtime does).
+pub fn set_matmul_threads(requested: usize, alone: bool) -> usize {
+    const VAR: &str = "MATMUL_NUM_THREADS";
+    let env = std::env::var(VAR).ok();
+    let threads = matmul_threads(requested, env.as_deref(), alone, num_cpus::get(), num_cpus::get_physical());
+    // SAFETY: called from `main` before it starts a thread, so no other
+    // thread reads or writes the environment meanwhile.
+    unsafe { std::env::set_var(VAR, threads.to_string()) };
+    threads
+}
+
 /// How long ago this process started, for figures such as "first gradient
 /// accepted N s after the process started". The time since the first call
 /// (which `main` makes first thing) is exact but misses the exec; on Linux
@@ -143,5 +182,33 @@ mod process_age_tests {
         let b = process_age();
         assert!(b >= a, "{a:?} then {b:?}");
         assert!(a < std::time::Duration::from_secs(3600), "{a:?}");
+    }
+}
+
+#[cfg(test)]
+mod matmul_thread_tests {
+    use super::matmul_threads;
+
+    #[test]
+    fn the_threads_of_a_matrix_product() {
+        // (requested, MATMUL_NUM_THREADS, alone, allowed cores, physical cores) -> threads
+        let cases = [
+            ((0, None, true, 2, 2), 2),        // one process on 2 cores: both
+            ((0, None, true, 1, 16), 1),       // ... in a pod with a 1-CPU quota on a big node
+            ((0, None, true, 16, 8), 4),       // many cores: matrixmultiply's most
+            ((0, None, true, 8, 2), 2),        // hyperthreads: the physical cores
+            ((0, None, false, 2, 2), 1),       // a task of a cluster: one
+            ((0, Some("3"), false, 2, 2), 3),  // the variable, when set
+            ((0, Some(" 2 "), true, 8, 8), 2), // ... trimmed
+            ((0, Some("x"), true, 2, 2), 2),   // unreadable: as if unset
+            ((0, Some("0"), true, 2, 2), 1),   // at least one
+            ((1, Some("4"), true, 8, 8), 1),   // the flag wins
+            ((2, None, false, 2, 2), 2),       // ... for a task of a cluster too
+            ((9, None, true, 2, 2), 4),        // at most 4
+            ((0, None, true, 0, 0), 1),        // nothing known: one
+        ];
+        for ((requested, env, alone, allowed, physical), want) in cases {
+            assert_eq!(matmul_threads(requested, env, alone, allowed, physical), want, "{requested} {env:?} {alone} {allowed} {physical}");
+        }
     }
 }

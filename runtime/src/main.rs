@@ -357,6 +357,13 @@ struct TaskArgs {
     /// Address to listen on (the port comes from this task's host:port).
     #[arg(long, env = "TFJOB_BIND", default_value = "0.0.0.0")]
     bind: IpAddr,
+    /// Threads one matrix product may use (TensorFlow's intra_op_parallelism_threads), at most 4.
+    /// 0: MATMUL_NUM_THREADS when set, else 1 for a task of a cluster (its ps and sibling workers
+    /// often share the machine) and the cores it may use for a single process (its CPU quota
+    /// under Kubernetes). Give a worker with a CPU limit of N the value N. The numbers trained
+    /// are the same whatever it is.
+    #[arg(long = "intra_op_parallelism_threads", visible_alias = "num_intra_threads", default_value_t = 0)]
+    intra_op_threads: usize,
     /// Synchronous training with SyncReplicasOptimizer semantics.
     #[arg(long = "sync_replicas", visible_alias = "sync-replicas", num_args = 0..=1, default_value = "false",
           default_missing_value = "true", value_parser = BoolishValueParser::new(), action = ArgAction::Set)]
@@ -562,8 +569,12 @@ fn main() -> ExitCode {
     tfjob_runtime::process_age();
     tfjob_runtime::tune_allocator();
     let cli = Cli::parse();
+    // Before any thread starts (it sets the environment).
+    let alone = cli.command.is_some() || cli.task.trains_alone();
+    let matmul_threads = tfjob_runtime::set_matmul_threads(cli.task.intra_op_threads, alone);
     let format = cli.task.log_format.clone();
     init_logging(&format);
+    tracing::debug!(matmul_threads, "threads of a matrix product");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let code = runtime.block_on(async move {
         match cli.command {
@@ -663,19 +674,28 @@ impl GenerateArgs {
 }
 
 impl TaskArgs {
+    fn cluster_flags(&self) -> ClusterFlags {
+        ClusterFlags {
+            ps_hosts: self.ps_hosts.clone(),
+            worker_hosts: self.worker_hosts.clone(),
+            chief_hosts: self.chief_hosts.clone(),
+            evaluator_hosts: self.evaluator_hosts.clone(),
+            job_name: self.job_name.clone(),
+            task_index: self.task_index,
+        }
+    }
+
+    /// No cluster: neither the classic flags nor `TF_CONFIG` give one.
+    fn trains_alone(&self) -> bool {
+        tfjob_runtime::cluster::source(&self.cluster_flags(), std::env::var("TF_CONFIG").ok().as_deref()).is_none()
+    }
+
     /// The task's options: the cluster's flags and `TF_CONFIG`, the
     /// settings and the workload (checked after the cluster), the
     /// credentials (`TFJOB_TOKEN`, the TLS files).
     fn options(&self) -> TaskOptions {
         TaskOptions {
-            cluster: ClusterFlags {
-                ps_hosts: self.ps_hosts.clone(),
-                worker_hosts: self.worker_hosts.clone(),
-                chief_hosts: self.chief_hosts.clone(),
-                evaluator_hosts: self.evaluator_hosts.clone(),
-                job_name: self.job_name.clone(),
-                task_index: self.task_index,
-            },
+            cluster: self.cluster_flags(),
             tf_config: std::env::var("TF_CONFIG").ok(),
             settings: settings(self),
             spec: workload_spec(&self.model),

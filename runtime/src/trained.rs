@@ -209,7 +209,7 @@ pub fn evaluate(model: &dyn Model, params: &[ArrayD<f32>], x: &Array2<f32>, targ
     let (mut loss, mut correct, mut any_accuracy) = (0.0f64, 0.0f64, false);
     for start in (0..n).step_by(CHUNK) {
         let indices: Vec<usize> = (start..(start + CHUNK).min(n)).collect();
-        let batch = Batch { x: x.select(Axis(0), &indices), targets: targets.select(&indices), sparse: None };
+        let batch = Batch { x: crate::data::rows_at(x, &indices), targets: targets.select(&indices), sparse: None };
         let m = model.evaluate(params, &batch);
         loss += m.loss as f64 * m.examples as f64;
         if let Some(a) = m.accuracy {

@@ -44,6 +44,24 @@ fn one_process_writes_checkpoints_and_events_that_export_reads() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds checkpoints already"), "{}", said(&out));
 }
 
+/// A matrix product split over threads sums every output element over k in
+/// the same order as on one thread: the MLP trains to the same bits.
+#[test]
+fn the_mlp_trains_to_the_same_numbers_on_one_thread_or_two() {
+    let report = |threads: &str| {
+        let out =
+            runtime(&["--model=mlp", "--train_steps=150", "--log_every_steps=0", "--eval_examples=1000", &format!("--intra_op_parallelism_threads={threads}")]);
+        assert!(out.status.success(), "{}", said(&out));
+        let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+        let r: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {}", said(&out)));
+        (r["loss"].clone(), r["accuracy"].clone())
+    };
+    let one = report("1");
+    assert!(one.0.as_f64().is_some_and(f64::is_finite), "{one:?}");
+    assert_eq!(report("2"), one);
+    assert_eq!(report("4"), one);
+}
+
 /// `rows` of a learnable two-class CSV (label 1 when a > b) with the columns in `order`.
 fn csv(order: [&str; 3], rows: usize) -> String {
     let mut out = format!("{}\n", order.join(","));

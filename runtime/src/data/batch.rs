@@ -28,11 +28,32 @@ impl Batch {
 
     /// The examples at `indices`, in that order: what building a batch of those examples gives.
     pub fn select(&self, indices: &[usize]) -> Batch {
-        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices), sparse: self.sparse.as_ref().map(|f| f.select(indices)) }
+        Batch { x: rows_at(&self.x, indices), targets: self.targets.select(indices), sparse: self.sparse.as_ref().map(|f| f.select(indices)) }
     }
     pub fn is_empty(&self) -> bool {
         self.x.nrows() == 0
     }
+}
+
+/// The rows of `x` at `indices`, in that order (what `x.select(Axis(0),
+/// indices)` gives). ndarray's `select` concatenates one view per row,
+/// element by element: a batch of 100 MNIST rows took 11.6 % of a
+/// single-process MLP step that way. A row of a standard-layout array is one
+/// slice; copying the slices is a memcpy each.
+///
+/// # Panics
+/// If an index is out of range.
+pub fn rows_at(x: &Array2<f32>, indices: &[usize]) -> Array2<f32> {
+    let Some(data) = x.as_slice() else {
+        return x.select(Axis(0), indices);
+    };
+    let (rows, width) = x.dim();
+    let mut out = Vec::with_capacity(indices.len() * width);
+    for &i in indices {
+        assert!(i < rows, "row {i} of an array of {rows} rows");
+        out.extend_from_slice(&data[i * width..(i + 1) * width]);
+    }
+    Array2::from_shape_vec((indices.len(), width), out).expect("indices.len() rows of width values")
 }
 
 impl Targets {
@@ -54,7 +75,7 @@ impl Targets {
     /// If an index is out of range.
     pub fn select(&self, indices: &[usize]) -> Targets {
         match self {
-            Targets::Values(v) => Targets::Values(v.select(Axis(0), indices)),
+            Targets::Values(v) => Targets::Values(rows_at(v, indices)),
             Targets::Labels(l) => Targets::Labels(indices.iter().map(|&i| l[i]).collect()),
         }
     }

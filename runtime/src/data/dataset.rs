@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use ndarray::{Array2, Axis};
+use ndarray::Array2;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use super::batch::{Batch, Targets};
+use super::batch::{Batch, Targets, rows_at};
 use super::shard::{PickExamples, ShardBatches};
 use crate::dispatch::{ShardId, ShardPlan};
 
@@ -141,7 +141,7 @@ impl Dataset {
     /// # Panics
     /// If an index is out of range.
     pub fn select(&self, indices: &[usize]) -> Batch {
-        Batch { x: self.x.select(Axis(0), indices), targets: self.targets.select(indices), sparse: None }
+        Batch { x: rows_at(&self.x, indices), targets: self.targets.select(indices), sparse: None }
     }
 
     /// The first `n` examples (all of them if there are fewer), e.g. for

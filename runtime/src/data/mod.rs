@@ -23,7 +23,7 @@ mod sparse;
 mod stream;
 mod synthetic;
 
-pub use batch::{Batch, BatchRows, SparseFeatures, Targets};
+pub use batch::{Batch, BatchRows, SparseFeatures, Targets, rows_at};
 pub use dataset::{DataError, Dataset, InMemoryTrainingSet, Sampler, TrainingSet};
 pub use generate::{GENERATED_EVAL_BASE, Generator, auc};
 pub use shard::{PickExamples, ShardBatches};

@@ -452,3 +452,26 @@ fn libsvm_values_of_one_read_as_the_float_parser_reads_them() {
         assert_eq!(e.features.capacity(), want.len(), "{line}: one allocation");
     }
 }
+
+#[test]
+fn rows_at_gives_what_select_gives() {
+    let x = ndarray::Array2::from_shape_fn((5, 3), |(r, c)| (r * 10 + c) as f32);
+    let mut transposed = ndarray::Array2::<f32>::zeros(ndarray::ShapeBuilder::f((5, 3))); // same values, column-major
+    transposed.assign(&x);
+    assert!(transposed.as_slice().is_none());
+    let cases: [&[usize]; 5] = [&[], &[0], &[4, 0, 4], &[1, 2, 3, 4, 0], &[3, 3, 3]];
+    for indices in cases {
+        for a in [&x, &transposed] {
+            assert_eq!(crate::data::rows_at(a, indices), a.select(ndarray::Axis(0), indices), "{indices:?}");
+        }
+    }
+    let empty = ndarray::Array2::<f32>::zeros((4, 0));
+    assert_eq!(crate::data::rows_at(&empty, &[3, 1]).dim(), (2, 0));
+}
+
+#[test]
+#[should_panic(expected = "row 5 of an array of 5 rows")]
+fn rows_at_refuses_a_row_past_the_end() {
+    let x = ndarray::Array2::<f32>::zeros((5, 2));
+    crate::data::rows_at(&x, &[0, 5]);
+}
