@@ -35,8 +35,10 @@ use tfjob_tests::report::final_report;
 /// linear model's thousands of steps a second kept the kernel so busy with the pod network that
 /// the API server and kubectl stalled for tens of seconds at a time.
 const LONG_MODEL: &str = r#", "--model=mlp", "--hidden_units=512", "--batch_size=256", "--sync_replicas""#;
-/// Long enough to still train after the takeover.
-const LONG_EPOCHS: u64 = 40;
+/// Long enough to still train after the takeover: at 40, one of the two jobs had finished
+/// before it on a CI host (2026-12-06) where the first job took 42 s to log its first step and
+/// the runtime had just built its batches faster.
+const LONG_EPOCHS: u64 = 64;
 /// Examples per epoch of the runtime's generated examples.
 const LONG_EXAMPLES: u64 = 20_000;
 const SHORT_EPOCHS: u64 = 50;
