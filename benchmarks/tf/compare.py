@@ -475,6 +475,22 @@ def print_table(rows, workloads):
             print("  ".join("-" * w for w in widths))
 
 
+def draw_picture(runtime, json_path):
+    """The picture (ours, TensorFlow and our single process per workload),
+    drawn by tfjob-bench from the JSON: this script keeps to the standard
+    library. tfjob-bench is built next to tfjob-runtime by cargo build --release."""
+    bench = runtime.parent / "tfjob-bench"
+    command = [str(bench), "--plot-tf", str(json_path)]
+    if not os.access(bench, os.X_OK):
+        print(f"no picture: no tfjob-bench beside {runtime}; draw it later with {' '.join(command)}", flush=True)
+        return
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode == 0:
+        print(f"picture: {done.stdout.strip()}", flush=True)
+    else:
+        print(f"no picture: {' '.join(command)} failed: {done.stderr.strip()}", file=sys.stderr, flush=True)
+
+
 def write_json(path, meta, results, rows):
     document = {"meta": meta, "summary": rows, "runs": [r.__dict__ for r in results]}
     path.write_text(json.dumps(document, indent=2) + "\n")
@@ -552,6 +568,8 @@ def compare(args):
         print_table(rows, workloads)
         print_notes(results, meta)
     print(f"\nall figures: {json_path}", flush=True)
+    if results:
+        draw_picture(runtime, json_path)
     for failure in failures:
         print(f"error: {failure}", file=sys.stderr)
     if interrupted:

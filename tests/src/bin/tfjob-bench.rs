@@ -21,6 +21,8 @@ mod limit;
 mod operator_load;
 #[path = "tfjob-bench/request_prices.rs"]
 mod request_prices;
+#[path = "tfjob-bench/tf_plot.rs"]
+mod tf_plot;
 #[path = "tfjob-bench/tls.rs"]
 mod tls;
 
@@ -109,6 +111,7 @@ fn main() {
         Some("__tcp-send") => tcp_send_child(&args[1..]),
         Some("__plan-mem") => plan_mem_child(&args[1..]),
         Some("--replot") => replot(args.get(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("bench-out"))),
+        Some("--plot-tf") => plot_tf(&args[1..]),
         _ => run(&args),
     };
     if let Err(e) = code {
@@ -119,7 +122,7 @@ fn main() {
 
 fn usage() -> String {
     format!(
-        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n       tfjob-bench --replot DIR   (draws DIR/scaling.png again from DIR/bench.json)\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
+        "usage: tfjob-bench [--quick] [--out DIR] [--data-dir DIR] [--only SECTION...]\n       tfjob-bench --replot DIR   (draws DIR/scaling.png again from DIR/bench.json)\n       tfjob-bench --plot-tf FILE [PNG]   (draws benchmarks/tf/compare.py's tf-compare.json: ours, TensorFlow and our single process per workload; default PNG: tf-compare.png beside FILE)\n  sections: {}\n  --quick   tiny sizes (seconds; what the smoke test runs)\n  --out     where bench.json and scaling.png go (default bench-out)\n  --data-dir  MNIST-format data for the accuracy comparison (default ../shared/data/synthetic-mnist when present)",
         SECTIONS.join(" ")
     )
 }
@@ -170,7 +173,16 @@ fn replot(dir: PathBuf) -> Result<()> {
     let json: Value = serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)?;
     let rows: Vec<Row> = serde_json::from_value(json["rows"].clone()).with_context(|| format!("{}: rows", path.display()))?;
     let png = dir.join("scaling.png");
-    plot(&rows, &png)?;
+    anyhow::ensure!(plot(&rows, &png)?, "{}: none of the sections drawn (mlp, linear, ps, limit) was measured", path.display());
+    println!("{}", png.display());
+    Ok(())
+}
+
+/// `--plot-tf FILE [PNG]`: the picture of a run of `benchmarks/tf/compare.py`.
+fn plot_tf(args: &[String]) -> Result<()> {
+    let [json, rest @ ..] = args else { bail!("--plot-tf needs the tf-compare.json of a compare.py run\n{}", usage()) };
+    anyhow::ensure!(rest.len() <= 1, "--plot-tf takes a file and at most one PNG path, not {rest:?}");
+    let png = tf_plot::plot_tf(Path::new(json), rest.first().map(PathBuf::from))?;
     println!("{}", png.display());
     Ok(())
 }
@@ -247,14 +259,8 @@ fn run(args: &[String]) -> Result<()> {
     let json_path = opts.out.join("bench.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)?;
     let png = opts.out.join("scaling.png");
-    plot(&report.rows, &png)?;
-    println!(
-        "\nwrote {} and {} ({:.1} s; process logs in {})",
-        json_path.display(),
-        png.display(),
-        started.elapsed().as_secs_f64(),
-        opts.out.join("logs").display()
-    );
+    let drawn = if plot(&report.rows, &png)? { format!(" and {}", png.display()) } else { " (no picture: none of mlp, linear, ps, limit ran)".into() };
+    println!("\nwrote {}{} ({:.1} s; process logs in {})", json_path.display(), drawn, started.elapsed().as_secs_f64(), opts.out.join("logs").display());
     Ok(())
 }
 
@@ -1618,7 +1624,8 @@ fn plan_mem_child(args: &[String]) -> Result<()> {
 /// linear regression global steps/s (the single process's millions of steps/s are in the
 /// table: next to them the distributed bars would be flat on the axis); right: ps bandwidth
 /// for 25M floats over the tensor channel and gRPC, next to loopback TCP.
-fn plot(rows: &[Row], path: &Path) -> Result<()> {
+/// Only the charts of sections the run measured are drawn; false when there is none (no file).
+fn plot(rows: &[Row], path: &Path) -> Result<bool> {
     use tfjob::plot::{Bars, Chart, Figure, Plot, write_png};
     let pick = |section: &str, prefix: &str| rows.iter().find(|r| r.section == section && r.metric.starts_with(prefix));
     let ours = |r: Option<&Row>| r.map_or(f64::NAN, |r| r.ours);
@@ -1676,15 +1683,26 @@ fn plot(rows: &[Row], path: &Path) -> Result<()> {
             marks: Some(("target (0.6 x loopback)".into(), vec![0.6 * loopback, 0.6 * loopback, f64::NAN, f64::NAN])),
         },
     };
-    let figure = Figure {
-        title: "tfjob-bench: tfjob-rs against TensorFlow 2.20 and the machine's own limits".into(),
-        columns: 4,
-        charts: vec![
-            comparison("MLP 784-100-10, batch 100", "examples/s", mlp),
-            comparison("Linear regression y = 2x + 10", "global steps/s", linear),
-            ps,
-            limit::chart(rows),
-        ],
-    };
-    write_png(&figure, path, (2400, 600)).map_err(|e| anyhow::anyhow!("{e}"))
+    let charts = vec![
+        comparison("MLP 784-100-10, batch 100", "examples/s", mlp),
+        comparison("Linear regression y = 2x + 10", "global steps/s", linear),
+        ps,
+        limit::chart(rows),
+    ];
+    // Only the sections the run measured (`--only limit` drew three empty charts).
+    let charts: Vec<Chart> = charts.into_iter().filter(measured).collect();
+    if charts.is_empty() {
+        return Ok(false);
+    }
+    let figure = Figure { title: "tfjob-bench: tfjob-rs against TensorFlow 2.20 and the machine's own limits".into(), columns: charts.len(), charts };
+    write_png(&figure, path, (600 * figure.columns as u32, 600)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(true)
+}
+
+/// A chart with at least one bar of ours measured (references and targets alone say nothing).
+fn measured(chart: &tfjob::plot::Chart) -> bool {
+    match &chart.plot {
+        tfjob::plot::Plot::Bars { bars, .. } => bars.iter().filter(|b| !b.grey).any(|b| b.values.iter().any(|v| v.is_finite())),
+        tfjob::plot::Plot::Lines(series) => series.iter().any(|s| !s.points.is_empty()),
+    }
 }
