@@ -575,7 +575,7 @@ fn main() -> ExitCode {
     let format = cli.task.log_format.clone();
     init_logging(&format);
     tracing::debug!(matmul_threads, "threads of a matrix product");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let runtime = task_runtime();
     let code = runtime.block_on(async move {
         match cli.command {
             Some(Command::Server { port, bind }) => commands::run_server(SocketAddr::new(bind, port)).await,
@@ -600,12 +600,33 @@ fn main() -> ExitCode {
                 Err(e) => fail(2, e),
             },
             Some(Command::Evaluate(args)) => commands::run_inference(args.input(), true),
-            None => run_task(cli.task.options()).await,
+            // On a worker thread of the runtime, not on this one: a worker
+            // thread waits for its sockets itself, so a reply wakes the thread
+            // that trains. Polled here, every reply woke a runtime thread that
+            // then woke this one: two wake-ups a message, the sparse_lr job's
+            // steps 1.27x slower and its kernel time 1.45x (BENCHMARKS.md,
+            // "One wake-up a reply").
+            None => match tokio::spawn(run_task(cli.task.options())).await {
+                Ok(code) => code,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            },
         }
     });
     // Do not wait for lingering connections of peers.
     runtime.shutdown_timeout(Duration::from_millis(200));
     ExitCode::from(code)
+}
+
+/// The task's runtime: tokio's own number of worker threads (the cores it
+/// may use, or `TOKIO_WORKER_THREADS`), but at least two, since the task's
+/// training loop computes on one of them (`main`) and its servers, heartbeats
+/// and lease must go on meanwhile, also in a pod with a 1-CPU quota.
+fn task_runtime() -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        builder.worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().max(2)));
+    }
+    builder.enable_all().build().expect("tokio runtime")
 }
 
 impl ClientArgs {
