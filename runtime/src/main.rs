@@ -604,7 +604,7 @@ fn main() -> ExitCode {
             // thread waits for its sockets itself, so a reply wakes the thread
             // that trains. Polled here, every reply woke a runtime thread that
             // then woke this one: two wake-ups a message, the sparse_lr job's
-            // steps 1.27x slower and its kernel time 1.45x (BENCHMARKS.md,
+            // steps 1.27x slower and its kernel time 1.43x (BENCHMARKS.md,
             // "One wake-up a reply").
             None => match tokio::spawn(run_task(cli.task.options())).await {
                 Ok(code) => code,

@@ -47,15 +47,15 @@ fn ratios(rows: &[&SummaryRow]) -> String {
 
 /// One workload's chart: categories are the configurations it has.
 fn workload_chart(name: &str, rows: &[SummaryRow]) -> Chart {
-    let of: Vec<&SummaryRow> = CONFIGS.iter().filter_map(|(c, _)| rows.iter().find(|r| r.workload == name && r.config == *c)).collect();
+    let (labels, of): (Vec<String>, Vec<&SummaryRow>) =
+        CONFIGS.iter().filter_map(|(c, label)| Some((label.to_string(), rows.iter().find(|r| r.workload == name && r.config == *c)?))).unzip();
     let value = |v: Option<f64>| v.unwrap_or(f64::NAN);
-    let label = |config: &str| CONFIGS.iter().find(|(c, _)| *c == config).map_or(config, |(_, l)| l).to_string();
     Chart {
         title: format!("{name}: ours / TF {}", ratios(&of)),
         x_label: "configuration".into(),
         y_label: "examples/s".into(),
         plot: Plot::Bars {
-            categories: of.iter().map(|r| label(&r.config)).collect(),
+            categories: labels,
             bars: vec![
                 Bars { label: "tfjob-rs".into(), values: of.iter().map(|r| value(r.ours_examples_per_sec)).collect(), grey: false },
                 Bars { label: "TensorFlow".into(), values: of.iter().map(|r| value(r.tf_examples_per_sec)).collect(), grey: true },
@@ -84,8 +84,8 @@ pub fn plot_tf(json: &Path, png: Option<PathBuf>) -> Result<PathBuf> {
     anyhow::ensure!(!rows.is_empty(), "{}: no summary rows (did the run measure anything?)", json.display());
     let tensorflow = doc["meta"]["tensorflow"].as_str().unwrap_or("2.x");
     let png = png.unwrap_or_else(|| json.with_file_name("tf-compare.png"));
-    let width = 600 * figure(&rows, tensorflow).columns as u32;
-    tfjob::plot::write_png(&figure(&rows, tensorflow), &png, (width, 600)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let figure = figure(&rows, tensorflow);
+    tfjob::plot::write_png(&figure, &png, (600 * figure.columns as u32, 600)).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(png)
 }
 
