@@ -317,15 +317,25 @@ fn killed_worker_is_restarted_under_on_failure() -> Result<()> {
 fn exit_code_policy() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let sh = r#"["sh", "-c"]"#;
-    // Exit 1: a permanent error.
-    let permanent =
-        write(dir.path(), "permanent.yaml", &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["echo bad configuration >&2; exit 1"]"#, "[]")]));
+    // Exit 1: a permanent error. The replica leaves a background process holding its output
+    // open: it ends with the replica (as a container's processes end with its main one), and
+    // the error line is shown all the same.
+    let (marker, env) = marker_env();
+    let permanent = write(
+        dir.path(),
+        "permanent.yaml",
+        &job("permanent", "", &[replica("Worker", 1, "ExitCode", sh, r#"["sleep 300 & echo error: bad configuration >&2; exit 1"]"#, &env)]),
+    );
+    let started = Instant::now();
     let (out, run_dir) = run(&permanent, &[])?;
+    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(marked_replicas(&marker).is_empty(), "the replica's background process was left behind");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed with exit code 1; its last error: error: bad configuration"), "{}", text(&out));
     let status = status_yaml(&run_dir);
     assert!(status.contains("type: Failed"), "{status}");
     assert!(status.contains("has failed because 1 Worker replica(s) failed"), "{status}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("[worker-0] bad configuration"), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[worker-0] error: bad configuration"), "{}", text(&out));
     // 137 the first time (killed), 0 the second: recreated, then succeeded.
     let mark = dir.path().join("killed-once");
     // `$$$$`: args are expanded as the kubelet does, where `$$` is an escaped `$`.

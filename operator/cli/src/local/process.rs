@@ -60,26 +60,40 @@ pub struct ProcessBackend {
 /// Readers of replica output, by replica.
 type Readers = Mutex<BTreeMap<String, Vec<std::thread::JoinHandle<()>>>>;
 
-/// Waits (half a second at most) for the threads reading a replica's output
-/// to reach its end, so its last lines (its error) are in before its exit is
-/// reported.
+/// How long the output of a stopped replica may take to be read to its end. Its process
+/// group is ended first, so no process holds its pipes open and the readers reach the end
+/// at once; the bound only covers a process that left the group (`setsid`) and a stalled
+/// host, where half a second lost a failing replica's last line (its error).
+const DRAIN_BOUND: Duration = Duration::from_secs(10);
+
+/// Waits for the threads reading a replica's output to reach its end, so its last lines
+/// (its error) are in before its exit is reported.
 fn drain_output(readers: &Readers, short: &str) {
     let readers = readers.lock().unwrap_or_else(|p| p.into_inner()).remove(short).unwrap_or_default();
     wait_for_readers(&readers);
 }
 
-/// Waits (half a second at most) for the output of every stopped replica
-/// to be read to its end: a replica stopped at the job's end prints its
-/// final line as it goes, and `tfjob run` may exit right after.
+/// Waits for the output of every stopped replica to be read to its end: a replica stopped
+/// at the job's end prints its final line as it goes, and `tfjob run` may exit right after.
 fn drain_all_output(readers: &Readers) {
     let readers: Vec<_> = std::mem::take(&mut *readers.lock().unwrap_or_else(|p| p.into_inner())).into_values().flatten().collect();
     wait_for_readers(&readers);
 }
 
 fn wait_for_readers(readers: &[std::thread::JoinHandle<()>]) {
-    let deadline = Instant::now() + Duration::from_millis(500);
+    let deadline = Instant::now() + DRAIN_BOUND;
     while readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGKILL to what is left of the process group of a replica whose process exited, as the
+/// kubelet ends a container with its main process: a background child it left would
+/// otherwise go on, holding the replica's output open.
+fn end_process_group(pid: u32) {
+    // SAFETY: plain kill(2) on the group; ESRCH when nothing is left is fine.
+    unsafe {
+        libc::kill(-(pid as i32), libc::SIGKILL);
     }
 }
 
@@ -304,6 +318,7 @@ impl Backend for ProcessBackend {
                 && let Ok(Some(status)) = c.try_wait()
             {
                 let code = exit_code_of(status);
+                end_process_group(c.id());
                 r.child = None;
                 r.exit_code = Some(code);
                 let short = short_name(&self.job, name);
