@@ -475,3 +475,28 @@ fn rows_at_refuses_a_row_past_the_end() {
     let x = ndarray::Array2::<f32>::zeros((5, 2));
     crate::data::rows_at(&x, &[0, 5]);
 }
+
+/// `select` copies each picked example's (field, key, value) in order, also over batches longer
+/// than the distance it asks the cache ahead, with repeats and examples without features.
+#[test]
+fn sparse_select_copies_the_picked_examples_in_order() {
+    // Example i has i % 4 features: (i, 100 i + j, i + j / 10).
+    let mut f = SparseFeatures { offsets: vec![0], num_fields: 3, ..Default::default() };
+    for i in 0..40usize {
+        for j in 0..i % 4 {
+            f.fields.push(i as u32);
+            f.keys.push((100 * i + j) as u64);
+            f.values.push(i as f32 + j as f32 / 10.0);
+        }
+        f.offsets.push(f.keys.len());
+    }
+    let cases: [&[usize]; 5] = [&[], &[0], &[39, 4, 0, 4], &[3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 2, 1], &[1; 20]];
+    for picked in cases {
+        let s = f.select(picked);
+        assert_eq!(s.offsets.len(), picked.len() + 1, "{picked:?}");
+        assert_eq!(s.num_fields, 3);
+        for (n, &i) in picked.iter().enumerate() {
+            assert_eq!(s.example(n).collect::<Vec<_>>(), f.example(i).collect::<Vec<_>>(), "{picked:?}: example {n} is {i}");
+        }
+    }
+}
